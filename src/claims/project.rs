@@ -1,0 +1,311 @@
+//! Pure projections from Kubernetes objects to claim records (shared by watches and offline dumps).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Container, Node, Pod, ResourceQuota, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::quantity::{QuantityError, parse_units};
+use super::{
+    CULL_OPT_OUT_ANNOTATION, Deletion, NodeInfo, NotebookInfo, OwnerRef, PRODUCT_LABEL, PodClaim, PodPhase,
+    QuotaInfo, REPLICAS_LABEL, ResourceNames, SNOOZE_ANNOTATION, STOP_ANNOTATION, STOPPED_AT_ANNOTATION,
+    StatefulSetInfo,
+};
+
+/// A quantity that cannot be a GPU count, with where it was found.
+#[derive(Debug, thiserror::Error)]
+#[error("{object}: resource {resource:?}: {source}")]
+pub struct ProjectError {
+    pub object: String,
+    pub resource: String,
+    #[source]
+    pub source: QuantityError,
+}
+
+fn object_name(kind: &str, meta: &ObjectMeta) -> String {
+    match &meta.namespace {
+        Some(ns) => format!("{kind} {ns}/{}", meta.name.as_deref().unwrap_or("?")),
+        None => format!("{kind} {}", meta.name.as_deref().unwrap_or("?")),
+    }
+}
+
+fn time(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<DateTime<Utc>> {
+    t.map(|t| to_chrono(t.0))
+}
+
+/// k8s-openapi carries `jiff` timestamps; the rest of the crate uses `chrono`.
+pub fn to_chrono(t: k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.as_second(), t.subsec_nanosecond().unsigned_abs()).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// The controller owner reference (group without version).
+pub fn controller_of(meta: &ObjectMeta) -> Option<OwnerRef> {
+    meta.owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(owner_ref)
+}
+
+fn owner_ref(o: &OwnerReference) -> OwnerRef {
+    let group = o.api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("").to_string();
+    OwnerRef { group, kind: o.kind.clone(), name: o.name.clone(), uid: o.uid.clone() }
+}
+
+/// GPU units of one container's resources: limits, or requests where no limit is set.
+fn container_units(
+    names: &ResourceNames,
+    object: &str,
+    resources: Option<&ResourceRequirements>,
+) -> Result<BTreeMap<String, u64>, ProjectError> {
+    let mut out = BTreeMap::new();
+    let Some(resources) = resources else { return Ok(out) };
+    let limits = resources.limits.as_ref();
+    let requests = resources.requests.as_ref();
+    let keys = limits.into_iter().chain(requests).flat_map(|m| m.keys());
+    for key in keys {
+        if out.contains_key(key) || names.classify(key).is_none() {
+            continue;
+        }
+        let q: Option<&Quantity> = limits.and_then(|l| l.get(key)).or_else(|| requests.and_then(|r| r.get(key)));
+        if let Some(q) = q {
+            let units = parse_units(&q.0).map_err(|source| ProjectError {
+                object: object.to_string(),
+                resource: key.clone(),
+                source,
+            })?;
+            out.insert(key.clone(), units);
+        }
+    }
+    Ok(out)
+}
+
+fn sum_into(total: &mut BTreeMap<String, u64>, add: &BTreeMap<String, u64>) {
+    for (k, v) in add {
+        *total.entry(k.clone()).or_default() += v;
+    }
+}
+
+fn max_into(total: &mut BTreeMap<String, u64>, other: &BTreeMap<String, u64>) {
+    for (k, v) in other {
+        let e = total.entry(k.clone()).or_default();
+        *e = (*e).max(*v);
+    }
+}
+
+/// The pod's claim per GPU resource: max(sum over app containers, max over init containers),
+/// plus pod-level resources. Returns `Ok(None)` for pods that claim no GPU.
+pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, ProjectError> {
+    let meta = &pod.metadata;
+    let object = object_name("pod", meta);
+    let Some(spec) = &pod.spec else { return Ok(None) };
+    let mut app = BTreeMap::new();
+    for c in &spec.containers {
+        sum_into(&mut app, &container_units(names, &object, c.resources.as_ref())?);
+    }
+    let mut init = BTreeMap::new();
+    for c in spec.init_containers.as_deref().unwrap_or_default() {
+        // Restartable (sidecar) init containers run alongside the app containers.
+        if is_sidecar(c) {
+            sum_into(&mut app, &container_units(names, &object, c.resources.as_ref())?);
+        } else {
+            max_into(&mut init, &container_units(names, &object, c.resources.as_ref())?);
+        }
+    }
+    let mut resources = app;
+    max_into(&mut resources, &init);
+    sum_into(&mut resources, &container_units(names, &object, spec.resources.as_ref())?);
+    resources.retain(|_, v| *v > 0);
+    if resources.is_empty() {
+        return Ok(None);
+    }
+    let status = pod.status.as_ref();
+    let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    let ready_since = conditions
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")
+        .map(|c| c.last_transition_time.as_ref().map_or(DateTime::<Utc>::MIN_UTC, |t| to_chrono(t.0)));
+    let unschedulable_message = conditions
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .map(|c| c.message.clone().or_else(|| c.reason.clone()).unwrap_or_default());
+    Ok(Some(PodClaim {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        node: spec.node_name.clone().filter(|n| !n.is_empty()),
+        phase: PodPhase::parse(status.and_then(|s| s.phase.as_deref())),
+        created_at: time(meta.creation_timestamp.as_ref()),
+        started_at: time(status.and_then(|s| s.start_time.as_ref())),
+        ready_since,
+        deletion: meta.deletion_timestamp.as_ref().map(|t| Deletion {
+            deadline: to_chrono(t.0),
+            grace_seconds: meta.deletion_grace_period_seconds.unwrap_or(0),
+        }),
+        resources,
+        controller: controller_of(meta),
+        unschedulable_message,
+    }))
+}
+
+fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
+/// A node's GPU allocatable (falls back to capacity when allocatable is absent).
+pub fn node(names: &ResourceNames, node: &Node) -> Result<NodeInfo, ProjectError> {
+    let meta = &node.metadata;
+    let object = object_name("node", meta);
+    let status = node.status.as_ref();
+    let source = status.and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()));
+    let mut allocatable = BTreeMap::new();
+    for (k, q) in source.into_iter().flatten() {
+        if names.classify(k).is_some() {
+            let units = parse_units(&q.0).map_err(|source| ProjectError {
+                object: object.clone(),
+                resource: k.clone(),
+                source,
+            })?;
+            allocatable.insert(k.clone(), units);
+        }
+    }
+    let labels = meta.labels.as_ref();
+    let replicas = labels
+        .and_then(|l| l.get(REPLICAS_LABEL))
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|r| *r >= 1)
+        .unwrap_or(1);
+    Ok(NodeInfo {
+        name: meta.name.clone().unwrap_or_default(),
+        allocatable,
+        replicas,
+        product: labels.and_then(|l| l.get(PRODUCT_LABEL)).cloned(),
+    })
+}
+
+/// The GPU part of a ResourceQuota; `None` when no key names a GPU resource.
+pub fn quota(names: &ResourceNames, quota: &ResourceQuota) -> Result<Option<QuotaInfo>, ProjectError> {
+    let meta = &quota.metadata;
+    let object = object_name("resourcequota", meta);
+    let hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref());
+    let mut gpu_hard = BTreeMap::new();
+    for (k, q) in hard.into_iter().flatten() {
+        if names.quota_key_resource(k).is_some() {
+            let units = parse_units(&q.0).map_err(|source| ProjectError {
+                object: object.clone(),
+                resource: k.clone(),
+                source,
+            })?;
+            gpu_hard.insert(k.clone(), units);
+        }
+    }
+    Ok((!gpu_hard.is_empty()).then(|| QuotaInfo {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        names_gpu: true,
+        gpu_hard,
+    }))
+}
+
+/// A Notebook from its metadata alone (spec and status are never read).
+pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
+    let ann = meta.annotations.as_ref();
+    let get = |k: &str| ann.and_then(|a| a.get(k));
+    let parse_time = |k: &str| {
+        get(k).and_then(|v| DateTime::parse_from_rfc3339(v).ok()).map(|t| t.with_timezone(&Utc))
+    };
+    NotebookInfo {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        stopped: get(STOP_ANNOTATION).cloned(),
+        deleting: meta.deletion_timestamp.is_some(),
+        cull_opt_out: get(CULL_OPT_OUT_ANNOTATION).is_some_and(|v| v.eq_ignore_ascii_case("false")),
+        snooze_until: parse_time(SNOOZE_ANNOTATION),
+        last_stopped_by_us: parse_time(STOPPED_AT_ANNOTATION),
+    }
+}
+
+/// A StatefulSet's identity and controller.
+pub fn statefulset(sts: &StatefulSet) -> StatefulSetInfo {
+    let meta = &sts.metadata;
+    StatefulSetInfo {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        controller: controller_of(meta),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod_from(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).expect("valid pod json")
+    }
+
+    #[test]
+    fn claim_is_max_of_app_sum_and_init_max() {
+        let p = pod_from(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {
+                "nodeName": "n1",
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "3"}}}],
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                    {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1"}}},
+                    {"name": "c", "resources": {"limits": {"cpu": "1"}}}
+                ]
+            },
+            "status": {"phase": "Running"}
+        }));
+        let c = pod(&ResourceNames::default(), &p).expect("ok").expect("gpu pod");
+        assert_eq!(c.resources.get("nvidia.com/gpu"), Some(&3));
+        assert_eq!(c.node.as_deref(), Some("n1"));
+        assert_eq!(c.phase, PodPhase::Running);
+    }
+
+    #[test]
+    fn limits_win_over_requests_and_pod_level_adds() {
+        let p = pod_from(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "containers": [{"name": "a", "resources": {
+                    "limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "1"}}}]
+            }
+        }));
+        let c = pod(&ResourceNames::default(), &p).expect("ok").expect("gpu pod");
+        assert_eq!(c.resources.get("nvidia.com/gpu"), Some(&3));
+        assert_eq!(c.phase, PodPhase::Unknown);
+    }
+
+    #[test]
+    fn non_gpu_pod_is_none_and_bad_quantity_names_pod() {
+        let p = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "a", "resources": {"limits": {"cpu": "500m"}}}]}}));
+        assert!(pod(&ResourceNames::default(), &p).expect("ok").is_none());
+        let bad = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "0.5"}}}]}}));
+        let err = pod(&ResourceNames::default(), &bad).expect_err("fractional");
+        assert!(err.to_string().contains("pod ns/p"), "{err}");
+        assert!(err.to_string().contains("fractional"), "{err}");
+    }
+
+    #[test]
+    fn owner_group_drops_version() {
+        let p = pod_from(json!({"metadata": {"name": "nb-0", "namespace": "ns", "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "nb", "uid": "s1", "controller": true}]},
+            "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}));
+        let c = pod(&ResourceNames::default(), &p).expect("ok").expect("gpu pod");
+        let owner = c.controller.expect("controller");
+        assert_eq!((owner.group.as_str(), owner.kind.as_str()), ("apps", "StatefulSet"));
+    }
+}

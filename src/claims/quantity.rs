@@ -1,0 +1,101 @@
+//! Kubernetes quantities for countable (extended) resources: whole, non-negative units only.
+
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum QuantityError {
+    #[error("quantity {0:?} is negative")]
+    Negative(String),
+    #[error("quantity {0:?} is fractional; GPU resources are counted in whole units")]
+    Fractional(String),
+    #[error("quantity {0:?} is not a number")]
+    Invalid(String),
+    #[error("quantity {0:?} is too large")]
+    TooLarge(String),
+}
+
+/// Parses a quantity such as `1`, `8`, `2000m`, `1k` into whole units.
+///
+/// Extended resources must be integers (the API server rejects anything else), so a fraction or
+/// a negative value in a dump is reported as bad input instead of being rounded.
+pub fn parse_units(raw: &str) -> Result<u64, QuantityError> {
+    let s = raw.trim();
+    if s.starts_with('-') {
+        return Err(QuantityError::Negative(raw.to_string()));
+    }
+    let s = s.strip_prefix('+').unwrap_or(s);
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (number, suffix) = s.split_at(split);
+    if number.is_empty() {
+        return Err(QuantityError::Invalid(raw.to_string()));
+    }
+    // Scale as (numerator, denominator) so milli-units stay exact.
+    let (mul, div): (u128, u128) = match suffix {
+        "" => (1, 1),
+        "m" => (1, 1000),
+        "k" => (1_000, 1),
+        "M" => (1_000_000, 1),
+        "G" => (1_000_000_000, 1),
+        "Ki" => (1 << 10, 1),
+        "Mi" => (1 << 20, 1),
+        "Gi" => (1 << 30, 1),
+        _ => return Err(QuantityError::Invalid(raw.to_string())),
+    };
+    let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
+    if frac_part.contains('.') || (int_part.is_empty() && frac_part.is_empty()) {
+        return Err(QuantityError::Invalid(raw.to_string()));
+    }
+    if frac_part.len() > 18 || int_part.len() > 18 {
+        return Err(QuantityError::TooLarge(raw.to_string()));
+    }
+    let frac_scale = 10u128.pow(frac_part.len() as u32);
+    let int_value: u128 = if int_part.is_empty() { 0 } else { int_part.parse().map_err(|_| QuantityError::Invalid(raw.to_string()))? };
+    let frac_value: u128 = if frac_part.is_empty() { 0 } else { frac_part.parse().map_err(|_| QuantityError::Invalid(raw.to_string()))? };
+    let numerator = (int_value * frac_scale + frac_value) * mul;
+    let denominator = frac_scale * div;
+    if numerator % denominator != 0 {
+        return Err(QuantityError::Fractional(raw.to_string()));
+    }
+    u64::try_from(numerator / denominator).map_err(|_| QuantityError::TooLarge(raw.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_whole_units() {
+        assert_eq!(parse_units("1"), Ok(1));
+        assert_eq!(parse_units("8"), Ok(8));
+        assert_eq!(parse_units("2000m"), Ok(2));
+        assert_eq!(parse_units("1k"), Ok(1000));
+        assert_eq!(parse_units("1.0"), Ok(1));
+        assert_eq!(parse_units("0"), Ok(0));
+    }
+
+    #[test]
+    fn rejects_bad_units() {
+        assert!(matches!(parse_units("-1"), Err(QuantityError::Negative(_))));
+        assert!(matches!(parse_units("0.5"), Err(QuantityError::Fractional(_))));
+        assert!(matches!(parse_units("500m"), Err(QuantityError::Fractional(_))));
+        assert!(matches!(parse_units("two"), Err(QuantityError::Invalid(_))));
+        assert!(matches!(parse_units(""), Err(QuantityError::Invalid(_))));
+        assert!(matches!(parse_units("1.2.3"), Err(QuantityError::Invalid(_))));
+        assert!(matches!(parse_units("1x"), Err(QuantityError::Invalid(_))));
+        assert!(matches!(parse_units("99999999999999999999"), Err(QuantityError::TooLarge(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(s in "\\PC{0,24}") {
+            let _ = parse_units(&s);
+        }
+
+        #[test]
+        fn integers_round_trip(n in 0u64..1_000_000) {
+            prop_assert_eq!(parse_units(&n.to_string()), Ok(n));
+            prop_assert_eq!(parse_units(&format!("{}m", n * 1000)), Ok(n));
+        }
+    }
+}

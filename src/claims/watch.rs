@@ -1,0 +1,1 @@
+//! Live watches into claim stores (being written).

@@ -1,0 +1,356 @@
+//! The ledger: a pure join of claims and usage at one instant — no I/O, no clock.
+//!
+//! `build(claims, usage, now, policy)` returns pod, node, namespace and unclaimed-busy rows. The
+//! live service, the offline report and the tests all call it; culling reads its output.
+
+mod attribution;
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+
+use crate::claims::{Claims, GpuResourceKind, NotebookInfo, PodClaim, ResourceNames};
+use crate::usage::{DeviceKey, Usage};
+
+pub use attribution::Attribution;
+
+/// Knobs that change what the ledger concludes.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub names: ResourceNames,
+    /// Utilisation (0..1) below which a device counts as idle.
+    pub idle_threshold: f64,
+    /// Share of expected samples in the window required to call anything idle.
+    pub min_coverage: f64,
+    /// Samples older than this are not fresh.
+    pub max_staleness: Duration,
+    /// A terminating pod is stuck this long past its deletion deadline.
+    pub stuck_after: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            names: ResourceNames::default(),
+            idle_threshold: 0.05,
+            min_coverage: 0.9,
+            max_staleness: Duration::minutes(2),
+            stuck_after: Duration::minutes(5),
+        }
+    }
+}
+
+/// Where a GPU pod is in its life, as far as holding a GPU goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodState {
+    /// Not bound to a node: demand, holds nothing.
+    Pending,
+    /// Bound, not terminal, not being deleted: holds its GPUs.
+    Running,
+    /// Deletion requested, not terminal: still holds its GPUs.
+    Terminating,
+}
+
+impl PodState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Terminating => "terminating",
+        }
+    }
+
+    /// Whether the pod holds its GPUs on its node (what the scheduler counts).
+    pub fn holds(self) -> bool {
+        matches!(self, Self::Running | Self::Terminating)
+    }
+}
+
+/// The controller of a pod, for the owner-info metric and the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Owner {
+    pub kind: String,
+    pub name: String,
+}
+
+/// Everything culling needs to judge a pod, kept out of the JSON contract.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Evidence {
+    pub uid: String,
+    /// The notebook this pod belongs to, and whether pod → StatefulSet → Notebook (uid) was verified.
+    pub notebook: Option<(NotebookInfo, bool)>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ready_since: Option<DateTime<Utc>>,
+    /// Lowest window coverage over the pod's devices.
+    pub coverage: Option<f64>,
+    /// Oldest of the devices' newest samples (all devices are at least this fresh).
+    pub newest_sample_at: Option<DateTime<Utc>>,
+    /// Highest utilisation over the pod's devices in the window.
+    pub peak: Option<f64>,
+    /// Since when the pod's GPUs are proven idle (start, last activity or coverage start).
+    pub idle_since: Option<DateTime<Utc>>,
+    /// Devices found for the pod versus devices its claim implies.
+    pub devices_found: usize,
+    pub devices_expected: usize,
+}
+
+/// One GPU pod.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodRow {
+    pub namespace: String,
+    pub pod: String,
+    pub node: Option<String>,
+    pub state: PodState,
+    /// Claim in physical GPU equivalents.
+    pub gpus: f64,
+    pub resources: BTreeMap<String, u64>,
+    pub attribution: Attribution,
+    pub utilization: Option<f64>,
+    pub memory_used_bytes: Option<f64>,
+    pub idle: Option<bool>,
+    pub idle_seconds: Option<f64>,
+    pub terminating_seconds: Option<f64>,
+    pub stuck: bool,
+    pub pending_seconds: Option<f64>,
+    pub notebook: Option<String>,
+    pub owner: Option<Owner>,
+    /// The devices attributed to the pod.
+    pub devices: Vec<DeviceKey>,
+    /// Why the scheduler has not placed a pending pod.
+    pub pending_reason: Option<String>,
+    #[serde(skip)]
+    pub evidence: Evidence,
+}
+
+/// GPU capacity of one node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeRow {
+    pub node: String,
+    pub gpus_allocatable: f64,
+    pub gpus_claimed: f64,
+    pub gpus_free: f64,
+}
+
+/// GPU claims of one namespace.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NamespaceRow {
+    pub namespace: String,
+    /// Held by running and terminating pods.
+    pub gpus_claimed: f64,
+    /// Held by pods proven idle.
+    pub gpus_idle: f64,
+    /// Requested by pending pods (demand, not inside `gpus_claimed`).
+    pub gpus_pending: f64,
+    /// Tightest GPU hard limit in GPU equivalents; `None` when no quota names a GPU resource.
+    pub gpu_quota: Option<f64>,
+    /// Hard limits per quota key that names a GPU resource.
+    pub gpu_quota_keys: BTreeMap<String, u64>,
+}
+
+/// A device above the idle threshold that no GPU pod claims.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UnclaimedBusy {
+    pub node: String,
+    pub uuid: String,
+    pub gpu_instance: Option<String>,
+    pub utilization: f64,
+}
+
+/// The join at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ledger {
+    pub generated_at: DateTime<Utc>,
+    pub pods: Vec<PodRow>,
+    pub nodes: Vec<NodeRow>,
+    pub namespaces: Vec<NamespaceRow>,
+    pub unclaimed_busy: Vec<UnclaimedBusy>,
+    /// Whether utilisation came from a working source.
+    pub usage_available: bool,
+}
+
+impl Ledger {
+    /// An empty ledger (before the first refresh).
+    pub fn empty(now: DateTime<Utc>) -> Self {
+        Ledger {
+            generated_at: now,
+            pods: Vec::new(),
+            nodes: Vec::new(),
+            namespaces: Vec::new(),
+            unclaimed_busy: Vec::new(),
+            usage_available: false,
+        }
+    }
+}
+
+fn seconds(d: Duration) -> f64 {
+    d.num_milliseconds() as f64 / 1000.0
+}
+
+fn state_of(p: &PodClaim) -> Option<PodState> {
+    if p.phase.is_terminal() {
+        return None;
+    }
+    Some(if p.deletion.is_some() {
+        PodState::Terminating
+    } else if p.node.is_some() {
+        PodState::Running
+    } else {
+        PodState::Pending
+    })
+}
+
+/// Joins claims with usage at `now`.
+pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy) -> Ledger {
+    let replicas: HashMap<&str, u32> = claims.nodes.iter().map(|n| (n.name.as_str(), n.replicas)).collect();
+    let index = attribution::DeviceIndex::new(usage);
+    let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
+    let mut pods = Vec::new();
+    for p in &claims.pods {
+        let Some(state) = state_of(p) else { continue };
+        let node_replicas = p.node.as_deref().and_then(|n| replicas.get(n)).copied().unwrap_or(1);
+        let gpus = policy.names.gpus(&p.resources, node_replicas);
+        let mut row = PodRow {
+            namespace: p.namespace.clone(),
+            pod: p.name.clone(),
+            node: p.node.clone(),
+            state,
+            gpus,
+            resources: p.resources.clone(),
+            attribution: Attribution::None,
+            utilization: None,
+            memory_used_bytes: None,
+            idle: None,
+            idle_seconds: None,
+            terminating_seconds: p.deletion.map(|d| seconds(now - d.requested_at()).max(0.0)),
+            stuck: p.deletion.is_some_and(|d| now > d.deadline + policy.stuck_after),
+            pending_seconds: (state == PodState::Pending).then(|| p.created_at.map(|c| seconds(now - c).max(0.0))).flatten(),
+            notebook: None,
+            owner: p.controller.as_ref().map(|o| Owner { kind: o.kind.clone(), name: o.name.clone() }),
+            devices: Vec::new(),
+            pending_reason: (state == PodState::Pending).then(|| p.unschedulable_message.clone()).flatten(),
+            evidence: Evidence {
+                uid: p.uid.clone(),
+                started_at: p.started_at.or(p.created_at),
+                ready_since: p.ready_since,
+                ..Evidence::default()
+            },
+        };
+        if let Some((nb, verified)) = notebook_of(claims, p) {
+            row.notebook = Some(nb.name.clone());
+            row.evidence.notebook = Some((nb.clone(), verified));
+        }
+        if state.holds() {
+            let time_sliced = node_replicas > 1
+                || p.resources.keys().any(|r| policy.names.classify(r) == Some(GpuResourceKind::Shared));
+            attribution::attribute(&mut row, p, &index, usage, time_sliced, now, policy, &mut claimed_devices);
+        }
+        pods.push(row);
+    }
+    pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+
+    let nodes = node_rows(claims, &pods, policy);
+    let namespaces = namespace_rows(claims, &pods, policy);
+    let mut unclaimed_busy: Vec<UnclaimedBusy> = usage
+        .devices
+        .iter()
+        .zip(&claimed_devices)
+        .filter(|(d, claimed)| !**claimed && d.utilization.is_some_and(|u| u >= policy.idle_threshold))
+        .map(|(d, _)| UnclaimedBusy {
+            node: attribution::node_of(d).unwrap_or_default(),
+            uuid: d.key.uuid.clone(),
+            gpu_instance: d.key.gpu_instance.clone(),
+            utilization: d.utilization.unwrap_or_default(),
+        })
+        .collect();
+    unclaimed_busy.sort_by(|a, b| (&a.node, &a.uuid, &a.gpu_instance).cmp(&(&b.node, &b.uuid, &b.gpu_instance)));
+    Ledger { generated_at: now, pods, nodes, namespaces, unclaimed_busy, usage_available: usage.available }
+}
+
+/// Notebook of a pod: verified through StatefulSet uid when StatefulSets are known, else by name.
+fn notebook_of<'a>(claims: &'a Claims, p: &PodClaim) -> Option<(&'a NotebookInfo, bool)> {
+    if !claims.notebooks_enabled {
+        return None;
+    }
+    let sts_ref = p.controller.as_ref().filter(|o| o.kind == "StatefulSet" && o.group == "apps")?;
+    let sts = claims.statefulsets.iter().find(|s| s.uid == sts_ref.uid && s.namespace == p.namespace);
+    match sts {
+        Some(sts) => {
+            let nb_ref = sts.controller.as_ref().filter(|o| o.group == "kubeflow.org" && o.kind == "Notebook")?;
+            claims
+                .notebooks
+                .iter()
+                .find(|n| n.namespace == p.namespace && n.uid == nb_ref.uid && n.name == nb_ref.name && sts.name == n.name)
+                .map(|n| (n, true))
+        }
+        None => claims.notebooks.iter().find(|n| n.namespace == p.namespace && n.name == sts_ref.name).map(|n| (n, false)),
+    }
+}
+
+fn node_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<NodeRow> {
+    let mut rows: BTreeMap<String, NodeRow> = BTreeMap::new();
+    for n in &claims.nodes {
+        let alloc = policy.names.gpus(&n.allocatable, n.replicas);
+        if alloc > 0.0 {
+            rows.insert(n.name.clone(), NodeRow { node: n.name.clone(), gpus_allocatable: alloc, gpus_claimed: 0.0, gpus_free: 0.0 });
+        }
+    }
+    for p in pods.iter().filter(|p| p.state.holds()) {
+        let Some(node) = &p.node else { continue };
+        let row = rows.entry(node.clone()).or_insert_with(|| NodeRow {
+            node: node.clone(),
+            gpus_allocatable: 0.0,
+            gpus_claimed: 0.0,
+            gpus_free: 0.0,
+        });
+        row.gpus_claimed += p.gpus;
+    }
+    rows.into_values()
+        .map(|mut r| {
+            r.gpus_free = r.gpus_allocatable - r.gpus_claimed;
+            r
+        })
+        .collect()
+}
+
+fn namespace_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<NamespaceRow> {
+    let mut rows: BTreeMap<String, NamespaceRow> = BTreeMap::new();
+    for p in pods {
+        let r = rows.entry(p.namespace.clone()).or_insert_with(|| empty_namespace(&p.namespace));
+        if p.state.holds() {
+            r.gpus_claimed += p.gpus;
+            if p.idle == Some(true) {
+                r.gpus_idle += p.gpus;
+            }
+        } else {
+            r.gpus_pending += p.gpus;
+        }
+    }
+    for q in &claims.quotas {
+        let r = rows.entry(q.namespace.clone()).or_insert_with(|| empty_namespace(&q.namespace));
+        for (key, hard) in &q.gpu_hard {
+            let e = r.gpu_quota_keys.entry(key.clone()).or_insert(*hard);
+            *e = (*e).min(*hard);
+            if let Some(kind) = policy.names.quota_key_resource(key).and_then(|name| policy.names.classify(name)) {
+                let gpus = kind.gpus_per_unit(1) * *hard as f64;
+                r.gpu_quota = Some(r.gpu_quota.map_or(gpus, |g: f64| g.min(gpus)));
+            }
+        }
+    }
+    rows.into_values().collect()
+}
+
+fn empty_namespace(ns: &str) -> NamespaceRow {
+    NamespaceRow {
+        namespace: ns.to_string(),
+        gpus_claimed: 0.0,
+        gpus_idle: 0.0,
+        gpus_pending: 0.0,
+        gpu_quota: None,
+        gpu_quota_keys: BTreeMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,337 @@
+//! Ledger unit tests with builder fixtures.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::*;
+use crate::claims::{Deletion, NodeInfo, NotebookInfo, OwnerRef, PodClaim, PodPhase, QuotaInfo, StatefulSetInfo};
+use crate::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
+
+fn now() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z").expect("valid").with_timezone(&Utc)
+}
+
+struct PodB(PodClaim);
+
+impl PodB {
+    fn new(ns: &str, name: &str) -> Self {
+        PodB(PodClaim {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            node: None,
+            phase: PodPhase::Pending,
+            created_at: Some(now() - Duration::hours(3)),
+            started_at: None,
+            ready_since: None,
+            deletion: None,
+            resources: BTreeMap::new(),
+            controller: None,
+            unschedulable_message: None,
+        })
+    }
+    fn on_node(mut self, n: &str) -> Self {
+        self.0.node = Some(n.into());
+        self.0.phase = PodPhase::Running;
+        self.0.started_at = Some(now() - Duration::hours(2));
+        self.0.ready_since = Some(now() - Duration::hours(2));
+        self
+    }
+    fn with(mut self, resource: &str, units: u64) -> Self {
+        self.0.resources.insert(resource.into(), units);
+        self
+    }
+    fn gpu(self, units: u64) -> Self {
+        self.with("nvidia.com/gpu", units)
+    }
+    fn deleted(mut self, ago: Duration, grace: i64) -> Self {
+        let requested = now() - ago;
+        self.0.deletion = Some(Deletion { deadline: requested + Duration::seconds(grace), grace_seconds: grace });
+        self
+    }
+    fn phase(mut self, phase: PodPhase) -> Self {
+        self.0.phase = phase;
+        self
+    }
+    fn owned_by_sts(mut self, name: &str, uid: &str) -> Self {
+        self.0.controller = Some(OwnerRef { group: "apps".into(), kind: "StatefulSet".into(), name: name.into(), uid: uid.into() });
+        self
+    }
+    fn build(self) -> PodClaim {
+        self.0
+    }
+}
+
+fn node(name: &str, gpus: u64) -> NodeInfo {
+    NodeInfo { name: name.into(), allocatable: [("nvidia.com/gpu".to_string(), gpus)].into(), replicas: 1, product: None }
+}
+
+struct DevB(DeviceUsage);
+
+impl DevB {
+    fn new(uuid: &str, host: &str) -> Self {
+        DevB(DeviceUsage {
+            key: DeviceKey { uuid: uuid.into(), gpu_instance: None },
+            hostname: Some(host.into()),
+            model: None,
+            mig_profile: None,
+            workloads: Vec::new(),
+            per_pod_utilization: Vec::new(),
+            signal: Some(Signal::GrEngineActive),
+            utilization: Some(0.0),
+            peak: Some(0.0),
+            coverage: 1.0,
+            last_sample_at: Some(now() - Duration::seconds(10)),
+            memory_used_bytes: Some(1024.0),
+            last_active_at: None,
+            covered_since: Some(now() - Duration::hours(24)),
+        })
+    }
+    fn held_by(mut self, ns: &str, pod: &str) -> Self {
+        self.0.workloads.push(Workload { namespace: ns.into(), pod: pod.into() });
+        self
+    }
+    fn util(mut self, now_v: f64, peak: f64) -> Self {
+        self.0.utilization = Some(now_v);
+        self.0.peak = Some(peak);
+        self
+    }
+    fn coverage(mut self, c: f64) -> Self {
+        self.0.coverage = c;
+        self
+    }
+    fn unknown(mut self) -> Self {
+        self.0.utilization = None;
+        self.0.peak = None;
+        self.0.coverage = 0.0;
+        self
+    }
+    fn mig(mut self, gi: &str) -> Self {
+        self.0.key.gpu_instance = Some(gi.into());
+        self.0.mig_profile = Some("3g.40gb".into());
+        self
+    }
+    fn active_at(mut self, t: DateTime<Utc>) -> Self {
+        self.0.last_active_at = Some(t);
+        self
+    }
+    fn build(self) -> DeviceUsage {
+        self.0
+    }
+}
+
+fn usage(devices: Vec<DeviceUsage>) -> Usage {
+    Usage { devices, available: true }
+}
+
+fn claims(pods: Vec<PodClaim>, nodes: Vec<NodeInfo>) -> Claims {
+    Claims { pods, nodes, ..Claims::default() }
+}
+
+fn pod<'a>(l: &'a Ledger, name: &str) -> &'a PodRow {
+    l.pods.iter().find(|p| p.pod == name).expect("pod row")
+}
+
+#[test]
+fn states_and_node_free_count_terminating_pods() {
+    let c = claims(
+        vec![
+            PodB::new("a", "run").on_node("n1").gpu(1).build(),
+            PodB::new("a", "term").on_node("n1").gpu(1).deleted(Duration::minutes(20), 30).build(),
+            PodB::new("a", "wait").gpu(2).build(),
+            PodB::new("a", "done").on_node("n1").gpu(1).phase(PodPhase::Succeeded).build(),
+        ],
+        vec![node("n1", 4)],
+    );
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    assert_eq!(l.pods.len(), 3, "succeeded pods hold nothing and are not listed");
+    assert_eq!(pod(&l, "run").state, PodState::Running);
+    let t = pod(&l, "term");
+    assert_eq!(t.state, PodState::Terminating);
+    assert_eq!(t.terminating_seconds, Some(1200.0));
+    assert!(t.stuck, "20 min after request, 30 s grace, 5 min stuck-after");
+    let w = pod(&l, "wait");
+    assert_eq!(w.state, PodState::Pending);
+    assert_eq!(w.pending_seconds, Some(3.0 * 3600.0));
+    assert_eq!(w.attribution, Attribution::None);
+    assert_eq!(l.nodes, vec![NodeRow { node: "n1".into(), gpus_allocatable: 4.0, gpus_claimed: 2.0, gpus_free: 2.0 }]);
+    let ns = &l.namespaces[0];
+    assert_eq!((ns.gpus_claimed, ns.gpus_pending, ns.gpu_quota), (2.0, 2.0, None));
+}
+
+#[test]
+fn not_stuck_before_deadline_plus_slack() {
+    let c = claims(vec![PodB::new("a", "t").on_node("n1").gpu(1).deleted(Duration::seconds(60), 30).build()], vec![node("n1", 1)]);
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    assert!(!pod(&l, "t").stuck);
+}
+
+#[test]
+fn exclusive_idle_requires_full_fresh_coverage() {
+    let c = claims(
+        vec![
+            PodB::new("a", "idle").on_node("n1").gpu(1).build(),
+            PodB::new("a", "gappy").on_node("n1").gpu(1).build(),
+            PodB::new("a", "busy").on_node("n1").gpu(1).build(),
+            PodB::new("a", "nodata").on_node("n1").gpu(1).build(),
+        ],
+        vec![node("n1", 4)],
+    );
+    let u = usage(vec![
+        DevB::new("GPU-1", "n1").held_by("a", "idle").active_at(now() - Duration::minutes(30)).build(),
+        DevB::new("GPU-2", "n1").held_by("a", "gappy").coverage(0.5).build(),
+        DevB::new("GPU-3", "n1").held_by("a", "busy").util(0.9, 0.95).build(),
+        DevB::new("GPU-4", "n1").held_by("a", "nodata").unknown().build(),
+    ]);
+    let l = build(&c, &u, now(), &Policy::default());
+    let idle = pod(&l, "idle");
+    assert_eq!((idle.attribution, idle.idle, idle.utilization), (Attribution::Exclusive, Some(true), Some(0.0)));
+    assert_eq!(idle.idle_seconds, Some(1800.0), "since last activity, after pod start");
+    assert_eq!(pod(&l, "gappy").idle, None, "partial coverage is unknown");
+    assert_eq!(pod(&l, "busy").idle, Some(false));
+    assert_eq!(pod(&l, "busy").idle_seconds, Some(0.0));
+    let nodata = pod(&l, "nodata");
+    assert_eq!((nodata.idle, nodata.utilization), (None, None), "missing is unknown, never zero");
+    assert_eq!(l.namespaces[0].gpus_idle, 1.0);
+}
+
+#[test]
+fn idle_seconds_bounded_by_pod_start() {
+    let c = claims(vec![PodB::new("a", "p").on_node("n1").gpu(1).build()], vec![node("n1", 1)]);
+    let u = usage(vec![DevB::new("GPU-1", "n1").held_by("a", "p").build()]);
+    let l = build(&c, &u, now(), &Policy::default());
+    assert_eq!(pod(&l, "p").idle_seconds, Some(2.0 * 3600.0));
+}
+
+#[test]
+fn pod_without_series_is_unattributed_and_unknown() {
+    let c = claims(vec![PodB::new("a", "p").on_node("n1").gpu(1).build()], vec![node("n1", 1)]);
+    let u = usage(vec![DevB::new("GPU-1", "n1").util(0.7, 0.7).build()]);
+    let l = build(&c, &u, now(), &Policy::default());
+    let p = pod(&l, "p");
+    assert_eq!((p.attribution, p.idle, p.utilization), (Attribution::Unattributed, None, None));
+    assert_eq!(l.unclaimed_busy.len(), 1, "the busy device names no pod");
+    assert_eq!(l.unclaimed_busy[0].uuid, "GPU-1");
+}
+
+#[test]
+fn two_gpu_pod_with_one_series_is_not_idle() {
+    let c = claims(vec![PodB::new("a", "p").on_node("n1").gpu(2).build()], vec![node("n1", 2)]);
+    let u = usage(vec![DevB::new("GPU-1", "n1").held_by("a", "p").build()]);
+    let l = build(&c, &u, now(), &Policy::default());
+    assert_eq!(pod(&l, "p").idle, None);
+}
+
+#[test]
+fn mig_pods_use_instance_series_and_sevenths() {
+    let c = claims(
+        vec![PodB::new("a", "m").on_node("n1").with("nvidia.com/mig-3g.40gb", 1).build()],
+        vec![NodeInfo { name: "n1".into(), allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(), replicas: 1, product: None }],
+    );
+    let u = usage(vec![DevB::new("GPU-m", "n1").mig("2").held_by("a", "m").util(0.8, 0.9).build()]);
+    let l = build(&c, &u, now(), &Policy::default());
+    let p = pod(&l, "m");
+    assert_eq!(p.attribution, Attribution::Mig);
+    assert!((p.gpus - 3.0 / 7.0).abs() < 1e-9);
+    assert_eq!(p.utilization, Some(0.8));
+    assert!((l.nodes[0].gpus_allocatable - 6.0 / 7.0).abs() < 1e-9);
+}
+
+#[test]
+fn time_sliced_pods_are_shared_and_never_get_device_values() {
+    let mut n = node("n1", 4);
+    n.replicas = 4;
+    let c = claims(
+        vec![PodB::new("a", "s1").on_node("n1").gpu(1).build(), PodB::new("b", "s2").on_node("n1").gpu(1).build()],
+        vec![n],
+    );
+    // Device busy, both pods pinned (virtual-GPU copies), no per-process series.
+    let u = usage(vec![DevB::new("GPU-t", "n1").held_by("a", "s1").held_by("b", "s2").util(0.6, 0.6).build()]);
+    let l = build(&c, &u, now(), &Policy::default());
+    for name in ["s1", "s2"] {
+        let p = pod(&l, name);
+        assert_eq!(p.attribution, Attribution::Shared);
+        assert_eq!(p.utilization, None, "device-wide value is not the pod's");
+        assert_eq!(p.idle, None);
+        assert!((p.gpus - 0.25).abs() < 1e-9);
+    }
+    assert!((l.nodes[0].gpus_allocatable - 1.0).abs() < 1e-9);
+    // With per-process series each sharer gets its own reading.
+    let mut d = DevB::new("GPU-t", "n1").held_by("a", "s1").held_by("b", "s2").util(0.6, 0.6).build();
+    d.per_pod_utilization = vec![
+        (Workload { namespace: "a".into(), pod: "s1".into() }, 0.58),
+        (Workload { namespace: "b".into(), pod: "s2".into() }, 0.0),
+    ];
+    let l = build(&c, &usage(vec![d]), now(), &Policy::default());
+    assert_eq!(pod(&l, "s1").utilization, Some(0.58));
+    assert_eq!(pod(&l, "s1").idle, Some(false));
+    assert_eq!(pod(&l, "s2").utilization, Some(0.0));
+    assert_eq!(pod(&l, "s2").idle, None, "a busy device proves nothing about a quiet sharer");
+}
+
+#[test]
+fn unpinned_sharer_idle_only_when_whole_node_idle() {
+    let mut n = node("n1", 2);
+    n.replicas = 2;
+    let c = claims(vec![PodB::new("a", "s").on_node("n1").gpu(1).build()], vec![n]);
+    let idle_node = usage(vec![DevB::new("GPU-1", "n1").build(), DevB::new("GPU-2", "n1").build()]);
+    let l = build(&c, &idle_node, now(), &Policy::default());
+    assert_eq!((pod(&l, "s").attribution, pod(&l, "s").idle), (Attribution::Shared, Some(true)));
+    let busy_node = usage(vec![DevB::new("GPU-1", "n1").build(), DevB::new("GPU-2", "n1").util(0.5, 0.5).build()]);
+    let l = build(&c, &busy_node, now(), &Policy::default());
+    assert_eq!(pod(&l, "s").idle, None);
+    assert_eq!(l.unclaimed_busy.len(), 1, "no series names a pod on GPU-2");
+}
+
+#[test]
+fn source_down_makes_everything_unknown() {
+    let c = claims(vec![PodB::new("a", "p").on_node("n1").gpu(1).build()], vec![node("n1", 1)]);
+    let u = Usage { devices: vec![], available: false };
+    let l = build(&c, &u, now(), &Policy::default());
+    let p = pod(&l, "p");
+    assert_eq!((p.idle, p.utilization, p.attribution), (None, None, Attribution::Unattributed));
+    assert!(!l.usage_available);
+}
+
+#[test]
+fn quotas_and_notebooks() {
+    let nb = NotebookInfo {
+        namespace: "a".into(),
+        name: "nb".into(),
+        uid: "nb-uid".into(),
+        resource_version: "1".into(),
+        stopped: None,
+        deleting: false,
+        cull_opt_out: false,
+        snooze_until: None,
+        last_stopped_by_us: None,
+    };
+    let mut c = claims(vec![PodB::new("a", "nb-0").on_node("n1").gpu(1).owned_by_sts("nb", "sts-uid").build()], vec![node("n1", 1)]);
+    c.notebooks = vec![nb];
+    c.notebooks_enabled = true;
+    c.quotas = vec![QuotaInfo {
+        namespace: "b".into(),
+        name: "q".into(),
+        gpu_hard: [("requests.nvidia.com/gpu".to_string(), 4)].into(),
+        names_gpu: true,
+    }];
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    let p = pod(&l, "nb-0");
+    assert_eq!(p.notebook.as_deref(), Some("nb"));
+    assert_eq!(p.evidence.notebook.as_ref().map(|(_, v)| *v), Some(false), "unverified without StatefulSets");
+    c.statefulsets = vec![StatefulSetInfo {
+        namespace: "a".into(),
+        name: "nb".into(),
+        uid: "sts-uid".into(),
+        controller: Some(OwnerRef { group: "kubeflow.org".into(), kind: "Notebook".into(), name: "nb".into(), uid: "nb-uid".into() }),
+    }];
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    assert_eq!(pod(&l, "nb-0").evidence.notebook.as_ref().map(|(_, v)| *v), Some(true));
+    // A StatefulSet owned by a different Notebook uid is not proof.
+    c.statefulsets[0].controller.as_mut().expect("ctrl").uid = "other".into();
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    assert_eq!(pod(&l, "nb-0").notebook, None);
+    let names: Vec<_> = l.namespaces.iter().map(|n| (n.namespace.as_str(), n.gpu_quota)).collect();
+    assert_eq!(names, vec![("a", None), ("b", Some(4.0))]);
+}

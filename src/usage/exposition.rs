@@ -1,0 +1,248 @@
+//! Parser for Prometheus text exposition (dcgm-exporter `/metrics`, Prometheus `/federate`, or
+//! OpenMetrics ending in `# EOF`). Only the DCGM fields gpu-ledger reads are kept.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+
+use super::series::{Labels, Series};
+
+/// Result of parsing a dump: the series kept and what had to be skipped.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub series: Vec<Series>,
+    /// Lines that were neither comments, blank, nor valid samples.
+    pub skipped_lines: usize,
+    /// The first skipped line (1-based) and why, for the warning.
+    pub first_skip: Option<(usize, String)>,
+}
+
+/// Parses `text`, keeping samples whose metric name is in `keep`; samples without a timestamp are
+/// placed at `default_time`.
+pub fn parse(text: &str, keep: &[&str], default_time: DateTime<Utc>) -> Parsed {
+    let openmetrics = text.lines().rev().find(|l| !l.trim().is_empty()).is_some_and(|l| l.trim() == "# EOF");
+    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut out = Parsed::default();
+    let default_ms = default_time.timestamp_millis();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match split_sample(line) {
+            Ok((name, label_text, value, ts)) => {
+                if !keep.contains(&name) {
+                    continue;
+                }
+                let t_ms = match ts {
+                    None => default_ms,
+                    Some(ts) => match parse_timestamp(ts, openmetrics) {
+                        Some(t) => t,
+                        None => {
+                            out.skip(n + 1, format!("bad timestamp {ts:?}"));
+                            continue;
+                        }
+                    },
+                };
+                let Some(value) = parse_value(value) else {
+                    out.skip(n + 1, format!("bad value {value:?}"));
+                    continue;
+                };
+                let slot = match index.get(&(name, label_text)) {
+                    Some(i) => *i,
+                    None => match parse_labels(label_text) {
+                        Ok(labels) => {
+                            out.series.push(Series { name: name.to_string(), labels, samples: Vec::new() });
+                            index.insert((name, label_text), out.series.len() - 1);
+                            out.series.len() - 1
+                        }
+                        Err(e) => {
+                            out.skip(n + 1, e);
+                            continue;
+                        }
+                    },
+                };
+                out.series[slot].samples.push((t_ms, value));
+            }
+            Err(e) => out.skip(n + 1, e),
+        }
+    }
+    for s in &mut out.series {
+        s.samples.sort_by_key(|(t, _)| *t);
+    }
+    out
+}
+
+impl Parsed {
+    fn skip(&mut self, line: usize, why: String) {
+        self.skipped_lines += 1;
+        if self.first_skip.is_none() {
+            self.first_skip = Some((line, why));
+        }
+    }
+}
+
+/// Splits `name{labels} value [ts]` into parts, without decoding labels yet.
+fn split_sample(line: &str) -> Result<(&str, &str, &str, Option<&str>), String> {
+    let name_end = line.find(|c: char| c == '{' || c.is_whitespace()).ok_or("missing value")?;
+    let name = &line[..name_end];
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+        return Err(format!("bad metric name {name:?}"));
+    }
+    let rest = &line[name_end..];
+    let (labels, rest) = if rest.starts_with('{') {
+        let close = find_label_end(rest).ok_or("unterminated label set")?;
+        (&rest[1..close], &rest[close + 1..])
+    } else {
+        ("", rest)
+    };
+    let mut parts = rest.split_whitespace();
+    let value = parts.next().ok_or("missing value")?;
+    let ts = parts.next();
+    if parts.next().is_some() {
+        return Err("trailing data after timestamp".into());
+    }
+    Ok((name, labels, value, ts))
+}
+
+/// Index of the closing `}` of a label set, honouring quoted values with escapes.
+fn find_label_end(s: &str) -> Option<usize> {
+    let mut in_quotes = false;
+    let mut escaped = false;
+    for (i, c) in s.char_indices().skip(1) {
+        if in_quotes {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_quotes = false;
+            }
+        } else if c == '"' {
+            in_quotes = true;
+        } else if c == '}' {
+            return Some(i);
+        }
+    }
+    None
+}
+
+fn parse_labels(text: &str) -> Result<Labels, String> {
+    let mut labels = Labels::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let eq = rest.find('=').ok_or_else(|| format!("label without value in {{{text}}}"))?;
+        let name = rest[..eq].trim();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("bad label name {name:?}"));
+        }
+        let after = rest[eq + 1..].trim_start();
+        let body = after.strip_prefix('"').ok_or_else(|| format!("label {name} value is not quoted"))?;
+        let mut value = String::new();
+        let mut chars = body.char_indices();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, '\\')) => value.push('\\'),
+                    Some((_, '"')) => value.push('"'),
+                    Some((_, other)) => {
+                        value.push('\\');
+                        value.push(other);
+                    }
+                    None => return Err("dangling escape".into()),
+                },
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        let end = end.ok_or_else(|| format!("label {name} value is not terminated"))?;
+        // Empty values are the same as an absent label (as in Prometheus).
+        if !value.is_empty() {
+            labels.insert(name.to_string(), value);
+        }
+        rest = body[end + 1..].trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+    }
+    Ok(labels)
+}
+
+fn parse_value(v: &str) -> Option<f64> {
+    match v {
+        "NaN" => Some(f64::NAN),
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        _ => v.parse::<f64>().ok(),
+    }
+}
+
+/// Text format: integer milliseconds; OpenMetrics: (fractional) seconds.
+fn parse_timestamp(ts: &str, openmetrics: bool) -> Option<i64> {
+    if openmetrics {
+        let secs: f64 = ts.parse().ok()?;
+        secs.is_finite().then(|| (secs * 1000.0).round() as i64)
+    } else {
+        ts.parse::<i64>().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn t0() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000, 0).expect("valid")
+    }
+
+    #[test]
+    fn parses_dcgm_lines_and_skips_garbage() {
+        let text = r#"# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",modelName="NVIDIA \"H100\"",Hostname="n1",pod="",namespace="ns"} 63
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-b"} NaN 1700000001000
+DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a"} 40
+this is not a sample
+DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
+"#;
+        let p = parse(text, &["DCGM_FI_DEV_GPU_UTIL"], t0());
+        assert_eq!(p.series.len(), 2);
+        assert_eq!(p.skipped_lines, 2);
+        assert_eq!(p.first_skip.as_ref().map(|s| s.0), Some(6));
+        let a = &p.series[0];
+        assert_eq!(a.labels.get("modelName").map(String::as_str), Some("NVIDIA \"H100\""));
+        assert!(!a.labels.contains_key("pod"), "empty label is absent");
+        assert_eq!(a.samples, vec![(1_700_000_000_000, 63.0)]);
+        assert!(p.series[1].samples[0].1.is_nan());
+        assert_eq!(p.series[1].samples[0].0, 1_700_000_001_000);
+    }
+
+    #[test]
+    fn openmetrics_timestamps_are_seconds() {
+        let text = "DCGM_FI_DEV_FB_USED{UUID=\"GPU-a\"} 1 1700000000.5\nDCGM_FI_DEV_FB_USED{UUID=\"GPU-a\"} 2 1700000030\n# EOF\n";
+        let p = parse(text, &["DCGM_FI_DEV_FB_USED"], t0());
+        assert_eq!(p.series.len(), 1);
+        assert_eq!(p.series[0].samples, vec![(1_700_000_000_500, 1.0), (1_700_000_030_000, 2.0)]);
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(text in "\\PC{0,200}") {
+            let _ = parse(&text, &["DCGM_FI_DEV_GPU_UTIL", "a"], t0());
+        }
+
+        #[test]
+        fn label_values_round_trip(v in "[ -~\n]{0,20}") {
+            let escaped = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+            let text = format!("a{{UUID=\"{escaped}\"}} 1\n");
+            let p = parse(&text, &["a"], t0());
+            prop_assert_eq!(p.skipped_lines, 0);
+            let got = p.series[0].labels.get("UUID").cloned().unwrap_or_default();
+            prop_assert_eq!(got, v);
+        }
+    }
+}
