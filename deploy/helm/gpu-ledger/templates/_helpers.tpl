@@ -1,0 +1,253 @@
+{{/* Chart name. */}}
+{{- define "gpu-ledger.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name when it already contains the chart name. */}}
+{{- define "gpu-ledger.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-ledger.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-ledger.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-ledger.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpu-ledger.labels" -}}
+helm.sh/chart: {{ include "gpu-ledger.chart" . }}
+{{ include "gpu-ledger.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-ledger
+{{- end }}
+
+{{- define "gpu-ledger.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpu-ledger.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create=false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Culling mode, normalised: a bare YAML `off` arrives as boolean false.
+*/}}
+{{- define "gpu-ledger.cullMode" -}}
+{{- $m := .Values.culling.mode | toString | lower }}
+{{- if eq $m "false" }}{{ $m = "off" }}{{ end }}
+{{- if eq $m "true" }}{{ $m = "on" }}{{ end }}
+{{- if not (has $m (list "off" "dry-run" "on")) }}
+{{- fail (printf "culling.mode must be one of \"off\", \"dry-run\", \"on\" (got %q)" (.Values.culling.mode | toString)) }}
+{{- end }}
+{{- $m }}
+{{- end }}
+
+{{- define "gpu-ledger.cullingEnabled" -}}
+{{- if ne (include "gpu-ledger.cullMode" .) "off" }}true{{ end }}
+{{- end }}
+
+{{- define "gpu-ledger.totalShards" -}}
+{{- $n := int .Values.sharding.totalShards }}
+{{- if lt $n 1 }}{{ fail "sharding.totalShards must be >= 1" }}{{ end }}
+{{- $n }}
+{{- end }}
+
+{{- define "gpu-ledger.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-ledger.tokenPath" -}}
+{{- if .Values.prometheus.bearerToken.secretName -}}
+/etc/gpu-ledger/prometheus-token/{{ .Values.prometheus.bearerToken.secretKey }}
+{{- else if .Values.prometheus.bearerToken.useServiceAccountToken -}}
+/var/run/secrets/kubernetes.io/serviceaccount/token
+{{- end }}
+{{- end }}
+
+{{/*
+Container args. Keep in step with deploy/kustomize/base/deployment.yaml (tests/deploy_chart.rs
+compares them for the default values).
+*/}}
+{{- define "gpu-ledger.args" -}}
+{{- $mode := include "gpu-ledger.cullMode" . -}}
+- serve
+- --listen=0.0.0.0:{{ .Values.port }}
+- --prometheus-url={{ required "prometheus.url is required" .Values.prometheus.url }}
+{{- with (include "gpu-ledger.tokenPath" .) }}
+- --prometheus-bearer-token-file={{ . }}
+{{- end }}
+{{- if .Values.prometheus.ca.configMapName }}
+- --prometheus-ca-file=/etc/gpu-ledger/prometheus-ca/{{ .Values.prometheus.ca.configMapKey }}
+{{- end }}
+{{- if .Values.prometheus.insecureSkipVerify }}
+- --prometheus-insecure-skip-verify
+{{- end }}
+- --label-scheme={{ .Values.prometheus.labelScheme }}
+- --window={{ .Values.ledger.window }}
+- --refresh-interval={{ .Values.ledger.refreshInterval }}
+- --idle-threshold={{ .Values.ledger.idleThreshold }}
+- --stuck-after={{ .Values.ledger.stuckAfter }}
+{{- with .Values.ledger.namespaces }}
+- --namespaces={{ join "," . }}
+{{- end }}
+- --log-format={{ .Values.logFormat }}
+- --cull={{ $mode }}
+{{- if ne $mode "off" }}
+- --cull-idle-after={{ .Values.culling.idleAfter }}
+- --cull-min-runtime={{ .Values.culling.minRuntime }}
+- --cull-max-per-cycle={{ .Values.culling.maxPerCycle }}
+{{- with .Values.culling.namespaces }}
+- --cull-namespaces={{ join "," . }}
+{{- end }}
+{{- with .Values.culling.excludeNamespaces }}
+- --cull-exclude-namespaces={{ join "," . }}
+{{- end }}
+{{- if gt (int (include "gpu-ledger.totalShards" .)) 1 }}
+- --lease-name={{ .Values.culling.leaseName }}-$(POD_INDEX)
+{{- else }}
+- --lease-name={{ .Values.culling.leaseName }}
+{{- end }}
+{{- end }}
+{{- if gt (int (include "gpu-ledger.totalShards" .)) 1 }}
+- --shard=$(POD_INDEX)
+- --total-shards={{ include "gpu-ledger.totalShards" . }}
+{{- end }}
+{{- with .Values.extraArgs }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Pod template shared by the Deployment and the sharded StatefulSet. */}}
+{{- define "gpu-ledger.podTemplate" -}}
+metadata:
+  labels:
+    {{- include "gpu-ledger.selectorLabels" . | nindent 4 }}
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with .Values.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  serviceAccountName: {{ include "gpu-ledger.serviceAccountName" . }}
+  automountServiceAccountToken: true
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+  securityContext:
+    {{- toYaml .Values.podSecurityContext | nindent 4 }}
+  containers:
+    - name: gpu-ledger
+      image: {{ include "gpu-ledger.image" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args:
+        {{- include "gpu-ledger.args" . | nindent 8 }}
+      env:
+        - name: POD_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        - name: POD_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        {{- if gt (int (include "gpu-ledger.totalShards" .)) 1 }}
+        - name: POD_INDEX
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+        {{- end }}
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        - name: http
+          containerPort: {{ .Values.port }}
+          protocol: TCP
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: http
+        {{- toYaml .Values.probes.readiness | nindent 8 }}
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: http
+        {{- toYaml .Values.probes.liveness | nindent 8 }}
+      resources:
+        {{- toYaml .Values.resources | nindent 8 }}
+      securityContext:
+        {{- toYaml .Values.securityContext | nindent 8 }}
+      volumeMounts:
+        - name: tmp
+          mountPath: /tmp
+        {{- if .Values.prometheus.bearerToken.secretName }}
+        - name: prometheus-token
+          mountPath: /etc/gpu-ledger/prometheus-token
+          readOnly: true
+        {{- end }}
+        {{- if .Values.prometheus.ca.configMapName }}
+        - name: prometheus-ca
+          mountPath: /etc/gpu-ledger/prometheus-ca
+          readOnly: true
+        {{- end }}
+  volumes:
+    - name: tmp
+      emptyDir:
+        sizeLimit: 16Mi
+    {{- if .Values.prometheus.bearerToken.secretName }}
+    - name: prometheus-token
+      secret:
+        secretName: {{ .Values.prometheus.bearerToken.secretName }}
+        items:
+          - key: {{ .Values.prometheus.bearerToken.secretKey }}
+            path: {{ .Values.prometheus.bearerToken.secretKey }}
+    {{- end }}
+    {{- if .Values.prometheus.ca.configMapName }}
+    - name: prometheus-ca
+      configMap:
+        name: {{ .Values.prometheus.ca.configMapName }}
+        items:
+          - key: {{ .Values.prometheus.ca.configMapKey }}
+            path: {{ .Values.prometheus.ca.configMapKey }}
+    {{- end }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
