@@ -119,6 +119,9 @@ compares them for the default values).
 {{- with .Values.culling.excludeNamespaces }}
 - --cull-exclude-namespaces={{ join "," . }}
 {{- end }}
+{{- with .Values.culling.excludeNamespaceSelector }}
+- --cull-namespace-selector={{ . }}
+{{- end }}
 {{- if gt (int (include "gpu-ledger.totalShards" .)) 1 }}
 - --lease-name={{ .Values.culling.leaseName }}-$(POD_INDEX)
 {{- else }}
