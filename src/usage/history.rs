@@ -1,0 +1,419 @@
+//! Idle history kept across refreshes, and rebuilt at bounded cost after a restart.
+//!
+//! A refresh only sees its window (minutes); "idle since" and "covered since" need hours. At
+//! start-up [`bootstrap`] asks Prometheus once over the lookback (one query, seconds even at
+//! thousands of GPUs); afterwards [`History::merge`] keeps both up to date from each refresh
+//! (pure, no I/O).
+//!
+//! Rules per device, keyed by (hostname, [`DeviceKey`]):
+//! * `last_active_at` only moves forward: max(history, this refresh).
+//! * `covered_since` holds while every refresh has coverage ≥ `min_coverage`; a refresh below it
+//!   (a gap: missing data proves nothing) resets it to `now`. A refresh with enough coverage proves
+//!   its own window, so `covered_since` is at most `now − window × coverage`; refreshes further
+//!   apart than that break the chain.
+//! * Entries unseen for longer than the lookback are dropped.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
+use super::prom::{FIELD_LABEL, PromClient, PromError, STAT_LABEL, Sample, queries};
+use super::series::GPU_INSTANCE_LABEL;
+use super::{DeviceKey, DeviceUsage, LabelScheme, Window};
+
+/// Default lookback of the start-up query.
+pub const DEFAULT_LOOKBACK: chrono::Duration = chrono::Duration::hours(24);
+
+/// (hostname, device).
+pub type HistoryKey = (Option<String>, DeviceKey);
+
+/// What is remembered about one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub last_active_at: Option<DateTime<Utc>>,
+    pub covered_since: Option<DateTime<Utc>>,
+    /// Last refresh (or bootstrap) that saw the device.
+    pub last_seen: DateTime<Utc>,
+}
+
+/// Per-device idle history.
+#[derive(Debug, Clone)]
+pub struct History {
+    entries: BTreeMap<HistoryKey, Entry>,
+    lookback: chrono::Duration,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self::new(DEFAULT_LOOKBACK)
+    }
+}
+
+/// One start-up query over `lookback` (default [`DEFAULT_LOOKBACK`]) rebuilding the history.
+pub async fn bootstrap(
+    client: &PromClient,
+    scheme: &LabelScheme,
+    window: &Window,
+    lookback: chrono::Duration,
+    min_coverage: f64,
+    now: DateTime<Utc>,
+) -> Result<History, PromError> {
+    let rows = client
+        .instant(&queries::bootstrap_query(scheme, window, lookback), now)
+        .await?;
+    Ok(History::from_bootstrap_rows(
+        &rows,
+        scheme,
+        window,
+        lookback,
+        min_coverage,
+        now,
+    ))
+}
+
+fn secs(v: f64) -> Option<DateTime<Utc>> {
+    if v.is_finite() {
+        DateTime::from_timestamp_millis((v * 1000.0).round() as i64)
+    } else {
+        None
+    }
+}
+
+impl History {
+    /// An empty history that forgets devices unseen for longer than `lookback`.
+    pub fn new(lookback: chrono::Duration) -> Self {
+        Self {
+            entries: BTreeMap::new(),
+            lookback,
+        }
+    }
+
+    /// Builds the history from the answer to [`queries::bootstrap_query`] (pure).
+    ///
+    /// Per device the field is chosen like the live path (`GR_ENGINE_ACTIVE` if present). The
+    /// covered run starts at the first sample after the newest break (or the first sample); it is
+    /// trusted only when the samples since the first one cover at least `min_coverage` of the
+    /// expected count, otherwise `covered_since = now`.
+    pub fn from_bootstrap_rows(
+        rows: &[Sample],
+        scheme: &LabelScheme,
+        window: &Window,
+        lookback: chrono::Duration,
+        min_coverage: f64,
+        now: DateTime<Utc>,
+    ) -> Self {
+        // (hostname, key) → field → stat → value
+        let mut by: BTreeMap<HistoryKey, BTreeMap<String, BTreeMap<String, f64>>> = BTreeMap::new();
+        for s in rows {
+            let (Some(uuid), Some(stat), Some(field)) = (
+                s.labels.get(scheme.uuid),
+                s.labels.get(STAT_LABEL),
+                s.labels.get(FIELD_LABEL),
+            ) else {
+                continue;
+            };
+            let key = DeviceKey {
+                uuid: uuid.clone(),
+                gpu_instance: s.labels.get(GPU_INSTANCE_LABEL).cloned(),
+            };
+            by.entry((s.labels.get(scheme.hostname).cloned(), key))
+                .or_default()
+                .entry(field.clone())
+                .or_default()
+                .insert(stat.clone(), s.value);
+        }
+        let mut h = Self::new(lookback);
+        let interval_ms = window.interval.num_milliseconds().max(1) as f64;
+        for (key, fields) in by {
+            let Some(stats) = fields.get("gr").or_else(|| fields.get("util")) else {
+                continue;
+            };
+            let get = |n: &str| stats.get(n).copied().and_then(secs);
+            let last_active_at = get("active").max(get("active_now"));
+            let first = get("first");
+            let run_start = first.max(get("gap_end"));
+            let count = stats.get("count").copied().unwrap_or(0.0);
+            let trusted = first.is_some_and(|f| {
+                let expected = ((now - f).num_milliseconds() as f64 / interval_ms)
+                    .floor()
+                    .max(1.0);
+                (count / expected).min(1.0) >= min_coverage
+            });
+            let covered_since = if trusted {
+                run_start.map(|t| t.min(now))
+            } else {
+                Some(now)
+            };
+            h.entries.insert(
+                key,
+                Entry {
+                    last_active_at,
+                    covered_since,
+                    last_seen: now,
+                },
+            );
+        }
+        h
+    }
+
+    /// Entry of one device.
+    pub fn get(&self, hostname: Option<&str>, key: &DeviceKey) -> Option<&Entry> {
+        self.entries
+            .get(&(hostname.map(str::to_string), key.clone()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Folds one refresh into the history and writes `last_active_at` / `covered_since` back into
+    /// `devices` (pure).
+    pub fn merge(
+        &mut self,
+        devices: &mut [DeviceUsage],
+        window: &Window,
+        min_coverage: f64,
+        now: DateTime<Utc>,
+    ) {
+        for d in devices.iter_mut() {
+            let key = (d.hostname.clone(), d.key.clone());
+            let prev = self.entries.get(&key).copied();
+            let last_active_at = prev.and_then(|e| e.last_active_at).max(d.last_active_at);
+            let covered_since = if d.coverage >= min_coverage {
+                // This refresh proves (at least) the covered part of its own window.
+                let proven_ms =
+                    (window.length.num_milliseconds() as f64 * d.coverage.min(1.0)) as i64;
+                let proven = now - chrono::Duration::milliseconds(proven_ms);
+                match prev {
+                    // The chain holds only if the previous refresh lies inside what this one proves.
+                    Some(e) if e.last_seen >= proven => {
+                        e.covered_since.map_or(proven, |c| c.min(proven))
+                    }
+                    _ => proven,
+                }
+            } else {
+                now
+            };
+            self.entries.insert(
+                key,
+                Entry {
+                    last_active_at,
+                    covered_since: Some(covered_since),
+                    last_seen: now,
+                },
+            );
+            d.last_active_at = last_active_at;
+            d.covered_since = Some(covered_since);
+        }
+        let horizon = now - self.lookback;
+        self.entries.retain(|_, e| e.last_seen >= horizon);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::usage::series::Labels;
+
+    const T0: i64 = 1_700_000_000;
+
+    fn at(offset_s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(T0 + offset_s, 0).expect("time")
+    }
+
+    fn window() -> Window {
+        Window {
+            length: chrono::Duration::minutes(10),
+            interval: chrono::Duration::seconds(30),
+            idle_threshold: 0.05,
+            max_staleness: chrono::Duration::minutes(2),
+        }
+    }
+
+    fn device(uuid: &str, coverage: f64, last_active: Option<i64>) -> DeviceUsage {
+        DeviceUsage {
+            key: DeviceKey {
+                uuid: uuid.into(),
+                gpu_instance: None,
+            },
+            hostname: Some("h".into()),
+            model: None,
+            mig_profile: None,
+            workloads: vec![],
+            per_pod_utilization: vec![],
+            signal: None,
+            utilization: Some(0.0),
+            peak: Some(0.0),
+            coverage,
+            last_sample_at: None,
+            memory_used_bytes: None,
+            last_active_at: last_active.map(at),
+            covered_since: None,
+        }
+    }
+
+    #[test]
+    fn new_device_with_full_coverage_is_covered_for_the_window() {
+        let mut h = History::default();
+        let mut d = vec![device("a", 1.0, None)];
+        h.merge(&mut d, &window(), 0.95, at(0));
+        assert_eq!(d[0].covered_since, Some(at(-600)));
+        assert_eq!(d[0].last_active_at, None);
+        let mut d = vec![device("b", 0.5, None)];
+        h.merge(&mut d, &window(), 0.95, at(0));
+        assert_eq!(
+            d[0].covered_since,
+            Some(at(0)),
+            "partial coverage proves nothing"
+        );
+    }
+
+    #[test]
+    fn covered_since_holds_then_resets_on_a_gap() {
+        let mut h = History::default();
+        let w = window();
+        let mut d = vec![device("a", 1.0, None)];
+        h.merge(&mut d, &w, 0.95, at(0));
+        for i in 1..=10 {
+            let mut d = vec![device("a", 1.0, None)];
+            h.merge(&mut d, &w, 0.95, at(i * 30));
+            assert_eq!(d[0].covered_since, Some(at(-600)), "holds at refresh {i}");
+        }
+        let mut d = vec![device("a", 0.5, None)];
+        h.merge(&mut d, &w, 0.95, at(400));
+        assert_eq!(d[0].covered_since, Some(at(400)), "a gap resets");
+        // Once the window is fully covered again, the run is proven back to the window start.
+        let mut d = vec![device("a", 1.0, None)];
+        h.merge(&mut d, &w, 0.95, at(1100));
+        assert_eq!(d[0].covered_since, Some(at(500)));
+        let mut d = vec![device("a", 1.0, None)];
+        h.merge(&mut d, &w, 0.95, at(1130));
+        assert_eq!(
+            d[0].covered_since,
+            Some(at(500)),
+            "never moves later while covered"
+        );
+    }
+
+    #[test]
+    fn last_active_is_monotonic() {
+        let mut h = History::default();
+        let w = window();
+        let mut d = vec![device("a", 1.0, Some(-100))];
+        h.merge(&mut d, &w, 0.95, at(0));
+        assert_eq!(d[0].last_active_at, Some(at(-100)));
+        // Refresh whose window no longer holds the active sample.
+        let mut d = vec![device("a", 1.0, None)];
+        h.merge(&mut d, &w, 0.95, at(1000));
+        assert_eq!(d[0].last_active_at, Some(at(-100)));
+        // An older value never wins.
+        let mut d = vec![device("a", 1.0, Some(-500))];
+        h.merge(&mut d, &w, 0.95, at(1030));
+        assert_eq!(d[0].last_active_at, Some(at(-100)));
+        let mut d = vec![device("a", 1.0, Some(1040))];
+        h.merge(&mut d, &w, 0.95, at(1060));
+        assert_eq!(d[0].last_active_at, Some(at(1040)));
+    }
+
+    #[test]
+    fn devices_are_keyed_by_hostname_and_forgotten_after_lookback() {
+        let mut h = History::new(chrono::Duration::hours(1));
+        let w = window();
+        let mut d = vec![device("a", 1.0, Some(0))];
+        h.merge(&mut d, &w, 0.95, at(0));
+        let mut other = device("a", 1.0, None);
+        other.hostname = Some("other".into());
+        let mut d = vec![other];
+        h.merge(&mut d, &w, 0.95, at(30));
+        assert_eq!(
+            d[0].last_active_at, None,
+            "same UUID on another host is another device"
+        );
+        assert_eq!(h.len(), 2);
+        let mut d = vec![device("b", 1.0, None)];
+        h.merge(&mut d, &w, 0.95, at(3700));
+        assert_eq!(h.len(), 1);
+        assert!(
+            h.get(
+                Some("h"),
+                &DeviceKey {
+                    uuid: "a".into(),
+                    gpu_instance: None
+                }
+            )
+            .is_none()
+        );
+    }
+
+    fn row(uuid: &str, field: &str, stat: &str, v: f64) -> Sample {
+        let labels: Labels = [
+            ("UUID", uuid),
+            ("Hostname", "h"),
+            (FIELD_LABEL, field),
+            (STAT_LABEL, stat),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect();
+        Sample {
+            labels,
+            time: T0 as f64,
+            value: v,
+        }
+    }
+
+    #[test]
+    fn restart_bootstrap_then_merge() {
+        let now = at(0);
+        let t = |s: i64| (T0 + s) as f64;
+        let rows = vec![
+            // a: GR_ENGINE_ACTIVE for 24 h, active 3 h ago, unbroken.
+            row("a", "gr", "active", t(-3 * 3600)),
+            row("a", "gr", "first", t(-24 * 3600)),
+            row("a", "gr", "gap_end", t(-24 * 3600)),
+            row("a", "gr", "count", 2880.0),
+            // Its GPU_UTIL says something else: GR wins.
+            row("a", "util", "active", t(-60)),
+            // b: GPU_UTIL only, a break 2 h ago.
+            row("b", "util", "first", t(-10 * 3600)),
+            row("b", "util", "gap_end", t(-2 * 3600)),
+            row("b", "util", "count", 1100.0),
+            // c: sparse data: untrusted.
+            row("c", "gr", "first", t(-10 * 3600)),
+            row("c", "gr", "count", 100.0),
+        ];
+        let w = window();
+        let mut h = History::from_bootstrap_rows(
+            &rows,
+            &LabelScheme::default(),
+            &w,
+            DEFAULT_LOOKBACK,
+            0.9,
+            now,
+        );
+        let key = |u: &str| DeviceKey {
+            uuid: u.into(),
+            gpu_instance: None,
+        };
+        let a = *h.get(Some("h"), &key("a")).expect("a");
+        assert_eq!(a.last_active_at, Some(at(-3 * 3600)));
+        assert_eq!(a.covered_since, Some(at(-24 * 3600)));
+        let b = *h.get(Some("h"), &key("b")).expect("b");
+        assert_eq!(b.last_active_at, None);
+        assert_eq!(b.covered_since, Some(at(-2 * 3600)));
+        assert_eq!(
+            h.get(Some("h"), &key("c")).expect("c").covered_since,
+            Some(now)
+        );
+        // First refresh after the restart keeps the bootstrapped history.
+        let mut d = vec![device("a", 1.0, None), device("b", 0.4, None)];
+        h.merge(&mut d, &w, 0.9, at(30));
+        assert_eq!(d[0].last_active_at, Some(at(-3 * 3600)));
+        assert_eq!(d[0].covered_since, Some(at(-24 * 3600)));
+        assert_eq!(d[1].covered_since, Some(at(30)));
+    }
+}
