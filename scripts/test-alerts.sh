@@ -53,7 +53,7 @@ for a in $alerts; do
   else
     fail "$a runbook_url does not point at docs/runbooks/$a.md"
   fi
-  if grep -q "^| *\`\?$a\`\? *|" docs/alerts.md 2>/dev/null; then ok "$a listed in docs/alerts.md"; else fail "$a missing from docs/alerts.md"; fi
+  if grep -qF "| [\`$a\`](runbooks/$a.md) |" docs/alerts.md 2>/dev/null; then ok "$a listed in docs/alerts.md"; else fail "$a missing from docs/alerts.md"; fi
 done
 
 echo "alerts: $passed passed, $failed failed"
