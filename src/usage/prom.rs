@@ -14,8 +14,8 @@
 //!
 //! Known, documented differences from the offline reduction (all on the conservative side):
 //! devices with no sample in the window are not listed; when the newest sample is NaN the current
-//! utilisation is unknown (offline uses the previous usable sample); when a window holds NaN
-//! samples, coverage counts at least one sample fewer (a NaN never proves idleness); coverage of a
+//! utilisation is unknown (offline uses the previous usable sample); NaN samples are
+//! counted per scrape interval and give no coverage (a NaN never proves idleness); coverage of a
 //! device whose series changed identity inside the window is that of its best-covered series.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -474,7 +474,7 @@ pub mod queries {
     }
 
     /// Window statistics of one utilisation field, one row per (device, holder, statistic):
-    /// `peak`, `count`, `nan` (window holds a NaN), `last`, `ts`/`ts_sub` (newest sample time, at
+    /// `peak`, `count`, `nan` (NaN samples, no coverage), `last`, `ts`/`ts_sub` (newest sample time, at
     /// `now` and by subquery), `active`/`active_sub` (newest sample at or above the threshold).
     pub fn window_query(field: &str, scheme: &LabelScheme, window: &Window) -> String {
         let by = series_labels(scheme);
@@ -482,13 +482,16 @@ pub mod queries {
         let sub = format!("{}:{}", duration(window.length), duration(window.interval));
         let thr = threshold(field, window);
         let f = field;
+        // NaN samples, counted per step: each step sees only the samples of its own interval.
+        let fresh = format!("last_over_time({f}[{}])", open_range(window.interval));
+        let nan_sub = format!("{w}:{}", duration(window.interval));
         [
             stat("peak", &by, &format!("max_over_time({f}[{w}])")),
             stat("count", &by, &format!("count_over_time({f}[{w}])")),
             stat(
                 "nan",
                 &by,
-                &format!("sum_over_time({f}[{w}]) != sum_over_time({f}[{w}])"),
+                &format!("count_over_time(({fresh} != {fresh})[{nan_sub}])"),
             ),
             stat("last", &by, &format!("last_over_time({f}[{w}])")),
             stat("ts", &by, &format!("timestamp({f})")),
@@ -721,14 +724,15 @@ fn reduce_device(
         .iter()
         .filter_map(|g| {
             let c = g.get("count")?;
-            Some(if g.get("nan").is_some() {
-                (c - 1.0).max(0.0)
-            } else {
-                c
-            })
+            Some((c - g.get("nan").unwrap_or(0.0)).max(0.0))
         })
         .fold(0.0, f64::max);
-    let coverage = (count / window.expected_samples()).min(1.0);
+    // A window of nothing but NaN proves nothing.
+    let coverage = if peak.is_some() {
+        (count / window.expected_samples()).min(1.0)
+    } else {
+        0.0
+    };
     let last_active_at = chosen
         .iter()
         .flat_map(|g| [g.get("active"), g.get("active_sub")])

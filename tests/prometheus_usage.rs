@@ -1,0 +1,785 @@
+//! Live usage path against a REAL Prometheus 2.42 (`/usr/bin/prometheus`, `/usr/bin/promtool`):
+//! generated DCGM series are backfilled with `promtool tsdb create-blocks-from openmetrics`, then
+//! `PromClient::fetch_usage` and `history::bootstrap` query them over HTTP. The key test
+//! (`live_and_offline_agree`) checks that the live PromQL path and the offline reduction
+//! (`usage::series::reduce` over the parsed OpenMetrics text) mean the same thing.
+//!
+//! Tests never skip: a missing Prometheus fails them with a message naming what to install.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use gpu_ledger::usage::history::{self, History};
+use gpu_ledger::usage::prom::{PromClient, PromConfig};
+use gpu_ledger::usage::scheme::SchemeChoice;
+use gpu_ledger::usage::{
+    DeviceKey, DeviceUsage, LabelScheme, Signal, Window, Workload, exposition, fields, series,
+};
+use gpu_ledger_testkit::Prometheus;
+
+const STEP: i64 = 30;
+
+fn window() -> Window {
+    Window {
+        length: chrono::Duration::minutes(10),
+        interval: chrono::Duration::seconds(STEP),
+        idle_threshold: 0.05,
+        max_staleness: chrono::Duration::minutes(2),
+    }
+}
+
+/// Query time: an hour ago, on a 30 s boundary (the newest sample of every test).
+fn now_secs() -> i64 {
+    let t = Utc::now().timestamp() - 3600;
+    t - t.rem_euclid(STEP)
+}
+
+fn at(secs: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(secs, 0).expect("valid time")
+}
+
+/// OpenMetrics text built family by family (samples of a family must be contiguous).
+#[derive(Default)]
+struct Om {
+    families: BTreeMap<String, String>,
+}
+
+impl Om {
+    /// Adds one series; `None` values are missing samples, `f64::NAN` is written as `NaN`.
+    fn series(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        samples: impl IntoIterator<Item = (i64, f64)>,
+    ) {
+        let body = self.families.entry(name.to_string()).or_default();
+        let labels = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{v}\""))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (t, v) in samples {
+            let v = if v.is_nan() {
+                "NaN".to_string()
+            } else {
+                format!("{v}")
+            };
+            writeln!(body, "{name}{{{labels}}} {v} {t}").expect("write to string");
+        }
+    }
+
+    fn text(&self) -> String {
+        let mut out = String::new();
+        for (name, body) in &self.families {
+            writeln!(out, "# TYPE {name} gauge").expect("write");
+            out.push_str(body);
+        }
+        out.push_str("# EOF\n");
+        out
+    }
+}
+
+/// Samples every 30 s over `(now - span, now]`, value from `f(t)`.
+fn every(now: i64, span_secs: i64, f: impl Fn(i64) -> f64) -> Vec<(i64, f64)> {
+    (0..span_secs / STEP)
+        .rev()
+        .map(|i| now - i * STEP)
+        .map(|t| (t, f(t)))
+        .collect()
+}
+
+fn dev<'a>(uuid: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut l = vec![
+        ("gpu", "0"),
+        ("UUID", uuid),
+        ("device", "nvidia0"),
+        ("modelName", "NVIDIA H100 80GB HBM3"),
+        ("Hostname", "gpu-node-1"),
+    ];
+    l.extend_from_slice(extra);
+    l
+}
+
+async fn start(om: &Om) -> (Prometheus, PromClient) {
+    let prom = Prometheus::start_with_backfill(&om.text())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "these tests need a real Prometheus 2.42: install the Debian package `prometheus` \
+             (`apt-get install prometheus`, provides /usr/bin/prometheus and /usr/bin/promtool; \
+             or set PROMETHEUS_BIN/PROMTOOL_BIN): {e:#}"
+            )
+        });
+    let client = PromClient::new(PromConfig {
+        url: prom.url().parse().expect("prometheus url"),
+        bearer_token_file: None,
+        ca_file: None,
+        insecure_skip_verify: false,
+        timeout: Duration::from_secs(60),
+    })
+    .expect("client");
+    (prom, client)
+}
+
+fn find<'a>(d: &'a [DeviceUsage], uuid: &str, gi: Option<&str>) -> &'a DeviceUsage {
+    d.iter()
+        .find(|x| {
+            x.key
+                == DeviceKey {
+                    uuid: uuid.into(),
+                    gpu_instance: gi.map(str::to_string),
+                }
+        })
+        .unwrap_or_else(|| panic!("device {uuid}/{gi:?} missing in {d:#?}"))
+}
+
+fn wl(ns: &str, pod: &str) -> Workload {
+    Workload {
+        namespace: ns.into(),
+        pod: pod.into(),
+    }
+}
+
+fn close(a: Option<f64>, b: f64) -> bool {
+    a.is_some_and(|a| (a - b).abs() < 1e-9)
+}
+
+#[tokio::test]
+async fn window_coverage_peak_and_last() {
+    let now = now_secs();
+    let mut om = Om::default();
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-full", &[("pod", "a"), ("namespace", "ns")]),
+        every(now, 1200, |t| {
+            if t == now - 300 {
+                0.9
+            } else if t == now {
+                0.2
+            } else {
+                0.01
+            }
+        }),
+    );
+    // A five-minute hole: nothing in [now-300, now-30].
+    let gapped: Vec<_> = every(now, 1200, |_| 0.01)
+        .into_iter()
+        .filter(|(t, _)| !(now - 300..=now - 30).contains(t))
+        .collect();
+    om.series(fields::GR_ENGINE_ACTIVE, &dev("GPU-gap", &[]), gapped);
+    om.series(
+        fields::FB_USED,
+        &dev("GPU-full", &[("pod", "a"), ("namespace", "ns")]),
+        every(now, 600, |_| 1000.0),
+    );
+    let (_prom, client) = start(&om).await;
+    let (d, stats) = client
+        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
+        .await
+        .expect("fetch");
+    assert_eq!(stats.queries, 4, "detection + 3 on the first refresh");
+    assert_eq!(d.len(), 2);
+    let full = find(&d, "GPU-full", None);
+    assert!((full.coverage - 1.0).abs() < 1e-9, "{full:?}");
+    assert!(close(full.peak, 0.9), "{full:?}");
+    assert!(close(full.utilization, 0.2), "{full:?}");
+    assert_eq!(full.signal, Some(Signal::GrEngineActive));
+    assert_eq!(full.last_sample_at, Some(at(now)));
+    assert_eq!(full.last_active_at, Some(at(now)));
+    assert_eq!(full.workloads, vec![wl("ns", "a")]);
+    assert_eq!(full.hostname.as_deref(), Some("gpu-node-1"));
+    assert_eq!(full.model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+    assert!(
+        close(full.memory_used_bytes, 1000.0 * 1024.0 * 1024.0),
+        "{full:?}"
+    );
+    let gap = find(&d, "GPU-gap", None);
+    assert!((gap.coverage - 0.5).abs() <= 0.05, "{gap:?}");
+    assert!(close(gap.peak, 0.01), "{gap:?}");
+    assert_eq!(gap.last_active_at, None);
+    let (_, stats) = client
+        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
+        .await
+        .expect("fetch");
+    assert_eq!(stats.queries, 3, "detection is cached");
+}
+
+/// The same devices written with `exported_*` workload labels (scraped without honor_labels) and
+/// with plain `pod`/`namespace`.
+fn scheme_data(now: i64, exported: bool) -> Om {
+    let mut om = Om::default();
+    for (uuid, pod) in [("GPU-s1", "nb-0"), ("GPU-s2", "train-1")] {
+        let labels: Vec<(&str, &str)> = if exported {
+            dev(
+                uuid,
+                &[
+                    ("exported_pod", pod),
+                    ("exported_namespace", "team"),
+                    ("pod", "dcgm-exporter-x1"),
+                    ("namespace", "gpu-operator"),
+                ],
+            )
+        } else {
+            dev(uuid, &[("pod", pod), ("namespace", "team")])
+        };
+        om.series(fields::GR_ENGINE_ACTIVE, &labels, every(now, 600, |_| 0.5));
+    }
+    // An unallocated GPU: in the exported scheme it still carries the exporter's pod/namespace.
+    let idle: Vec<(&str, &str)> = if exported {
+        dev(
+            "GPU-s3",
+            &[("pod", "dcgm-exporter-x1"), ("namespace", "gpu-operator")],
+        )
+    } else {
+        dev("GPU-s3", &[])
+    };
+    om.series(fields::GR_ENGINE_ACTIVE, &idle, every(now, 600, |_| 0.0));
+    om
+}
+
+#[tokio::test]
+async fn both_label_schemes_detected_with_equal_workloads() {
+    let now = now_secs();
+    let mut got = Vec::new();
+    for exported in [true, false] {
+        let (_prom, client) = start(&scheme_data(now, exported)).await;
+        let scheme = client
+            .detect_scheme(SchemeChoice::Auto, &window(), at(now))
+            .await
+            .expect("detect");
+        assert_eq!(scheme.pod, if exported { "exported_pod" } else { "pod" });
+        assert_eq!(
+            scheme.namespace,
+            if exported {
+                "exported_namespace"
+            } else {
+                "namespace"
+            }
+        );
+        let (d, stats) = client
+            .fetch_usage(SchemeChoice::Auto, &window(), at(now))
+            .await
+            .expect("fetch");
+        assert_eq!(stats.queries, 3, "detection was cached by detect_scheme");
+        got.push(
+            d.iter()
+                .map(|x| (x.key.uuid.clone(), x.workloads.clone()))
+                .collect::<Vec<_>>(),
+        );
+        if exported {
+            // Overriding to `plain` would attribute every GPU to the exporter pod.
+            let (d, _) = client
+                .fetch_usage(SchemeChoice::Plain, &window(), at(now))
+                .await
+                .expect("fetch");
+            assert_eq!(
+                find(&d, "GPU-s3", None).workloads,
+                vec![wl("gpu-operator", "dcgm-exporter-x1")]
+            );
+        }
+    }
+    assert_eq!(got[0], got[1]);
+    assert_eq!(
+        got[0],
+        vec![
+            ("GPU-s1".into(), vec![wl("team", "nb-0")]),
+            ("GPU-s2".into(), vec![wl("team", "train-1")]),
+            ("GPU-s3".into(), vec![])
+        ]
+    );
+}
+
+#[tokio::test]
+async fn nan_is_unknown_gpu_util_is_scaled_and_mig_instances_are_separate() {
+    let now = now_secs();
+    let mut om = Om::default();
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-nan", &[]),
+        every(now, 600, |_| f64::NAN),
+    );
+    // One NaN in the middle: unknown, not zero; the rest still counts.
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-hole", &[]),
+        every(now, 600, |t| if t == now - 120 { f64::NAN } else { 0.3 }),
+    );
+    om.series(
+        fields::GPU_UTIL,
+        &dev("GPU-old", &[("pod", "p"), ("namespace", "ns")]),
+        every(now, 600, |_| 40.0),
+    );
+    for (gi, profile, pod, v) in [("1", "3g.40gb", "mig-a", 0.8), ("2", "3g.40gb", "", 0.0)] {
+        let mut l = dev("GPU-mig", &[("GPU_I_PROFILE", profile), ("GPU_I_ID", gi)]);
+        if !pod.is_empty() {
+            l.extend([("pod", pod), ("namespace", "ns")]);
+        }
+        om.series(fields::GR_ENGINE_ACTIVE, &l, every(now, 600, |_| v));
+    }
+    let (_prom, client) = start(&om).await;
+    let (d, _) = client
+        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
+        .await
+        .expect("fetch");
+    let nan = find(&d, "GPU-nan", None);
+    assert_eq!(
+        (nan.utilization, nan.peak, nan.coverage),
+        (None, None, 0.0),
+        "{nan:?}"
+    );
+    let hole = find(&d, "GPU-hole", None);
+    assert!(
+        close(hole.utilization, 0.3) && close(hole.peak, 0.3),
+        "{hole:?}"
+    );
+    assert!(
+        (hole.coverage - 0.95).abs() < 1e-9,
+        "a NaN sample is no coverage: {hole:?}"
+    );
+    let old = find(&d, "GPU-old", None);
+    assert_eq!(old.signal, Some(Signal::GpuUtil));
+    assert!(
+        close(old.utilization, 0.4) && close(old.peak, 0.4),
+        "{old:?}"
+    );
+    let m1 = find(&d, "GPU-mig", Some("1"));
+    let m2 = find(&d, "GPU-mig", Some("2"));
+    assert!(
+        close(m1.utilization, 0.8) && close(m2.utilization, 0.0),
+        "{m1:?} {m2:?}"
+    );
+    assert_eq!(m1.mig_profile.as_deref(), Some("3g.40gb"));
+    assert_eq!(m1.workloads, vec![wl("ns", "mig-a")]);
+    assert!(m2.workloads.is_empty());
+}
+
+#[tokio::test]
+async fn per_process_time_slicing_series_are_split() {
+    let now = now_secs();
+    let mut om = Om::default();
+    for (pod, uid, vgpu) in [("a", "u1", "0"), ("b", "u2", "2")] {
+        om.series(
+            fields::GR_ENGINE_ACTIVE,
+            &dev(
+                "GPU-ts",
+                &[
+                    ("pod", pod),
+                    ("namespace", "x"),
+                    ("pod_uid", uid),
+                    ("vgpu", vgpu),
+                ],
+            ),
+            every(now, 600, |_| 0.6),
+        );
+        let v = if pod == "a" { 58.0 } else { 0.0 };
+        om.series(
+            fields::GPU_UTIL,
+            &dev(
+                "GPU-ts",
+                &[
+                    ("pod", pod),
+                    ("namespace", "x"),
+                    ("pod_uid", uid),
+                    ("vgpu", vgpu),
+                ],
+            ),
+            every(now, 600, move |_| v),
+        );
+    }
+    om.series(
+        fields::GPU_UTIL,
+        &dev("GPU-ts", &[]),
+        every(now, 600, |_| 63.0),
+    );
+    // GPU_UTIL-only sharing: the device-level series is the signal, not the per-pod ones.
+    om.series(
+        fields::GPU_UTIL,
+        &dev("GPU-ts2", &[]),
+        every(now, 600, |_| 20.0),
+    );
+    om.series(
+        fields::GPU_UTIL,
+        &dev(
+            "GPU-ts2",
+            &[("pod", "c"), ("namespace", "x"), ("pod_uid", "u3")],
+        ),
+        every(now, 600, |_| 90.0),
+    );
+    let (_prom, client) = start(&om).await;
+    let (d, _) = client
+        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
+        .await
+        .expect("fetch");
+    assert_eq!(d.len(), 2, "{d:#?}");
+    let ts = find(&d, "GPU-ts", None);
+    assert_eq!(ts.signal, Some(Signal::GrEngineActive));
+    assert!(close(ts.utilization, 0.6), "{ts:?}");
+    assert_eq!(ts.workloads, vec![wl("x", "a"), wl("x", "b")]);
+    assert_eq!(ts.per_pod_utilization.len(), 2, "{ts:?}");
+    assert!(
+        ts.per_pod_utilization[0].0 == wl("x", "a")
+            && (ts.per_pod_utilization[0].1 - 0.58).abs() < 1e-9
+    );
+    assert!(
+        ts.per_pod_utilization[1].0 == wl("x", "b") && ts.per_pod_utilization[1].1.abs() < 1e-9
+    );
+    let ts2 = find(&d, "GPU-ts2", None);
+    assert_eq!(ts2.signal, Some(Signal::GpuUtil));
+    assert!(
+        close(ts2.utilization, 0.2) && close(ts2.peak, 0.2),
+        "{ts2:?}"
+    );
+    assert!(ts2.workloads.is_empty(), "{ts2:?}");
+    assert_eq!(ts2.per_pod_utilization, vec![(wl("x", "c"), 0.9)]);
+}
+
+#[tokio::test]
+async fn history_bootstrap_finds_activity_hours_ago() {
+    let now = now_secs();
+    let day = 24 * 3600;
+    let mut om = Om::default();
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-h1", &[]),
+        every(now, day, |t| if now - t >= 3 * 3600 { 0.7 } else { 0.0 }),
+    );
+    // GPU_UTIL only, a 20-minute break two hours ago.
+    let broken: Vec<_> = every(now, day, |_| 0.0)
+        .into_iter()
+        .filter(|(t, _)| !(now - 7200 - 1200..now - 7200).contains(t))
+        .collect();
+    om.series(fields::GPU_UTIL, &dev("GPU-h2", &[]), broken);
+    let (_prom, client) = start(&om).await;
+    let w = window();
+    let scheme = client
+        .detect_scheme(SchemeChoice::Auto, &w, at(now))
+        .await
+        .expect("detect");
+    let mut h = history::bootstrap(
+        &client,
+        &scheme,
+        &w,
+        history::DEFAULT_LOOKBACK,
+        0.9,
+        at(now),
+    )
+    .await
+    .expect("bootstrap");
+    let k = |u: &str| DeviceKey {
+        uuid: u.into(),
+        gpu_instance: None,
+    };
+    let h1 = *h
+        .get(Some("gpu-node-1"), &k("GPU-h1"))
+        .expect("GPU-h1 in history");
+    let active = h1.last_active_at.expect("last active");
+    assert!(
+        (active - at(now - 3 * 3600)).num_seconds().abs() <= STEP,
+        "{active} vs {}",
+        at(now - 3 * 3600)
+    );
+    let since = h1.covered_since.expect("covered");
+    assert!(
+        (since - at(now - day)).num_seconds().abs() <= 2 * STEP,
+        "{since}"
+    );
+    let h2 = *h
+        .get(Some("gpu-node-1"), &k("GPU-h2"))
+        .expect("GPU-h2 in history");
+    assert_eq!(h2.last_active_at, None);
+    assert_eq!(
+        h2.covered_since,
+        Some(at(now - 7200)),
+        "the run starts after the break"
+    );
+    // The first refresh keeps what the bootstrap found.
+    let (mut d, _) = client
+        .fetch_usage(SchemeChoice::Auto, &w, at(now))
+        .await
+        .expect("fetch");
+    h.merge(&mut d, &w, 0.9, at(now));
+    let d1 = find(&d, "GPU-h1", None);
+    assert_eq!(d1.last_active_at, Some(active));
+    assert_eq!(d1.covered_since, Some(since));
+}
+
+/// Deterministic pseudo-random values in 0..1.
+fn noise(seed: u64, t: i64) -> f64 {
+    let mut x = seed.wrapping_mul(6_364_136_223_846_793_005)
+        ^ (t as u64).wrapping_mul(1_442_695_040_888_963_407);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    (x % 1000) as f64 / 1000.0
+}
+
+/// A mix of everything: full, gapped, sparse, NaN, stale, GPU_UTIL-only, MIG, time-sliced,
+/// per-process, and a pod that replaced another inside the window.
+fn mixed(now: i64, exported: bool) -> Om {
+    let mut om = Om::default();
+    let w = |pod: &'static str, ns: &'static str| -> Vec<(&'static str, &'static str)> {
+        if exported {
+            vec![
+                ("exported_pod", pod),
+                ("exported_namespace", ns),
+                ("pod", "dcgm-exp"),
+                ("namespace", "gpu-operator"),
+            ]
+        } else {
+            vec![("pod", pod), ("namespace", ns)]
+        }
+    };
+    let none = || -> Vec<(&'static str, &'static str)> {
+        if exported {
+            vec![("pod", "dcgm-exp"), ("namespace", "gpu-operator")]
+        } else {
+            vec![]
+        }
+    };
+    let span = 1800;
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-m0", &w("a", "t1")),
+        every(now, span, |t| noise(1, t)),
+    );
+    om.series(
+        fields::FB_USED,
+        &dev("GPU-m0", &w("a", "t1")),
+        every(now, span, |_| 512.0),
+    );
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-m1", &none()),
+        every(now, span, |t| noise(2, t) * 0.04)
+            .into_iter()
+            .filter(|(t, _)| !(now - 400..now - 150).contains(t)),
+    );
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-m2", &w("b", "t2")),
+        every(now, span, |t| noise(3, t))
+            .into_iter()
+            .filter(|(t, _)| t % 90 == 0),
+    );
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-m3", &none()),
+        every(
+            now,
+            span,
+            |t| if t % 150 == 0 { f64::NAN } else { noise(4, t) },
+        ),
+    );
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-m4", &w("c", "t1")),
+        every(now - 240, span, |t| noise(5, t)),
+    );
+    om.series(
+        fields::GPU_UTIL,
+        &dev("GPU-m5", &w("d", "t3")),
+        every(now, span, |t| (noise(6, t) * 100.0).round()),
+    );
+    for (gi, v) in [("1", 0.7), ("5", 0.02)] {
+        let mut l = dev("GPU-m6", &[("GPU_I_PROFILE", "1g.10gb"), ("GPU_I_ID", gi)]);
+        if gi == "1" {
+            l.extend(w("e", "t2"));
+        } else {
+            l.extend(none());
+        }
+        om.series(
+            fields::GR_ENGINE_ACTIVE,
+            &l,
+            every(now, span, move |t| v * noise(7, t)),
+        );
+    }
+    for (pod, uid, per) in [("f", "u1", 30.0), ("g", "u2", 10.0)] {
+        let mut l = dev("GPU-m7", &w(pod, "t4"));
+        l.push(("pod_uid", uid));
+        om.series(
+            fields::GR_ENGINE_ACTIVE,
+            &l,
+            every(now, span, |t| noise(8, t)),
+        );
+        om.series(fields::GPU_UTIL, &l, every(now, span, move |_| per));
+    }
+    om.series(
+        fields::GPU_UTIL,
+        &dev("GPU-m7", &none()),
+        every(now, span, |_| 40.0),
+    );
+    // Pod h replaced by pod i five minutes ago.
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-m8", &w("h", "t5")),
+        every(now - 300, span - 300, |t| noise(9, t)),
+    );
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev("GPU-m8", &w("i", "t5")),
+        every(now, 300, |t| noise(10, t)),
+    );
+    om
+}
+
+fn assert_agree(offline: &[DeviceUsage], live: &[DeviceUsage], what: &str) {
+    let keys = |d: &[DeviceUsage]| d.iter().map(|x| x.key.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(offline), keys(live), "{what}: same devices");
+    for (o, l) in offline.iter().zip(live) {
+        let ctx = format!("{what}: {:?}\noffline {o:#?}\nlive {l:#?}", o.key);
+        assert_eq!(o.signal, l.signal, "signal {ctx}");
+        assert_eq!(o.workloads, l.workloads, "workloads {ctx}");
+        let near = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => (a - b).abs() <= 0.05,
+            _ => false,
+        };
+        assert!(near(o.utilization, l.utilization), "utilization {ctx}");
+        assert!(near(o.peak, l.peak), "peak {ctx}");
+        if o.key.uuid != "GPU-m8" {
+            assert!((o.coverage - l.coverage).abs() <= 0.05, "coverage {ctx}");
+        }
+        assert_eq!(o.hostname, l.hostname, "hostname {ctx}");
+        assert_eq!(o.mig_profile, l.mig_profile, "mig profile {ctx}");
+        assert!(
+            near(
+                o.memory_used_bytes.map(|b| b / 1e9),
+                l.memory_used_bytes.map(|b| b / 1e9)
+            ),
+            "memory {ctx}"
+        );
+        let mut opp = o.per_pod_utilization.clone();
+        opp.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(opp.len(), l.per_pod_utilization.len(), "per-pod {ctx}");
+        for ((ow, ov), (lw, lv)) in opp.iter().zip(&l.per_pod_utilization) {
+            assert!(ow == lw && (ov - lv).abs() <= 0.05, "per-pod {ctx}");
+        }
+        assert_eq!(o.last_sample_at, l.last_sample_at, "last sample {ctx}");
+    }
+}
+
+#[tokio::test]
+async fn live_and_offline_agree() {
+    let now = now_secs();
+    for exported in [false, true] {
+        let om = mixed(now, exported);
+        let text = om.text();
+        let (_prom, client) = start(&om).await;
+        let (live, _) = client
+            .fetch_usage(SchemeChoice::Auto, &window(), at(now))
+            .await
+            .expect("fetch");
+        let scheme = client
+            .detect_scheme(SchemeChoice::Auto, &window(), at(now))
+            .await
+            .expect("detect");
+        assert_eq!(
+            scheme,
+            LabelScheme::detect(
+                if exported {
+                    SchemeChoice::Exported
+                } else {
+                    SchemeChoice::Plain
+                },
+                ["Hostname", "UUID"]
+            )
+        );
+        let parsed = exposition::parse(
+            &text,
+            &[fields::GR_ENGINE_ACTIVE, fields::GPU_UTIL, fields::FB_USED],
+            at(now),
+        );
+        assert_eq!(parsed.skipped_lines, 0, "{:?}", parsed.first_skip);
+        let offline = series::reduce(&parsed.series, &scheme, &window(), at(now));
+        assert_eq!(live.len(), 10, "{live:#?}");
+        assert_agree(
+            &offline,
+            &live,
+            if exported {
+                "exported scheme"
+            } else {
+                "plain scheme"
+            },
+        );
+        // Spot checks that the mix exercises what it should.
+        let m8 = find(&live, "GPU-m8", None);
+        assert_eq!(m8.workloads, vec![wl("t5", "i")], "only the current holder");
+        assert!(find(&live, "GPU-m4", None).utilization.is_none(), "stale");
+        assert!(find(&live, "GPU-m1", None).coverage < 0.7);
+    }
+}
+
+async fn query_count_for(devices: usize) -> (u32, u32, usize) {
+    let now = now_secs();
+    let mut om = Om::default();
+    for i in 0..devices {
+        let uuid = format!("GPU-{i:04}");
+        let pod = format!("p{i}");
+        let labels = dev(&uuid, &[("pod", &pod), ("namespace", "ns")]);
+        om.series(
+            fields::GR_ENGINE_ACTIVE,
+            &labels,
+            every(now, 600, |t| noise(i as u64, t)),
+        );
+        om.series(
+            fields::GPU_UTIL,
+            &labels,
+            every(now, 600, |t| noise(i as u64, t) * 100.0),
+        );
+        om.series(fields::FB_USED, &labels, every(now, 600, |_| 100.0));
+    }
+    let (_prom, client) = start(&om).await;
+    let (_, first) = client
+        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
+        .await
+        .expect("fetch");
+    let (d, second) = client
+        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
+        .await
+        .expect("fetch");
+    assert!(
+        d.iter()
+            .all(|x| x.workloads.len() == 1 && (x.coverage - 1.0).abs() < 1e-9)
+    );
+    (first.queries, second.queries, d.len())
+}
+
+#[tokio::test]
+async fn query_count_is_constant_in_device_count() {
+    let small = query_count_for(5).await;
+    let large = query_count_for(500).await;
+    assert_eq!(small, (4, 3, 5));
+    assert_eq!(large, (4, 3, 500));
+}
+
+#[tokio::test]
+async fn errors_are_typed() {
+    let mut om = Om::default();
+    om.series(
+        fields::GPU_UTIL,
+        &dev("GPU-e", &[]),
+        every(now_secs(), 60, |_| 1.0),
+    );
+    let (_prom, client) = start(&om).await;
+    let err = client
+        .instant("sum(", at(now_secs()))
+        .await
+        .expect_err("bad query");
+    assert_eq!(err.kind(), "status", "{err}");
+    let dead = PromClient::new(PromConfig {
+        url: "http://127.0.0.1:9/".parse().expect("url"),
+        bearer_token_file: None,
+        ca_file: None,
+        insecure_skip_verify: false,
+        timeout: Duration::from_secs(5),
+    })
+    .expect("client");
+    let err = dead
+        .instant("up", at(now_secs()))
+        .await
+        .expect_err("nothing listens");
+    assert_eq!(err.kind(), "transport", "{err}");
+    let _ = History::default();
+}
