@@ -1,8 +1,8 @@
 //! Live usage path against a REAL Prometheus 2.42 (`/usr/bin/prometheus`, `/usr/bin/promtool`):
 //! generated DCGM series are backfilled with `promtool tsdb create-blocks-from openmetrics`, then
 //! `PromClient::fetch_usage` and `history::bootstrap` query them over HTTP. The key test
-//! (`live_and_offline_agree`) checks that the live PromQL path and the offline reduction
-//! (`usage::series::reduce` over the parsed OpenMetrics text) mean the same thing.
+//! (`live_and_offline_agree`) checks that the live `PromQL` path and the offline reduction
+//! (`usage::series::reduce` over the parsed `OpenMetrics` text) mean the same thing.
 //!
 //! Tests never skip: a missing Prometheus fails them with a message naming what to install.
 
@@ -40,7 +40,7 @@ fn at(secs: i64) -> DateTime<Utc> {
     DateTime::from_timestamp(secs, 0).expect("valid time")
 }
 
-/// OpenMetrics text built family by family (samples of a family must be contiguous).
+/// `OpenMetrics` text built family by family (samples of a family must be contiguous).
 #[derive(Default)]
 struct Om {
     families: BTreeMap<String, String>,
@@ -206,7 +206,7 @@ async fn window_coverage_peak_and_last() {
     assert_eq!(stats.queries, 3, "detection is cached");
 }
 
-/// The same devices written with `exported_*` workload labels (scraped without honor_labels) and
+/// The same devices written with `exported_*` workload labels (scraped without `honor_labels`) and
 /// with plain `pod`/`namespace`.
 fn scheme_data(now: i64, exported: bool) -> Om {
     let mut om = Om::default();
@@ -517,6 +517,7 @@ fn noise(seed: u64, t: i64) -> f64 {
 
 /// A mix of everything: full, gapped, sparse, NaN, stale, GPU_UTIL-only, MIG, time-sliced,
 /// per-process, and a pod that replaced another inside the window.
+#[allow(clippy::too_many_lines)] // one fixture, read top to bottom
 fn mixed(now: i64, exported: bool) -> Om {
     let mut om = Om::default();
     let w = |pod: &'static str, ns: &'static str| -> Vec<(&'static str, &'static str)> {

@@ -369,21 +369,21 @@ mod tests {
     #[test]
     fn restart_bootstrap_then_merge() {
         let now = at(0);
-        let t = |s: i64| (T0 + s) as f64;
+        let ts = |s: i64| (T0 + s) as f64;
         let rows = vec![
             // a: GR_ENGINE_ACTIVE for 24 h, active 3 h ago, unbroken.
-            row("a", "gr", "active", t(-3 * 3600)),
-            row("a", "gr", "first", t(-24 * 3600)),
-            row("a", "gr", "gap_end", t(-24 * 3600)),
+            row("a", "gr", "active", ts(-3 * 3600)),
+            row("a", "gr", "first", ts(-24 * 3600)),
+            row("a", "gr", "gap_end", ts(-24 * 3600)),
             row("a", "gr", "count", 2880.0),
             // Its GPU_UTIL says something else: GR wins.
-            row("a", "util", "active", t(-60)),
+            row("a", "util", "active", ts(-60)),
             // b: GPU_UTIL only, a break 2 h ago.
-            row("b", "util", "first", t(-10 * 3600)),
-            row("b", "util", "gap_end", t(-2 * 3600)),
+            row("b", "util", "first", ts(-10 * 3600)),
+            row("b", "util", "gap_end", ts(-2 * 3600)),
             row("b", "util", "count", 1100.0),
             // c: sparse data: untrusted.
-            row("c", "gr", "first", t(-10 * 3600)),
+            row("c", "gr", "first", ts(-10 * 3600)),
             row("c", "gr", "count", 100.0),
         ];
         let w = window();
@@ -399,12 +399,12 @@ mod tests {
             uuid: u.into(),
             gpu_instance: None,
         };
-        let a = *h.get(Some("h"), &key("a")).expect("a");
-        assert_eq!(a.last_active_at, Some(at(-3 * 3600)));
-        assert_eq!(a.covered_since, Some(at(-24 * 3600)));
-        let b = *h.get(Some("h"), &key("b")).expect("b");
-        assert_eq!(b.last_active_at, None);
-        assert_eq!(b.covered_since, Some(at(-2 * 3600)));
+        let dev_a = *h.get(Some("h"), &key("a")).expect("a");
+        assert_eq!(dev_a.last_active_at, Some(at(-3 * 3600)));
+        assert_eq!(dev_a.covered_since, Some(at(-24 * 3600)));
+        let dev_b = *h.get(Some("h"), &key("b")).expect("b");
+        assert_eq!(dev_b.last_active_at, None);
+        assert_eq!(dev_b.covered_since, Some(at(-2 * 3600)));
         assert_eq!(
             h.get(Some("h"), &key("c")).expect("c").covered_since,
             Some(now)
