@@ -95,7 +95,16 @@ fn run_ok(cmd: Command, stdin: Option<&str>) -> Result<(String, String)> {
 
 fn helm_template_ns(release: &str, ns: &str, sets: &[&str]) -> Result<String> {
     let mut c = helm();
-    c.args(["template", release, CHART, "--namespace", ns]);
+    // The kube version of the test cluster (helm template defaults to an old one).
+    c.args([
+        "template",
+        release,
+        CHART,
+        "--namespace",
+        ns,
+        "--kube-version",
+        "v1.36.3",
+    ]);
     for s in sets {
         c.args(["--set", s]);
     }
@@ -255,7 +264,10 @@ fn assert_restricted_security(w: &Value) {
         .flatten()
         .filter_map(|e| e["name"].as_str())
         .collect();
-    assert!(env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"), "{env:?}");
+    assert!(
+        env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"),
+        "{env:?}"
+    );
 }
 
 // --------------------------------------------------------------------------------------------
@@ -298,11 +310,24 @@ fn helm_template_culling_off_is_read_only() -> Result<()> {
         "PodDisruptionBudget/gpu-ledger",
         "ConfigMap/gpu-ledger-dashboard",
     ] {
-        assert!(kinds.contains(&expected.to_string()), "{expected} missing: {kinds:?}");
+        assert!(
+            kinds.contains(&expected.to_string()),
+            "{expected} missing: {kinds:?}"
+        );
     }
     // Culling off: no write RBAC of any kind; CRD-dependent objects are opt-in.
-    for absent in ["Role", "RoleBinding", "StatefulSet", "ServiceMonitor", "PrometheusRule", "NetworkPolicy"] {
-        assert!(!has_kind(&objs, absent), "{absent} rendered by default: {kinds:?}");
+    for absent in [
+        "Role",
+        "RoleBinding",
+        "StatefulSet",
+        "ServiceMonitor",
+        "PrometheusRule",
+        "NetworkPolicy",
+    ] {
+        assert!(
+            !has_kind(&objs, absent),
+            "{absent} rendered by default: {kinds:?}"
+        );
     }
     assert_eq!(
         objs.iter().filter(|o| o["kind"] == "ClusterRole").count(),
@@ -328,7 +353,11 @@ fn helm_template_culling_off_is_read_only() -> Result<()> {
     ] {
         assert!(a.contains(&expected.to_string()), "{expected} not in {a:?}");
     }
-    assert!(!a.iter().any(|x| x.starts_with("--lease-name") || x.starts_with("--shard")), "{a:?}");
+    assert!(
+        !a.iter()
+            .any(|x| x.starts_with("--lease-name") || x.starts_with("--shard")),
+        "{a:?}"
+    );
     assert_eq!(
         d["spec"]["template"]["spec"]["serviceAccountName"],
         "gpu-ledger"
@@ -342,11 +371,16 @@ fn helm_template_culling_off_is_read_only() -> Result<()> {
     );
     let svc = find(&objs, "Service", "gpu-ledger")?;
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], "http");
-    assert_eq!(svc["spec"]["selector"], d["spec"]["selector"]["matchLabels"]);
+    assert_eq!(
+        svc["spec"]["selector"],
+        d["spec"]["selector"]["matchLabels"]
+    );
 
     let cm = find(&objs, "ConfigMap", "gpu-ledger-dashboard")?;
     assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
-    let dash = cm["data"]["gpu-ledger.json"].as_str().context("dashboard data")?;
+    let dash = cm["data"]["gpu-ledger.json"]
+        .as_str()
+        .context("dashboard data")?;
     serde_json::from_str::<Value>(dash).context("dashboard ConfigMap holds valid JSON")?;
     Ok(())
 }
@@ -387,9 +421,18 @@ fn helm_template_culling_modes_add_write_rbac() -> Result<()> {
     let objs = docs(&helm_template(&["culling.mode=false"])?)?;
     assert!(!has_kind(&objs, "Role"));
     let mut c = helm();
-    c.args(["template", "gpu-ledger", CHART, "--set", "culling.mode=maybe"]);
+    c.args([
+        "template",
+        "gpu-ledger",
+        CHART,
+        "--set",
+        "culling.mode=maybe",
+    ]);
     let out = run(c, None)?;
-    assert!(!out.status.success(), "culling.mode=maybe must fail the render");
+    assert!(
+        !out.status.success(),
+        "culling.mode=maybe must fail the render"
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("culling.mode must be one of"),
         "{}",
@@ -400,7 +443,10 @@ fn helm_template_culling_modes_add_write_rbac() -> Result<()> {
 
 #[test]
 fn helm_template_sharding_renders_statefulset() -> Result<()> {
-    let objs = docs(&helm_template(&["sharding.totalShards=3", "culling.mode=dry-run"])?)?;
+    let objs = docs(&helm_template(&[
+        "sharding.totalShards=3",
+        "culling.mode=dry-run",
+    ])?)?;
     assert!(!has_kind(&objs, "Deployment"), "{:?}", kind_names(&objs));
     let sts = find(&objs, "StatefulSet", "gpu-ledger")?;
     assert_eq!(sts["spec"]["replicas"], 3);
@@ -445,10 +491,15 @@ fn helm_template_monitoring_objects() -> Result<()> {
     assert_eq!(ep["path"], "/metrics");
     assert_eq!(ep["honorLabels"], false);
     let relabels = serde_json::to_string(&ep["metricRelabelings"])?;
-    assert!(relabels.contains("exported_namespace") && relabels.contains("labeldrop"), "{relabels}");
+    assert!(
+        relabels.contains("exported_namespace") && relabels.contains("labeldrop"),
+        "{relabels}"
+    );
 
     let pr = find(&objs, "PrometheusRule", "gpu-ledger")?;
-    let groups = pr["spec"]["groups"].as_array().context("PrometheusRule groups")?;
+    let groups = pr["spec"]["groups"]
+        .as_array()
+        .context("PrometheusRule groups")?;
     let source: Value = serde_norway::from_str(
         &std::fs::read_to_string(root().join("alerts/gpu-ledger.rules.yaml"))
             .context("alerts/gpu-ledger.rules.yaml must exist")?,
@@ -462,14 +513,29 @@ fn helm_template_monitoring_objects() -> Result<()> {
         .iter()
         .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
         .filter_map(|r| {
-            Some((r["alert"].as_str()?.to_string(), r["expr"].as_str()?.to_string()))
+            Some((
+                r["alert"].as_str()?.to_string(),
+                r["expr"].as_str()?.to_string(),
+            ))
         })
         .collect();
     let expr = |a: &str| exprs.get(a).cloned().unwrap_or_default();
-    assert!(expr("GpuLedgerPodGpuIdle").trim_end().ends_with("> 7200"), "{}", expr("GpuLedgerPodGpuIdle"));
-    assert!(expr("GpuLedgerPodPendingLong").trim_end().ends_with("> 1800"));
+    assert!(
+        expr("GpuLedgerPodGpuIdle").trim_end().ends_with("> 7200"),
+        "{}",
+        expr("GpuLedgerPodGpuIdle")
+    );
+    assert!(
+        expr("GpuLedgerPodPendingLong")
+            .trim_end()
+            .ends_with("> 1800")
+    );
     assert!(expr("DcgmGpuHot").trim_end().ends_with("> 90"));
-    assert!(expr("DcgmFramebufferNearlyFull").trim_end().ends_with("> 0.9"));
+    assert!(
+        expr("DcgmFramebufferNearlyFull")
+            .trim_end()
+            .ends_with("> 0.9")
+    );
     // Prometheus templating in annotations is passed through untouched.
     let rendered = serde_json::to_string(pr)?;
     assert!(rendered.contains("{{ $labels.namespace }}"));
@@ -499,17 +565,27 @@ fn helm_template_prometheus_auth_mounts() -> Result<()> {
         assert!(a.contains(&expected.to_string()), "{expected} not in {a:?}");
     }
     let vols = serde_json::to_string(&d["spec"]["template"]["spec"]["volumes"])?;
-    assert!(vols.contains("\"secretName\":\"prom-token\"") && vols.contains("\"name\":\"prom-ca\""), "{vols}");
+    assert!(
+        vols.contains("\"secretName\":\"prom-token\"") && vols.contains("\"name\":\"prom-ca\""),
+        "{vols}"
+    );
 
     let objs = docs(&helm_template(&[
         "prometheus.bearerToken.useServiceAccountToken=true",
         "openshift.clusterMonitoringView=true",
     ])?)?;
     let a = args(find(&objs, "Deployment", "gpu-ledger")?);
-    assert!(a.contains(
-        &"--prometheus-bearer-token-file=/var/run/secrets/kubernetes.io/serviceaccount/token".to_string()
-    ));
-    let crb = find(&objs, "ClusterRoleBinding", "gpu-ledger-cluster-monitoring-view")?;
+    assert!(
+        a.contains(
+            &"--prometheus-bearer-token-file=/var/run/secrets/kubernetes.io/serviceaccount/token"
+                .to_string()
+        )
+    );
+    let crb = find(
+        &objs,
+        "ClusterRoleBinding",
+        "gpu-ledger-cluster-monitoring-view",
+    )?;
     assert_eq!(crb["roleRef"]["name"], "cluster-monitoring-view");
     Ok(())
 }
@@ -521,8 +597,13 @@ fn kustomize_base_and_culling_overlay_render() -> Result<()> {
         assert!(!has_kind(&base, crd_kind), "base must not need CRDs");
     }
     assert!(!has_kind(&base, "Role") && !has_kind(&base, "RoleBinding"));
-    assert_eq!(base.iter().filter(|o| o["kind"] == "ClusterRole").count(), 1);
-    for o in base.iter().filter(|o| o["kind"] != "Namespace" && !o["kind"].as_str().unwrap_or("").starts_with("Cluster")) {
+    assert_eq!(
+        base.iter().filter(|o| o["kind"] == "ClusterRole").count(),
+        1
+    );
+    for o in base.iter().filter(|o| {
+        o["kind"] != "Namespace" && !o["kind"].as_str().unwrap_or("").starts_with("Cluster")
+    }) {
         assert_eq!(o["metadata"]["namespace"], NS, "{}", name(o));
     }
     let d = find(&base, "Deployment", "gpu-ledger")?;
@@ -530,7 +611,10 @@ fn kustomize_base_and_culling_overlay_render() -> Result<()> {
     assert!(args(d).contains(&"--cull=off".to_string()));
 
     let cull = docs(&kustomize("deploy/kustomize/overlays/culling")?)?;
-    assert_eq!(rule_set(find(&cull, "ClusterRole", "gpu-ledger-culler")?), triples(CULLER_RULES));
+    assert_eq!(
+        rule_set(find(&cull, "ClusterRole", "gpu-ledger-culler")?),
+        triples(CULLER_RULES)
+    );
     let role = find(&cull, "Role", "gpu-ledger-leader-election")?;
     assert_eq!(role["metadata"]["namespace"], NS);
     assert_eq!(rule_set(role), triples(LEASE_RULES));
@@ -557,7 +641,11 @@ fn pod_contract(w: &Value) -> Value {
 #[test]
 fn helm_and_kustomize_stay_in_sync() -> Result<()> {
     let pairs = [
-        (helm_template(&[])?, kustomize("deploy/kustomize/base")?, "off / base"),
+        (
+            helm_template(&[])?,
+            kustomize("deploy/kustomize/base")?,
+            "off / base",
+        ),
         (
             helm_template(&["culling.mode=dry-run"])?,
             kustomize("deploy/kustomize/overlays/culling")?,
@@ -569,26 +657,57 @@ fn helm_and_kustomize_stay_in_sync() -> Result<()> {
         // Same RBAC, object by object.
         for kind in ["ClusterRole", "Role"] {
             let names = |objs: &[Value]| -> Vec<String> {
-                let mut n: Vec<String> = objs.iter().filter(|o| o["kind"] == kind).map(|o| name(o).to_string()).collect();
+                let mut n: Vec<String> = objs
+                    .iter()
+                    .filter(|o| o["kind"] == kind)
+                    .map(|o| name(o).to_string())
+                    .collect();
                 n.sort();
                 n
             };
             assert_eq!(names(&h), names(&k), "{what}: {kind} names differ");
             for n in names(&h) {
-                assert_eq!(rule_set(find(&h, kind, &n)?), rule_set(find(&k, kind, &n)?), "{what}: {kind}/{n} rules differ");
+                assert_eq!(
+                    rule_set(find(&h, kind, &n)?),
+                    rule_set(find(&k, kind, &n)?),
+                    "{what}: {kind}/{n} rules differ"
+                );
             }
         }
         for kind in ["ClusterRoleBinding", "RoleBinding"] {
             for o in h.iter().filter(|o| o["kind"] == kind) {
                 let other = find(&k, kind, name(o))?;
-                assert_eq!(o["roleRef"], other["roleRef"], "{what}: {kind}/{} roleRef", name(o));
-                assert_eq!(o["subjects"], other["subjects"], "{what}: {kind}/{} subjects", name(o));
+                assert_eq!(
+                    o["roleRef"],
+                    other["roleRef"],
+                    "{what}: {kind}/{} roleRef",
+                    name(o)
+                );
+                assert_eq!(
+                    o["subjects"],
+                    other["subjects"],
+                    "{what}: {kind}/{} subjects",
+                    name(o)
+                );
             }
         }
-        let (hd, kd) = (find(&h, "Deployment", "gpu-ledger")?, find(&k, "Deployment", "gpu-ledger")?);
-        assert_eq!(pod_contract(hd), pod_contract(kd), "{what}: Deployment differs");
-        assert_eq!(hd["spec"]["strategy"], kd["spec"]["strategy"], "{what}: strategy");
-        let (hs, ks) = (find(&h, "Service", "gpu-ledger")?, find(&k, "Service", "gpu-ledger")?);
+        let (hd, kd) = (
+            find(&h, "Deployment", "gpu-ledger")?,
+            find(&k, "Deployment", "gpu-ledger")?,
+        );
+        assert_eq!(
+            pod_contract(hd),
+            pod_contract(kd),
+            "{what}: Deployment differs"
+        );
+        assert_eq!(
+            hd["spec"]["strategy"], kd["spec"]["strategy"],
+            "{what}: strategy"
+        );
+        let (hs, ks) = (
+            find(&h, "Service", "gpu-ledger")?,
+            find(&k, "Service", "gpu-ledger")?,
+        );
         assert_eq!(hs["spec"], ks["spec"], "{what}: Service spec");
         let (hp, kp) = (
             find(&h, "PodDisruptionBudget", "gpu-ledger")?,
@@ -605,7 +724,13 @@ fn helm_and_kustomize_stay_in_sync() -> Result<()> {
 
 fn kubectl_apply(cp: &ControlPlane, yaml: &str, dry_run: bool) -> Result<String> {
     let mut c = cp.kubectl("admin")?;
-    c.args(["apply", "--server-side", "--field-manager=deploy-test", "-f", "-"]);
+    c.args([
+        "apply",
+        "--server-side",
+        "--field-manager=deploy-test",
+        "-f",
+        "-",
+    ]);
     if dry_run {
         c.arg("--dry-run=server");
     }
@@ -615,7 +740,9 @@ fn kubectl_apply(cp: &ControlPlane, yaml: &str, dry_run: bool) -> Result<String>
 
 async fn install_fixture_crds(cp: &ControlPlane) -> Result<()> {
     let mut c = cp.kubectl("admin")?;
-    c.arg("apply").arg("-f").arg(root().join("tests/fixtures/crds"));
+    c.arg("apply")
+        .arg("-f")
+        .arg(root().join("tests/fixtures/crds"));
     run_ok(c, None)?;
     let mut c = cp.kubectl("admin")?;
     c.args([
@@ -671,14 +798,37 @@ fn assert_pod_admitted(cp: &ControlPlane, w: &Value, ns: &str) -> Result<()> {
         "Pod Security 'restricted' rejected the {} pod template in {ns}:\n{stderr}",
         w["kind"]
     );
-    ensure!(!stderr.contains("PodSecurity"), "PodSecurity warning: {stderr}");
+    ensure!(
+        !stderr.contains("PodSecurity"),
+        "PodSecurity warning: {stderr}"
+    );
     Ok(())
 }
 
 /// `kubectl auth can-i` as the chart's ServiceAccount (admin impersonates it).
-fn can_i(cp: &ControlPlane, sa_ns: &str, sa: &str, verb: &str, resource: &str, ns: Option<&str>) -> Result<bool> {
+fn can_i(
+    cp: &ControlPlane,
+    sa_ns: &str,
+    sa: &str,
+    verb: &str,
+    resource: &str,
+    ns: Option<&str>,
+) -> Result<bool> {
     let mut c = cp.kubectl("admin")?;
-    c.args(["auth", "can-i", verb, resource, &format!("--as=system:serviceaccount:{sa_ns}:{sa}")]);
+    // `res/sub` names a subresource (`can-i` would read it as TYPE/NAME).
+    let (res, sub) = resource
+        .split_once('/')
+        .map_or((resource, None), |(r, s)| (r, Some(s)));
+    c.args([
+        "auth",
+        "can-i",
+        verb,
+        res,
+        &format!("--as=system:serviceaccount:{sa_ns}:{sa}"),
+    ]);
+    if let Some(s) = sub {
+        c.arg(format!("--subresource={s}"));
+    }
     match ns {
         Some(n) => c.args(["-n", n]),
         None => c.arg("--all-namespaces"),
@@ -710,7 +860,11 @@ fn check_matrix(cp: &ControlPlane, sa_ns: &str, sa: &str, m: Matrix<'_>) -> Resu
             ));
         }
     }
-    ensure!(wrong.is_empty(), "RBAC matrix mismatches:\n  {}", wrong.join("\n  "));
+    ensure!(
+        wrong.is_empty(),
+        "RBAC matrix mismatches:\n  {}",
+        wrong.join("\n  ")
+    );
     Ok(())
 }
 
@@ -736,7 +890,12 @@ fn read_matrix(ns: &'static str) -> Vec<(&'static str, &'static str, Option<&'st
         ("delete", "pods", Some("team-a"), false),
         ("delete", "notebooks.kubeflow.org", Some("team-a"), false),
         ("update", "notebooks.kubeflow.org", Some("team-a"), false),
-        ("patch", "notebooks.kubeflow.org/status", Some("team-a"), false),
+        (
+            "patch",
+            "notebooks.kubeflow.org/status",
+            Some("team-a"),
+            false,
+        ),
         ("patch", "statefulsets.apps", Some("team-a"), false),
         ("create", "pods", Some("team-a"), false),
     ]
@@ -755,14 +914,22 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
     let mut on_sets = full.to_vec();
     on_sets.push("culling.mode=on");
     let on = helm_template_ns("gl-cull", on_ns, &on_sets)?;
-    let sharded = helm_template_ns("gl-shard", "gl-shard", &["sharding.totalShards=2", "culling.mode=dry-run"])?;
+    let sharded = helm_template_ns(
+        "gl-shard",
+        "gl-shard",
+        &["sharding.totalShards=2", "culling.mode=dry-run"],
+    )?;
 
     let cp = ControlPlane::start(Tier::A).await?;
     install_fixture_crds(&cp).await?;
     for ns in [NS, on_ns, "gl-shard"] {
         create_restricted_namespace(&cp, ns)?;
     }
-    kubectl_apply(&cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n", false)?;
+    kubectl_apply(
+        &cp,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n",
+        false,
+    )?;
 
     // Culling off: server-side dry-run, then for real; no Pod Security warnings for the
     // workload in a namespace that warns on "restricted".
@@ -772,8 +939,19 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
     ensure!(!stderr.contains("PodSecurity"), "apply warned: {stderr}");
     let off_objs = docs(&off)?;
     let mut get = cp.kubectl("admin")?;
-    get.args(["-n", NS, "get", "deployment/gpu-ledger", "servicemonitor/gpu-ledger", "prometheusrule/gpu-ledger",
-        "configmap/gpu-ledger-dashboard", "pdb/gpu-ledger", "networkpolicy/gpu-ledger", "-o", "name"]);
+    get.args([
+        "-n",
+        NS,
+        "get",
+        "deployment/gpu-ledger",
+        "servicemonitor/gpu-ledger",
+        "prometheusrule/gpu-ledger",
+        "configmap/gpu-ledger-dashboard",
+        "pdb/gpu-ledger",
+        "networkpolicy/gpu-ledger",
+        "-o",
+        "name",
+    ]);
     run_ok(get, None)?;
 
     // Pod Security: the pod template is admitted under "restricted" ...
@@ -785,7 +963,8 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
     bad["spec"]["containers"][0]["securityContext"]["capabilities"] = json!({"add": ["NET_ADMIN"]});
     let out = pod_dry_run(&cp, &bad)?;
     ensure!(
-        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("violates PodSecurity"),
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("violates PodSecurity"),
         "the restricted namespace admitted a privileged pod: {}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -804,7 +983,11 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
     // Culling on (second release, own namespace): the write permissions appear, scoped.
     kubectl_apply(&cp, &on, true)?;
     kubectl_apply(&cp, &on, false)?;
-    assert_pod_admitted(&cp, find(&docs(&on)?, "Deployment", "gl-cull-gpu-ledger")?, on_ns)?;
+    assert_pod_admitted(
+        &cp,
+        find(&docs(&on)?, "Deployment", "gl-cull-gpu-ledger")?,
+        on_ns,
+    )?;
     let mut m = read_matrix(on_ns);
     m.extend([
         ("patch", "notebooks.kubeflow.org", Some("team-a"), true),
@@ -815,8 +998,18 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
         ("get", "leases.coordination.k8s.io", Some(on_ns), true),
         ("update", "leases.coordination.k8s.io", Some(on_ns), true),
         ("delete", "leases.coordination.k8s.io", Some(on_ns), false),
-        ("create", "leases.coordination.k8s.io", Some("team-a"), false),
-        ("create", "leases.coordination.k8s.io", Some("kube-system"), false),
+        (
+            "create",
+            "leases.coordination.k8s.io",
+            Some("team-a"),
+            false,
+        ),
+        (
+            "create",
+            "leases.coordination.k8s.io",
+            Some("kube-system"),
+            false,
+        ),
     ]);
     check_matrix(&cp, on_ns, "gl-cull-gpu-ledger", &m)?;
     // Installing the culling release granted nothing to the read-only one.
@@ -833,7 +1026,11 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
     // Sharded StatefulSet: accepted by the API server and by Pod Security.
     kubectl_apply(&cp, &sharded, true)?;
     kubectl_apply(&cp, &sharded, false)?;
-    assert_pod_admitted(&cp, find(&docs(&sharded)?, "StatefulSet", "gl-shard-gpu-ledger")?, "gl-shard")?;
+    assert_pod_admitted(
+        &cp,
+        find(&docs(&sharded)?, "StatefulSet", "gl-shard-gpu-ledger")?,
+        "gl-shard",
+    )?;
     Ok(())
 }
 
@@ -842,17 +1039,26 @@ async fn kustomize_installs_on_real_apiserver() -> Result<()> {
     let base = kustomize("deploy/kustomize/base")?;
     let overlay = kustomize("deploy/kustomize/overlays/culling")?;
     let cp = ControlPlane::start(Tier::A).await?;
+    // `kubectl auth can-i` resolves notebooks.kubeflow.org through discovery.
+    cp.install_notebook_crd().await?;
     // The base carries its own Namespace (restricted); the dry-run of namespaced objects needs
     // it to exist, so apply the Namespace first.
     let base_objs = docs(&base)?;
     let ns_obj = find(&base_objs, "Namespace", NS)?;
-    assert_eq!(ns_obj["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted");
+    assert_eq!(
+        ns_obj["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
     kubectl_apply(&cp, &serde_json::to_string(ns_obj)?, false)?;
     let stderr = kubectl_apply(&cp, &base, true)?;
     ensure!(!stderr.contains("PodSecurity"), "{stderr}");
     kubectl_apply(&cp, &base, false)?;
     assert_pod_admitted(&cp, find(&base_objs, "Deployment", "gpu-ledger")?, NS)?;
-    kubectl_apply(&cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n", false)?;
+    kubectl_apply(
+        &cp,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n",
+        false,
+    )?;
     let mut m = read_matrix(NS);
     m.extend([
         ("patch", "notebooks.kubeflow.org", Some("team-a"), false),
