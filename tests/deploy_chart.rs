@@ -2,7 +2,7 @@
 //! `helm lint`, `helm template` with culling off / dry-run / on and sharding, `kubectl
 //! kustomize`, helm-vs-kustomize sync, and installs on a REAL kube-apiserver (testkit tier A):
 //! server-side apply (dry-run, then for real), Pod Security "restricted" admission of the pod
-//! template, and the ServiceAccount's RBAC matrix with culling off and on.
+//! template, and the `ServiceAccount`'s RBAC matrix with culling off and on.
 //!
 //! helm and kubectl come from `scripts/build-test-cluster.sh` (via `KUBEBUILDER_ASSETS`,
 //! `TEST_ASSET_HELM` / `TEST_ASSET_KUBECTL` or the build cache). Missing binaries fail the tests
@@ -768,7 +768,7 @@ fn create_restricted_namespace(cp: &ControlPlane, ns: &str) -> Result<()> {
     Ok(())
 }
 
-/// PodSecurity admission judges pods, and tier A has no controller-manager to create them
+/// `PodSecurity` admission judges pods, and tier A has no controller-manager to create them
 /// from the workload: submit the workload's pod template as a Pod with `--dry-run=server`.
 fn pod_from_template(w: &Value, ns: &str, pod_name: &str) -> Value {
     let mut labels = w["spec"]["template"]["metadata"]["labels"].clone();
@@ -805,7 +805,23 @@ fn assert_pod_admitted(cp: &ControlPlane, w: &Value, ns: &str) -> Result<()> {
     Ok(())
 }
 
-/// `kubectl auth can-i` as the chart's ServiceAccount (admin impersonates it).
+/// Negative control: the same template made privileged is rejected, so the namespace really
+/// enforces "restricted".
+fn assert_restricted_enforced(cp: &ControlPlane, w: &Value, ns: &str) -> Result<()> {
+    let mut bad = pod_from_template(w, ns, "psa-negative");
+    bad["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
+    bad["spec"]["containers"][0]["securityContext"]["capabilities"] = json!({"add": ["NET_ADMIN"]});
+    let out = pod_dry_run(cp, &bad)?;
+    ensure!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("violates PodSecurity"),
+        "the restricted namespace admitted a privileged pod: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// `kubectl auth can-i` as the chart's `ServiceAccount` (admin impersonates it).
 fn can_i(
     cp: &ControlPlane,
     sa_ns: &str,
@@ -901,6 +917,55 @@ fn read_matrix(ns: &'static str) -> Vec<(&'static str, &'static str, Option<&'st
     ]
 }
 
+/// Culling on (second release, own namespace): the write permissions appear, scoped to what
+/// culling needs, and nothing leaks to the read-only release.
+fn check_culling_on_release(cp: &ControlPlane, on: &str, on_ns: &'static str) -> Result<()> {
+    // Culling on (second release, own namespace): the write permissions appear, scoped.
+    kubectl_apply(cp, on, true)?;
+    kubectl_apply(cp, on, false)?;
+    assert_pod_admitted(
+        cp,
+        find(&docs(on)?, "Deployment", "gl-cull-gpu-ledger")?,
+        on_ns,
+    )?;
+    let mut m = read_matrix(on_ns);
+    m.extend([
+        ("patch", "notebooks.kubeflow.org", Some("team-a"), true),
+        ("create", "events", Some("team-a"), true),
+        ("patch", "events", Some("team-a"), true),
+        ("create", "events.events.k8s.io", Some("team-a"), true),
+        ("create", "leases.coordination.k8s.io", Some(on_ns), true),
+        ("get", "leases.coordination.k8s.io", Some(on_ns), true),
+        ("update", "leases.coordination.k8s.io", Some(on_ns), true),
+        ("delete", "leases.coordination.k8s.io", Some(on_ns), false),
+        (
+            "create",
+            "leases.coordination.k8s.io",
+            Some("team-a"),
+            false,
+        ),
+        (
+            "create",
+            "leases.coordination.k8s.io",
+            Some("kube-system"),
+            false,
+        ),
+    ]);
+    check_matrix(cp, on_ns, "gl-cull-gpu-ledger", &m)?;
+    // Installing the culling release granted nothing to the read-only one.
+    check_matrix(
+        cp,
+        NS,
+        "gpu-ledger",
+        &[
+            ("patch", "notebooks.kubeflow.org", Some("team-a"), false),
+            ("create", "leases.coordination.k8s.io", Some(NS), false),
+        ],
+    )?;
+
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> {
     // Render first: a broken chart fails fast, before a control plane is started.
@@ -958,16 +1023,7 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
     let deploy = find(&off_objs, "Deployment", "gpu-ledger")?;
     assert_pod_admitted(&cp, deploy, NS)?;
     // ... and the namespace really enforces it (negative control).
-    let mut bad = pod_from_template(deploy, NS, "psa-negative");
-    bad["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
-    bad["spec"]["containers"][0]["securityContext"]["capabilities"] = json!({"add": ["NET_ADMIN"]});
-    let out = pod_dry_run(&cp, &bad)?;
-    ensure!(
-        !out.status.success()
-            && String::from_utf8_lossy(&out.stderr).contains("violates PodSecurity"),
-        "the restricted namespace admitted a privileged pod: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_restricted_enforced(&cp, deploy, NS)?;
 
     let mut m = read_matrix(NS);
     m.extend([
@@ -980,48 +1036,7 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
     ]);
     check_matrix(&cp, NS, "gpu-ledger", &m)?;
 
-    // Culling on (second release, own namespace): the write permissions appear, scoped.
-    kubectl_apply(&cp, &on, true)?;
-    kubectl_apply(&cp, &on, false)?;
-    assert_pod_admitted(
-        &cp,
-        find(&docs(&on)?, "Deployment", "gl-cull-gpu-ledger")?,
-        on_ns,
-    )?;
-    let mut m = read_matrix(on_ns);
-    m.extend([
-        ("patch", "notebooks.kubeflow.org", Some("team-a"), true),
-        ("create", "events", Some("team-a"), true),
-        ("patch", "events", Some("team-a"), true),
-        ("create", "events.events.k8s.io", Some("team-a"), true),
-        ("create", "leases.coordination.k8s.io", Some(on_ns), true),
-        ("get", "leases.coordination.k8s.io", Some(on_ns), true),
-        ("update", "leases.coordination.k8s.io", Some(on_ns), true),
-        ("delete", "leases.coordination.k8s.io", Some(on_ns), false),
-        (
-            "create",
-            "leases.coordination.k8s.io",
-            Some("team-a"),
-            false,
-        ),
-        (
-            "create",
-            "leases.coordination.k8s.io",
-            Some("kube-system"),
-            false,
-        ),
-    ]);
-    check_matrix(&cp, on_ns, "gl-cull-gpu-ledger", &m)?;
-    // Installing the culling release granted nothing to the read-only one.
-    check_matrix(
-        &cp,
-        NS,
-        "gpu-ledger",
-        &[
-            ("patch", "notebooks.kubeflow.org", Some("team-a"), false),
-            ("create", "leases.coordination.k8s.io", Some(NS), false),
-        ],
-    )?;
+    check_culling_on_release(&cp, &on, on_ns)?;
 
     // Sharded StatefulSet: accepted by the API server and by Pod Security.
     kubectl_apply(&cp, &sharded, true)?;
