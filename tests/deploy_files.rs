@@ -173,3 +173,51 @@ fn dockerignore_keeps_build_inputs() {
         assert!(ignored.contains(&junk), ".dockerignore should drop {junk}");
     }
 }
+
+/// Leaf paths of values.yaml (maps are descended, lists and scalars are leaves).
+fn value_paths(prefix: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) if !m.is_empty() => {
+            for (k, child) in m {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                value_paths(&p, child, out);
+            }
+        }
+        _ => out.push(prefix.to_string()),
+    }
+}
+
+/// docs/install.md has a values table: every value of the chart, or a parent of it, is there.
+#[test]
+fn install_doc_lists_every_chart_value() {
+    let values: serde_json::Value =
+        serde_norway::from_str(&read("deploy/helm/gpu-ledger/values.yaml")).expect("values.yaml");
+    let doc = read("docs/install.md");
+    let mut paths = Vec::new();
+    value_paths("", &values, &mut paths);
+    assert!(
+        paths.len() > 40,
+        "values.yaml parsed to {} paths",
+        paths.len()
+    );
+    let missing: Vec<&String> = paths
+        .iter()
+        .filter(|p| {
+            // The path or one of its parents, in backticks, in a table row.
+            let parts: Vec<&str> = p.split('.').collect();
+            !(1..=parts.len()).any(|n| {
+                let needle = format!("`{}`", parts[..n].join("."));
+                doc.lines()
+                    .any(|l| l.starts_with("| ") && l.contains(&needle))
+            })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/install.md's values table lacks {missing:?}"
+    );
+}
