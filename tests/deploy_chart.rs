@@ -10,9 +10,8 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail, ensure};
 use gpu_ledger_testkit::{ControlPlane, Tier};
@@ -35,15 +34,9 @@ fn bin(name: &str) -> PathBuf {
 }
 
 /// Helm's config/cache/data dirs, private to this test binary.
-fn helm_home() -> &'static Path {
-    static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
-    HOME.get_or_init(|| {
-        tempfile::Builder::new()
-            .prefix("gpu-ledger-helm-")
-            .tempdir()
-            .expect("helm temp home")
-    })
-    .path()
+fn helm_home() -> PathBuf {
+    // Cargo's scratch dir for integration tests: nothing left in /tmp, nothing in $HOME.
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("deploy-chart-helm-home")
 }
 
 fn helm() -> Command {
