@@ -562,7 +562,7 @@ fn mixed(now: i64, exported: bool) -> Om {
         &dev("GPU-m2", &w("b", "t2")),
         every(now, span, |t| noise(3, t))
             .into_iter()
-            .filter(|(t, _)| t % 90 == 0),
+            .filter(|(t, _)| (now - t) % 90 == 0),
     );
     om.series(
         fields::GR_ENGINE_ACTIVE,
@@ -570,7 +570,14 @@ fn mixed(now: i64, exported: bool) -> Om {
         every(
             now,
             span,
-            |t| if t % 150 == 0 { f64::NAN } else { noise(4, t) },
+            // NaN every fifth sample, never the newest (then live says unknown, offline looks back).
+            |t| {
+                if (now - t) % 150 == 60 {
+                    f64::NAN
+                } else {
+                    noise(4, t)
+                }
+            },
         ),
     );
     om.series(
@@ -695,14 +702,19 @@ async fn live_and_offline_agree() {
         assert_eq!(parsed.skipped_lines, 0, "{:?}", parsed.first_skip);
         let offline = series::reduce(&parsed.series, &scheme, &window(), at(now));
         assert_eq!(live.len(), 10, "{live:#?}");
+        let what = if exported { "exported" } else { "plain" };
+        assert_agree(&offline, &live, &format!("{what} scheme"));
+        // Off the 30 s grid: subquery steps no longer fall on `now`.
+        let later = at(now + 7);
+        let (live_later, _) = client
+            .fetch_usage(SchemeChoice::Auto, &window(), later)
+            .await
+            .expect("fetch");
+        let offline_later = series::reduce(&parsed.series, &scheme, &window(), later);
         assert_agree(
-            &offline,
-            &live,
-            if exported {
-                "exported scheme"
-            } else {
-                "plain scheme"
-            },
+            &offline_later,
+            &live_later,
+            &format!("{what} scheme, off-grid"),
         );
         // Spot checks that the mix exercises what it should.
         let m8 = find(&live, "GPU-m8", None);
