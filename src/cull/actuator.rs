@@ -1,0 +1,503 @@
+//! The actuator: performs a plan's [`Action`]s against the API, leader-only, and returns
+//! [`Outcome`]s as data.
+//!
+//! Right before each stop it re-GETs the Notebook and re-checks it, asks the caller to re-check
+//! the usage evidence, then sends ONE JSON merge patch carrying the re-read `resourceVersion` as
+//! a precondition. It never removes annotations, never touches `notebooks.kubeflow.org/*`, never
+//! Updates, scales or deletes anything.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::json;
+use tokio::sync::OnceCell;
+use tracing::{info, warn};
+
+use super::CullMode;
+use super::plan::Action;
+use crate::claims::{
+    NotebookInfo, STOP_ANNOTATION, STOP_REASON_ANNOTATION, STOPPED_AT_ANNOTATION,
+    STOPPED_BY_ANNOTATION,
+};
+
+/// Value of `gpu-ledger.io/stopped-by`, the Event reporter and the field manager.
+pub const MANAGER: &str = "gpu-ledger";
+/// Event reason of a stop.
+pub const REASON_STOPPED: &str = "IdleGPUStopped";
+/// Event reason of a dry-run stop.
+pub const REASON_WOULD_STOP: &str = "IdleGPUWouldStop";
+/// Warning Event reason when a stopped notebook's pod is stuck terminating.
+pub const REASON_STOP_STUCK: &str = "IdleGPUStopStuck";
+
+/// Result of one stop attempt (the `result` label of `gpu_ledger_cull_stops_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StopResult {
+    /// The stop annotation was written.
+    Stopped,
+    /// The Notebook changed since it was read (HTTP 409); re-planned next cycle.
+    Conflict,
+    /// The re-check failed: the Notebook or the evidence changed (or the Notebook is gone).
+    Changed,
+    /// An API or evidence error; nothing was written.
+    Error,
+    /// Dry-run: everything but the write (optionally a server-side `dryRun=All` patch).
+    DryRun,
+}
+
+impl StopResult {
+    pub const ALL: [StopResult; 5] = [
+        Self::Stopped,
+        Self::Conflict,
+        Self::Changed,
+        Self::Error,
+        Self::DryRun,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stopped => "stopped",
+            Self::Conflict => "conflict",
+            Self::Changed => "changed",
+            Self::Error => "error",
+            Self::DryRun => "dry_run",
+        }
+    }
+}
+
+/// What happened to one action.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub action: Action,
+    pub result: StopResult,
+    /// Short explanation (which re-check failed, the API error).
+    pub detail: String,
+}
+
+/// Error type of a caller's evidence re-check.
+pub type RecheckError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Re-checks the usage evidence of an action right before acting (the app re-queries
+/// Prometheus). `Ok(true)` confirms the stop; `Ok(false)` means the GPUs are no longer proven
+/// idle. Implemented for closures `FnMut(&Action) -> impl Future<Output = Result<bool, _>>`.
+pub trait Recheck {
+    fn recheck(&mut self, action: &Action) -> impl Future<Output = Result<bool, RecheckError>>;
+}
+
+impl<F, Fut> Recheck for F
+where
+    F: FnMut(&Action) -> Fut,
+    Fut: Future<Output = Result<bool, RecheckError>>,
+{
+    fn recheck(&mut self, action: &Action) -> impl Future<Output = Result<bool, RecheckError>> {
+        (self)(action)
+    }
+}
+
+/// The object an Event is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotebookRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// An Event to publish on a Notebook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventSpec {
+    pub warning: bool,
+    pub reason: &'static str,
+    /// What we did, e.g. `Stop`.
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// The API calls culling makes; the real one is [`KubeCullApi`], tests use a fake.
+pub trait CullApi: Send + Sync {
+    /// GET the Notebook, projected; `None` when it is gone.
+    fn get_notebook<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<NotebookInfo>, kube::Error>>;
+    /// ONE JSON merge patch on the Notebook (`dry_run` sends `dryRun=All`).
+    fn patch_notebook<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        body: &'a serde_json::Value,
+        dry_run: bool,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+    fn publish_event<'a>(
+        &'a self,
+        target: &'a NotebookRef,
+        event: &'a EventSpec,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+    /// Value of key `cull` in the kill-switch ConfigMap; `None` when the map or key is absent.
+    fn kill_switch<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, kube::Error>>;
+    /// Names of the namespaces matching a label selector.
+    fn namespaces_matching<'a>(
+        &'a self,
+        selector: &'a str,
+    ) -> BoxFuture<'a, Result<BTreeSet<String>, kube::Error>>;
+}
+
+/// The merge-patch body of a stop: our stop value plus our own audit annotations, with the
+/// evaluated `resourceVersion` as precondition. Only adds keys; never removes any.
+pub fn stop_patch(action: &Action, resource_version: &str) -> serde_json::Value {
+    let Action::Stop { stop_value, .. } = action;
+    json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "annotations": {
+                STOP_ANNOTATION: stop_value,
+                STOPPED_BY_ANNOTATION: MANAGER,
+                STOPPED_AT_ANNOTATION: stop_value,
+                STOP_REASON_ANNOTATION: action.reason_text(),
+            }
+        }
+    })
+}
+
+/// Re-checks a freshly read Notebook against the action: same object, still not stopped, not
+/// deleting, not opted out, not snoozed, not within the restart grace.
+pub fn verify_fresh(
+    nb: &NotebookInfo,
+    action: &Action,
+    restart_grace: Duration,
+    now: DateTime<Utc>,
+) -> Result<(), &'static str> {
+    let Action::Stop { notebook_uid, .. } = action;
+    if &nb.uid != notebook_uid {
+        return Err("notebook was replaced (uid changed)");
+    }
+    if nb.stopped.is_some() {
+        return Err("notebook is already stopped");
+    }
+    if nb.deleting {
+        return Err("notebook is being deleted");
+    }
+    if nb.cull_opt_out {
+        return Err("notebook opted out");
+    }
+    if nb.snooze_until.is_some_and(|t| t > now) {
+        return Err("notebook is snoozed");
+    }
+    if nb
+        .last_stopped_by_us
+        .is_some_and(|t| now - t < restart_grace)
+    {
+        return Err("notebook was restarted after our stop (restart grace)");
+    }
+    Ok(())
+}
+
+fn event_note(action: &Action, dry_run: bool) -> String {
+    let Action::Stop { pod, .. } = action;
+    let verb = if dry_run { "Would stop" } else { "Stopped" };
+    format!(
+        "{verb} by gpu-ledger: {} (pod {pod}). Restart from the notebooks UI; opt out with annotation gpu-ledger.io/cull=false.",
+        action.reason_text()
+    )
+}
+
+/// Performs stop actions through a [`CullApi`].
+#[derive(Clone)]
+pub struct Actuator {
+    api: Arc<dyn CullApi>,
+    /// In dry-run mode, also send the patch with `dryRun=All` to prove RBAC and webhooks.
+    pub server_dry_run: bool,
+    /// Restart grace re-checked on the fresh Notebook (the policy's `min_runtime`).
+    pub restart_grace: Duration,
+}
+
+impl Actuator {
+    pub fn new(api: Arc<dyn CullApi>, server_dry_run: bool, restart_grace: Duration) -> Self {
+        Actuator {
+            api,
+            server_dry_run,
+            restart_grace,
+        }
+    }
+
+    pub fn api(&self) -> &Arc<dyn CullApi> {
+        &self.api
+    }
+
+    /// Executes `actions` in order. `mode` must be `DryRun` or `On` (`Off` returns nothing).
+    pub async fn execute<R: Recheck + ?Sized>(
+        &self,
+        actions: &[Action],
+        mode: CullMode,
+        now: DateTime<Utc>,
+        recheck: &mut R,
+    ) -> Vec<Outcome> {
+        if mode == CullMode::Off {
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(actions.len());
+        for action in actions {
+            let (result, detail) = self.stop(action, mode, now, recheck).await;
+            let Action::Stop {
+                namespace,
+                notebook,
+                ..
+            } = action;
+            match result {
+                StopResult::Stopped | StopResult::DryRun => {
+                    info!(%namespace, %notebook, result = result.as_str(), reason = %action.reason_text(), "cull");
+                }
+                _ => {
+                    warn!(%namespace, %notebook, result = result.as_str(), %detail, "cull not performed")
+                }
+            }
+            out.push(Outcome {
+                action: action.clone(),
+                result,
+                detail,
+            });
+        }
+        out
+    }
+
+    async fn stop<R: Recheck + ?Sized>(
+        &self,
+        action: &Action,
+        mode: CullMode,
+        now: DateTime<Utc>,
+        recheck: &mut R,
+    ) -> (StopResult, String) {
+        let Action::Stop {
+            namespace,
+            notebook,
+            notebook_uid,
+            ..
+        } = action;
+        let fresh = match self.api.get_notebook(namespace, notebook).await {
+            Ok(Some(nb)) => nb,
+            Ok(None) => return (StopResult::Changed, "notebook is gone".into()),
+            Err(e) => return (StopResult::Error, format!("get notebook: {e}")),
+        };
+        if let Err(why) = verify_fresh(&fresh, action, self.restart_grace, now) {
+            return (StopResult::Changed, why.into());
+        }
+        match recheck.recheck(action).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return (
+                    StopResult::Changed,
+                    "evidence no longer proves idleness".into(),
+                );
+            }
+            Err(e) => return (StopResult::Error, format!("evidence re-check: {e}")),
+        }
+        let dry_run = mode != CullMode::On;
+        if !dry_run || self.server_dry_run {
+            let body = stop_patch(action, &fresh.resource_version);
+            match self
+                .api
+                .patch_notebook(namespace, notebook, &body, dry_run)
+                .await
+            {
+                Ok(()) => {}
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    return (StopResult::Conflict, "notebook changed (409)".into());
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    return (StopResult::Changed, "notebook is gone".into());
+                }
+                Err(e) => return (StopResult::Error, format!("patch notebook: {e}")),
+            }
+        }
+        let target = NotebookRef {
+            namespace: namespace.clone(),
+            name: notebook.clone(),
+            uid: notebook_uid.clone(),
+        };
+        let event = EventSpec {
+            warning: false,
+            reason: if dry_run {
+                REASON_WOULD_STOP
+            } else {
+                REASON_STOPPED
+            },
+            action: "Stop",
+            note: event_note(action, dry_run),
+        };
+        if let Err(e) = self.api.publish_event(&target, &event).await {
+            warn!(%namespace, %notebook, error = %e, "cannot publish event");
+        }
+        let result = if dry_run {
+            StopResult::DryRun
+        } else {
+            StopResult::Stopped
+        };
+        (result, String::new())
+    }
+}
+
+// === impl KubeCullApi ===
+
+/// [`CullApi`] on a live cluster: Notebook (`kubeflow.org` v1, else v1beta1, discovered once),
+/// `events.k8s.io/v1` Events through a [`Recorder`], ConfigMaps and Namespaces.
+pub struct KubeCullApi {
+    client: kube::Client,
+    recorder: Recorder,
+    notebook: OnceCell<ApiResource>,
+}
+
+impl KubeCullApi {
+    pub fn new(client: kube::Client, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.to_string(),
+            instance,
+        };
+        KubeCullApi {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            notebook: OnceCell::new(),
+        }
+    }
+
+    async fn notebooks(&self, namespace: &str) -> Result<Api<DynamicObject>, kube::Error> {
+        let ar = self
+            .notebook
+            .get_or_try_init(|| async {
+                let group = kube::discovery::group(&self.client, "kubeflow.org").await?;
+                ["v1", "v1beta1"]
+                    .iter()
+                    .find_map(|v| {
+                        group
+                            .versioned_resources(v)
+                            .into_iter()
+                            .find(|(r, _)| r.kind == "Notebook")
+                    })
+                    .or_else(|| group.recommended_kind("Notebook"))
+                    .map(|(r, _)| r)
+                    .ok_or_else(|| {
+                        kube::Error::Discovery(kube::error::DiscoveryError::MissingResource(
+                            "kubeflow.org Notebook".to_string(),
+                        ))
+                    })
+            })
+            .await?;
+        Ok(Api::namespaced_with(self.client.clone(), namespace, ar))
+    }
+
+    fn notebook_reference(&self, target: &NotebookRef) -> ObjectReference {
+        let api_version = self.notebook.get().map_or_else(
+            || "kubeflow.org/v1".to_string(),
+            |ar| ar.api_version.clone(),
+        );
+        ObjectReference {
+            api_version: Some(api_version),
+            kind: Some("Notebook".into()),
+            name: Some(target.name.clone()),
+            namespace: Some(target.namespace.clone()),
+            uid: Some(target.uid.clone()),
+            ..ObjectReference::default()
+        }
+    }
+}
+
+impl CullApi for KubeCullApi {
+    fn get_notebook<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<NotebookInfo>, kube::Error>> {
+        Box::pin(async move {
+            let api = self.notebooks(namespace).await?;
+            Ok(api
+                .get_opt(name)
+                .await?
+                .map(|o| crate::claims::project::notebook(&o.metadata)))
+        })
+    }
+
+    fn patch_notebook<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        body: &'a serde_json::Value,
+        dry_run: bool,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async move {
+            let api = self.notebooks(namespace).await?;
+            let mut pp = PatchParams {
+                field_manager: Some(MANAGER.to_string()),
+                ..PatchParams::default()
+            };
+            if dry_run {
+                pp = pp.dry_run();
+            }
+            api.patch(name, &pp, &Patch::Merge(body)).await.map(|_| ())
+        })
+    }
+
+    fn publish_event<'a>(
+        &'a self,
+        target: &'a NotebookRef,
+        event: &'a EventSpec,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async move {
+            let ev = Event {
+                type_: if event.warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: event.reason.to_string(),
+                note: Some(event.note.clone()),
+                action: event.action.to_string(),
+                secondary: None,
+            };
+            self.recorder
+                .publish(&ev, &self.notebook_reference(target))
+                .await
+        })
+    }
+
+    fn kill_switch<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, kube::Error>> {
+        Box::pin(async move {
+            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+            Ok(api
+                .get_opt(name)
+                .await?
+                .and_then(|cm| cm.data.and_then(|mut d| d.remove("cull"))))
+        })
+    }
+
+    fn namespaces_matching<'a>(
+        &'a self,
+        selector: &'a str,
+    ) -> BoxFuture<'a, Result<BTreeSet<String>, kube::Error>> {
+        Box::pin(async move {
+            let api: Api<Namespace> = Api::all(self.client.clone());
+            let list = api
+                .list_metadata(&ListParams::default().labels(selector))
+                .await?;
+            Ok(list
+                .items
+                .into_iter()
+                .filter_map(|n| n.metadata.name)
+                .collect())
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

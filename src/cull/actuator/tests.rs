@@ -1,0 +1,354 @@
+//! Actuator tests against an in-memory [`CullApi`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use chrono::TimeZone;
+use kube::core::Status;
+
+use super::*;
+
+/// Records every call; notebooks live in a map and patches apply as merge patches.
+pub(crate) struct FakeApi {
+    pub notebooks: Mutex<BTreeMap<(String, String), NotebookInfo>>,
+    pub patches: Mutex<Vec<(String, String, serde_json::Value, bool)>>,
+    pub events: Mutex<Vec<(NotebookRef, EventSpec)>>,
+    /// HTTP status the next patch fails with.
+    pub patch_status: Mutex<Option<u16>>,
+    pub kill: Mutex<Result<Option<String>, u16>>,
+    pub selected: Mutex<Result<BTreeSet<String>, u16>>,
+    pub gets: Mutex<usize>,
+}
+
+pub(crate) fn api_error(code: u16) -> kube::Error {
+    let reason = match code {
+        409 => "Conflict",
+        404 => "NotFound",
+        _ => "InternalError",
+    };
+    kube::Error::Api(Box::new(Status::failure("fake", reason).with_code(code)))
+}
+
+impl Default for FakeApi {
+    fn default() -> Self {
+        FakeApi {
+            notebooks: Mutex::default(),
+            patches: Mutex::default(),
+            events: Mutex::default(),
+            patch_status: Mutex::default(),
+            kill: Mutex::new(Ok(None)),
+            selected: Mutex::new(Ok(BTreeSet::new())),
+            gets: Mutex::default(),
+        }
+    }
+}
+
+impl FakeApi {
+    pub fn with_notebook(nb: NotebookInfo) -> Self {
+        let api = FakeApi::default();
+        api.notebooks
+            .lock()
+            .expect("lock")
+            .insert((nb.namespace.clone(), nb.name.clone()), nb);
+        api
+    }
+
+    pub fn patch_count(&self) -> usize {
+        self.patches.lock().expect("lock").len()
+    }
+
+    pub fn event_reasons(&self) -> Vec<&'static str> {
+        self.events
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|(_, e)| e.reason)
+            .collect()
+    }
+}
+
+impl CullApi for FakeApi {
+    fn get_notebook<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<NotebookInfo>, kube::Error>> {
+        *self.gets.lock().expect("lock") += 1;
+        let nb = self
+            .notebooks
+            .lock()
+            .expect("lock")
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned();
+        Box::pin(async move { Ok(nb) })
+    }
+
+    fn patch_notebook<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        body: &'a serde_json::Value,
+        dry_run: bool,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let status = self.patch_status.lock().expect("lock").take();
+        Box::pin(async move {
+            if let Some(code) = status {
+                return Err(api_error(code));
+            }
+            self.patches.lock().expect("lock").push((
+                namespace.into(),
+                name.into(),
+                body.clone(),
+                dry_run,
+            ));
+            if !dry_run {
+                let mut nbs = self.notebooks.lock().expect("lock");
+                if let Some(nb) = nbs.get_mut(&(namespace.to_string(), name.to_string())) {
+                    nb.stopped = body["metadata"]["annotations"][STOP_ANNOTATION]
+                        .as_str()
+                        .map(str::to_string);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn publish_event<'a>(
+        &'a self,
+        target: &'a NotebookRef,
+        event: &'a EventSpec,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        self.events
+            .lock()
+            .expect("lock")
+            .push((target.clone(), event.clone()));
+        Box::pin(async { Ok(()) })
+    }
+
+    fn kill_switch<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, kube::Error>> {
+        let v = self.kill.lock().expect("lock").clone().map_err(api_error);
+        Box::pin(async move { v })
+    }
+
+    fn namespaces_matching<'a>(
+        &'a self,
+        _selector: &'a str,
+    ) -> BoxFuture<'a, Result<BTreeSet<String>, kube::Error>> {
+        let v = self
+            .selected
+            .lock()
+            .expect("lock")
+            .clone()
+            .map_err(api_error);
+        Box::pin(async move { v })
+    }
+}
+
+pub(crate) fn now() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 1, 31, 12, 0, 0)
+        .single()
+        .expect("time")
+}
+
+pub(crate) fn notebook() -> NotebookInfo {
+    NotebookInfo {
+        namespace: "team-a".into(),
+        name: "nb".into(),
+        uid: "nb-uid".into(),
+        resource_version: "43".into(),
+        stopped: None,
+        deleting: false,
+        cull_opt_out: false,
+        snooze_until: None,
+        last_stopped_by_us: None,
+    }
+}
+
+pub(crate) fn stop_action() -> Action {
+    Action::Stop {
+        namespace: "team-a".into(),
+        notebook: "nb".into(),
+        notebook_uid: "nb-uid".into(),
+        resource_version: "42".into(),
+        pod: "nb-0".into(),
+        pod_uid: "pod-uid".into(),
+        idle_seconds: 3.0 * 3600.0 + 12.0 * 60.0,
+        peak_utilization: Some(0.008),
+        stop_value: "2026-01-31T12:00:00Z".into(),
+    }
+}
+
+async fn run(
+    api: &Arc<FakeApi>,
+    mode: CullMode,
+    server_dry_run: bool,
+    confirm: Result<bool, &'static str>,
+) -> Outcome {
+    let actuator = Actuator::new(api.clone(), server_dry_run, Duration::hours(1));
+    let mut recheck = |_: &Action| async move { confirm.map_err(RecheckError::from) };
+    let mut out = actuator
+        .execute(&[stop_action()], mode, now(), &mut recheck)
+        .await;
+    assert_eq!(out.len(), 1);
+    out.remove(0)
+}
+
+#[test]
+fn patch_body_is_exactly_the_documented_merge_patch() {
+    let body = stop_patch(&stop_action(), "43");
+    let expected = json!({"metadata":{"resourceVersion":"43","annotations":{
+        "kubeflow-resource-stopped":"2026-01-31T12:00:00Z",
+        "gpu-ledger.io/stopped-by":"gpu-ledger",
+        "gpu-ledger.io/stopped-at":"2026-01-31T12:00:00Z",
+        "gpu-ledger.io/stop-reason":"GPU idle for 3h12m (peak utilisation 0.8% over the window)"}}});
+    assert_eq!(body, expected);
+    // Nothing is removed (no nulls) and nothing under notebooks.kubeflow.org/ is written.
+    let text = body.to_string();
+    assert!(!text.contains("null") && !text.contains("notebooks.kubeflow.org/"));
+}
+
+#[tokio::test]
+async fn on_mode_patches_once_with_fresh_resource_version_and_emits_event() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let o = run(&api, CullMode::On, false, Ok(true)).await;
+    assert_eq!(o.result, StopResult::Stopped, "{}", o.detail);
+    let patches = api.patches.lock().expect("lock").clone();
+    assert_eq!(patches.len(), 1);
+    let (ns, name, body, dry) = &patches[0];
+    assert_eq!((ns.as_str(), name.as_str(), *dry), ("team-a", "nb", false));
+    assert_eq!(
+        body["metadata"]["resourceVersion"], "43",
+        "the re-read version is the precondition"
+    );
+    assert_eq!(api.event_reasons(), [REASON_STOPPED]);
+    let events = api.events.lock().expect("lock");
+    assert!(!events[0].1.warning);
+    assert_eq!(events[0].0.uid, "nb-uid");
+    assert!(
+        events[0].1.note.contains("GPU idle for 3h12m"),
+        "{}",
+        events[0].1.note
+    );
+}
+
+#[tokio::test]
+async fn dry_run_writes_nothing_unless_server_dry_run() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let o = run(&api, CullMode::DryRun, false, Ok(true)).await;
+    assert_eq!(o.result, StopResult::DryRun);
+    assert_eq!(api.patch_count(), 0);
+    assert_eq!(api.event_reasons(), [REASON_WOULD_STOP]);
+    let o = run(&api, CullMode::DryRun, true, Ok(true)).await;
+    assert_eq!(o.result, StopResult::DryRun);
+    let patches = api.patches.lock().expect("lock").clone();
+    assert_eq!(patches.len(), 1);
+    assert!(patches[0].3, "sent with dryRun=All");
+    assert_eq!(
+        api.notebooks
+            .lock()
+            .expect("lock")
+            .values()
+            .next()
+            .expect("nb")
+            .stopped,
+        None
+    );
+}
+
+#[tokio::test]
+async fn off_mode_does_nothing() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let actuator = Actuator::new(api.clone(), false, Duration::hours(1));
+    let mut recheck = |_: &Action| async { Ok::<_, RecheckError>(true) };
+    assert!(
+        actuator
+            .execute(&[stop_action()], CullMode::Off, now(), &mut recheck)
+            .await
+            .is_empty()
+    );
+    assert_eq!(*api.gets.lock().expect("lock"), 0);
+}
+
+#[tokio::test]
+async fn conflict_is_reported_not_retried() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    *api.patch_status.lock().expect("lock") = Some(409);
+    let o = run(&api, CullMode::On, false, Ok(true)).await;
+    assert_eq!(o.result, StopResult::Conflict);
+    assert!(api.events.lock().expect("lock").is_empty());
+    *api.patch_status.lock().expect("lock") = Some(500);
+    assert_eq!(
+        run(&api, CullMode::On, false, Ok(true)).await.result,
+        StopResult::Error
+    );
+    *api.patch_status.lock().expect("lock") = Some(404);
+    assert_eq!(
+        run(&api, CullMode::On, false, Ok(true)).await.result,
+        StopResult::Changed
+    );
+}
+
+#[tokio::test]
+async fn fresh_notebook_recheck_blocks_changed_objects() {
+    let cases: Vec<(&str, Box<dyn Fn(&mut NotebookInfo)>)> = vec![
+        ("uid", Box::new(|n| n.uid = "other".into())),
+        (
+            "stopped",
+            Box::new(|n| n.stopped = Some("odh-notebook-controller-lock".into())),
+        ),
+        ("deleting", Box::new(|n| n.deleting = true)),
+        ("opt-out", Box::new(|n| n.cull_opt_out = true)),
+        (
+            "snooze",
+            Box::new(|n| n.snooze_until = Some(now() + Duration::minutes(5))),
+        ),
+        (
+            "restart grace",
+            Box::new(|n| n.last_stopped_by_us = Some(now() - Duration::minutes(5))),
+        ),
+    ];
+    for (name, change) in cases {
+        let mut nb = notebook();
+        change(&mut nb);
+        let api = Arc::new(FakeApi::with_notebook(nb));
+        let o = run(&api, CullMode::On, false, Ok(true)).await;
+        assert_eq!(o.result, StopResult::Changed, "{name}");
+        assert_eq!(api.patch_count(), 0, "{name}");
+    }
+    let api = Arc::new(FakeApi::default());
+    assert_eq!(
+        run(&api, CullMode::On, false, Ok(true)).await.result,
+        StopResult::Changed,
+        "gone"
+    );
+}
+
+#[tokio::test]
+async fn evidence_recheck_gates_the_patch() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    assert_eq!(
+        run(&api, CullMode::On, false, Ok(false)).await.result,
+        StopResult::Changed
+    );
+    assert_eq!(
+        run(&api, CullMode::On, false, Err("prometheus down"))
+            .await
+            .result,
+        StopResult::Error
+    );
+    assert_eq!(api.patch_count(), 0);
+    assert!(api.events.lock().expect("lock").is_empty());
+}
+
+#[test]
+fn stop_results_have_documented_labels() {
+    let labels: Vec<&str> = StopResult::ALL.iter().map(|r| r.as_str()).collect();
+    assert_eq!(
+        labels,
+        ["stopped", "conflict", "changed", "error", "dry_run"]
+    );
+}

@@ -1,0 +1,180 @@
+//! The culling self-metrics of `docs/metrics.md` (tikv `prometheus`), all with bounded labels.
+
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+use super::actuator::StopResult;
+use super::plan::{CircuitReason, Plan, SkipReason};
+
+/// Buckets of `gpu_ledger_cull_time_to_free_seconds`: 10 s to 1 h.
+const TIME_TO_FREE_BUCKETS_SECONDS: [f64; 10] = [
+    10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 2700.0, 3600.0,
+];
+
+/// Handles to the culling families; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CullMetrics {
+    pub candidates: IntGauge,
+    pub would_stop: IntGauge,
+    pub stops: IntCounterVec,
+    pub skips: IntCounterVec,
+    pub circuit_open: IntGaugeVec,
+    pub leader: IntGauge,
+    pub time_to_free: Histogram,
+}
+
+impl CullMetrics {
+    /// Creates the families and registers them; every label value starts at 0.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let m = Self::unregistered()?;
+        registry.register(Box::new(m.candidates.clone()))?;
+        registry.register(Box::new(m.would_stop.clone()))?;
+        registry.register(Box::new(m.stops.clone()))?;
+        registry.register(Box::new(m.skips.clone()))?;
+        registry.register(Box::new(m.circuit_open.clone()))?;
+        registry.register(Box::new(m.leader.clone()))?;
+        registry.register(Box::new(m.time_to_free.clone()))?;
+        Ok(m)
+    }
+
+    /// The families without a registry (tests, offline use).
+    pub fn unregistered() -> Result<Self, prometheus::Error> {
+        let m = CullMetrics {
+            candidates: IntGauge::with_opts(Opts::new(
+                "gpu_ledger_cull_candidates",
+                "Notebooks that qualified for a stop in the last plan (as of the last refresh).",
+            ))?,
+            would_stop: IntGauge::with_opts(Opts::new(
+                "gpu_ledger_cull_would_stop",
+                "Stops the last plan would make, after caps and the circuit breaker.",
+            ))?,
+            stops: IntCounterVec::new(
+                Opts::new("gpu_ledger_cull_stops_total", "Stop attempts by result."),
+                &["result"],
+            )?,
+            skips: IntCounterVec::new(
+                Opts::new(
+                    "gpu_ledger_cull_skips_total",
+                    "GPU notebook pods skipped per plan, by reason.",
+                ),
+                &["reason"],
+            )?,
+            circuit_open: IntGaugeVec::new(
+                Opts::new(
+                    "gpu_ledger_cull_circuit_open",
+                    "1 while the circuit breaker blocks culling, by reason.",
+                ),
+                &["reason"],
+            )?,
+            leader: IntGauge::with_opts(Opts::new(
+                "gpu_ledger_cull_leader",
+                "1 on the replica holding the culling lease.",
+            ))?,
+            time_to_free: Histogram::with_opts(
+                HistogramOpts::new(
+                    "gpu_ledger_cull_time_to_free_seconds",
+                    "Seconds from our stop to the notebook's pod being gone from the ledger.",
+                )
+                .buckets(TIME_TO_FREE_BUCKETS_SECONDS.to_vec()),
+            )?,
+        };
+        for r in StopResult::ALL {
+            m.stops.with_label_values(&[r.as_str()]);
+        }
+        for r in SkipReason::ALL {
+            m.skips.with_label_values(&[r.as_str()]);
+        }
+        for r in CircuitReason::ALL {
+            m.circuit_open.with_label_values(&[r.as_str()]).set(0);
+        }
+        Ok(m)
+    }
+
+    /// Records one plan: gauges, skip counters and the circuit state.
+    pub fn observe_plan(&self, plan: &Plan) {
+        self.candidates
+            .set(i64::try_from(plan.candidates).unwrap_or(i64::MAX));
+        self.would_stop
+            .set(i64::try_from(plan.actions.len()).unwrap_or(i64::MAX));
+        for s in &plan.skips {
+            self.skips.with_label_values(&[s.reason.as_str()]).inc();
+        }
+        for r in CircuitReason::ALL {
+            self.circuit_open
+                .with_label_values(&[r.as_str()])
+                .set(i64::from(plan.circuit == Some(r)));
+        }
+    }
+
+    pub fn observe_stop(&self, result: StopResult) {
+        self.stops.with_label_values(&[result.as_str()]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus::{Encoder, TextEncoder};
+
+    use super::*;
+
+    #[test]
+    fn registers_exactly_the_documented_families() {
+        let registry = Registry::new();
+        let m = CullMetrics::register(&registry).expect("register");
+        m.leader.set(1);
+        m.observe_stop(StopResult::DryRun);
+        m.time_to_free.observe(42.0);
+        let mut names: Vec<String> = registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "gpu_ledger_cull_candidates",
+                "gpu_ledger_cull_circuit_open",
+                "gpu_ledger_cull_leader",
+                "gpu_ledger_cull_skips_total",
+                "gpu_ledger_cull_stops_total",
+                "gpu_ledger_cull_time_to_free_seconds",
+                "gpu_ledger_cull_would_stop",
+            ]
+        );
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut text)
+            .expect("encode");
+        let text = String::from_utf8(text).expect("utf8");
+        assert!(
+            text.contains("gpu_ledger_cull_stops_total{result=\"dry_run\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_ledger_cull_skips_total{reason=\"shared_gpu\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_ledger_cull_circuit_open{reason=\"usage_unavailable\"} 0"),
+            "{text}"
+        );
+        // A second registration of the same families is refused (one culler per registry).
+        assert!(CullMetrics::register(&registry).is_err());
+    }
+
+    #[test]
+    fn plan_sets_gauges_and_circuit() {
+        let m = CullMetrics::unregistered().expect("metrics");
+        let plan = Plan {
+            candidates: 2,
+            circuit: Some(CircuitReason::IdleShare),
+            ..Plan::default()
+        };
+        m.observe_plan(&plan);
+        assert_eq!(m.candidates.get(), 2);
+        assert_eq!(m.would_stop.get(), 0);
+        assert_eq!(m.circuit_open.with_label_values(&["idle_share"]).get(), 1);
+        m.observe_plan(&Plan::default());
+        assert_eq!(m.circuit_open.with_label_values(&["idle_share"]).get(), 0);
+    }
+}

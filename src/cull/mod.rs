@@ -1,0 +1,529 @@
+//! Culling of idle GPU notebooks: a pure [`plan`](plan::plan), a leader-only
+//! [`actuator`], a Lease-based [`lease`] election and the culling [`metrics`].
+//!
+//! The app calls [`Culler::cycle`] after every refresh with the new ledger. Every replica plans,
+//! logs and exports; only the lease holder acts, and only when the mode is not `off`, the kill
+//! switch is not set and the circuit breaker is closed. See `docs/culling.md`.
+
+pub mod actuator;
+pub mod lease;
+pub mod metrics;
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::ledger::Ledger;
+
+pub use actuator::{Actuator, CullApi, KubeCullApi, Outcome, Recheck, RecheckError, StopResult};
+pub use lease::{Leadership, StaticLeadership};
+pub use metrics::CullMetrics;
+pub use plan::{Action, CircuitReason, CullPolicy, Plan, Skip, SkipReason, plan};
+
+/// Whether culling acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum CullMode {
+    /// Plan, log and export only (the default).
+    #[default]
+    Off,
+    /// Also re-check, publish `IdleGPUWouldStop` Events, optionally a server-side dry-run patch.
+    DryRun,
+    /// Stop idle notebooks.
+    On,
+}
+
+impl CullMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::DryRun => "dry-run",
+            Self::On => "on",
+        }
+    }
+}
+
+impl fmt::Display for CullMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CullMode {
+    type Err = CullError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "false" => Ok(Self::Off),
+            "dry-run" | "dryrun" | "dry_run" => Ok(Self::DryRun),
+            "on" | "true" => Ok(Self::On),
+            _ => Err(CullError::Mode(s.to_string())),
+        }
+    }
+}
+
+/// Culling setup errors.
+#[derive(Debug, thiserror::Error)]
+pub enum CullError {
+    #[error("invalid cull mode {0:?} (expected off, dry-run or on)")]
+    Mode(String),
+    #[error("registering culling metrics")]
+    Metrics(#[source] prometheus::Error),
+}
+
+/// Everything culling needs; the app maps its flags onto it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CullConfig {
+    /// `--cull`: off (default), dry-run or on.
+    pub mode: CullMode,
+    /// The candidate rules, caps and circuit breaker (see [`CullPolicy`]).
+    pub policy: CullPolicy,
+    /// `--cull-namespace-selector`: namespaces whose labels match are never culled. Resolved to
+    /// `policy.excluded_namespaces` before every acting cycle; if it cannot be resolved, the
+    /// cycle does not act.
+    pub namespace_selector: Option<String>,
+    /// `--lease-name` (default `gpu-ledger`).
+    pub lease_name: String,
+    /// `--lease-namespace` (default: the pod's namespace from `POD_NAMESPACE` or the service
+    /// account mount, else `default`).
+    pub lease_namespace: Option<String>,
+    /// Lease validity without renewal (default 15 s; renewed every third of it).
+    pub lease_duration: Duration,
+    /// Kill switch: `(namespace, ConfigMap name)`; key `cull: off` disables acting at once.
+    /// A missing ConfigMap or key means "not killed"; an API error means "do not act this cycle".
+    pub kill_switch: Option<(String, String)>,
+    /// In dry-run mode, also send the patch with `dryRun=All` (proves RBAC and webhooks).
+    pub server_dry_run: bool,
+    /// Stop tracking a stopped pod for `time to free` after this long (default 24 h).
+    pub track_for: Duration,
+}
+
+impl Default for CullConfig {
+    fn default() -> Self {
+        CullConfig {
+            mode: CullMode::Off,
+            policy: CullPolicy::default(),
+            namespace_selector: None,
+            lease_name: "gpu-ledger".into(),
+            lease_namespace: None,
+            lease_duration: Duration::seconds(15),
+            kill_switch: None,
+            server_dry_run: false,
+            track_for: Duration::hours(24),
+        }
+    }
+}
+
+/// The culling policy from the command line, with coverage and staleness from the ledger policy.
+pub fn policy_from_args(
+    args: &crate::config::CullArgs,
+    ledger: &crate::ledger::Policy,
+) -> CullPolicy {
+    CullPolicy {
+        idle_after: args.cull_idle_after,
+        min_runtime: args.cull_min_runtime,
+        min_coverage: ledger.min_coverage,
+        max_staleness: ledger.max_staleness,
+        max_per_cycle: args.cull_max_per_cycle,
+        namespaces: args
+            .cull_namespaces
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect(),
+        exclude_namespaces: args
+            .cull_exclude_namespaces
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect(),
+        ..CullPolicy::default()
+    }
+}
+
+/// The culling configuration from the command line.
+pub fn config_from_args(
+    args: &crate::config::CullArgs,
+    ledger: &crate::ledger::Policy,
+) -> CullConfig {
+    CullConfig {
+        mode: args.mode,
+        policy: policy_from_args(args, ledger),
+        namespace_selector: args
+            .cull_namespace_selector
+            .clone()
+            .filter(|s| !s.trim().is_empty()),
+        lease_name: args.lease_name.clone(),
+        lease_namespace: args.lease_namespace.clone(),
+        ..CullConfig::default()
+    }
+}
+
+/// The namespace this pod runs in: `POD_NAMESPACE`, the service account mount, else `default`.
+pub fn own_namespace() -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok()
+        })
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".to_string())
+}
+
+/// What one cycle did.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CycleReport {
+    pub plan: Plan,
+    pub outcomes: Vec<Outcome>,
+    pub leader: bool,
+    /// Whether the actuator ran.
+    pub acted: bool,
+    /// Why it did not, when it could have (kill switch, unresolved selector, no client).
+    pub held_back: Option<&'static str>,
+    /// Seconds from stop to pod gone, observed this cycle.
+    pub freed: Vec<(String, f64)>,
+}
+
+/// A pod we stopped, followed until it is gone.
+#[derive(Debug, Clone)]
+struct Tracked {
+    namespace: String,
+    notebook: String,
+    notebook_uid: String,
+    pod: String,
+    stopped_at: DateTime<Utc>,
+    warned_stuck: bool,
+}
+
+/// The facade the app calls every refresh.
+pub struct Culler {
+    config: CullConfig,
+    metrics: CullMetrics,
+    leadership: Arc<dyn Leadership>,
+    actuator: Option<Actuator>,
+    tracked: BTreeMap<String, Tracked>,
+    was_leader: bool,
+    lease_task: Option<(CancellationToken, JoinHandle<()>)>,
+}
+
+impl Culler {
+    /// A culler; without a client it only plans, logs and exports.
+    pub fn new(
+        client: Option<kube::Client>,
+        config: CullConfig,
+        metrics: CullMetrics,
+        leadership: Arc<dyn Leadership>,
+    ) -> Self {
+        let api = client.map(|c| {
+            Arc::new(KubeCullApi::new(c, Some(lease::default_identity()))) as Arc<dyn CullApi>
+        });
+        Self::with_api(api, config, metrics, leadership)
+    }
+
+    /// A culler over any [`CullApi`] (tests use a fake).
+    pub fn with_api(
+        api: Option<Arc<dyn CullApi>>,
+        config: CullConfig,
+        metrics: CullMetrics,
+        leadership: Arc<dyn Leadership>,
+    ) -> Self {
+        let actuator =
+            api.map(|api| Actuator::new(api, config.server_dry_run, config.policy.min_runtime));
+        Culler {
+            config,
+            metrics,
+            leadership,
+            actuator,
+            tracked: BTreeMap::new(),
+            was_leader: false,
+            lease_task: None,
+        }
+    }
+
+    /// Wiring for `serve`: config from flags, metrics on `registry`, and (when culling is not
+    /// off and a client exists) a Lease election spawned on `tracker`, stopped by `cancel` or
+    /// [`Culler::shutdown`].
+    pub async fn from_args(
+        args: &crate::config::CullArgs,
+        ledger_policy: &crate::ledger::Policy,
+        client: Option<kube::Client>,
+        registry: &prometheus::Registry,
+        tracker: &tokio_util::task::TaskTracker,
+        cancel: CancellationToken,
+    ) -> Result<Self, CullError> {
+        let config = config_from_args(args, ledger_policy);
+        let metrics = CullMetrics::register(registry).map_err(CullError::Metrics)?;
+        let (leadership, task): (Arc<dyn Leadership>, _) = match (&client, config.mode) {
+            (Some(c), CullMode::DryRun | CullMode::On) => {
+                let lease_config = lease::LeaseConfig {
+                    name: config.lease_name.clone(),
+                    namespace: config.lease_namespace.clone().unwrap_or_else(own_namespace),
+                    identity: lease::default_identity(),
+                    duration: config.lease_duration,
+                };
+                info!(lease = %lease_config.name, namespace = %lease_config.namespace, identity = %lease_config.identity, "culling lease election");
+                let elector = lease::LeaseElector::new(
+                    lease::KubeLeaseStore::new(
+                        c.clone(),
+                        &lease_config.namespace,
+                        &lease_config.name,
+                    ),
+                    lease_config,
+                );
+                let handle = elector.handle();
+                let token = cancel.child_token();
+                let join = tracker.spawn(elector.run(token.clone()));
+                (Arc::new(handle), Some((token, join)))
+            }
+            _ => (Arc::new(StaticLeadership::new(false)), None),
+        };
+        let mut culler = Self::new(client, config, metrics, leadership);
+        culler.lease_task = task;
+        Ok(culler)
+    }
+
+    pub fn config(&self) -> &CullConfig {
+        &self.config
+    }
+
+    /// Stops the election (if we started it) and waits for the lease to be released.
+    pub async fn shutdown(&mut self) {
+        if let Some((token, join)) = self.lease_task.take() {
+            token.cancel();
+            if tokio::time::timeout(std::time::Duration::from_secs(5), join)
+                .await
+                .is_err()
+            {
+                warn!("lease release timed out");
+            }
+        }
+        self.metrics.leader.set(0);
+    }
+
+    /// One culling cycle on a fresh ledger: follow up earlier stops, plan, log, export, and
+    /// (leader only, mode not off) act.
+    pub async fn cycle<R: Recheck + ?Sized>(
+        &mut self,
+        ledger: &Ledger,
+        now: DateTime<Utc>,
+        recheck: &mut R,
+    ) -> CycleReport {
+        let leader = self.leadership.is_leader();
+        self.metrics.leader.set(i64::from(leader));
+        if leader != self.was_leader {
+            info!(leader, mode = %self.config.mode, "culling leadership changed");
+            self.was_leader = leader;
+        }
+        let freed = self.follow_up(ledger, now).await;
+
+        let wants_to_act = leader && self.config.mode != CullMode::Off;
+        let mut held_back = None;
+        if wants_to_act {
+            held_back = self.prepare().await;
+        }
+
+        let plan = plan::plan(ledger, &self.config.policy, now);
+        self.metrics.observe_plan(&plan);
+        log_plan(&plan, self.config.mode);
+
+        let mut outcomes = Vec::new();
+        let acted = wants_to_act && held_back.is_none() && !plan.actions.is_empty();
+        if acted {
+            if let Some(actuator) = &self.actuator {
+                outcomes = actuator
+                    .execute(&plan.actions, self.config.mode, now, recheck)
+                    .await;
+            }
+        }
+        for o in &outcomes {
+            self.metrics.observe_stop(o.result);
+            if o.result == StopResult::Stopped {
+                let Action::Stop {
+                    namespace,
+                    notebook,
+                    notebook_uid,
+                    pod,
+                    pod_uid,
+                    ..
+                } = &o.action;
+                self.tracked.insert(
+                    pod_uid.clone(),
+                    Tracked {
+                        namespace: namespace.clone(),
+                        notebook: notebook.clone(),
+                        notebook_uid: notebook_uid.clone(),
+                        pod: pod.clone(),
+                        stopped_at: now,
+                        warned_stuck: false,
+                    },
+                );
+            }
+        }
+        CycleReport {
+            plan,
+            outcomes,
+            leader,
+            acted,
+            held_back,
+            freed,
+        }
+    }
+
+    /// Before acting: an actuator exists, the kill switch is not set, the selector resolves.
+    async fn prepare(&mut self) -> Option<&'static str> {
+        let Some(actuator) = &self.actuator else {
+            return Some("no kubernetes client");
+        };
+        let api = actuator.api().clone();
+        if let Some((ns, name)) = &self.config.kill_switch {
+            match api.kill_switch(ns, name).await {
+                Ok(Some(v)) if v.trim().eq_ignore_ascii_case("off") => {
+                    info!(namespace = %ns, configmap = %name, "culling disabled by kill switch");
+                    return Some("kill switch");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(namespace = %ns, configmap = %name, error = %e, "cannot read kill switch; not acting");
+                    return Some("kill switch unreadable");
+                }
+            }
+        }
+        if let Some(selector) = &self.config.namespace_selector {
+            match api.namespaces_matching(selector).await {
+                Ok(set) => self.config.policy.excluded_namespaces = set,
+                Err(e) => {
+                    warn!(%selector, error = %e, "cannot resolve namespace selector; not acting");
+                    return Some("namespace selector unresolved");
+                }
+            }
+        }
+        None
+    }
+
+    /// Time to free for pods we stopped; a Warning Event once if one is stuck terminating.
+    async fn follow_up(&mut self, ledger: &Ledger, now: DateTime<Utc>) -> Vec<(String, f64)> {
+        let mut freed = Vec::new();
+        let mut stuck = Vec::new();
+        let track_for = self.config.track_for;
+        self.tracked.retain(|uid, t| {
+            if now - t.stopped_at > track_for {
+                warn!(namespace = %t.namespace, notebook = %t.notebook, pod = %t.pod, "stopped pod still present; no longer tracked");
+                return false;
+            }
+            match ledger.pods.iter().find(|p| &p.evidence.uid == uid) {
+                None if ledger.generated_at >= t.stopped_at => {
+                    let secs = (ledger.generated_at - t.stopped_at).num_milliseconds() as f64 / 1000.0;
+                    info!(namespace = %t.namespace, notebook = %t.notebook, pod = %t.pod, seconds = secs, "GPU freed after stop");
+                    freed.push((uid.clone(), secs));
+                    false
+                }
+                Some(row) if row.stuck && !t.warned_stuck => {
+                    t.warned_stuck = true;
+                    stuck.push(t.clone());
+                    true
+                }
+                _ => true,
+            }
+        });
+        for (_, secs) in &freed {
+            self.metrics.time_to_free.observe(*secs);
+        }
+        for t in stuck {
+            warn!(namespace = %t.namespace, notebook = %t.notebook, pod = %t.pod, "stopped notebook's pod is stuck terminating");
+            if let Some(actuator) = &self.actuator {
+                let target = actuator::NotebookRef {
+                    namespace: t.namespace.clone(),
+                    name: t.notebook.clone(),
+                    uid: t.notebook_uid.clone(),
+                };
+                let event = actuator::EventSpec {
+                    warning: true,
+                    reason: actuator::REASON_STOP_STUCK,
+                    action: "Stop",
+                    note: format!(
+                        "Pod {} is stuck terminating after gpu-ledger stopped the notebook; its GPU is not free.",
+                        t.pod
+                    ),
+                };
+                if let Err(e) = actuator.api().publish_event(&target, &event).await {
+                    warn!(namespace = %t.namespace, notebook = %t.notebook, error = %e, "cannot publish event");
+                }
+            }
+        }
+        freed
+    }
+}
+
+fn log_plan(plan: &Plan, mode: CullMode) {
+    if let Some(reason) = plan.circuit {
+        warn!(
+            reason = reason.as_str(),
+            candidates = plan.candidates,
+            "culling circuit breaker open; no stops"
+        );
+    }
+    for a in &plan.actions {
+        let Action::Stop {
+            namespace,
+            notebook,
+            pod,
+            ..
+        } = a;
+        info!(%namespace, %notebook, %pod, mode = %mode, reason = %a.reason_text(), "idle notebook selected for stop");
+    }
+    for s in &plan.skips {
+        let notebook = s.notebook.as_deref().unwrap_or("");
+        match s.reason {
+            SkipReason::PerCycleCap | SkipReason::PerNamespaceCap | SkipReason::CircuitOpen => {
+                info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "idle notebook held back");
+            }
+            _ => {
+                debug!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "not culled")
+            }
+        }
+    }
+}
+
+/// Writes a plan as text (the offline `report --cull-dry-run`).
+pub fn render_plan(plan: &Plan, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    writeln!(out)?;
+    let circuit = plan.circuit.map_or("closed", CircuitReason::as_str);
+    writeln!(
+        out,
+        "CULL PLAN  candidates={}  would_stop={}  circuit={circuit}",
+        plan.candidates,
+        plan.actions.len()
+    )?;
+    for a in &plan.actions {
+        let Action::Stop {
+            namespace,
+            notebook,
+            pod,
+            ..
+        } = a;
+        writeln!(
+            out,
+            "  STOP  {namespace}/{notebook}  pod={pod}  {}",
+            a.reason_text()
+        )?;
+    }
+    let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in &plan.skips {
+        *by_reason.entry(s.reason.as_str()).or_default() += 1;
+    }
+    if !by_reason.is_empty() {
+        let parts: Vec<String> = by_reason.iter().map(|(r, n)| format!("{r}={n}")).collect();
+        writeln!(out, "  skipped: {}", parts.join(" "))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,479 @@
+//! The pure culling policy: `(ledger, policy, now) -> Plan`. No I/O, no clock.
+//!
+//! Every GPU pod that holds a GPU is judged once per plan. A notebook becomes a *candidate* only
+//! when every rule in [`plan`] holds; candidates become [`Action`]s in longest-idle-first order
+//! until the blast-radius caps are reached. A fleet-wide circuit breaker can veto all actions.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Duration, Utc};
+
+use crate::ledger::{Attribution, Ledger, PodRow, PodState};
+
+/// Knobs of the culling policy. Every duration is inclusive ("at least").
+#[derive(Debug, Clone, PartialEq)]
+pub struct CullPolicy {
+    /// GPUs must be proven idle at least this long (`--cull-idle-after`, default 2h).
+    pub idle_after: Duration,
+    /// The pod must have been Running + Ready at least this long, counted from the later of pod
+    /// start, Ready, and our last stop of the notebook (`--cull-min-runtime`, default 1h; this is
+    /// also the restart grace).
+    pub min_runtime: Duration,
+    /// Lowest acceptable window coverage over the pod's devices (0..1, default 0.9).
+    pub min_coverage: f64,
+    /// The newest sample of every device must be at most this old (default 2m).
+    pub max_staleness: Duration,
+    /// At most this many stops per cycle (`--cull-max-per-cycle`, default 3). At most one per
+    /// namespace per cycle, always.
+    pub max_per_cycle: usize,
+    /// Allow list (`--cull-namespaces`): when non-empty, only these namespaces are culled.
+    pub namespaces: BTreeSet<String>,
+    /// Deny list (`--cull-exclude-namespaces`): never culled.
+    pub exclude_namespaces: BTreeSet<String>,
+    /// Namespaces excluded by `--cull-namespace-selector`, resolved by the caller (the ledger has
+    /// no namespace labels): every namespace whose labels do NOT match the selector.
+    pub excluded_namespaces: BTreeSet<String>,
+    /// Circuit breaker: open when more than this share of running GPU pods is idle (default 0.8).
+    pub max_idle_share: f64,
+    /// Circuit breaker: open when more than this share of running GPU pods is unattributed
+    /// (default 0.5).
+    pub max_unattributed_share: f64,
+    /// The share-based breakers only apply with at least this many running GPU pods (default 5).
+    pub circuit_min_pods: usize,
+}
+
+impl Default for CullPolicy {
+    fn default() -> Self {
+        CullPolicy {
+            idle_after: Duration::hours(2),
+            min_runtime: Duration::hours(1),
+            min_coverage: 0.9,
+            max_staleness: Duration::minutes(2),
+            max_per_cycle: 3,
+            namespaces: BTreeSet::new(),
+            exclude_namespaces: BTreeSet::new(),
+            excluded_namespaces: BTreeSet::new(),
+            max_idle_share: 0.8,
+            max_unattributed_share: 0.5,
+            circuit_min_pods: 5,
+        }
+    }
+}
+
+impl CullPolicy {
+    /// Whether culling may touch `namespace` at all (allow list, deny list, selector).
+    pub fn namespace_allowed(&self, namespace: &str) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.contains(namespace))
+            && !self.exclude_namespaces.contains(namespace)
+            && !self.excluded_namespaces.contains(namespace)
+    }
+}
+
+/// Why a GPU pod is not (or not now) stopped. A bounded set: safe as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SkipReason {
+    /// The pod does not belong to a Kubeflow Notebook.
+    NotNotebook,
+    /// pod → StatefulSet → Notebook uid could not be verified.
+    UnverifiedOwner,
+    /// The Notebook has a deletionTimestamp.
+    Deleting,
+    /// `kubeflow-resource-stopped` is present (any value, including the ODH lock).
+    AlreadyStopped,
+    /// `gpu-ledger.io/cull: "false"`.
+    OptedOut,
+    /// Allow list, deny list or namespace selector excludes the namespace.
+    NamespaceExcluded,
+    /// `gpu-ledger.io/snooze-until` is in the future.
+    Snoozed,
+    /// The pod is not Running and Ready (or is terminating).
+    NotReady,
+    /// Running + Ready for less than `min_runtime`.
+    TooYoung,
+    /// We stopped this notebook less than `min_runtime` ago.
+    RestartGrace,
+    /// A time-sliced or otherwise shared GPU: per-pod idleness is not provable.
+    SharedGpu,
+    /// No DCGM series names the pod's GPUs.
+    Unattributed,
+    /// Some device's window coverage is below `min_coverage`, or devices are missing.
+    PartialCoverage,
+    /// Some device's newest sample is older than `max_staleness`.
+    StaleData,
+    /// The GPUs are in use.
+    NotIdle,
+    /// Idleness is unknown (no verdict from the ledger).
+    IdleUnknown,
+    /// Idle, but for less than `idle_after`.
+    IdleTooShort,
+    /// A candidate left for a later cycle: `max_per_cycle` reached.
+    PerCycleCap,
+    /// A candidate left for a later cycle: its namespace already has a stop this cycle.
+    PerNamespaceCap,
+    /// A candidate held back by the circuit breaker.
+    CircuitOpen,
+}
+
+impl SkipReason {
+    /// Every reason, for pre-initialising metric label values.
+    pub const ALL: [SkipReason; 20] = [
+        Self::NotNotebook,
+        Self::UnverifiedOwner,
+        Self::Deleting,
+        Self::AlreadyStopped,
+        Self::OptedOut,
+        Self::NamespaceExcluded,
+        Self::Snoozed,
+        Self::NotReady,
+        Self::TooYoung,
+        Self::RestartGrace,
+        Self::SharedGpu,
+        Self::Unattributed,
+        Self::PartialCoverage,
+        Self::StaleData,
+        Self::NotIdle,
+        Self::IdleUnknown,
+        Self::IdleTooShort,
+        Self::PerCycleCap,
+        Self::PerNamespaceCap,
+        Self::CircuitOpen,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotNotebook => "not_notebook",
+            Self::UnverifiedOwner => "unverified_owner",
+            Self::Deleting => "deleting",
+            Self::AlreadyStopped => "already_stopped",
+            Self::OptedOut => "opted_out",
+            Self::NamespaceExcluded => "namespace_excluded",
+            Self::Snoozed => "snoozed",
+            Self::NotReady => "not_ready",
+            Self::TooYoung => "too_young",
+            Self::RestartGrace => "restart_grace",
+            Self::SharedGpu => "shared_gpu",
+            Self::Unattributed => "unattributed",
+            Self::PartialCoverage => "partial_coverage",
+            Self::StaleData => "stale_data",
+            Self::NotIdle => "not_idle",
+            Self::IdleUnknown => "idle_unknown",
+            Self::IdleTooShort => "idle_too_short",
+            Self::PerCycleCap => "per_cycle_cap",
+            Self::PerNamespaceCap => "per_namespace_cap",
+            Self::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why the circuit breaker blocks every action of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CircuitReason {
+    /// The utilisation source is down: nothing can be proven idle.
+    UsageUnavailable,
+    /// Implausibly many running GPU pods look idle at once (usually a metrics problem).
+    IdleShare,
+    /// Too many running GPU pods have no attributable series (exporter or relabelling problem).
+    UnattributedShare,
+}
+
+impl CircuitReason {
+    /// Every reason, for pre-initialising metric label values.
+    pub const ALL: [CircuitReason; 3] = [
+        Self::UsageUnavailable,
+        Self::IdleShare,
+        Self::UnattributedShare,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UsageUnavailable => "usage_unavailable",
+            Self::IdleShare => "idle_share",
+            Self::UnattributedShare => "unattributed_share",
+        }
+    }
+}
+
+impl std::fmt::Display for CircuitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A side effect the actuator should perform.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Stop a notebook by adding `kubeflow-resource-stopped`.
+    Stop {
+        namespace: String,
+        notebook: String,
+        notebook_uid: String,
+        /// The Notebook resourceVersion the plan evaluated.
+        resource_version: String,
+        pod: String,
+        pod_uid: String,
+        idle_seconds: f64,
+        /// Highest utilisation (0..1) over the pod's devices in the window, when known.
+        peak_utilization: Option<f64>,
+        /// Value written to the stop and stopped-at annotations: UTC `YYYY-MM-DDTHH:MM:SSZ`.
+        stop_value: String,
+    },
+}
+
+impl Action {
+    pub fn namespace(&self) -> &str {
+        match self {
+            Self::Stop { namespace, .. } => namespace,
+        }
+    }
+
+    pub fn notebook(&self) -> &str {
+        match self {
+            Self::Stop { notebook, .. } => notebook,
+        }
+    }
+
+    /// Human-readable evidence, e.g. "GPU idle for 3h12m (peak utilisation 0.8% over the window)".
+    pub fn reason_text(&self) -> String {
+        match self {
+            Self::Stop {
+                idle_seconds,
+                peak_utilization,
+                ..
+            } => {
+                let idle = human_duration(*idle_seconds);
+                match peak_utilization {
+                    Some(p) => format!(
+                        "GPU idle for {idle} (peak utilisation {:.1}% over the window)",
+                        p * 100.0
+                    ),
+                    None => format!("GPU idle for {idle}"),
+                }
+            }
+        }
+    }
+}
+
+/// `3h12m`, `45m`, `2d3h`: minutes precision, never negative.
+pub fn human_duration(seconds: f64) -> String {
+    let total_min = (seconds.max(0.0) / 60.0).floor() as u64;
+    let (d, h, m) = (total_min / 1440, (total_min / 60) % 24, total_min % 60);
+    if d > 0 {
+        format!("{d}d{h}h{m}m")
+    } else if h > 0 {
+        format!("{h}h{m}m")
+    } else {
+        format!("{m}m")
+    }
+}
+
+/// A GPU pod that is not stopped this cycle, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skip {
+    pub namespace: String,
+    pub pod: String,
+    pub notebook: Option<String>,
+    pub reason: SkipReason,
+}
+
+/// The outcome of one plan.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    /// Notebooks that met every rule (before caps and the circuit breaker).
+    pub candidates: usize,
+    pub skips: Vec<Skip>,
+    /// Set when the circuit breaker blocks every action.
+    pub circuit: Option<CircuitReason>,
+}
+
+/// Judges one pod: `Ok(())` when it is a candidate, else the first rule that fails.
+///
+/// Rule order matters only for the reported reason; a candidate must pass every rule.
+pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<(), SkipReason> {
+    let Some((nb, verified)) = &row.evidence.notebook else {
+        return Err(SkipReason::NotNotebook);
+    };
+    if !verified {
+        return Err(SkipReason::UnverifiedOwner);
+    }
+    if nb.deleting {
+        return Err(SkipReason::Deleting);
+    }
+    if nb.stopped.is_some() {
+        return Err(SkipReason::AlreadyStopped);
+    }
+    if nb.cull_opt_out {
+        return Err(SkipReason::OptedOut);
+    }
+    if !policy.namespace_allowed(&row.namespace) || !policy.namespace_allowed(&nb.namespace) {
+        return Err(SkipReason::NamespaceExcluded);
+    }
+    if nb.snooze_until.is_some_and(|t| t > now) {
+        return Err(SkipReason::Snoozed);
+    }
+    if row.state != PodState::Running || row.evidence.uid.is_empty() {
+        return Err(SkipReason::NotReady);
+    }
+    let Some(ready_since) = row.evidence.ready_since else {
+        return Err(SkipReason::NotReady);
+    };
+    // Running since the later of pod start and Ready; an unknown start is covered by Ready.
+    let running_since = row
+        .evidence
+        .started_at
+        .map_or(ready_since, |s| s.max(ready_since));
+    if now - running_since < policy.min_runtime {
+        return Err(SkipReason::TooYoung);
+    }
+    if nb
+        .last_stopped_by_us
+        .is_some_and(|t| now - t < policy.min_runtime)
+    {
+        return Err(SkipReason::RestartGrace);
+    }
+    match row.attribution {
+        Attribution::Exclusive | Attribution::Mig => {}
+        Attribution::Shared => return Err(SkipReason::SharedGpu),
+        Attribution::Unattributed | Attribution::None => return Err(SkipReason::Unattributed),
+    }
+    if row.idle == Some(false) {
+        return Err(SkipReason::NotIdle);
+    }
+    let ev = &row.evidence;
+    let covered = ev.coverage.is_some_and(|c| c >= policy.min_coverage);
+    if !covered || ev.devices_expected == 0 || ev.devices_found < ev.devices_expected {
+        return Err(SkipReason::PartialCoverage);
+    }
+    match ev.newest_sample_at {
+        Some(t) if now - t <= policy.max_staleness => {}
+        _ => return Err(SkipReason::StaleData),
+    }
+    if row.idle != Some(true) {
+        return Err(SkipReason::IdleUnknown);
+    }
+    let idle_after = policy.idle_after.num_milliseconds() as f64 / 1000.0;
+    match row.idle_seconds {
+        Some(s) if s.is_finite() && s >= idle_after => Ok(()),
+        _ => Err(SkipReason::IdleTooShort),
+    }
+}
+
+/// The circuit breaker over the whole ledger.
+pub fn circuit(ledger: &Ledger, policy: &CullPolicy) -> Option<CircuitReason> {
+    if !ledger.usage_available {
+        return Some(CircuitReason::UsageUnavailable);
+    }
+    let running: Vec<&PodRow> = ledger
+        .pods
+        .iter()
+        .filter(|p| p.state == PodState::Running)
+        .collect();
+    if running.len() < policy.circuit_min_pods.max(1) {
+        return None;
+    }
+    let share = |n: usize| n as f64 / running.len() as f64;
+    let idle = running.iter().filter(|p| p.idle == Some(true)).count();
+    if share(idle) > policy.max_idle_share {
+        return Some(CircuitReason::IdleShare);
+    }
+    let unattributed = running
+        .iter()
+        .filter(|p| p.attribution == Attribution::Unattributed)
+        .count();
+    if share(unattributed) > policy.max_unattributed_share {
+        return Some(CircuitReason::UnattributedShare);
+    }
+    None
+}
+
+/// Plans the stops of one cycle. Pure and deterministic: the same input gives the same plan,
+/// whatever the order of `ledger.pods`.
+///
+/// A notebook is a candidate only when ALL hold (see [`judge`]): its pod is verified as the
+/// Notebook's; the Notebook is not deleting, not stopped (any value), not opted out, not in an
+/// excluded namespace, not snoozed; the pod is Running + Ready for at least `min_runtime` since
+/// the later of start/Ready, and we did not stop the notebook within `min_runtime`; every GPU is
+/// attributed `exclusive` or `mig`; coverage is full and fresh; and it is idle for at least
+/// `idle_after`. Candidates are taken longest-idle first, at most `max_per_cycle` and one per
+/// namespace; nothing is taken while the circuit breaker is open. Pending pods are ignored.
+pub fn plan(ledger: &Ledger, policy: &CullPolicy, now: DateTime<Utc>) -> Plan {
+    let mut out = Plan {
+        circuit: circuit(ledger, policy),
+        ..Plan::default()
+    };
+    let mut candidates: Vec<&PodRow> = Vec::new();
+    for row in ledger.pods.iter().filter(|p| p.state.holds()) {
+        match judge(row, policy, now) {
+            Ok(()) => candidates.push(row),
+            Err(reason) => out.skips.push(skip(row, reason)),
+        }
+    }
+    out.candidates = candidates.len();
+    candidates.sort_by(|a, b| {
+        let idle = |r: &PodRow| r.idle_seconds.unwrap_or_default();
+        idle(b).total_cmp(&idle(a)).then_with(|| {
+            (&a.namespace, &a.notebook, &a.pod, &a.evidence.uid).cmp(&(
+                &b.namespace,
+                &b.notebook,
+                &b.pod,
+                &b.evidence.uid,
+            ))
+        })
+    });
+    let stop_value = now.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let mut per_namespace: BTreeMap<&str, usize> = BTreeMap::new();
+    for row in candidates {
+        let reason = if out.circuit.is_some() {
+            Some(SkipReason::CircuitOpen)
+        } else if per_namespace.contains_key(row.namespace.as_str()) {
+            Some(SkipReason::PerNamespaceCap)
+        } else if out.actions.len() >= policy.max_per_cycle {
+            Some(SkipReason::PerCycleCap)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            out.skips.push(skip(row, reason));
+            continue;
+        }
+        let Some((nb, _)) = &row.evidence.notebook else {
+            continue;
+        };
+        *per_namespace.entry(row.namespace.as_str()).or_default() += 1;
+        out.actions.push(Action::Stop {
+            namespace: row.namespace.clone(),
+            notebook: nb.name.clone(),
+            notebook_uid: nb.uid.clone(),
+            resource_version: nb.resource_version.clone(),
+            pod: row.pod.clone(),
+            pod_uid: row.evidence.uid.clone(),
+            idle_seconds: row.idle_seconds.unwrap_or_default(),
+            peak_utilization: row.evidence.peak,
+            stop_value: stop_value.clone(),
+        });
+    }
+    out
+}
+
+fn skip(row: &PodRow, reason: SkipReason) -> Skip {
+    Skip {
+        namespace: row.namespace.clone(),
+        pod: row.pod.clone(),
+        notebook: row
+            .evidence
+            .notebook
+            .as_ref()
+            .map(|(nb, _)| nb.name.clone())
+            .or_else(|| row.notebook.clone()),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,617 @@
+//! Unit tests of the culling plan, one per rule, plus property tests over random ledgers.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use proptest::prelude::*;
+
+use super::*;
+use crate::claims::NotebookInfo;
+use crate::ledger::{Evidence, Ledger, PodRow, PodState};
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 1, 31, 12, 0, 0)
+        .single()
+        .expect("valid time")
+}
+
+fn notebook(ns: &str, name: &str) -> NotebookInfo {
+    NotebookInfo {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: format!("nb-{ns}-{name}"),
+        resource_version: "42".into(),
+        stopped: None,
+        deleting: false,
+        cull_opt_out: false,
+        snooze_until: None,
+        last_stopped_by_us: None,
+    }
+}
+
+/// A notebook pod that qualifies for a stop at `t0()`: idle for `idle_h` hours, up for 10h.
+fn idle_row(ns: &str, name: &str, idle_h: i64) -> PodRow {
+    let now = t0();
+    PodRow {
+        namespace: ns.into(),
+        pod: format!("{name}-0"),
+        node: Some("gpu-1".into()),
+        state: PodState::Running,
+        gpus: 1.0,
+        resources: BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
+        attribution: Attribution::Exclusive,
+        utilization: Some(0.0),
+        memory_used_bytes: Some(0.0),
+        idle: Some(true),
+        idle_seconds: Some((idle_h * 3600) as f64),
+        terminating_seconds: None,
+        stuck: false,
+        pending_seconds: None,
+        notebook: Some(name.into()),
+        owner: None,
+        devices: Vec::new(),
+        pending_reason: None,
+        evidence: Evidence {
+            uid: format!("pod-{ns}-{name}"),
+            notebook: Some((notebook(ns, name), true)),
+            started_at: Some(now - Duration::hours(10)),
+            ready_since: Some(now - Duration::hours(10)),
+            coverage: Some(1.0),
+            newest_sample_at: Some(now - Duration::seconds(30)),
+            peak: Some(0.008),
+            idle_since: Some(now - Duration::hours(idle_h)),
+            devices_found: 1,
+            devices_expected: 1,
+            ..Evidence::default()
+        },
+    }
+}
+
+fn ledger(pods: Vec<PodRow>) -> Ledger {
+    let mut l = Ledger::empty(t0());
+    l.usage_available = true;
+    l.pods = pods;
+    l
+}
+
+fn reason_of(row: PodRow) -> Option<SkipReason> {
+    judge(&row, &CullPolicy::default(), t0()).err()
+}
+
+fn nb_mut(row: &mut PodRow) -> &mut NotebookInfo {
+    &mut row.evidence.notebook.as_mut().expect("notebook").0
+}
+
+#[test]
+fn idle_verified_notebook_is_stopped_with_evidence() {
+    let p = plan(
+        &ledger(vec![idle_row("team-a", "nb", 3)]),
+        &CullPolicy::default(),
+        t0(),
+    );
+    assert_eq!(p.candidates, 1);
+    assert!(p.skips.is_empty());
+    assert_eq!(p.circuit, None);
+    let [action] = p.actions.as_slice() else {
+        panic!("one action expected: {p:?}")
+    };
+    let Action::Stop {
+        namespace,
+        notebook,
+        notebook_uid,
+        resource_version,
+        pod,
+        pod_uid,
+        stop_value,
+        ..
+    } = action;
+    assert_eq!(
+        (namespace.as_str(), notebook.as_str(), pod.as_str()),
+        ("team-a", "nb", "nb-0")
+    );
+    assert_eq!(
+        (
+            notebook_uid.as_str(),
+            pod_uid.as_str(),
+            resource_version.as_str()
+        ),
+        ("nb-team-a-nb", "pod-team-a-nb", "42")
+    );
+    assert_eq!(stop_value, "2026-01-31T12:00:00Z");
+    assert_eq!(
+        action.reason_text(),
+        "GPU idle for 3h0m (peak utilisation 0.8% over the window)"
+    );
+}
+
+#[test]
+fn human_duration_formats() {
+    assert_eq!(human_duration(3.0 * 3600.0 + 12.0 * 60.0 + 59.0), "3h12m");
+    assert_eq!(human_duration(59.0), "0m");
+    assert_eq!(human_duration(45.0 * 60.0), "45m");
+    assert_eq!(human_duration(-5.0), "0m");
+    assert_eq!(human_duration(26.0 * 3600.0), "1d2h0m");
+}
+
+#[test]
+fn pod_without_notebook_is_skipped() {
+    let mut r = idle_row("a", "nb", 3);
+    r.evidence.notebook = None;
+    assert_eq!(reason_of(r), Some(SkipReason::NotNotebook));
+}
+
+#[test]
+fn unverified_owner_is_skipped() {
+    let mut r = idle_row("a", "nb", 3);
+    r.evidence.notebook.as_mut().expect("notebook").1 = false;
+    assert_eq!(reason_of(r), Some(SkipReason::UnverifiedOwner));
+}
+
+#[test]
+fn deleting_notebook_is_skipped() {
+    let mut r = idle_row("a", "nb", 3);
+    nb_mut(&mut r).deleting = true;
+    assert_eq!(reason_of(r), Some(SkipReason::Deleting));
+}
+
+#[test]
+fn any_stop_value_means_hands_off() {
+    for value in [
+        "2026-01-01T00:00:00Z",
+        "odh-notebook-controller-lock",
+        "true",
+        "",
+    ] {
+        let mut r = idle_row("a", "nb", 3);
+        nb_mut(&mut r).stopped = Some(value.into());
+        assert_eq!(reason_of(r), Some(SkipReason::AlreadyStopped), "{value}");
+    }
+}
+
+#[test]
+fn opt_out_is_honoured() {
+    let mut r = idle_row("a", "nb", 3);
+    nb_mut(&mut r).cull_opt_out = true;
+    assert_eq!(reason_of(r), Some(SkipReason::OptedOut));
+}
+
+#[test]
+fn namespace_allow_deny_and_selector_lists() {
+    let row = idle_row("a", "nb", 3);
+    let now = t0();
+    let allow = CullPolicy {
+        namespaces: BTreeSet::from(["b".to_string()]),
+        ..CullPolicy::default()
+    };
+    assert_eq!(judge(&row, &allow, now), Err(SkipReason::NamespaceExcluded));
+    let allow_a = CullPolicy {
+        namespaces: BTreeSet::from(["a".to_string()]),
+        ..CullPolicy::default()
+    };
+    assert_eq!(judge(&row, &allow_a, now), Ok(()));
+    let deny = CullPolicy {
+        exclude_namespaces: BTreeSet::from(["a".to_string()]),
+        ..allow_a.clone()
+    };
+    assert_eq!(judge(&row, &deny, now), Err(SkipReason::NamespaceExcluded));
+    let selector = CullPolicy {
+        excluded_namespaces: BTreeSet::from(["a".to_string()]),
+        ..CullPolicy::default()
+    };
+    assert_eq!(
+        judge(&row, &selector, now),
+        Err(SkipReason::NamespaceExcluded)
+    );
+}
+
+#[test]
+fn snooze_in_future_blocks_and_past_snooze_does_not() {
+    let mut r = idle_row("a", "nb", 3);
+    nb_mut(&mut r).snooze_until = Some(t0() + Duration::minutes(1));
+    assert_eq!(reason_of(r.clone()), Some(SkipReason::Snoozed));
+    nb_mut(&mut r).snooze_until = Some(t0());
+    assert_eq!(reason_of(r), None);
+}
+
+#[test]
+fn only_running_ready_pods_qualify() {
+    let mut terminating = idle_row("a", "nb", 3);
+    terminating.state = PodState::Terminating;
+    assert_eq!(reason_of(terminating), Some(SkipReason::NotReady));
+    let mut unready = idle_row("a", "nb", 3);
+    unready.evidence.ready_since = None;
+    assert_eq!(reason_of(unready), Some(SkipReason::NotReady));
+    let mut pending = idle_row("a", "nb", 3);
+    pending.state = PodState::Pending;
+    let p = plan(&ledger(vec![pending]), &CullPolicy::default(), t0());
+    assert!(p.actions.is_empty() && p.skips.is_empty() && p.candidates == 0);
+}
+
+#[test]
+fn young_pods_are_skipped_from_later_of_start_and_ready() {
+    let mut r = idle_row("a", "nb", 3);
+    r.evidence.ready_since = Some(t0() - Duration::minutes(59));
+    assert_eq!(reason_of(r.clone()), Some(SkipReason::TooYoung));
+    r.evidence.ready_since = Some(t0() - Duration::hours(5));
+    r.evidence.started_at = Some(t0() - Duration::minutes(30));
+    assert_eq!(reason_of(r.clone()), Some(SkipReason::TooYoung));
+    r.evidence.started_at = None;
+    assert_eq!(reason_of(r.clone()), None);
+    r.evidence.ready_since = Some(t0() - Duration::hours(1));
+    assert_eq!(reason_of(r), None, "min_runtime is inclusive");
+}
+
+#[test]
+fn restart_grace_after_our_own_stop() {
+    let mut r = idle_row("a", "nb", 3);
+    nb_mut(&mut r).last_stopped_by_us = Some(t0() - Duration::minutes(10));
+    assert_eq!(reason_of(r.clone()), Some(SkipReason::RestartGrace));
+    nb_mut(&mut r).last_stopped_by_us = Some(t0() - Duration::hours(2));
+    assert_eq!(reason_of(r), None);
+}
+
+#[test]
+fn shared_and_unattributed_gpus_are_never_culled() {
+    let mut r = idle_row("a", "nb", 3);
+    r.attribution = Attribution::Shared;
+    assert_eq!(reason_of(r.clone()), Some(SkipReason::SharedGpu));
+    r.attribution = Attribution::Unattributed;
+    assert_eq!(reason_of(r.clone()), Some(SkipReason::Unattributed));
+    r.attribution = Attribution::Mig;
+    assert_eq!(reason_of(r), None);
+}
+
+#[test]
+fn busy_or_unknown_or_short_idle_is_skipped() {
+    let mut busy = idle_row("a", "nb", 3);
+    busy.idle = Some(false);
+    assert_eq!(reason_of(busy), Some(SkipReason::NotIdle));
+    let mut unknown = idle_row("a", "nb", 3);
+    unknown.idle = None;
+    assert_eq!(reason_of(unknown), Some(SkipReason::IdleUnknown));
+    let short = idle_row("a", "nb", 1);
+    assert_eq!(reason_of(short), Some(SkipReason::IdleTooShort));
+    let mut no_seconds = idle_row("a", "nb", 3);
+    no_seconds.idle_seconds = None;
+    assert_eq!(reason_of(no_seconds), Some(SkipReason::IdleTooShort));
+}
+
+#[test]
+fn partial_coverage_and_missing_devices_are_skipped() {
+    let mut low = idle_row("a", "nb", 3);
+    low.evidence.coverage = Some(0.89);
+    assert_eq!(reason_of(low), Some(SkipReason::PartialCoverage));
+    let mut none = idle_row("a", "nb", 3);
+    none.evidence.coverage = None;
+    assert_eq!(reason_of(none), Some(SkipReason::PartialCoverage));
+    let mut missing = idle_row("a", "nb", 3);
+    missing.evidence.devices_expected = 2;
+    assert_eq!(reason_of(missing), Some(SkipReason::PartialCoverage));
+}
+
+#[test]
+fn stale_data_is_skipped() {
+    let mut r = idle_row("a", "nb", 3);
+    r.evidence.newest_sample_at = Some(t0() - Duration::minutes(3));
+    assert_eq!(reason_of(r.clone()), Some(SkipReason::StaleData));
+    r.evidence.newest_sample_at = None;
+    assert_eq!(reason_of(r), Some(SkipReason::StaleData));
+}
+
+#[test]
+fn one_stop_per_namespace_longest_idle_first() {
+    let l = ledger(vec![
+        idle_row("a", "short", 3),
+        idle_row("a", "long", 9),
+        idle_row("b", "x", 4),
+    ]);
+    let p = plan(&l, &CullPolicy::default(), t0());
+    let stopped: Vec<&str> = p.actions.iter().map(Action::notebook).collect();
+    assert_eq!(stopped, ["long", "x"]);
+    assert_eq!(p.candidates, 3);
+    assert_eq!(p.skips.len(), 1);
+    assert_eq!(p.skips[0].reason, SkipReason::PerNamespaceCap);
+    assert_eq!(p.skips[0].notebook.as_deref(), Some("short"));
+}
+
+#[test]
+fn per_cycle_cap_limits_stops() {
+    let rows: Vec<PodRow> = (0..5)
+        .map(|i| idle_row(&format!("ns{i}"), "nb", 3 + i))
+        .collect();
+    let policy = CullPolicy {
+        max_per_cycle: 2,
+        max_idle_share: 1.0,
+        ..CullPolicy::default()
+    };
+    let p = plan(&ledger(rows), &policy, t0());
+    let ns: Vec<&str> = p.actions.iter().map(Action::namespace).collect();
+    assert_eq!(ns, ["ns4", "ns3"]);
+    assert_eq!(
+        p.skips
+            .iter()
+            .filter(|s| s.reason == SkipReason::PerCycleCap)
+            .count(),
+        3
+    );
+    let zero = CullPolicy {
+        max_per_cycle: 0,
+        ..CullPolicy::default()
+    };
+    assert!(
+        plan(&ledger(vec![idle_row("a", "nb", 3)]), &zero, t0())
+            .actions
+            .is_empty()
+    );
+}
+
+#[test]
+fn circuit_opens_without_usage() {
+    let mut l = ledger(vec![idle_row("a", "nb", 3)]);
+    l.usage_available = false;
+    let p = plan(&l, &CullPolicy::default(), t0());
+    assert_eq!(p.circuit, Some(CircuitReason::UsageUnavailable));
+    assert!(p.actions.is_empty());
+    assert_eq!(p.candidates, 1);
+    assert_eq!(p.skips[0].reason, SkipReason::CircuitOpen);
+}
+
+#[test]
+fn circuit_opens_when_idle_share_jumps() {
+    let mut rows: Vec<PodRow> = (0..5)
+        .map(|i| idle_row(&format!("ns{i}"), "nb", 3))
+        .collect();
+    let p = plan(&ledger(rows.clone()), &CullPolicy::default(), t0());
+    assert_eq!(p.circuit, Some(CircuitReason::IdleShare));
+    assert!(p.actions.is_empty());
+    // 4 of 5 idle = 0.8: not above the limit.
+    rows[0].idle = Some(false);
+    let p = plan(&ledger(rows.clone()), &CullPolicy::default(), t0());
+    assert_eq!(p.circuit, None);
+    assert_eq!(p.actions.len(), 3);
+    // Fewer pods than circuit_min_pods: the share rule does not apply.
+    let p = plan(&ledger(rows[1..].to_vec()), &CullPolicy::default(), t0());
+    assert_eq!(p.circuit, None);
+}
+
+#[test]
+fn circuit_opens_when_attribution_is_lost() {
+    let mut rows: Vec<PodRow> = (0..6)
+        .map(|i| idle_row(&format!("ns{i}"), "nb", 3))
+        .collect();
+    for r in rows.iter_mut().take(4) {
+        r.attribution = Attribution::Unattributed;
+        r.idle = None;
+    }
+    let p = plan(&ledger(rows), &CullPolicy::default(), t0());
+    assert_eq!(p.circuit, Some(CircuitReason::UnattributedShare));
+    assert!(p.actions.is_empty());
+}
+
+#[test]
+fn reasons_have_unique_labels() {
+    let labels: BTreeSet<&str> = SkipReason::ALL.iter().map(|r| r.as_str()).collect();
+    assert_eq!(labels.len(), SkipReason::ALL.len());
+    let circuit: BTreeSet<&str> = CircuitReason::ALL.iter().map(|r| r.as_str()).collect();
+    assert_eq!(circuit.len(), CircuitReason::ALL.len());
+}
+
+// === property tests ===
+
+fn arb_time_offset() -> impl Strategy<Value = Option<i64>> {
+    // Seconds before t0 (negative = in the future), or unknown.
+    prop_oneof![1 => Just(None), 6 => (-3_600_i64..20 * 3_600).prop_map(Some)]
+}
+
+fn arb_notebook() -> impl Strategy<Value = Option<(NotebookInfo, bool)>> {
+    let nb = (
+        prop::option::weighted(
+            0.15,
+            prop_oneof![
+                Just("2026-01-01T00:00:00Z".to_string()),
+                Just("odh-notebook-controller-lock".to_string())
+            ],
+        ),
+        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.1),
+        arb_time_offset(),
+        arb_time_offset(),
+        prop::bool::weighted(0.85),
+        0_u8..4,
+    );
+    prop::option::weighted(
+        0.9,
+        nb.prop_map(
+            |(stopped, deleting, opt_out, snooze, last_stop, verified, n)| {
+                let mut info = notebook("x", &format!("nb{n}"));
+                info.stopped = stopped;
+                info.deleting = deleting;
+                info.cull_opt_out = opt_out;
+                // Snoozes are mostly absent; when present, anywhere around now.
+                info.snooze_until = snooze
+                    .filter(|s| s % 3 == 0)
+                    .map(|s| t0() - Duration::seconds(s));
+                info.last_stopped_by_us = last_stop
+                    .filter(|s| s % 2 == 0)
+                    .map(|s| t0() - Duration::seconds(s));
+                (info, verified)
+            },
+        ),
+    )
+}
+
+fn arb_row() -> impl Strategy<Value = PodRow> {
+    let facts = (
+        0_u8..6,
+        prop_oneof![
+            Just(PodState::Pending),
+            Just(PodState::Running),
+            Just(PodState::Running),
+            Just(PodState::Terminating)
+        ],
+        prop_oneof![
+            4 => Just(Attribution::Exclusive),
+            2 => Just(Attribution::Mig),
+            1 => Just(Attribution::Shared),
+            1 => Just(Attribution::Unattributed),
+            1 => Just(Attribution::None)
+        ],
+        prop::option::weighted(0.9, prop::bool::weighted(0.7)),
+        prop::option::weighted(0.9, 0.0_f64..30.0 * 3600.0),
+        arb_notebook(),
+    );
+    let evidence = (
+        arb_time_offset(),
+        arb_time_offset(),
+        prop::option::weighted(0.9, 0.5_f64..=1.0),
+        prop::option::weighted(0.9, -60_i64..600),
+        0_usize..3,
+        0_usize..3,
+        0_u32..1000,
+    );
+    (facts, evidence).prop_map(
+        |(
+            (ns, state, attribution, idle, idle_s, nb),
+            (start, ready, cov, fresh, found, expected, id),
+        )| {
+            let ns = format!("ns{ns}");
+            let mut row = idle_row(&ns, "nb", 3);
+            row.pod = format!("pod{id}");
+            row.state = state;
+            row.attribution = attribution;
+            row.idle = idle;
+            row.idle_seconds = idle_s;
+            row.evidence.uid = format!("uid{id}");
+            row.evidence.notebook = nb.map(|(mut info, v)| {
+                info.namespace.clone_from(&ns);
+                info.uid = format!("nb-{ns}-{}", info.name);
+                (info, v)
+            });
+            row.notebook = row.evidence.notebook.as_ref().map(|(n, _)| n.name.clone());
+            row.evidence.started_at = start.map(|s| t0() - Duration::seconds(s));
+            row.evidence.ready_since = ready.map(|s| t0() - Duration::seconds(s));
+            row.evidence.coverage = cov;
+            row.evidence.newest_sample_at = fresh.map(|s| t0() - Duration::seconds(s));
+            row.evidence.devices_found = found;
+            row.evidence.devices_expected = expected;
+            row
+        },
+    )
+}
+
+fn arb_ledger() -> impl Strategy<Value = Ledger> {
+    (
+        prop::collection::vec(arb_row(), 0..24),
+        prop::bool::weighted(0.85),
+    )
+        .prop_map(|(mut pods, usage)| {
+            pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+            let mut l = ledger(pods);
+            l.usage_available = usage;
+            l
+        })
+}
+
+fn arb_policy() -> impl Strategy<Value = CullPolicy> {
+    (
+        0_usize..5,
+        0.6_f64..1.0,
+        prop::collection::btree_set(
+            prop_oneof![Just("ns1".to_string()), Just("ns2".to_string())],
+            0..2,
+        ),
+        0_i64..4,
+    )
+        .prop_map(|(cap, idle_share, excluded, idle_h)| CullPolicy {
+            max_per_cycle: cap,
+            max_idle_share: idle_share,
+            exclude_namespaces: excluded,
+            idle_after: Duration::hours(idle_h),
+            ..CullPolicy::default()
+        })
+}
+
+/// Independent restatement of the candidate rules, for the property tests.
+fn safe_to_stop(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> bool {
+    let Some((nb, true)) = &row.evidence.notebook else {
+        return false;
+    };
+    let ev = &row.evidence;
+    let idle_after = policy.idle_after.num_seconds() as f64;
+    let runtime_ok = match (ev.ready_since, ev.started_at) {
+        (Some(r), s) => {
+            let since = [Some(r), s, nb.last_stopped_by_us]
+                .into_iter()
+                .flatten()
+                .max()
+                .unwrap_or(r);
+            now - since >= policy.min_runtime
+        }
+        (None, _) => false,
+    };
+    row.state == PodState::Running
+        && runtime_ok
+        && matches!(row.attribution, Attribution::Exclusive | Attribution::Mig)
+        && row.idle == Some(true)
+        && row.idle_seconds.is_some_and(|s| s >= idle_after)
+        && ev.coverage.is_some_and(|c| c >= policy.min_coverage)
+        && ev.devices_found >= ev.devices_expected
+        && ev.devices_expected > 0
+        && ev
+            .newest_sample_at
+            .is_some_and(|t| now - t <= policy.max_staleness)
+        && nb.stopped.is_none()
+        && !nb.deleting
+        && !nb.cull_opt_out
+        && nb.snooze_until.is_none_or(|s| s <= now)
+        && !policy.exclude_namespaces.contains(&row.namespace)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn plan_never_stops_what_it_must_not(l in arb_ledger(), policy in arb_policy()) {
+        let now = t0();
+        let p = plan(&l, &policy, now);
+        // Caps.
+        prop_assert!(p.actions.len() <= policy.max_per_cycle);
+        let mut namespaces = BTreeSet::new();
+        for a in &p.actions {
+            prop_assert!(namespaces.insert(a.namespace().to_string()), "two stops in {}", a.namespace());
+        }
+        // Circuit.
+        if p.circuit.is_some() || !l.usage_available {
+            prop_assert!(p.actions.is_empty());
+        }
+        if !l.usage_available {
+            prop_assert_eq!(p.circuit, Some(CircuitReason::UsageUnavailable));
+        }
+        // Every action is backed by a row that passes every rule.
+        for a in &p.actions {
+            let Action::Stop { pod_uid, notebook_uid, .. } = a;
+            let row = l.pods.iter().find(|r| &r.evidence.uid == pod_uid);
+            prop_assert!(row.is_some());
+            let row = row.expect("checked");
+            prop_assert!(safe_to_stop(row, &policy, now), "unsafe stop of {:?}", row);
+            prop_assert_eq!(&row.evidence.notebook.as_ref().expect("notebook").0.uid, notebook_uid);
+        }
+        // Accounting: every GPU-holding pod is either acted on or skipped, exactly once.
+        let holding = l.pods.iter().filter(|r| r.state.holds()).count();
+        prop_assert_eq!(p.actions.len() + p.skips.len(), holding);
+        prop_assert!(p.candidates >= p.actions.len());
+        // Determinism, also under a different input order.
+        prop_assert_eq!(&plan(&l, &policy, now), &p);
+        let mut reversed = l.clone();
+        reversed.pods.reverse();
+        prop_assert_eq!(plan(&reversed, &policy, now).actions, p.actions.clone());
+    }
+
+    #[test]
+    fn candidates_are_exactly_the_safe_pods(l in arb_ledger(), policy in arb_policy()) {
+        let now = t0();
+        let p = plan(&l, &policy, now);
+        let safe = l.pods.iter().filter(|r| safe_to_stop(r, &policy, now)).count();
+        prop_assert_eq!(p.candidates, safe);
+    }
+}

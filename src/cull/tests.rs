@@ -1,0 +1,230 @@
+//! Culler facade tests: leadership gating, mode, kill switch, selector, follow-up metrics.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use chrono::Duration;
+
+use super::actuator::tests::{FakeApi, notebook, now};
+use super::*;
+use crate::ledger::{Attribution, Evidence, PodRow, PodState};
+
+fn idle_pod() -> PodRow {
+    let n = now();
+    PodRow {
+        namespace: "team-a".into(),
+        pod: "nb-0".into(),
+        node: Some("gpu-1".into()),
+        state: PodState::Running,
+        gpus: 1.0,
+        resources: std::collections::BTreeMap::new(),
+        attribution: Attribution::Exclusive,
+        utilization: Some(0.0),
+        memory_used_bytes: None,
+        idle: Some(true),
+        idle_seconds: Some(3.0 * 3600.0),
+        terminating_seconds: None,
+        stuck: false,
+        pending_seconds: None,
+        notebook: Some("nb".into()),
+        owner: None,
+        devices: Vec::new(),
+        pending_reason: None,
+        evidence: Evidence {
+            uid: "pod-uid".into(),
+            notebook: Some((notebook(), true)),
+            started_at: Some(n - Duration::hours(5)),
+            ready_since: Some(n - Duration::hours(5)),
+            coverage: Some(1.0),
+            newest_sample_at: Some(n),
+            peak: Some(0.0),
+            idle_since: Some(n - Duration::hours(3)),
+            devices_found: 1,
+            devices_expected: 1,
+            ..Evidence::default()
+        },
+    }
+}
+
+fn ledger_with(pods: Vec<PodRow>, at: chrono::DateTime<Utc>) -> Ledger {
+    let mut l = Ledger::empty(at);
+    l.usage_available = true;
+    l.pods = pods;
+    l
+}
+
+fn culler(api: &Arc<FakeApi>, mode: CullMode, leader: bool) -> (Culler, Arc<StaticLeadership>) {
+    let leadership = Arc::new(StaticLeadership::new(leader));
+    let config = CullConfig {
+        mode,
+        ..CullConfig::default()
+    };
+    let api: Arc<dyn CullApi> = api.clone();
+    let c = Culler::with_api(
+        Some(api),
+        config,
+        CullMetrics::unregistered().expect("metrics"),
+        leadership.clone(),
+    );
+    (c, leadership)
+}
+
+async fn cycle(c: &mut Culler, l: &Ledger, at: chrono::DateTime<Utc>) -> CycleReport {
+    let mut yes = |_: &Action| async { Ok::<_, RecheckError>(true) };
+    c.cycle(l, at, &mut yes).await
+}
+
+#[test]
+fn mode_parses_and_displays() {
+    for (s, m) in [
+        ("off", CullMode::Off),
+        ("dry-run", CullMode::DryRun),
+        ("on", CullMode::On),
+    ] {
+        assert_eq!(s.parse::<CullMode>().expect("mode"), m);
+        assert_eq!(m.to_string(), s);
+    }
+    assert_eq!(
+        "DRY-RUN".parse::<CullMode>().expect("mode"),
+        CullMode::DryRun
+    );
+    assert!("maybe".parse::<CullMode>().is_err());
+    assert_eq!(CullMode::default(), CullMode::Off);
+    assert_eq!(CullConfig::default().mode, CullMode::Off);
+}
+
+#[tokio::test]
+async fn only_the_leader_acts() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let (mut c, leadership) = culler(&api, CullMode::On, false);
+    let l = ledger_with(vec![idle_pod()], now());
+    let r = cycle(&mut c, &l, now()).await;
+    assert!(!r.leader && !r.acted);
+    assert_eq!(r.plan.actions.len(), 1, "followers still plan and export");
+    assert_eq!(c.metrics.would_stop.get(), 1);
+    assert_eq!(c.metrics.leader.get(), 0);
+    assert_eq!(api.patch_count(), 0);
+    leadership.set(true);
+    let r = cycle(&mut c, &l, now()).await;
+    assert!(r.leader && r.acted);
+    assert_eq!(r.outcomes[0].result, StopResult::Stopped);
+    assert_eq!(api.patch_count(), 1);
+    assert_eq!(c.metrics.leader.get(), 1);
+    assert_eq!(c.metrics.stops.with_label_values(&["stopped"]).get(), 1);
+}
+
+#[tokio::test]
+async fn off_mode_never_touches_the_api() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let (mut c, _) = culler(&api, CullMode::Off, true);
+    let r = cycle(&mut c, &ledger_with(vec![idle_pod()], now()), now()).await;
+    assert!(!r.acted);
+    assert_eq!(c.metrics.candidates.get(), 1);
+    assert_eq!(*api.gets.lock().expect("lock"), 0);
+    assert!(api.events.lock().expect("lock").is_empty());
+}
+
+#[tokio::test]
+async fn kill_switch_and_unreadable_kill_switch_hold_back() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let (mut c, _) = culler(&api, CullMode::On, true);
+    c.config.kill_switch = Some(("ops".into(), "gpu-ledger-cull".into()));
+    let l = ledger_with(vec![idle_pod()], now());
+    *api.kill.lock().expect("lock") = Ok(Some("off".into()));
+    let r = cycle(&mut c, &l, now()).await;
+    assert_eq!(r.held_back, Some("kill switch"));
+    *api.kill.lock().expect("lock") = Err(500);
+    let r = cycle(&mut c, &l, now()).await;
+    assert_eq!(r.held_back, Some("kill switch unreadable"));
+    assert_eq!(api.patch_count(), 0);
+    *api.kill.lock().expect("lock") = Ok(None);
+    let r = cycle(&mut c, &l, now()).await;
+    assert!(r.acted && r.held_back.is_none());
+    assert_eq!(api.patch_count(), 1);
+}
+
+#[tokio::test]
+async fn namespace_selector_is_resolved_before_acting() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let (mut c, _) = culler(&api, CullMode::On, true);
+    c.config.namespace_selector = Some("gpu-ledger.io/cull=false".into());
+    *api.selected.lock().expect("lock") = Ok(BTreeSet::from(["team-a".to_string()]));
+    let l = ledger_with(vec![idle_pod()], now());
+    let r = cycle(&mut c, &l, now()).await;
+    assert!(r.plan.actions.is_empty());
+    assert_eq!(r.plan.skips[0].reason, SkipReason::NamespaceExcluded);
+    *api.selected.lock().expect("lock") = Err(403);
+    let r = cycle(&mut c, &l, now()).await;
+    assert_eq!(r.held_back, Some("namespace selector unresolved"));
+    assert_eq!(api.patch_count(), 0);
+}
+
+#[tokio::test]
+async fn time_to_free_is_observed_and_stuck_pods_warned_once() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let (mut c, _) = culler(&api, CullMode::On, true);
+    let r = cycle(&mut c, &ledger_with(vec![idle_pod()], now()), now()).await;
+    assert_eq!(r.outcomes[0].result, StopResult::Stopped);
+    // Next refresh: the notebook is stopped, its pod is stuck terminating.
+    let mut terminating = idle_pod();
+    terminating.state = PodState::Terminating;
+    terminating.stuck = true;
+    if let Some((nb, _)) = terminating.evidence.notebook.as_mut() {
+        nb.stopped = Some("2026-01-31T12:00:00Z".into());
+    }
+    let t1 = now() + Duration::minutes(10);
+    for _ in 0..2 {
+        let r = cycle(&mut c, &ledger_with(vec![terminating.clone()], t1), t1).await;
+        assert!(r.plan.actions.is_empty());
+        assert!(r.freed.is_empty());
+    }
+    assert_eq!(
+        api.event_reasons(),
+        [actuator::REASON_STOPPED, actuator::REASON_STOP_STUCK]
+    );
+    // Then it is gone.
+    let t2 = now() + Duration::minutes(15);
+    let r = cycle(&mut c, &ledger_with(Vec::new(), t2), t2).await;
+    assert_eq!(r.freed, [("pod-uid".to_string(), 900.0)]);
+    assert_eq!(c.metrics.time_to_free.get_sample_count(), 1);
+    assert!((c.metrics.time_to_free.get_sample_sum() - 900.0).abs() < 1e-9);
+}
+
+#[tokio::test]
+async fn without_client_culler_only_plans() {
+    let leadership = Arc::new(StaticLeadership::new(true));
+    let config = CullConfig {
+        mode: CullMode::On,
+        ..CullConfig::default()
+    };
+    let mut c = Culler::new(
+        None,
+        config,
+        CullMetrics::unregistered().expect("metrics"),
+        leadership,
+    );
+    let r = cycle(&mut c, &ledger_with(vec![idle_pod()], now()), now()).await;
+    assert_eq!(r.held_back, Some("no kubernetes client"));
+    assert_eq!(r.plan.actions.len(), 1);
+    c.shutdown().await;
+}
+
+#[test]
+fn render_plan_lists_stops_and_skip_counts() {
+    let p = plan::plan(
+        &ledger_with(vec![idle_pod()], now()),
+        &CullPolicy::default(),
+        now(),
+    );
+    let mut out = Vec::new();
+    render_plan(&p, &mut out).expect("render");
+    let text = String::from_utf8(out).expect("utf8");
+    assert!(
+        text.contains("CULL PLAN  candidates=1  would_stop=1  circuit=closed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("STOP  team-a/nb  pod=nb-0  GPU idle for 3h0m"),
+        "{text}"
+    );
+}
