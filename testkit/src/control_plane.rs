@@ -263,7 +263,10 @@ impl ControlPlane {
             .arg("--authorization-mode=RBAC")
             .arg(format!("--token-auth-file={}", p("tokens.csv")))
             .arg("--service-cluster-ip-range=10.0.0.0/24")
-            .arg("--disable-admission-plugins=ServiceAccount")
+            // ServiceAccount: no SA controller runs. TaintNodesByCondition: it taints every new
+            // Node `node.kubernetes.io/not-ready:NoSchedule`, and without a kubelet and the
+            // node-lifecycle controller nothing would ever remove it.
+            .arg("--disable-admission-plugins=ServiceAccount,TaintNodesByCondition")
             .arg("--allow-privileged=true");
         let mut g = ChildGuard::spawn("kube-apiserver", api, &path.join("kube-apiserver.log"))?;
         let tls = http_client(Some(&pki.ca_cert_pem))?;

@@ -15,6 +15,7 @@
 pub mod bins;
 pub mod certs;
 pub mod control_plane;
+pub mod dcgm;
 pub mod nodes;
 pub mod process;
 pub mod prometheus;
@@ -22,5 +23,6 @@ pub mod util;
 
 pub use bins::{Bins, binaries, binary, cache_root};
 pub use control_plane::{ControlPlane, Tier, TierBOptions, USERS};
+pub use dcgm::FakeDcgmExporter;
 pub use nodes::GpuNode;
 pub use prometheus::Prometheus;
