@@ -68,7 +68,7 @@ finish() {
 	mkdir -p "$CACHE_ROOT"
 	printf '%s\n' "$BINDIR" >"$CACHE_ROOT/current-bindir"
 	for w in "${WARNINGS[@]+"${WARNINGS[@]}"}"; do
-		printf 'WARNING: %s\n' "$w"
+		printf 'SUMMARY WARNING: %s\n' "$w"
 	done
 	log "total $(elapsed "$SCRIPT_START")"
 	echo "export KUBEBUILDER_ASSETS=$BINDIR"
@@ -83,8 +83,25 @@ mkdir -p "$BINDIR" "$WORKDIR"
 log "go: $(go version)"
 log "cache: $STAMP_DIR"
 
-if [[ -f "$STAMP_DIR/.complete" ]] && { [[ $WITH_KSM == 0 ]] || have kube-state-metrics; }; then
+is_complete() { [[ -f "$STAMP_DIR/.complete" ]] && { [[ $WITH_KSM == 0 ]] || have kube-state-metrics; }; }
+
+# Fast path without the lock: .complete is written once, after every core binary exists.
+if is_complete; then
 	log "reusing complete cache $BINDIR (.complete present)"
+	finish
+	exit 0
+fi
+
+# One build per stamp at a time; a concurrent caller (e.g. --print-bindir from a test run)
+# waits for the running build instead of racing it.
+exec 9>"$STAMP_DIR/.lock"
+if ! flock -n 9; then
+	log "another build of $STAMP holds $STAMP_DIR/.lock; waiting for it"
+	flock 9
+fi
+
+if is_complete; then
+	log "reusing complete cache $BINDIR (.complete present, finished by a concurrent build)"
 	finish
 	exit 0
 fi
@@ -238,7 +255,9 @@ for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok
 		core_ok=0
 	}
 done
-if [[ $core_ok == 1 ]] && have helm; then
+# helm is not on the critical path: a failed helm build warns but does not block .complete
+# (delete .complete to retry it).
+if [[ $core_ok == 1 ]]; then
 	{
 		echo "stamp=$STAMP"
 		date -u +built=%Y-%m-%dT%H:%M:%SZ
@@ -253,8 +272,14 @@ if [[ $WITH_KSM == 1 ]]; then
 		log "kube-state-metrics already built"
 	else
 		t=$(date +%s)
-		log "building kube-state-metrics $KSM_VERSION (go install)"
-		if (cd / && GOFLAGS= GOBIN="$BINDIR" "${NICE[@]}" go install -p 2 -trimpath "k8s.io/kube-state-metrics/v2@$KSM_VERSION"); then
+		# Wrapper module instead of `go install ...@v2.20.0`: go install's deprecation check
+		# reads .../kube-state-metrics/v2/@v/list, which our proxy answers with 403 Forbidden.
+		log "building kube-state-metrics $KSM_VERSION (wrapper module)"
+		d="$WORKDIR/ksm"
+		rm -rf "$d" && mkdir -p "$d"
+		if (cd "$d" && go mod init local.invalid/ksmbin &&
+			go get -tool "k8s.io/kube-state-metrics/v2@$KSM_VERSION" &&
+			"${NICE[@]}" go build -p 2 -trimpath -o "$BINDIR/kube-state-metrics" k8s.io/kube-state-metrics/v2); then
 			log "kube-state-metrics built in $(elapsed "$t")"
 		else
 			warn "kube-state-metrics $KSM_VERSION failed to build"
