@@ -112,7 +112,7 @@ if [[ ! -x /usr/bin/prometheus || ! -x /usr/bin/promtool ]]; then
 	if [[ $(id -u) != 0 ]]; then
 		warn "prometheus missing and not root: run 'apt-get install -y prometheus' as root"
 	elif ! DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus; then
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus ||
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus; } ||
 			warn "apt-get install prometheus failed"
 	fi
 else
@@ -157,7 +157,7 @@ else
 	d="$WORKDIR/k8s"
 	rm -rf "$d" && mkdir -p "$d"
 	# Fetch k8s.io/kubernetes's own go.mod outside any module.
-	info=$(cd / && GOFLAGS= go mod download -json "k8s.io/kubernetes@$K8S_VERSION")
+	info=$(cd / && GOFLAGS='' go mod download -json "k8s.io/kubernetes@$K8S_VERSION")
 	gomod=$(printf '%s' "$info" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
 	origin_hash=$(printf '%s' "$info" | sed -n 's/^[[:space:]]*"Hash": "\([0-9a-f]\{40\}\)",*$/\1/p' | head -1)
 	mod_time=$(printf '%s' "$info" | sed -n 's/^[[:space:]]*"Time": "\([^"]*\)",*$/\1/p' | head -1)
@@ -231,7 +231,7 @@ if have kwok; then
 else
 	t=$(date +%s)
 	log "building kwok $KWOK_VERSION (go install)"
-	(cd / && GOFLAGS= GOBIN="$BINDIR" "${NICE[@]}" go install -p 2 -trimpath "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
+	(cd / && GOFLAGS='' GOBIN="$BINDIR" "${NICE[@]}" go install -p 2 -trimpath "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
 	log "kwok built in $(elapsed "$t")"
 fi
 
@@ -241,7 +241,7 @@ if have helm; then
 else
 	t=$(date +%s)
 	log "building helm $HELM_VERSION (go install)"
-	if (cd / && GOFLAGS= GOBIN="$BINDIR" "${NICE[@]}" go install -p 2 -trimpath "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"); then
+	if (cd / && GOFLAGS='' GOBIN="$BINDIR" "${NICE[@]}" go install -p 2 -trimpath "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"); then
 		log "helm built in $(elapsed "$t")"
 	else
 		warn "helm $HELM_VERSION failed to build (see errors above); continuing without helm"
