@@ -1,0 +1,322 @@
+//! Rendering a [`Ledger`] for people (aligned plain text) and for programs (the JSON contract).
+
+use std::io::{self, Write};
+
+use crate::ledger::{Attribution, Ledger, PodRow, PodState};
+
+use super::offline::humanise_seconds;
+
+/// Pretty JSON of the ledger: the contract documented in `docs/report-json.md`.
+pub fn render_json(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, ledger)?;
+    writeln!(out)
+}
+
+/// The human report: who holds what, nodes, namespaces, unclaimed busy GPUs.
+pub fn render_table(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "GPU ledger at {}",
+        ledger.generated_at.format("%Y-%m-%dT%H:%M:%SZ")
+    )?;
+    writeln!(out)?;
+
+    writeln!(out, "Who holds what")?;
+    if ledger.pods.is_empty() {
+        writeln!(out, "  (no pod claims a GPU)")?;
+    } else {
+        let mut t = Table::new(&[
+            ("NAMESPACE", Align::Left),
+            ("POD", Align::Left),
+            ("NODE", Align::Left),
+            ("STATE", Align::Left),
+            ("GPUS", Align::Right),
+            ("UTIL", Align::Right),
+            ("IDLE FOR", Align::Right),
+            ("NOTEBOOK", Align::Left),
+            ("NOTE", Align::Left),
+        ]);
+        let mut pods: Vec<&PodRow> = ledger.pods.iter().collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+        for p in pods {
+            t.row(vec![
+                p.namespace.clone(),
+                p.pod.clone(),
+                p.node.clone().unwrap_or_else(|| "-".into()),
+                p.state.as_str().into(),
+                gpus(p.gpus),
+                p.utilization.map_or_else(|| "-".into(), percent),
+                idle_for(p),
+                p.notebook.clone().unwrap_or_else(|| "-".into()),
+                note(p, ledger.usage_available),
+            ]);
+        }
+        t.write(out)?;
+    }
+    writeln!(out)?;
+    nodes_section(ledger, out)?;
+    writeln!(out)?;
+    namespaces_section(ledger, out)?;
+    if !ledger.unclaimed_busy.is_empty() {
+        writeln!(out)?;
+        unclaimed_section(ledger, out)?;
+    }
+    if !ledger.usage_available {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "Usage unavailable: utilisation and idleness are unknown for every pod."
+        )?;
+    }
+    Ok(())
+}
+
+fn nodes_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "Nodes")?;
+    if ledger.nodes.is_empty() {
+        writeln!(out, "  (no node offers a GPU)")?;
+    } else {
+        let mut t = Table::new(&[
+            ("NODE", Align::Left),
+            ("ALLOCATABLE", Align::Right),
+            ("CLAIMED", Align::Right),
+            ("FREE", Align::Right),
+        ]);
+        let (mut alloc, mut claimed, mut free) = (0.0, 0.0, 0.0);
+        for n in &ledger.nodes {
+            t.row(vec![
+                n.node.clone(),
+                gpus(n.gpus_allocatable),
+                gpus(n.gpus_claimed),
+                gpus(n.gpus_free),
+            ]);
+            alloc += n.gpus_allocatable;
+            claimed += n.gpus_claimed;
+            free += n.gpus_free;
+        }
+        t.row(vec!["TOTAL".into(), gpus(alloc), gpus(claimed), gpus(free)]);
+        t.write(out)?;
+    }
+    Ok(())
+}
+
+fn namespaces_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "Namespaces")?;
+    if ledger.namespaces.is_empty() {
+        writeln!(out, "  (no namespace claims a GPU or has a GPU quota)")?;
+    } else {
+        let mut t = Table::new(&[
+            ("NAMESPACE", Align::Left),
+            ("CLAIMED", Align::Right),
+            ("IDLE", Align::Right),
+            ("PENDING", Align::Right),
+            ("GPU QUOTA", Align::Left),
+        ]);
+        for n in &ledger.namespaces {
+            let quota = match n.gpu_quota {
+                Some(q) => gpus(q),
+                None if n.gpus_claimed > 0.0 || n.gpus_pending > 0.0 => "none (!)".into(),
+                None => "none".into(),
+            };
+            t.row(vec![
+                n.namespace.clone(),
+                gpus(n.gpus_claimed),
+                gpus(n.gpus_idle),
+                gpus(n.gpus_pending),
+                quota,
+            ]);
+        }
+        t.write(out)?;
+    }
+    Ok(())
+}
+
+fn unclaimed_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "Unclaimed busy GPUs (work outside the scheduler)")?;
+    let mut t = Table::new(&[
+        ("NODE", Align::Left),
+        ("UUID", Align::Left),
+        ("GPU INSTANCE", Align::Left),
+        ("UTIL", Align::Right),
+    ]);
+    for u in &ledger.unclaimed_busy {
+        let node = if u.node.is_empty() {
+            "-".into()
+        } else {
+            u.node.clone()
+        };
+        let instance = u.gpu_instance.clone().unwrap_or_else(|| "-".into());
+        t.row(vec![node, u.uuid.clone(), instance, percent(u.utilization)]);
+    }
+    t.write(out)
+}
+
+/// GPU equivalents with up to two decimals, trailing zeros trimmed ("1", "0.43", "0.5").
+pub fn gpus(x: f64) -> String {
+    let s = format!("{x:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.to_string() }
+}
+
+/// A 0..1 ratio as a whole percentage ("98%", "0%").
+fn percent(ratio: f64) -> String {
+    format!("{:.0}%", ratio * 100.0)
+}
+
+fn idle_for(p: &PodRow) -> String {
+    match (p.idle, p.idle_seconds) {
+        (Some(false), _) => "active".into(),
+        (_, Some(s)) if s <= 0.0 => "active".into(),
+        (_, Some(s)) => humanise_seconds(s as i64),
+        (_, None) => "-".into(),
+    }
+}
+
+fn note(p: &PodRow, usage_available: bool) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    match p.state {
+        PodState::Pending => {
+            let mut s = match p.pending_seconds {
+                Some(secs) => format!("pending {}", humanise_seconds(secs as i64)),
+                None => "pending".into(),
+            };
+            if let Some(reason) = p.pending_reason.as_deref().filter(|r| !r.is_empty()) {
+                s.push_str(": ");
+                s.push_str(reason);
+            }
+            parts.push(s);
+        }
+        PodState::Terminating => {
+            let age = p
+                .terminating_seconds
+                .map(|s| format!(" {}", humanise_seconds(s as i64)))
+                .unwrap_or_default();
+            parts.push(if p.stuck {
+                format!("stuck terminating{age}")
+            } else {
+                format!("terminating{age}")
+            });
+        }
+        PodState::Running => {}
+    }
+    if let Some((nb, _)) = &p.evidence.notebook
+        && nb.stopped.is_some()
+    {
+        parts.push("notebook stopped, pod still holds its GPU".into());
+    }
+    if usage_available {
+        match p.attribution {
+            Attribution::Unattributed => {
+                parts.push("unattributed: no DCGM series names this pod".into());
+            }
+            Attribution::Shared if p.utilization.is_none() => {
+                parts.push("shared device: own utilisation unknown".into());
+            }
+            Attribution::Exclusive | Attribution::Mig
+                if p.idle.is_none() && p.utilization.is_some() =>
+            {
+                parts.push("idle unproven: samples missing or stale".into());
+            }
+            _ => {}
+        }
+    }
+    parts.join("; ")
+}
+
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// Columns padded to the widest cell; the last column is never padded (no trailing blanks).
+struct Table {
+    headers: Vec<(&'static str, Align)>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(headers: &[(&'static str, Align)]) -> Self {
+        Table {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    fn write(&self, out: &mut impl Write) -> io::Result<()> {
+        let mut widths: Vec<usize> = self
+            .headers
+            .iter()
+            .map(|(h, _)| h.chars().count())
+            .collect();
+        for r in &self.rows {
+            for (w, c) in widths.iter_mut().zip(r) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let header: Vec<String> = self.headers.iter().map(|(h, _)| (*h).to_string()).collect();
+        for cells in std::iter::once(&header).chain(&self.rows) {
+            let mut line = String::new();
+            let last = cells.len().saturating_sub(1);
+            for (i, ((cell, width), (_, align))) in
+                cells.iter().zip(&widths).zip(&self.headers).enumerate()
+            {
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                let pad = width.saturating_sub(cell.chars().count());
+                match align {
+                    Align::Right => {
+                        line.push_str(&" ".repeat(pad));
+                        line.push_str(cell);
+                    }
+                    Align::Left if i == last => line.push_str(cell),
+                    Align::Left => {
+                        line.push_str(cell);
+                        line.push_str(&" ".repeat(pad));
+                    }
+                }
+            }
+            writeln!(out, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_numbers_are_trimmed() {
+        assert_eq!(gpus(1.0), "1");
+        assert_eq!(gpus(0.428_571), "0.43");
+        assert_eq!(gpus(0.5), "0.5");
+        assert_eq!(gpus(0.0), "0");
+        assert_eq!(gpus(-0.001), "0");
+        assert_eq!(gpus(-1.0), "-1");
+        assert_eq!(gpus(10.0), "10");
+    }
+
+    #[test]
+    fn table_aligns_without_trailing_blanks() {
+        let mut t = Table::new(&[
+            ("A", Align::Left),
+            ("NUM", Align::Right),
+            ("NOTE", Align::Left),
+        ]);
+        t.row(vec!["long-name".into(), "1".into(), String::new()]);
+        t.row(vec!["x".into(), "0.43".into(), "hello".into()]);
+        let mut out = Vec::new();
+        t.write(&mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        assert_eq!(
+            text,
+            "A           NUM  NOTE\nlong-name     1\nx          0.43  hello\n"
+        );
+    }
+}

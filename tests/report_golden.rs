@@ -1,0 +1,377 @@
+//! Golden tests of the offline report on `examples/homelab`, the homelab story itself, and bad
+//! input through the library. Regenerate the golden files with `UPDATE_GOLDEN=1 cargo test`.
+
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use gpu_ledger::ledger::{Ledger, PodRow, PodState};
+use gpu_ledger::report::offline::{self, OfflineInput};
+use gpu_ledger::report::{render_json, render_table};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn homelab() -> PathBuf {
+    root().join("examples/homelab")
+}
+
+/// A clock far from the dump: the report must not depend on it when the dump has timestamps.
+fn wall_clock() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2030-01-01T00:00:00Z")
+        .expect("valid")
+        .with_timezone(&Utc)
+}
+
+fn at() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-11-28T09:00:00Z")
+        .expect("valid")
+        .with_timezone(&Utc)
+}
+
+fn load_homelab() -> offline::Offline {
+    offline::load(&OfflineInput::from_dir(&homelab()), wall_clock()).expect("homelab loads")
+}
+
+fn pod<'a>(ledger: &'a Ledger, name: &str) -> &'a PodRow {
+    ledger
+        .pods
+        .iter()
+        .find(|p| p.pod == name)
+        .unwrap_or_else(|| panic!("pod {name} in ledger"))
+}
+
+fn check_golden(name: &str, actual: &str) {
+    let path = root().join("tests/golden").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir golden");
+        std::fs::write(&path, actual).expect("write golden");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create it)",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let diff_at = expected
+            .lines()
+            .zip(actual.lines())
+            .position(|(e, a)| e != a);
+        panic!(
+            "{} differs from the rendered output (first differing line: {:?}); rerun with UPDATE_GOLDEN=1 if intended\n--- actual ---\n{actual}",
+            path.display(),
+            diff_at.map(|i| i + 1)
+        );
+    }
+}
+
+#[test]
+fn homelab_json_matches_golden() {
+    let off = load_homelab();
+    let mut out = Vec::new();
+    render_json(&off.ledger, &mut out).expect("render json");
+    let text = String::from_utf8(out).expect("utf8");
+    check_golden("homelab.json", &text);
+    // The contract: unknown values are null, never omitted.
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid json");
+    let pending = v["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .find(|p| p["pod"] == "hp-trial-42")
+        .expect("pending pod");
+    for key in [
+        "node",
+        "utilization",
+        "memory_used_bytes",
+        "idle",
+        "idle_seconds",
+        "terminating_seconds",
+        "notebook",
+    ] {
+        assert!(
+            pending.get(key).is_some_and(serde_json::Value::is_null),
+            "{key} must be present and null: {pending}"
+        );
+    }
+}
+
+#[test]
+fn homelab_table_matches_golden() {
+    let off = load_homelab();
+    let mut out = Vec::new();
+    render_table(&off.ledger, &mut out).expect("render table");
+    check_golden("homelab.txt", &String::from_utf8(out).expect("utf8"));
+}
+
+#[test]
+fn homelab_tells_the_story() {
+    let off = load_homelab();
+    assert!(off.warnings.is_empty(), "{:?}", off.warnings);
+    assert_eq!(off.at, at(), "at defaults to the newest DCGM sample");
+    assert_eq!(off.scrape_interval, chrono::Duration::seconds(30));
+    let l = &off.ledger;
+    assert_eq!(l.generated_at, at());
+    assert!(l.usage_available);
+
+    let alice = pod(l, "alice-nb-0");
+    assert_eq!(alice.state, PodState::Running);
+    assert_eq!(alice.idle, Some(true));
+    assert!(
+        alice.idle_seconds.is_some_and(|s| s >= 7000.0),
+        "2 h of proven idleness: {:?}",
+        alice.idle_seconds
+    );
+    assert_eq!(alice.notebook.as_deref(), Some("alice-nb"));
+    assert_eq!(alice.utilization, Some(0.0));
+    let mem = alice.memory_used_bytes.expect("framebuffer known");
+    assert!(
+        (2.0..2.2).contains(&(mem / f64::from(1u32 << 30))),
+        "~2.1 GiB held: {mem}"
+    );
+
+    let bob = pod(l, "bob-nb-0");
+    assert_eq!(bob.state, PodState::Terminating);
+    assert!(bob.stuck);
+    assert!(
+        bob.terminating_seconds.is_some_and(|s| s >= 3.0 * 86_400.0),
+        "{:?}",
+        bob.terminating_seconds
+    );
+    assert_eq!(bob.notebook.as_deref(), Some("bob-nb"));
+    let lab2 = l.nodes.iter().find(|n| n.node == "lab-2").expect("lab-2");
+    assert!(
+        (lab2.gpus_claimed - 1.0).abs() < 1e-9 && lab2.gpus_free.abs() < 1e-9,
+        "{lab2:?}"
+    );
+    assert!(
+        l.nodes.iter().all(|n| n.gpus_free.abs() < 1e-9),
+        "every card is held: {:?}",
+        l.nodes
+    );
+
+    let bench = pod(l, "llm-bench-7f9c");
+    assert_eq!(bench.idle, Some(false));
+    assert_eq!(bench.idle_seconds, Some(0.0));
+    assert!(
+        bench.utilization.is_some_and(|u| u > 0.9),
+        "{:?}",
+        bench.utilization
+    );
+
+    let trial = pod(l, "hp-trial-42");
+    assert_eq!(trial.state, PodState::Pending);
+    assert!(trial.node.is_none());
+    assert!(
+        trial
+            .pending_seconds
+            .is_some_and(|s| (2400.0 - 1.0..=2400.0 + 1.0).contains(&s)),
+        "{:?}",
+        trial.pending_seconds
+    );
+    assert!(
+        trial.pending_reason.as_deref().is_some_and(
+            |r| r.starts_with("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+        ),
+        "{:?}",
+        trial.pending_reason
+    );
+
+    let ns = |name: &str| {
+        l.namespaces
+            .iter()
+            .find(|n| n.namespace == name)
+            .unwrap_or_else(|| panic!("namespace {name}"))
+    };
+    assert_eq!(
+        ns("team-ml").gpu_quota,
+        None,
+        "cpu/memory quota is no GPU quota"
+    );
+    assert!((ns("team-ml").gpus_claimed - 2.0).abs() < 1e-9);
+    assert!((ns("team-ml").gpus_idle - 2.0).abs() < 1e-9);
+    assert_eq!(ns("bench").gpu_quota, Some(1.0));
+    assert!(
+        (ns("trials").gpus_pending - 1.0).abs() < 1e-9 && ns("trials").gpus_claimed.abs() < 1e-9
+    );
+    assert!(l.unclaimed_busy.is_empty(), "{:?}", l.unclaimed_busy);
+    assert_eq!(l.pods.len(), 4, "only GPU pods are listed");
+}
+
+#[test]
+fn explicit_at_overrides_newest_sample() {
+    let mut input = OfflineInput::from_dir(&homelab());
+    let earlier = at() - chrono::Duration::minutes(30);
+    input.at = Some(earlier);
+    let off = offline::load(&input, wall_clock()).expect("loads");
+    assert_eq!(off.at, earlier);
+    assert_eq!(off.ledger.generated_at, earlier);
+    let trial = pod(&off.ledger, "hp-trial-42");
+    assert!(
+        trial
+            .pending_seconds
+            .is_some_and(|s| (s - 600.0).abs() < 1.0),
+        "{:?}",
+        trial.pending_seconds
+    );
+}
+
+/// Known bug in `usage::series::reduce`: current holders are taken from each series' newest sample
+/// overall, not the newest at or before `now`, so an `--at` inside the dump loses attribution.
+#[test]
+#[ignore = "usage::series::reduce picks workloads from samples after `now`"]
+fn explicit_at_inside_the_dump_keeps_attribution() {
+    let mut input = OfflineInput::from_dir(&homelab());
+    input.at = Some(at() - chrono::Duration::minutes(30));
+    let off = offline::load(&input, wall_clock()).expect("loads");
+    // Half an hour earlier there is 1.5 h of history: idleness proven back to its start.
+    let alice = pod(&off.ledger, "alice-nb-0");
+    assert_eq!(alice.attribution.as_str(), "exclusive");
+    assert!(
+        alice.idle_seconds.is_some_and(|s| (s - 5400.0).abs() < 1.0),
+        "{:?}",
+        alice.idle_seconds
+    );
+}
+
+/// A copy of the homelab in a temporary directory, with `replace` files overwritten.
+fn homelab_with(replace: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    for entry in std::fs::read_dir(homelab()).expect("read homelab") {
+        let entry = entry.expect("entry");
+        let name = entry.file_name();
+        if Path::new(&name)
+            .extension()
+            .is_some_and(|e| e == "json" || e == "prom")
+        {
+            std::fs::copy(entry.path(), dir.path().join(&name)).expect("copy");
+        }
+    }
+    for (name, text) in replace {
+        std::fs::write(dir.path().join(name), text).expect("write");
+    }
+    dir
+}
+
+fn load_err(dir: &tempfile::TempDir) -> String {
+    let err =
+        offline::load(&OfflineInput::from_dir(dir.path()), wall_clock()).expect_err("bad input");
+    err.to_string()
+}
+
+#[test]
+fn malformed_json_names_the_file() {
+    let dir = homelab_with(&[("pods.json", "{\"kind\": \"List\", \"items\": [")]);
+    let msg = load_err(&dir);
+    assert!(
+        msg.contains("pods.json") && msg.contains("not valid JSON"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn list_of_wrong_kind_names_the_file() {
+    let nodes = std::fs::read_to_string(homelab().join("nodes.json")).expect("nodes");
+    let dir = homelab_with(&[("quotas.json", &nodes)]);
+    let msg = load_err(&dir);
+    assert!(
+        msg.contains("quotas.json") && msg.contains("expected kind ResourceQuota, found Node"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn fractional_gpu_quantity_names_the_file_and_pod() {
+    let pods = std::fs::read_to_string(homelab().join("pods.json")).expect("pods");
+    let needle = "\"nvidia.com/gpu\": \"1\"";
+    assert!(pods.contains(needle));
+    let dir = homelab_with(&[(
+        "pods.json",
+        &pods.replace(needle, "\"nvidia.com/gpu\": \"0.5\""),
+    )]);
+    let msg = load_err(&dir);
+    assert!(
+        msg.contains("pods.json") && msg.contains("fractional") && msg.contains("nvidia.com/gpu"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn dcgm_dump_without_dcgm_series_is_an_error() {
+    let dir = homelab_with(&[(
+        "dcgm.prom",
+        "# HELP up Target up.\n# TYPE up gauge\nup{job=\"node\"} 1\nnode_load1 0.3\n",
+    )]);
+    let msg = load_err(&dir);
+    assert!(
+        msg.contains("dcgm.prom") && msg.contains("no DCGM_FI_* series found"),
+        "{msg}"
+    );
+    let dir = homelab_with(&[("dcgm.prom", "")]);
+    let msg = load_err(&dir);
+    assert!(
+        msg.contains("dcgm.prom") && msg.contains("no DCGM_FI_* series found"),
+        "{msg}"
+    );
+    let dir = homelab_with(&[("dcgm.prom", "DCGM_FI_DEV_GPU_TEMP{UUID=\"GPU-a\"} 40\n")]);
+    let msg = load_err(&dir);
+    assert!(
+        msg.contains("dcgm.prom") && msg.contains("none of DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_dcgm_dump_is_an_error() {
+    let dir = homelab_with(&[]);
+    std::fs::remove_file(dir.path().join("dcgm.prom")).expect("rm");
+    let msg = load_err(&dir);
+    assert!(
+        msg.contains("dcgm.prom") && msg.contains("cannot read DCGM dump"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn garbage_lines_are_a_warning_not_an_error() {
+    let text = std::fs::read_to_string(homelab().join("dcgm.prom")).expect("dcgm");
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(10, "this is not a sample");
+    lines.insert(
+        20,
+        "DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-x\"} not-a-number 1795849200000",
+    );
+    lines.insert(30, "DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-x\" 3");
+    let dir = homelab_with(&[("dcgm.prom", &(lines.join("\n") + "\n"))]);
+    let off =
+        offline::load(&OfflineInput::from_dir(dir.path()), wall_clock()).expect("still a ledger");
+    assert_eq!(off.warnings.len(), 1, "{:?}", off.warnings);
+    let w = &off.warnings[0];
+    assert!(
+        w.starts_with("dcgm.prom: skipped 3 unparsable lines (first: line 11: "),
+        "{w}"
+    );
+    assert_eq!(pod(&off.ledger, "alice-nb-0").idle, Some(true));
+}
+
+#[test]
+fn snapshot_without_timestamps_uses_the_clock_and_never_proves_idle() {
+    let text = "DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-3f6c1a2e-9d41-4b7a-8e2f-51c0a9d7b311\",Hostname=\"lab-1\",exported_pod=\"alice-nb-0\",exported_namespace=\"team-ml\",pod=\"nvidia-dcgm-exporter-4xk2p\",namespace=\"gpu-operator\"} 0\n";
+    let dir = homelab_with(&[("dcgm.prom", text)]);
+    let off = offline::load(&OfflineInput::from_dir(dir.path()), wall_clock()).expect("loads");
+    assert_eq!(off.at, wall_clock());
+    assert!(
+        off.warnings.iter().any(|w| w.contains("no history")),
+        "{:?}",
+        off.warnings
+    );
+    let alice = pod(&off.ledger, "alice-nb-0");
+    assert_eq!(alice.utilization, Some(0.0));
+    assert_eq!(alice.idle, None, "one sample proves nothing");
+    assert_eq!(
+        pod(&off.ledger, "llm-bench-7f9c").attribution.as_str(),
+        "unattributed"
+    );
+}
