@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -78,14 +79,37 @@ pub struct TierBOptions {
 /// removes its temp dir.
 #[derive(Debug)]
 pub struct ControlPlane {
-    procs: Vec<ChildGuard>,
-    dir: Option<tempfile::TempDir>,
+    procs: Mutex<Vec<ChildGuard>>,
+    dir: Mutex<Option<tempfile::TempDir>>,
     path: PathBuf,
     server_url: String,
     etcd_url: String,
     ca_pem: String,
     tokens: BTreeMap<String, String>,
     component_ports: BTreeMap<String, u16>,
+}
+
+type SharedCell = OnceLock<std::result::Result<ControlPlane, String>>;
+static SHARED_A: SharedCell = OnceLock::new();
+static SHARED_B: SharedCell = OnceLock::new();
+static ATEXIT: Once = Once::new();
+
+extern "C" fn shutdown_shared() {
+    // Statics are never dropped; stop the shared clusters explicitly at exit.
+    for cell in [&SHARED_A, &SHARED_B] {
+        if let Some(Ok(cp)) = cell.get() {
+            cp.shutdown();
+        }
+    }
+}
+
+fn register_atexit() {
+    ATEXIT.call_once(|| {
+        // SAFETY: registering a plain extern "C" fn with no captured state.
+        unsafe {
+            libc::atexit(shutdown_shared);
+        }
+    });
 }
 
 fn random_token() -> Result<String> {
@@ -214,8 +238,8 @@ impl ControlPlane {
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let server_url = format!("https://127.0.0.1:{api_port}");
         let mut cp = Self {
-            procs: Vec::new(),
-            dir: Some(dir),
+            procs: Mutex::new(Vec::new()),
+            dir: Mutex::new(Some(dir)),
             path: path.clone(),
             server_url: server_url.clone(),
             etcd_url: etcd_url.clone(),
@@ -239,7 +263,7 @@ impl ControlPlane {
         let mut g = ChildGuard::spawn("etcd", etcd, &path.join("etcd.log"))?;
         let plain = http_client(None)?;
         let res = wait_ready(&mut g, &plain, &format!("{etcd_url}/health"), None, timeout).await;
-        cp.procs.push(g);
+        cp.push_proc(g);
         res?;
 
         // kube-apiserver
@@ -279,7 +303,7 @@ impl ControlPlane {
             timeout,
         )
         .await;
-        cp.procs.push(g);
+        cp.push_proc(g);
         res?;
 
         if let Some((opts, kcm_bin, sched_bin, kwok_bin)) = tier_b {
@@ -401,9 +425,77 @@ impl ControlPlane {
             {
                 first_err = Some(e);
             }
-            self.procs.push(g);
+            self.push_proc(g);
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    fn lock_procs(&self) -> std::sync::MutexGuard<'_, Vec<ChildGuard>> {
+        self.procs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn push_proc(&self, g: ChildGuard) {
+        self.lock_procs().push(g);
+    }
+
+    /// Stops every process (kwok, scheduler, KCM, kube-apiserver, etcd: SIGTERM, 5 s, SIGKILL)
+    /// and removes the temp dir unless `TESTKIT_KEEP_DIR` is set. Idempotent; also run by
+    /// `Drop` and, for [`ControlPlane::shared`] clusters, at process exit.
+    pub fn shutdown(&self) {
+        let mut procs = self.lock_procs();
+        while let Some(mut g) = procs.pop() {
+            g.terminate(Duration::from_secs(5));
+        }
+        drop(procs);
+        let dir = self
+            .dir
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(d) = dir
+            && std::env::var_os("TESTKIT_KEEP_DIR").is_some()
+        {
+            eprintln!("testkit: keeping control-plane dir {}", d.keep().display());
+        }
+    }
+
+    /// A control plane shared by every test in this test binary (one per tier kind: `A`, or
+    /// `B` with default options), started on first use from a dedicated thread so it does
+    /// not depend on any test's tokio runtime. It is stopped and its temp dir removed when the
+    /// test process exits (`atexit`); if the process is killed, `PR_SET_PDEATHSIG` still
+    /// stops the children. Use one namespace per test.
+    ///
+    /// Create kube clients with [`ControlPlane::client`] inside each test (clients are bound
+    /// to the runtime that created them).
+    pub fn shared(tier_b: bool) -> Result<&'static ControlPlane> {
+        let cell = if tier_b { &SHARED_B } else { &SHARED_A };
+        let res = cell.get_or_init(|| {
+            let tier = if tier_b {
+                Tier::B(TierBOptions::default())
+            } else {
+                Tier::A
+            };
+            let started = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("building runtime: {e}"))?;
+                rt.block_on(ControlPlane::start(tier))
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .join()
+            .unwrap_or_else(|_| Err("control-plane start thread panicked".to_string()));
+            if started.is_ok() {
+                register_atexit();
+            }
+            started
+        });
+        match res {
+            Ok(cp) => Ok(cp),
+            Err(e) => bail!("shared control plane failed to start: {e}"),
+        }
     }
 
     /// `https://127.0.0.1:<port>` of the kube-apiserver.
@@ -444,7 +536,7 @@ impl ControlPlane {
 
     /// PIDs of every process this control plane started.
     pub fn pids(&self) -> Vec<(String, u32)> {
-        self.procs
+        self.lock_procs()
             .iter()
             .map(|g| (g.name().to_string(), g.pid()))
             .collect()
@@ -586,14 +678,6 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        // Stop dependants first: kwok, scheduler, KCM, then kube-apiserver, then etcd.
-        while let Some(mut g) = self.procs.pop() {
-            g.terminate(Duration::from_secs(5));
-        }
-        if std::env::var_os("TESTKIT_KEEP_DIR").is_some()
-            && let Some(d) = self.dir.take()
-        {
-            eprintln!("testkit: keeping control-plane dir {}", d.keep().display());
-        }
+        self.shutdown();
     }
 }
