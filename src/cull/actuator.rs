@@ -138,7 +138,7 @@ pub trait CullApi: Send + Sync {
         target: &'a NotebookRef,
         event: &'a EventSpec,
     ) -> BoxFuture<'a, Result<(), kube::Error>>;
-    /// Value of key `cull` in the kill-switch ConfigMap; `None` when the map or key is absent.
+    /// Value of key `cull` in the kill-switch `ConfigMap`; `None` when the map or key is absent.
     fn kill_switch<'a>(
         &'a self,
         namespace: &'a str,
@@ -257,7 +257,7 @@ impl Actuator {
                     info!(%namespace, %notebook, result = result.as_str(), reason = %action.reason_text(), "cull");
                 }
                 _ => {
-                    warn!(%namespace, %notebook, result = result.as_str(), %detail, "cull not performed")
+                    warn!(%namespace, %notebook, result = result.as_str(), %detail, "cull not performed");
                 }
             }
             out.push(Outcome {
@@ -348,7 +348,7 @@ impl Actuator {
 // === impl KubeCullApi ===
 
 /// [`CullApi`] on a live cluster: Notebook (`kubeflow.org` v1, else v1beta1, discovered once),
-/// `events.k8s.io/v1` Events through a [`Recorder`], ConfigMaps and Namespaces.
+/// `events.k8s.io/v1` Events through a [`Recorder`], `ConfigMaps` and `Namespaces`.
 pub struct KubeCullApi {
     client: kube::Client,
     recorder: Recorder,

@@ -243,12 +243,12 @@ impl<S: LeaseStore> LeaseElector<S> {
                 return self.is_leader();
             }
         };
-        if let Some(rec) = &current {
-            if rec.held_by_other(&self.config.identity, now) {
-                self.record = current;
-                self.set_leader(false, "held by another replica");
-                return false;
-            }
+        if let Some(rec) = &current
+            && rec.held_by_other(&self.config.identity, now)
+        {
+            self.record = current;
+            self.set_leader(false, "held by another replica");
+            return false;
         }
         let claim = self.claim(now, current.as_ref());
         let result = match &current {
@@ -576,9 +576,6 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_write_flips_leadership_off() {
-        let store = Arc::new(FakeStore::default());
-        let mut a = elector(&store, "a");
-        assert!(a.step(t(0)).await);
         // Someone else bumps the resourceVersion between our get and replace: simulate by a
         // store whose replace always conflicts.
         struct Conflicting(Arc<FakeStore>);
@@ -593,6 +590,9 @@ mod tests {
                 Box::pin(async { Err(LeaseError::Conflict) })
             }
         }
+        let store = Arc::new(FakeStore::default());
+        let mut a = elector(&store, "a");
+        assert!(a.step(t(0)).await);
         let mut c = LeaseElector {
             store: Conflicting(store.clone()),
             config: a.config.clone(),

@@ -96,7 +96,7 @@ pub struct CullConfig {
     /// Lease validity without renewal (default 15 s; renewed every third of it).
     pub lease_duration: Duration,
     /// Kill switch: `(namespace, ConfigMap name)`; key `cull: off` disables acting at once.
-    /// A missing ConfigMap or key means "not killed"; an API error means "do not act this cycle".
+    /// A missing `ConfigMap` or key means "not killed"; an API error means "do not act this cycle".
     pub kill_switch: Option<(String, String)>,
     /// In dry-run mode, also send the patch with `dryRun=All` (proves RBAC and webhooks).
     pub server_dry_run: bool,
@@ -250,13 +250,13 @@ impl Culler {
     /// Wiring for `serve`: config from flags, metrics on `registry`, and (when culling is not
     /// off and a client exists) a Lease election spawned on `tracker`, stopped by `cancel` or
     /// [`Culler::shutdown`].
-    pub async fn from_args(
+    pub fn from_args(
         args: &crate::config::CullArgs,
         ledger_policy: &crate::ledger::Policy,
         client: Option<kube::Client>,
         registry: &prometheus::Registry,
         tracker: &tokio_util::task::TaskTracker,
-        cancel: CancellationToken,
+        cancel: &CancellationToken,
     ) -> Result<Self, CullError> {
         let config = config_from_args(args, ledger_policy);
         let metrics = CullMetrics::register(registry).map_err(CullError::Metrics)?;
@@ -335,12 +335,10 @@ impl Culler {
 
         let mut outcomes = Vec::new();
         let acted = wants_to_act && held_back.is_none() && !plan.actions.is_empty();
-        if acted {
-            if let Some(actuator) = &self.actuator {
-                outcomes = actuator
-                    .execute(&plan.actions, self.config.mode, now, recheck)
-                    .await;
-            }
+        if acted && let Some(actuator) = &self.actuator {
+            outcomes = actuator
+                .execute(&plan.actions, self.config.mode, now, recheck)
+                .await;
         }
         for o in &outcomes {
             self.metrics.observe_stop(o.result);
@@ -485,7 +483,7 @@ fn log_plan(plan: &Plan, mode: CullMode) {
                 info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "idle notebook held back");
             }
             _ => {
-                debug!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "not culled")
+                debug!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "not culled");
             }
         }
     }

@@ -74,7 +74,7 @@ impl CullPolicy {
 pub enum SkipReason {
     /// The pod does not belong to a Kubeflow Notebook.
     NotNotebook,
-    /// pod → StatefulSet → Notebook uid could not be verified.
+    /// pod → `StatefulSet` → Notebook uid could not be verified.
     UnverifiedOwner,
     /// The Notebook has a deletionTimestamp.
     Deleting,

@@ -294,7 +294,8 @@ async fn conflict_is_reported_not_retried() {
 
 #[tokio::test]
 async fn fresh_notebook_recheck_blocks_changed_objects() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut NotebookInfo)>)> = vec![
+    type Change = Box<dyn Fn(&mut NotebookInfo)>;
+    let cases: Vec<(&str, Change)> = vec![
         ("uid", Box::new(|n| n.uid = "other".into())),
         (
             "stopped",

@@ -74,8 +74,8 @@ fn ledger(pods: Vec<PodRow>) -> Ledger {
     l
 }
 
-fn reason_of(row: PodRow) -> Option<SkipReason> {
-    judge(&row, &CullPolicy::default(), t0()).err()
+fn reason_of(row: &PodRow) -> Option<SkipReason> {
+    judge(row, &CullPolicy::default(), t0()).err()
 }
 
 fn nb_mut(row: &mut PodRow) -> &mut NotebookInfo {
@@ -137,21 +137,21 @@ fn human_duration_formats() {
 fn pod_without_notebook_is_skipped() {
     let mut r = idle_row("a", "nb", 3);
     r.evidence.notebook = None;
-    assert_eq!(reason_of(r), Some(SkipReason::NotNotebook));
+    assert_eq!(reason_of(&r), Some(SkipReason::NotNotebook));
 }
 
 #[test]
 fn unverified_owner_is_skipped() {
     let mut r = idle_row("a", "nb", 3);
     r.evidence.notebook.as_mut().expect("notebook").1 = false;
-    assert_eq!(reason_of(r), Some(SkipReason::UnverifiedOwner));
+    assert_eq!(reason_of(&r), Some(SkipReason::UnverifiedOwner));
 }
 
 #[test]
 fn deleting_notebook_is_skipped() {
     let mut r = idle_row("a", "nb", 3);
     nb_mut(&mut r).deleting = true;
-    assert_eq!(reason_of(r), Some(SkipReason::Deleting));
+    assert_eq!(reason_of(&r), Some(SkipReason::Deleting));
 }
 
 #[test]
@@ -164,7 +164,7 @@ fn any_stop_value_means_hands_off() {
     ] {
         let mut r = idle_row("a", "nb", 3);
         nb_mut(&mut r).stopped = Some(value.into());
-        assert_eq!(reason_of(r), Some(SkipReason::AlreadyStopped), "{value}");
+        assert_eq!(reason_of(&r), Some(SkipReason::AlreadyStopped), "{value}");
     }
 }
 
@@ -172,7 +172,7 @@ fn any_stop_value_means_hands_off() {
 fn opt_out_is_honoured() {
     let mut r = idle_row("a", "nb", 3);
     nb_mut(&mut r).cull_opt_out = true;
-    assert_eq!(reason_of(r), Some(SkipReason::OptedOut));
+    assert_eq!(reason_of(&r), Some(SkipReason::OptedOut));
 }
 
 #[test]
@@ -208,19 +208,19 @@ fn namespace_allow_deny_and_selector_lists() {
 fn snooze_in_future_blocks_and_past_snooze_does_not() {
     let mut r = idle_row("a", "nb", 3);
     nb_mut(&mut r).snooze_until = Some(t0() + Duration::minutes(1));
-    assert_eq!(reason_of(r.clone()), Some(SkipReason::Snoozed));
+    assert_eq!(reason_of(&r), Some(SkipReason::Snoozed));
     nb_mut(&mut r).snooze_until = Some(t0());
-    assert_eq!(reason_of(r), None);
+    assert_eq!(reason_of(&r), None);
 }
 
 #[test]
 fn only_running_ready_pods_qualify() {
     let mut terminating = idle_row("a", "nb", 3);
     terminating.state = PodState::Terminating;
-    assert_eq!(reason_of(terminating), Some(SkipReason::NotReady));
+    assert_eq!(reason_of(&terminating), Some(SkipReason::NotReady));
     let mut unready = idle_row("a", "nb", 3);
     unready.evidence.ready_since = None;
-    assert_eq!(reason_of(unready), Some(SkipReason::NotReady));
+    assert_eq!(reason_of(&unready), Some(SkipReason::NotReady));
     let mut pending = idle_row("a", "nb", 3);
     pending.state = PodState::Pending;
     let p = plan(&ledger(vec![pending]), &CullPolicy::default(), t0());
@@ -231,71 +231,71 @@ fn only_running_ready_pods_qualify() {
 fn young_pods_are_skipped_from_later_of_start_and_ready() {
     let mut r = idle_row("a", "nb", 3);
     r.evidence.ready_since = Some(t0() - Duration::minutes(59));
-    assert_eq!(reason_of(r.clone()), Some(SkipReason::TooYoung));
+    assert_eq!(reason_of(&r), Some(SkipReason::TooYoung));
     r.evidence.ready_since = Some(t0() - Duration::hours(5));
     r.evidence.started_at = Some(t0() - Duration::minutes(30));
-    assert_eq!(reason_of(r.clone()), Some(SkipReason::TooYoung));
+    assert_eq!(reason_of(&r), Some(SkipReason::TooYoung));
     r.evidence.started_at = None;
-    assert_eq!(reason_of(r.clone()), None);
+    assert_eq!(reason_of(&r), None);
     r.evidence.ready_since = Some(t0() - Duration::hours(1));
-    assert_eq!(reason_of(r), None, "min_runtime is inclusive");
+    assert_eq!(reason_of(&r), None, "min_runtime is inclusive");
 }
 
 #[test]
 fn restart_grace_after_our_own_stop() {
     let mut r = idle_row("a", "nb", 3);
     nb_mut(&mut r).last_stopped_by_us = Some(t0() - Duration::minutes(10));
-    assert_eq!(reason_of(r.clone()), Some(SkipReason::RestartGrace));
+    assert_eq!(reason_of(&r), Some(SkipReason::RestartGrace));
     nb_mut(&mut r).last_stopped_by_us = Some(t0() - Duration::hours(2));
-    assert_eq!(reason_of(r), None);
+    assert_eq!(reason_of(&r), None);
 }
 
 #[test]
 fn shared_and_unattributed_gpus_are_never_culled() {
     let mut r = idle_row("a", "nb", 3);
     r.attribution = Attribution::Shared;
-    assert_eq!(reason_of(r.clone()), Some(SkipReason::SharedGpu));
+    assert_eq!(reason_of(&r), Some(SkipReason::SharedGpu));
     r.attribution = Attribution::Unattributed;
-    assert_eq!(reason_of(r.clone()), Some(SkipReason::Unattributed));
+    assert_eq!(reason_of(&r), Some(SkipReason::Unattributed));
     r.attribution = Attribution::Mig;
-    assert_eq!(reason_of(r), None);
+    assert_eq!(reason_of(&r), None);
 }
 
 #[test]
 fn busy_or_unknown_or_short_idle_is_skipped() {
     let mut busy = idle_row("a", "nb", 3);
     busy.idle = Some(false);
-    assert_eq!(reason_of(busy), Some(SkipReason::NotIdle));
+    assert_eq!(reason_of(&busy), Some(SkipReason::NotIdle));
     let mut unknown = idle_row("a", "nb", 3);
     unknown.idle = None;
-    assert_eq!(reason_of(unknown), Some(SkipReason::IdleUnknown));
+    assert_eq!(reason_of(&unknown), Some(SkipReason::IdleUnknown));
     let short = idle_row("a", "nb", 1);
-    assert_eq!(reason_of(short), Some(SkipReason::IdleTooShort));
+    assert_eq!(reason_of(&short), Some(SkipReason::IdleTooShort));
     let mut no_seconds = idle_row("a", "nb", 3);
     no_seconds.idle_seconds = None;
-    assert_eq!(reason_of(no_seconds), Some(SkipReason::IdleTooShort));
+    assert_eq!(reason_of(&no_seconds), Some(SkipReason::IdleTooShort));
 }
 
 #[test]
 fn partial_coverage_and_missing_devices_are_skipped() {
     let mut low = idle_row("a", "nb", 3);
     low.evidence.coverage = Some(0.89);
-    assert_eq!(reason_of(low), Some(SkipReason::PartialCoverage));
+    assert_eq!(reason_of(&low), Some(SkipReason::PartialCoverage));
     let mut none = idle_row("a", "nb", 3);
     none.evidence.coverage = None;
-    assert_eq!(reason_of(none), Some(SkipReason::PartialCoverage));
+    assert_eq!(reason_of(&none), Some(SkipReason::PartialCoverage));
     let mut missing = idle_row("a", "nb", 3);
     missing.evidence.devices_expected = 2;
-    assert_eq!(reason_of(missing), Some(SkipReason::PartialCoverage));
+    assert_eq!(reason_of(&missing), Some(SkipReason::PartialCoverage));
 }
 
 #[test]
 fn stale_data_is_skipped() {
     let mut r = idle_row("a", "nb", 3);
     r.evidence.newest_sample_at = Some(t0() - Duration::minutes(3));
-    assert_eq!(reason_of(r.clone()), Some(SkipReason::StaleData));
+    assert_eq!(reason_of(&r), Some(SkipReason::StaleData));
     r.evidence.newest_sample_at = None;
-    assert_eq!(reason_of(r), Some(SkipReason::StaleData));
+    assert_eq!(reason_of(&r), Some(SkipReason::StaleData));
 }
 
 #[test]
@@ -505,6 +505,11 @@ fn arb_ledger() -> impl Strategy<Value = Ledger> {
         prop::bool::weighted(0.85),
     )
         .prop_map(|(mut pods, usage)| {
+            // Pod names and uids are unique in a real ledger.
+            for (i, p) in pods.iter_mut().enumerate() {
+                p.pod = format!("pod{i}");
+                p.evidence.uid = format!("uid{i}");
+            }
             pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
             let mut l = ledger(pods);
             l.usage_available = usage;
