@@ -10,9 +10,12 @@
 //!                                                                   └─▶ cull::plan (pure) ─▶ actuator
 //! ```
 
+pub mod app;
 pub mod claims;
+pub mod config;
 pub mod cull;
 pub mod export;
 pub mod ledger;
 pub mod report;
+pub mod telemetry;
 pub mod usage;

@@ -218,10 +218,9 @@ fn explicit_at_overrides_newest_sample() {
     );
 }
 
-/// Known bug in `usage::series::reduce`: current holders are taken from each series' newest sample
-/// overall, not the newest at or before `now`, so an `--at` inside the dump loses attribution.
+/// Regression: current holders are taken from each series' newest sample at or before `--at`, so
+/// an `--at` inside the dump keeps attribution.
 #[test]
-#[ignore = "usage::series::reduce picks workloads from samples after `now`"]
 fn explicit_at_inside_the_dump_keeps_attribution() {
     let mut input = OfflineInput::from_dir(&homelab());
     input.at = Some(at() - chrono::Duration::minutes(30));
@@ -258,7 +257,8 @@ fn homelab_with(replace: &[(&str, &str)]) -> tempfile::TempDir {
 fn load_err(dir: &tempfile::TempDir) -> String {
     let err =
         offline::load(&OfflineInput::from_dir(dir.path()), wall_clock()).expect_err("bad input");
-    err.to_string()
+    // The whole cause chain, as the binary prints it.
+    format!("{:#}", anyhow::Error::new(err))
 }
 
 #[test]

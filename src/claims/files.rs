@@ -15,19 +15,34 @@ use super::{Claims, ResourceNames};
 /// Why a dump file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("{path}: cannot read: {source}")]
+    #[error("{path}: cannot read")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     #[error("{path}: not valid {format}: {message}")]
-    Syntax { path: PathBuf, format: &'static str, message: String },
-    #[error("{path}: expected a List of {expected} (as `kubectl get {plural} -A -o json` prints), found {found}")]
-    WrongKind { path: PathBuf, expected: &'static str, plural: &'static str, found: String },
+    Syntax {
+        path: PathBuf,
+        format: &'static str,
+        message: String,
+    },
+    #[error(
+        "{path}: expected a List of {expected} (as `kubectl get {plural} -A -o json` prints), found {found}"
+    )]
+    WrongKind {
+        path: PathBuf,
+        expected: &'static str,
+        plural: &'static str,
+        found: String,
+    },
     #[error("{path}: item {index}: {message}")]
-    Item { path: PathBuf, index: usize, message: String },
-    #[error("{path}: {source}")]
+    Item {
+        path: PathBuf,
+        index: usize,
+        message: String,
+    },
+    #[error("{path}")]
     Quantity {
         path: PathBuf,
         #[source]
@@ -49,7 +64,10 @@ impl DumpPaths {
     /// `DIR/{pods,nodes,notebooks,quotas,statefulsets}.{json,yaml,yml}`; pods and nodes are required.
     pub fn from_dir(dir: &Path) -> Self {
         let find = |stem: &str| -> Option<PathBuf> {
-            ["json", "yaml", "yml"].iter().map(|ext| dir.join(format!("{stem}.{ext}"))).find(|p| p.is_file())
+            ["json", "yaml", "yml"]
+                .iter()
+                .map(|ext| dir.join(format!("{stem}.{ext}")))
+                .find(|p| p.is_file())
         };
         DumpPaths {
             pods: find("pods").unwrap_or_else(|| dir.join("pods.json")),
@@ -69,12 +87,23 @@ struct RawList {
 
 /// Reads a file as JSON or YAML (decided by the first non-blank character) into a generic value.
 fn read_value(path: &Path) -> Result<serde_json::Value, FileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read { path: path.into(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
+        path: path.into(),
+        source,
+    })?;
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        serde_json::from_str(&text).map_err(|e| FileError::Syntax { path: path.into(), format: "JSON", message: e.to_string() })
+        serde_json::from_str(&text).map_err(|e| FileError::Syntax {
+            path: path.into(),
+            format: "JSON",
+            message: e.to_string(),
+        })
     } else {
-        serde_norway::from_str(&text).map_err(|e| FileError::Syntax { path: path.into(), format: "YAML", message: e.to_string() })
+        serde_norway::from_str(&text).map_err(|e| FileError::Syntax {
+            path: path.into(),
+            format: "YAML",
+            message: e.to_string(),
+        })
     }
 }
 
@@ -92,19 +121,36 @@ fn read_list<T: DeserializeOwned>(
         plural,
         found: found.clone(),
     })?;
-    let list_kind_ok = matches!(list.kind.as_deref(), Some("List")) || list.kind.as_deref() == Some(&format!("{kind}List"));
+    let list_kind_ok = matches!(list.kind.as_deref(), Some("List"))
+        || list.kind.as_deref() == Some(&format!("{kind}List"));
     let Some(items) = list.items.filter(|_| list_kind_ok) else {
-        return Err(FileError::WrongKind { path: path.into(), expected: kind, plural, found });
+        return Err(FileError::WrongKind {
+            path: path.into(),
+            expected: kind,
+            plural,
+            found,
+        });
     };
     items
         .into_iter()
         .enumerate()
         .map(|(index, item)| {
-            let item_kind = item.get("kind").and_then(|k| k.as_str()).map(str::to_string);
+            let item_kind = item
+                .get("kind")
+                .and_then(|k| k.as_str())
+                .map(str::to_string);
             if let Some(k) = item_kind.as_deref().filter(|k| *k != kind) {
-                return Err(FileError::Item { path: path.into(), index, message: format!("expected kind {kind}, found {k}") });
+                return Err(FileError::Item {
+                    path: path.into(),
+                    index,
+                    message: format!("expected kind {kind}, found {k}"),
+                });
             }
-            serde_json::from_value(item).map_err(|e| FileError::Item { path: path.into(), index, message: e.to_string() })
+            serde_json::from_value(item).map_err(|e| FileError::Item {
+                path: path.into(),
+                index,
+                message: e.to_string(),
+            })
         })
         .collect()
 }
@@ -137,11 +183,14 @@ struct MetaOnly {
 
 /// Loads every dump and projects it.
 pub fn load(paths: &DumpPaths, names: &ResourceNames) -> Result<Claims, FileError> {
+    fn q(path: &Path) -> impl Fn(ProjectError) -> FileError + '_ {
+        move |source| FileError::Quantity {
+            path: path.into(),
+            source,
+        }
+    }
     let pods: Vec<Pod> = read_list(&paths.pods, "Pod", "pods")?;
     let nodes: Vec<Node> = read_list(&paths.nodes, "Node", "nodes")?;
-    fn q(path: &Path) -> impl Fn(ProjectError) -> FileError + '_ {
-        move |source| FileError::Quantity { path: path.into(), source }
-    }
     let mut claims = Claims::default();
     for p in &pods {
         if let Some(c) = project::pod(names, p).map_err(q(&paths.pods))? {
@@ -149,7 +198,9 @@ pub fn load(paths: &DumpPaths, names: &ResourceNames) -> Result<Claims, FileErro
         }
     }
     for n in &nodes {
-        claims.nodes.push(project::node(names, n).map_err(q(&paths.nodes))?);
+        claims
+            .nodes
+            .push(project::node(names, n).map_err(q(&paths.nodes))?);
     }
     if let Some(path) = &paths.quotas {
         let quotas: Vec<ResourceQuota> = read_list(path, "ResourceQuota", "resourcequotas")?;
@@ -161,7 +212,10 @@ pub fn load(paths: &DumpPaths, names: &ResourceNames) -> Result<Claims, FileErro
     }
     if let Some(path) = &paths.notebooks {
         let notebooks: Vec<MetaOnly> = read_list(path, "Notebook", "notebooks.kubeflow.org")?;
-        claims.notebooks = notebooks.iter().map(|n| project::notebook(&n.metadata)).collect();
+        claims.notebooks = notebooks
+            .iter()
+            .map(|n| project::notebook(&n.metadata))
+            .collect();
         claims.notebooks_enabled = true;
     }
     if let Some(path) = &paths.statefulsets {
@@ -186,26 +240,47 @@ mod tests {
     #[test]
     fn rejects_non_lists_with_file_name() {
         let dir = tempfile::tempdir().expect("tmp");
-        let p = write(dir.path(), "pods.json", r#"{"kind":"Pod","metadata":{"name":"x"}}"#);
+        let p = write(
+            dir.path(),
+            "pods.json",
+            r#"{"kind":"Pod","metadata":{"name":"x"}}"#,
+        );
         let err = read_list::<Pod>(&p, "Pod", "pods").expect_err("not a list");
         let msg = err.to_string();
-        assert!(msg.contains("pods.json") && msg.contains("expected a List of Pod"), "{msg}");
-        let p = write(dir.path(), "nodes.json", r#"{"kind":"List","items":[{"kind":"Pod"}]}"#);
-        let msg = read_list::<Node>(&p, "Node", "nodes").expect_err("wrong item").to_string();
+        assert!(
+            msg.contains("pods.json") && msg.contains("expected a List of Pod"),
+            "{msg}"
+        );
+        let p = write(
+            dir.path(),
+            "nodes.json",
+            r#"{"kind":"List","items":[{"kind":"Pod"}]}"#,
+        );
+        let msg = read_list::<Node>(&p, "Node", "nodes")
+            .expect_err("wrong item")
+            .to_string();
         assert!(msg.contains("item 0") && msg.contains("found Pod"), "{msg}");
         let p = write(dir.path(), "bad.json", "{ nope");
-        let msg = read_list::<Node>(&p, "Node", "nodes").expect_err("syntax").to_string();
+        let msg = read_list::<Node>(&p, "Node", "nodes")
+            .expect_err("syntax")
+            .to_string();
         assert!(msg.contains("not valid JSON"), "{msg}");
     }
 
     #[test]
     fn reads_yaml_lists() {
         let dir = tempfile::tempdir().expect("tmp");
-        let p = write(dir.path(), "nodes.yaml", "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata:\n    name: n1\n  status:\n    allocatable:\n      nvidia.com/gpu: \"1\"\n");
+        let p = write(
+            dir.path(),
+            "nodes.yaml",
+            "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata:\n    name: n1\n  status:\n    allocatable:\n      nvidia.com/gpu: \"1\"\n",
+        );
         let nodes: Vec<Node> = read_list(&p, "Node", "nodes").expect("yaml list");
         assert_eq!(nodes.len(), 1);
         let p = write(dir.path(), "bad.yaml", "kind: List\nitems: [\n");
-        let msg = read_list::<Node>(&p, "Node", "nodes").expect_err("syntax").to_string();
+        let msg = read_list::<Node>(&p, "Node", "nodes")
+            .expect_err("syntax")
+            .to_string();
         assert!(msg.contains("not valid YAML"), "{msg}");
     }
 }

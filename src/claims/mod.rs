@@ -184,8 +184,7 @@ impl GpuResourceKind {
     pub fn gpus_per_unit(self, replicas: u32) -> f64 {
         let replicas = f64::from(replicas.max(1));
         match self {
-            Self::Whole | Self::Extra => 1.0 / replicas,
-            Self::Shared => 1.0 / replicas,
+            Self::Whole | Self::Extra | Self::Shared => 1.0 / replicas,
             Self::Mig { slices } => f64::from(slices) / 7.0,
         }
     }
@@ -204,10 +203,17 @@ impl ResourceNames {
             "nvidia.com/gpu.shared" => Some(GpuResourceKind::Shared),
             _ => {
                 if let Some(profile) = name.strip_prefix("nvidia.com/mig-") {
-                    let slices = profile.split_once('g').and_then(|(g, _)| g.parse::<u8>().ok())?;
-                    return (1..=7).contains(&slices).then_some(GpuResourceKind::Mig { slices });
+                    let slices = profile
+                        .split_once('g')
+                        .and_then(|(g, _)| g.parse::<u8>().ok())?;
+                    return (1..=7)
+                        .contains(&slices)
+                        .then_some(GpuResourceKind::Mig { slices });
                 }
-                self.extra.iter().any(|e| e == name).then_some(GpuResourceKind::Extra)
+                self.extra
+                    .iter()
+                    .any(|e| e == name)
+                    .then_some(GpuResourceKind::Extra)
             }
         }
     }
@@ -225,9 +231,23 @@ impl ResourceNames {
     pub fn gpus(&self, resources: &BTreeMap<String, u64>, replicas: u32) -> f64 {
         resources
             .iter()
-            .filter_map(|(name, units)| self.classify(name).map(|k| k.gpus_per_unit(replicas) * *units as f64))
+            .filter_map(|(name, units)| {
+                self.classify(name)
+                    .map(|k| k.gpus_per_unit(replicas) * *units as f64)
+            })
             .sum()
     }
+}
+
+/// Shard owning a node: FNV-1a of its name modulo the shard count (stable across versions and
+/// platforms, unlike std's hasher).
+pub fn shard_of(node: &str, total: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(total.max(1))) as u32
 }
 
 #[cfg(test)]
@@ -235,16 +255,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn shards_are_stable_and_spread() {
+        assert_eq!(shard_of("gpu-node-1", 1), 0);
+        let counts = (0..1000).fold([0u32; 4], |mut c, i| {
+            c[shard_of(&format!("node-{i}"), 4) as usize] += 1;
+            c
+        });
+        assert!(counts.iter().all(|c| *c > 150), "{counts:?}");
+        assert_eq!(shard_of("gpu-node-1", 4), shard_of("gpu-node-1", 4));
+    }
+
+    #[test]
     fn classifies_gpu_resource_names() {
-        let names = ResourceNames { extra: vec!["example.com/gpu".into()] };
-        assert_eq!(names.classify("nvidia.com/gpu"), Some(GpuResourceKind::Whole));
-        assert_eq!(names.classify("nvidia.com/gpu.shared"), Some(GpuResourceKind::Shared));
-        assert_eq!(names.classify("nvidia.com/mig-3g.40gb"), Some(GpuResourceKind::Mig { slices: 3 }));
-        assert_eq!(names.classify("nvidia.com/mig-1g.10gb"), Some(GpuResourceKind::Mig { slices: 1 }));
+        let names = ResourceNames {
+            extra: vec!["example.com/gpu".into()],
+        };
+        assert_eq!(
+            names.classify("nvidia.com/gpu"),
+            Some(GpuResourceKind::Whole)
+        );
+        assert_eq!(
+            names.classify("nvidia.com/gpu.shared"),
+            Some(GpuResourceKind::Shared)
+        );
+        assert_eq!(
+            names.classify("nvidia.com/mig-3g.40gb"),
+            Some(GpuResourceKind::Mig { slices: 3 })
+        );
+        assert_eq!(
+            names.classify("nvidia.com/mig-1g.10gb"),
+            Some(GpuResourceKind::Mig { slices: 1 })
+        );
         assert_eq!(names.classify("nvidia.com/mig-9g.10gb"), None);
-        assert_eq!(names.classify("example.com/gpu"), Some(GpuResourceKind::Extra));
+        assert_eq!(
+            names.classify("example.com/gpu"),
+            Some(GpuResourceKind::Extra)
+        );
         assert_eq!(names.classify("cpu"), None);
-        assert_eq!(names.quota_key_resource("requests.nvidia.com/gpu"), Some("nvidia.com/gpu"));
+        assert_eq!(
+            names.quota_key_resource("requests.nvidia.com/gpu"),
+            Some("nvidia.com/gpu")
+        );
         assert_eq!(names.quota_key_resource("limits.cpu"), None);
     }
 
@@ -263,8 +314,12 @@ mod tests {
 
     #[test]
     fn deletion_requested_at_is_deadline_minus_grace() {
-        let deadline = DateTime::parse_from_rfc3339("2026-01-01T00:00:30Z").map(|d| d.with_timezone(&Utc));
-        let d = Deletion { deadline: deadline.expect("valid"), grace_seconds: 30 };
+        let deadline =
+            DateTime::parse_from_rfc3339("2026-01-01T00:00:30Z").map(|d| d.with_timezone(&Utc));
+        let d = Deletion {
+            deadline: deadline.expect("valid"),
+            grace_seconds: 30,
+        };
         assert_eq!(d.requested_at().to_rfc3339(), "2026-01-01T00:00:00+00:00");
     }
 }

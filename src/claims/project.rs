@@ -10,14 +10,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::quantity::{QuantityError, parse_units};
 use super::{
-    CULL_OPT_OUT_ANNOTATION, Deletion, NodeInfo, NotebookInfo, OwnerRef, PRODUCT_LABEL, PodClaim, PodPhase,
-    QuotaInfo, REPLICAS_LABEL, ResourceNames, SNOOZE_ANNOTATION, STOP_ANNOTATION, STOPPED_AT_ANNOTATION,
-    StatefulSetInfo,
+    CULL_OPT_OUT_ANNOTATION, Deletion, NodeInfo, NotebookInfo, OwnerRef, PRODUCT_LABEL, PodClaim,
+    PodPhase, QuotaInfo, REPLICAS_LABEL, ResourceNames, SNOOZE_ANNOTATION, STOP_ANNOTATION,
+    STOPPED_AT_ANNOTATION, StatefulSetInfo,
 };
 
 /// A quantity that cannot be a GPU count, with where it was found.
 #[derive(Debug, thiserror::Error)]
-#[error("{object}: resource {resource:?}: {source}")]
+#[error("{object}: resource {resource:?}")]
 pub struct ProjectError {
     pub object: String,
     pub resource: String,
@@ -38,7 +38,8 @@ fn time(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Opt
 
 /// k8s-openapi carries `jiff` timestamps; the rest of the crate uses `chrono`.
 pub fn to_chrono(t: k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
-    DateTime::from_timestamp(t.as_second(), t.subsec_nanosecond().unsigned_abs()).unwrap_or(DateTime::<Utc>::MIN_UTC)
+    DateTime::from_timestamp(t.as_second(), t.subsec_nanosecond().unsigned_abs())
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// The controller owner reference (group without version).
@@ -52,8 +53,17 @@ pub fn controller_of(meta: &ObjectMeta) -> Option<OwnerRef> {
 }
 
 fn owner_ref(o: &OwnerReference) -> OwnerRef {
-    let group = o.api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("").to_string();
-    OwnerRef { group, kind: o.kind.clone(), name: o.name.clone(), uid: o.uid.clone() }
+    let group = o
+        .api_version
+        .rsplit_once('/')
+        .map_or("", |(g, _)| g)
+        .to_string();
+    OwnerRef {
+        group,
+        kind: o.kind.clone(),
+        name: o.name.clone(),
+        uid: o.uid.clone(),
+    }
 }
 
 /// GPU units of one container's resources: limits, or requests where no limit is set.
@@ -63,7 +73,9 @@ fn container_units(
     resources: Option<&ResourceRequirements>,
 ) -> Result<BTreeMap<String, u64>, ProjectError> {
     let mut out = BTreeMap::new();
-    let Some(resources) = resources else { return Ok(out) };
+    let Some(resources) = resources else {
+        return Ok(out);
+    };
     let limits = resources.limits.as_ref();
     let requests = resources.requests.as_ref();
     let keys = limits.into_iter().chain(requests).flat_map(|m| m.keys());
@@ -71,7 +83,9 @@ fn container_units(
         if out.contains_key(key) || names.classify(key).is_none() {
             continue;
         }
-        let q: Option<&Quantity> = limits.and_then(|l| l.get(key)).or_else(|| requests.and_then(|r| r.get(key)));
+        let q: Option<&Quantity> = limits
+            .and_then(|l| l.get(key))
+            .or_else(|| requests.and_then(|r| r.get(key)));
         if let Some(q) = q {
             let units = parse_units(&q.0).map_err(|source| ProjectError {
                 object: object.to_string(),
@@ -102,37 +116,62 @@ fn max_into(total: &mut BTreeMap<String, u64>, other: &BTreeMap<String, u64>) {
 pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, ProjectError> {
     let meta = &pod.metadata;
     let object = object_name("pod", meta);
-    let Some(spec) = &pod.spec else { return Ok(None) };
+    let Some(spec) = &pod.spec else {
+        return Ok(None);
+    };
     let mut app = BTreeMap::new();
     for c in &spec.containers {
-        sum_into(&mut app, &container_units(names, &object, c.resources.as_ref())?);
+        sum_into(
+            &mut app,
+            &container_units(names, &object, c.resources.as_ref())?,
+        );
     }
     let mut init = BTreeMap::new();
     for c in spec.init_containers.as_deref().unwrap_or_default() {
         // Restartable (sidecar) init containers run alongside the app containers.
         if is_sidecar(c) {
-            sum_into(&mut app, &container_units(names, &object, c.resources.as_ref())?);
+            sum_into(
+                &mut app,
+                &container_units(names, &object, c.resources.as_ref())?,
+            );
         } else {
-            max_into(&mut init, &container_units(names, &object, c.resources.as_ref())?);
+            max_into(
+                &mut init,
+                &container_units(names, &object, c.resources.as_ref())?,
+            );
         }
     }
     let mut resources = app;
     max_into(&mut resources, &init);
-    sum_into(&mut resources, &container_units(names, &object, spec.resources.as_ref())?);
+    sum_into(
+        &mut resources,
+        &container_units(names, &object, spec.resources.as_ref())?,
+    );
     resources.retain(|_, v| *v > 0);
     if resources.is_empty() {
         return Ok(None);
     }
     let status = pod.status.as_ref();
-    let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    let conditions = status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
     let ready_since = conditions
         .iter()
         .find(|c| c.type_ == "Ready" && c.status == "True")
-        .map(|c| c.last_transition_time.as_ref().map_or(DateTime::<Utc>::MIN_UTC, |t| to_chrono(t.0)));
+        .map(|c| {
+            c.last_transition_time
+                .as_ref()
+                .map_or(DateTime::<Utc>::MIN_UTC, |t| to_chrono(t.0))
+        });
     let unschedulable_message = conditions
         .iter()
         .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        .map(|c| c.message.clone().or_else(|| c.reason.clone()).unwrap_or_default());
+        .map(|c| {
+            c.message
+                .clone()
+                .or_else(|| c.reason.clone())
+                .unwrap_or_default()
+        });
     Ok(Some(PodClaim {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
@@ -188,7 +227,10 @@ pub fn node(names: &ResourceNames, node: &Node) -> Result<NodeInfo, ProjectError
 }
 
 /// The GPU part of a ResourceQuota; `None` when no key names a GPU resource.
-pub fn quota(names: &ResourceNames, quota: &ResourceQuota) -> Result<Option<QuotaInfo>, ProjectError> {
+pub fn quota(
+    names: &ResourceNames,
+    quota: &ResourceQuota,
+) -> Result<Option<QuotaInfo>, ProjectError> {
     let meta = &quota.metadata;
     let object = object_name("resourcequota", meta);
     let hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref());
@@ -216,7 +258,9 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
     let ann = meta.annotations.as_ref();
     let get = |k: &str| ann.and_then(|a| a.get(k));
     let parse_time = |k: &str| {
-        get(k).and_then(|v| DateTime::parse_from_rfc3339(v).ok()).map(|t| t.with_timezone(&Utc))
+        get(k)
+            .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
+            .map(|t| t.with_timezone(&Utc))
     };
     NotebookInfo {
         namespace: meta.namespace.clone().unwrap_or_default(),
@@ -266,7 +310,9 @@ mod tests {
             },
             "status": {"phase": "Running"}
         }));
-        let c = pod(&ResourceNames::default(), &p).expect("ok").expect("gpu pod");
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("gpu pod");
         assert_eq!(c.resources.get("nvidia.com/gpu"), Some(&3));
         assert_eq!(c.node.as_deref(), Some("n1"));
         assert_eq!(c.phase, PodPhase::Running);
@@ -282,7 +328,9 @@ mod tests {
                     "limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "1"}}}]
             }
         }));
-        let c = pod(&ResourceNames::default(), &p).expect("ok").expect("gpu pod");
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("gpu pod");
         assert_eq!(c.resources.get("nvidia.com/gpu"), Some(&3));
         assert_eq!(c.phase, PodPhase::Unknown);
     }
@@ -294,18 +342,28 @@ mod tests {
         assert!(pod(&ResourceNames::default(), &p).expect("ok").is_none());
         let bad = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"},
             "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "0.5"}}}]}}));
-        let err = pod(&ResourceNames::default(), &bad).expect_err("fractional");
-        assert!(err.to_string().contains("pod ns/p"), "{err}");
-        assert!(err.to_string().contains("fractional"), "{err}");
+        let err = format!(
+            "{:#}",
+            anyhow::Error::new(pod(&ResourceNames::default(), &bad).expect_err("fractional"))
+        );
+        assert!(err.contains("pod ns/p"), "{err}");
+        assert!(err.contains("fractional"), "{err}");
     }
 
     #[test]
     fn owner_group_drops_version() {
-        let p = pod_from(json!({"metadata": {"name": "nb-0", "namespace": "ns", "ownerReferences": [
+        let p = pod_from(
+            json!({"metadata": {"name": "nb-0", "namespace": "ns", "ownerReferences": [
             {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "nb", "uid": "s1", "controller": true}]},
-            "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}));
-        let c = pod(&ResourceNames::default(), &p).expect("ok").expect("gpu pod");
+            "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
+        );
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("gpu pod");
         let owner = c.controller.expect("controller");
-        assert_eq!((owner.group.as_str(), owner.kind.as_str()), ("apps", "StatefulSet"));
+        assert_eq!(
+            (owner.group.as_str(), owner.kind.as_str()),
+            ("apps", "StatefulSet")
+        );
     }
 }

@@ -24,7 +24,9 @@ pub fn parse_units(raw: &str) -> Result<u64, QuantityError> {
         return Err(QuantityError::Negative(raw.to_string()));
     }
     let s = s.strip_prefix('+').unwrap_or(s);
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (number, suffix) = s.split_at(split);
     if number.is_empty() {
         return Err(QuantityError::Invalid(raw.to_string()));
@@ -49,11 +51,23 @@ pub fn parse_units(raw: &str) -> Result<u64, QuantityError> {
         return Err(QuantityError::TooLarge(raw.to_string()));
     }
     let frac_scale = 10u128.pow(frac_part.len() as u32);
-    let int_value: u128 = if int_part.is_empty() { 0 } else { int_part.parse().map_err(|_| QuantityError::Invalid(raw.to_string()))? };
-    let frac_value: u128 = if frac_part.is_empty() { 0 } else { frac_part.parse().map_err(|_| QuantityError::Invalid(raw.to_string()))? };
+    let int_value: u128 = if int_part.is_empty() {
+        0
+    } else {
+        int_part
+            .parse()
+            .map_err(|_| QuantityError::Invalid(raw.to_string()))?
+    };
+    let frac_value: u128 = if frac_part.is_empty() {
+        0
+    } else {
+        frac_part
+            .parse()
+            .map_err(|_| QuantityError::Invalid(raw.to_string()))?
+    };
     let numerator = (int_value * frac_scale + frac_value) * mul;
     let denominator = frac_scale * div;
-    if numerator % denominator != 0 {
+    if !numerator.is_multiple_of(denominator) {
         return Err(QuantityError::Fractional(raw.to_string()));
     }
     u64::try_from(numerator / denominator).map_err(|_| QuantityError::TooLarge(raw.to_string()))
@@ -77,13 +91,25 @@ mod tests {
     #[test]
     fn rejects_bad_units() {
         assert!(matches!(parse_units("-1"), Err(QuantityError::Negative(_))));
-        assert!(matches!(parse_units("0.5"), Err(QuantityError::Fractional(_))));
-        assert!(matches!(parse_units("500m"), Err(QuantityError::Fractional(_))));
+        assert!(matches!(
+            parse_units("0.5"),
+            Err(QuantityError::Fractional(_))
+        ));
+        assert!(matches!(
+            parse_units("500m"),
+            Err(QuantityError::Fractional(_))
+        ));
         assert!(matches!(parse_units("two"), Err(QuantityError::Invalid(_))));
         assert!(matches!(parse_units(""), Err(QuantityError::Invalid(_))));
-        assert!(matches!(parse_units("1.2.3"), Err(QuantityError::Invalid(_))));
+        assert!(matches!(
+            parse_units("1.2.3"),
+            Err(QuantityError::Invalid(_))
+        ));
         assert!(matches!(parse_units("1x"), Err(QuantityError::Invalid(_))));
-        assert!(matches!(parse_units("99999999999999999999"), Err(QuantityError::TooLarge(_))));
+        assert!(matches!(
+            parse_units("99999999999999999999"),
+            Err(QuantityError::TooLarge(_))
+        ));
     }
 
     proptest! {

@@ -53,14 +53,20 @@ impl<'a> DeviceIndex<'a> {
             for w in d.workloads.iter().chain(per_pod) {
                 if !seen.contains(&w) {
                     seen.push(w);
-                    by_workload.entry((w.namespace.as_str(), w.pod.as_str())).or_default().push(i);
+                    by_workload
+                        .entry((w.namespace.as_str(), w.pod.as_str()))
+                        .or_default()
+                        .push(i);
                 }
             }
             if let Some(h) = &d.hostname {
                 by_host.entry(h.as_str()).or_default().push(i);
             }
         }
-        DeviceIndex { by_workload, by_host }
+        DeviceIndex {
+            by_workload,
+            by_host,
+        }
     }
 }
 
@@ -74,7 +80,9 @@ fn expected_devices(p: &PodClaim, policy: &Policy) -> usize {
     p.resources
         .iter()
         .filter_map(|(name, units)| match policy.names.classify(name) {
-            Some(GpuResourceKind::Whole | GpuResourceKind::Extra | GpuResourceKind::Mig { .. }) => Some(*units as usize),
+            Some(GpuResourceKind::Whole | GpuResourceKind::Extra | GpuResourceKind::Mig { .. }) => {
+                Some(*units as usize)
+            }
             Some(GpuResourceKind::Shared) => Some(1),
             None => None,
         })
@@ -86,13 +94,17 @@ fn verdict(devs: &[&DeviceUsage], policy: &Policy, now: DateTime<Utc>) -> Option
     if devs.is_empty() {
         return None;
     }
-    if devs.iter().any(|d| d.peak.is_some_and(|p| p >= policy.idle_threshold)) {
+    if devs
+        .iter()
+        .any(|d| d.peak.is_some_and(|p| p >= policy.idle_threshold))
+    {
         return Some(false);
     }
     let proven = devs.iter().all(|d| {
         d.peak.is_some_and(|p| p < policy.idle_threshold)
             && d.coverage >= policy.min_coverage
-            && d.last_sample_at.is_some_and(|t| now - t <= policy.max_staleness)
+            && d.last_sample_at
+                .is_some_and(|t| now - t <= policy.max_staleness)
     });
     proven.then_some(true)
 }
@@ -114,7 +126,11 @@ pub(super) fn attribute(
         row.attribution = Attribution::Unattributed;
         return;
     }
-    let ids = index.by_workload.get(&(p.namespace.as_str(), p.name.as_str())).cloned().unwrap_or_default();
+    let ids = index
+        .by_workload
+        .get(&(p.namespace.as_str(), p.name.as_str()))
+        .cloned()
+        .unwrap_or_default();
     for &i in &ids {
         claimed[i] = true;
     }
@@ -151,26 +167,47 @@ pub(super) fn attribute(
     } else {
         Attribution::Exclusive
     };
-    row.evidence.coverage = devs.iter().map(|d| d.coverage).fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))));
+    row.evidence.coverage = devs
+        .iter()
+        .map(|d| d.coverage)
+        .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))));
     row.evidence.newest_sample_at = devs.iter().map(|d| d.last_sample_at).min().flatten();
-    row.evidence.peak = devs.iter().map(|d| d.peak).try_fold(0.0_f64, |m, p| p.map(|p| m.max(p)));
+    row.evidence.peak = devs
+        .iter()
+        .map(|d| d.peak)
+        .try_fold(0.0_f64, |m, p| p.map(|p| m.max(p)));
 
     match row.attribution {
         Attribution::Exclusive | Attribution::Mig => {
             let utils: Option<Vec<f64>> = devs.iter().map(|d| d.utilization).collect();
-            row.utilization = utils.filter(|u| !u.is_empty()).map(|u| u.iter().sum::<f64>() / u.len() as f64);
+            row.utilization = utils
+                .filter(|u| !u.is_empty())
+                .map(|u| u.iter().sum::<f64>() / u.len() as f64);
             let mem: Option<Vec<f64>> = devs.iter().map(|d| d.memory_used_bytes).collect();
             row.memory_used_bytes = mem.map(|m| m.iter().sum());
             let complete = devs.len() >= row.evidence.devices_expected;
-            row.idle = if complete { verdict(&devs, policy, now) } else { verdict(&devs, policy, now).filter(|v| !v) };
+            row.idle = if complete {
+                verdict(&devs, policy, now)
+            } else {
+                verdict(&devs, policy, now).filter(|v| !v)
+            };
         }
         Attribution::Shared => {
-            let me = Workload { namespace: p.namespace.clone(), pod: p.name.clone() };
+            let me = Workload {
+                namespace: p.namespace.clone(),
+                pod: p.name.clone(),
+            };
             let own: Vec<f64> = devs
                 .iter()
-                .filter_map(|d| d.per_pod_utilization.iter().find(|(w, _)| *w == me).map(|(_, v)| *v))
+                .filter_map(|d| {
+                    d.per_pod_utilization
+                        .iter()
+                        .find(|(w, _)| *w == me)
+                        .map(|(_, v)| *v)
+                })
                 .collect();
-            row.utilization = (!own.is_empty() && own.len() == devs.len()).then(|| own.iter().sum::<f64>() / own.len() as f64);
+            row.utilization = (!own.is_empty() && own.len() == devs.len())
+                .then(|| own.iter().sum::<f64>() / own.len() as f64);
             // An idle device proves every sharer idle; a busy one proves nothing about this pod
             // unless its own per-process reading is busy.
             row.idle = match verdict(&devs, policy, now) {

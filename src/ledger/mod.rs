@@ -94,6 +94,8 @@ pub struct Evidence {
     /// Devices found for the pod versus devices its claim implies.
     pub devices_found: usize,
     pub devices_expected: usize,
+    /// Time-slicing replica factor of the pod's node (1 when not shared or unknown).
+    pub replicas: u32,
 }
 
 /// One GPU pod.
@@ -203,13 +205,22 @@ fn state_of(p: &PodClaim) -> Option<PodState> {
 
 /// Joins claims with usage at `now`.
 pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy) -> Ledger {
-    let replicas: HashMap<&str, u32> = claims.nodes.iter().map(|n| (n.name.as_str(), n.replicas)).collect();
+    let replicas: HashMap<&str, u32> = claims
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.replicas))
+        .collect();
     let index = attribution::DeviceIndex::new(usage);
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     let mut pods = Vec::new();
     for p in &claims.pods {
         let Some(state) = state_of(p) else { continue };
-        let node_replicas = p.node.as_deref().and_then(|n| replicas.get(n)).copied().unwrap_or(1);
+        let node_replicas = p
+            .node
+            .as_deref()
+            .and_then(|n| replicas.get(n))
+            .copied()
+            .unwrap_or(1);
         let gpus = policy.names.gpus(&p.resources, node_replicas);
         let mut row = PodRow {
             namespace: p.namespace.clone(),
@@ -224,16 +235,26 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             idle: None,
             idle_seconds: None,
             terminating_seconds: p.deletion.map(|d| seconds(now - d.requested_at()).max(0.0)),
-            stuck: p.deletion.is_some_and(|d| now > d.deadline + policy.stuck_after),
-            pending_seconds: (state == PodState::Pending).then(|| p.created_at.map(|c| seconds(now - c).max(0.0))).flatten(),
+            stuck: p
+                .deletion
+                .is_some_and(|d| now > d.deadline + policy.stuck_after),
+            pending_seconds: (state == PodState::Pending)
+                .then(|| p.created_at.map(|c| seconds(now - c).max(0.0)))
+                .flatten(),
             notebook: None,
-            owner: p.controller.as_ref().map(|o| Owner { kind: o.kind.clone(), name: o.name.clone() }),
+            owner: p.controller.as_ref().map(|o| Owner {
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+            }),
             devices: Vec::new(),
-            pending_reason: (state == PodState::Pending).then(|| p.unschedulable_message.clone()).flatten(),
+            pending_reason: (state == PodState::Pending)
+                .then(|| p.unschedulable_message.clone())
+                .flatten(),
             evidence: Evidence {
                 uid: p.uid.clone(),
                 started_at: p.started_at.or(p.created_at),
                 ready_since: p.ready_since,
+                replicas: node_replicas,
                 ..Evidence::default()
             },
         };
@@ -243,8 +264,19 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         }
         if state.holds() {
             let time_sliced = node_replicas > 1
-                || p.resources.keys().any(|r| policy.names.classify(r) == Some(GpuResourceKind::Shared));
-            attribution::attribute(&mut row, p, &index, usage, time_sliced, now, policy, &mut claimed_devices);
+                || p.resources
+                    .keys()
+                    .any(|r| policy.names.classify(r) == Some(GpuResourceKind::Shared));
+            attribution::attribute(
+                &mut row,
+                p,
+                &index,
+                usage,
+                time_sliced,
+                now,
+                policy,
+                &mut claimed_devices,
+            );
         }
         pods.push(row);
     }
@@ -256,7 +288,9 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         .devices
         .iter()
         .zip(&claimed_devices)
-        .filter(|(d, claimed)| !**claimed && d.utilization.is_some_and(|u| u >= policy.idle_threshold))
+        .filter(|(d, claimed)| {
+            !**claimed && d.utilization.is_some_and(|u| u >= policy.idle_threshold)
+        })
         .map(|(d, _)| UnclaimedBusy {
             node: attribution::node_of(d).unwrap_or_default(),
             uuid: d.key.uuid.clone(),
@@ -264,8 +298,17 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             utilization: d.utilization.unwrap_or_default(),
         })
         .collect();
-    unclaimed_busy.sort_by(|a, b| (&a.node, &a.uuid, &a.gpu_instance).cmp(&(&b.node, &b.uuid, &b.gpu_instance)));
-    Ledger { generated_at: now, pods, nodes, namespaces, unclaimed_busy, usage_available: usage.available }
+    unclaimed_busy.sort_by(|a, b| {
+        (&a.node, &a.uuid, &a.gpu_instance).cmp(&(&b.node, &b.uuid, &b.gpu_instance))
+    });
+    Ledger {
+        generated_at: now,
+        pods,
+        nodes,
+        namespaces,
+        unclaimed_busy,
+        usage_available: usage.available,
+    }
 }
 
 /// Notebook of a pod: verified through StatefulSet uid when StatefulSets are known, else by name.
@@ -273,18 +316,36 @@ fn notebook_of<'a>(claims: &'a Claims, p: &PodClaim) -> Option<(&'a NotebookInfo
     if !claims.notebooks_enabled {
         return None;
     }
-    let sts_ref = p.controller.as_ref().filter(|o| o.kind == "StatefulSet" && o.group == "apps")?;
-    let sts = claims.statefulsets.iter().find(|s| s.uid == sts_ref.uid && s.namespace == p.namespace);
+    let sts_ref = p
+        .controller
+        .as_ref()
+        .filter(|o| o.kind == "StatefulSet" && o.group == "apps")?;
+    let sts = claims
+        .statefulsets
+        .iter()
+        .find(|s| s.uid == sts_ref.uid && s.namespace == p.namespace);
     match sts {
         Some(sts) => {
-            let nb_ref = sts.controller.as_ref().filter(|o| o.group == "kubeflow.org" && o.kind == "Notebook")?;
+            let nb_ref = sts
+                .controller
+                .as_ref()
+                .filter(|o| o.group == "kubeflow.org" && o.kind == "Notebook")?;
             claims
                 .notebooks
                 .iter()
-                .find(|n| n.namespace == p.namespace && n.uid == nb_ref.uid && n.name == nb_ref.name && sts.name == n.name)
+                .find(|n| {
+                    n.namespace == p.namespace
+                        && n.uid == nb_ref.uid
+                        && n.name == nb_ref.name
+                        && sts.name == n.name
+                })
                 .map(|n| (n, true))
         }
-        None => claims.notebooks.iter().find(|n| n.namespace == p.namespace && n.name == sts_ref.name).map(|n| (n, false)),
+        None => claims
+            .notebooks
+            .iter()
+            .find(|n| n.namespace == p.namespace && n.name == sts_ref.name)
+            .map(|n| (n, false)),
     }
 }
 
@@ -293,7 +354,15 @@ fn node_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<NodeRow> 
     for n in &claims.nodes {
         let alloc = policy.names.gpus(&n.allocatable, n.replicas);
         if alloc > 0.0 {
-            rows.insert(n.name.clone(), NodeRow { node: n.name.clone(), gpus_allocatable: alloc, gpus_claimed: 0.0, gpus_free: 0.0 });
+            rows.insert(
+                n.name.clone(),
+                NodeRow {
+                    node: n.name.clone(),
+                    gpus_allocatable: alloc,
+                    gpus_claimed: 0.0,
+                    gpus_free: 0.0,
+                },
+            );
         }
     }
     for p in pods.iter().filter(|p| p.state.holds()) {
@@ -317,7 +386,9 @@ fn node_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<NodeRow> 
 fn namespace_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<NamespaceRow> {
     let mut rows: BTreeMap<String, NamespaceRow> = BTreeMap::new();
     for p in pods {
-        let r = rows.entry(p.namespace.clone()).or_insert_with(|| empty_namespace(&p.namespace));
+        let r = rows
+            .entry(p.namespace.clone())
+            .or_insert_with(|| empty_namespace(&p.namespace));
         if p.state.holds() {
             r.gpus_claimed += p.gpus;
             if p.idle == Some(true) {
@@ -328,11 +399,17 @@ fn namespace_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<Name
         }
     }
     for q in &claims.quotas {
-        let r = rows.entry(q.namespace.clone()).or_insert_with(|| empty_namespace(&q.namespace));
+        let r = rows
+            .entry(q.namespace.clone())
+            .or_insert_with(|| empty_namespace(&q.namespace));
         for (key, hard) in &q.gpu_hard {
             let e = r.gpu_quota_keys.entry(key.clone()).or_insert(*hard);
             *e = (*e).min(*hard);
-            if let Some(kind) = policy.names.quota_key_resource(key).and_then(|name| policy.names.classify(name)) {
+            if let Some(kind) = policy
+                .names
+                .quota_key_resource(key)
+                .and_then(|name| policy.names.classify(name))
+            {
                 let gpus = kind.gpus_per_unit(1) * *hard as f64;
                 r.gpu_quota = Some(r.gpu_quota.map_or(gpus, |g: f64| g.min(gpus)));
             }

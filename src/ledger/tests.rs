@@ -5,11 +5,15 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 
 use super::*;
-use crate::claims::{Deletion, NodeInfo, NotebookInfo, OwnerRef, PodClaim, PodPhase, QuotaInfo, StatefulSetInfo};
+use crate::claims::{
+    Deletion, NodeInfo, NotebookInfo, OwnerRef, PodClaim, PodPhase, QuotaInfo, StatefulSetInfo,
+};
 use crate::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
 
 fn now() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z").expect("valid").with_timezone(&Utc)
+    DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
+        .expect("valid")
+        .with_timezone(&Utc)
 }
 
 struct PodB(PodClaim);
@@ -47,7 +51,10 @@ impl PodB {
     }
     fn deleted(mut self, ago: Duration, grace: i64) -> Self {
         let requested = now() - ago;
-        self.0.deletion = Some(Deletion { deadline: requested + Duration::seconds(grace), grace_seconds: grace });
+        self.0.deletion = Some(Deletion {
+            deadline: requested + Duration::seconds(grace),
+            grace_seconds: grace,
+        });
         self
     }
     fn phase(mut self, phase: PodPhase) -> Self {
@@ -55,7 +62,12 @@ impl PodB {
         self
     }
     fn owned_by_sts(mut self, name: &str, uid: &str) -> Self {
-        self.0.controller = Some(OwnerRef { group: "apps".into(), kind: "StatefulSet".into(), name: name.into(), uid: uid.into() });
+        self.0.controller = Some(OwnerRef {
+            group: "apps".into(),
+            kind: "StatefulSet".into(),
+            name: name.into(),
+            uid: uid.into(),
+        });
         self
     }
     fn build(self) -> PodClaim {
@@ -64,7 +76,12 @@ impl PodB {
 }
 
 fn node(name: &str, gpus: u64) -> NodeInfo {
-    NodeInfo { name: name.into(), allocatable: [("nvidia.com/gpu".to_string(), gpus)].into(), replicas: 1, product: None }
+    NodeInfo {
+        name: name.into(),
+        allocatable: [("nvidia.com/gpu".to_string(), gpus)].into(),
+        replicas: 1,
+        product: None,
+    }
 }
 
 struct DevB(DeviceUsage);
@@ -72,7 +89,10 @@ struct DevB(DeviceUsage);
 impl DevB {
     fn new(uuid: &str, host: &str) -> Self {
         DevB(DeviceUsage {
-            key: DeviceKey { uuid: uuid.into(), gpu_instance: None },
+            key: DeviceKey {
+                uuid: uuid.into(),
+                gpu_instance: None,
+            },
             hostname: Some(host.into()),
             model: None,
             mig_profile: None,
@@ -89,7 +109,10 @@ impl DevB {
         })
     }
     fn held_by(mut self, ns: &str, pod: &str) -> Self {
-        self.0.workloads.push(Workload { namespace: ns.into(), pod: pod.into() });
+        self.0.workloads.push(Workload {
+            namespace: ns.into(),
+            pod: pod.into(),
+        });
         self
     }
     fn util(mut self, now_v: f64, peak: f64) -> Self {
@@ -122,11 +145,18 @@ impl DevB {
 }
 
 fn usage(devices: Vec<DeviceUsage>) -> Usage {
-    Usage { devices, available: true }
+    Usage {
+        devices,
+        available: true,
+    }
 }
 
 fn claims(pods: Vec<PodClaim>, nodes: Vec<NodeInfo>) -> Claims {
-    Claims { pods, nodes, ..Claims::default() }
+    Claims {
+        pods,
+        nodes,
+        ..Claims::default()
+    }
 }
 
 fn pod<'a>(l: &'a Ledger, name: &str) -> &'a PodRow {
@@ -138,31 +168,66 @@ fn states_and_node_free_count_terminating_pods() {
     let c = claims(
         vec![
             PodB::new("a", "run").on_node("n1").gpu(1).build(),
-            PodB::new("a", "term").on_node("n1").gpu(1).deleted(Duration::minutes(20), 30).build(),
+            PodB::new("a", "term")
+                .on_node("n1")
+                .gpu(1)
+                .deleted(Duration::minutes(20), 30)
+                .build(),
             PodB::new("a", "wait").gpu(2).build(),
-            PodB::new("a", "done").on_node("n1").gpu(1).phase(PodPhase::Succeeded).build(),
+            PodB::new("a", "done")
+                .on_node("n1")
+                .gpu(1)
+                .phase(PodPhase::Succeeded)
+                .build(),
         ],
         vec![node("n1", 4)],
     );
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
-    assert_eq!(l.pods.len(), 3, "succeeded pods hold nothing and are not listed");
+    assert_eq!(
+        l.pods.len(),
+        3,
+        "succeeded pods hold nothing and are not listed"
+    );
     assert_eq!(pod(&l, "run").state, PodState::Running);
     let t = pod(&l, "term");
     assert_eq!(t.state, PodState::Terminating);
     assert_eq!(t.terminating_seconds, Some(1200.0));
-    assert!(t.stuck, "20 min after request, 30 s grace, 5 min stuck-after");
+    assert!(
+        t.stuck,
+        "20 min after request, 30 s grace, 5 min stuck-after"
+    );
     let w = pod(&l, "wait");
     assert_eq!(w.state, PodState::Pending);
     assert_eq!(w.pending_seconds, Some(3.0 * 3600.0));
     assert_eq!(w.attribution, Attribution::None);
-    assert_eq!(l.nodes, vec![NodeRow { node: "n1".into(), gpus_allocatable: 4.0, gpus_claimed: 2.0, gpus_free: 2.0 }]);
+    assert_eq!(
+        l.nodes,
+        vec![NodeRow {
+            node: "n1".into(),
+            gpus_allocatable: 4.0,
+            gpus_claimed: 2.0,
+            gpus_free: 2.0
+        }]
+    );
     let ns = &l.namespaces[0];
-    assert_eq!((ns.gpus_claimed, ns.gpus_pending, ns.gpu_quota), (2.0, 2.0, None));
+    assert_eq!(
+        (ns.gpus_claimed, ns.gpus_pending, ns.gpu_quota),
+        (2.0, 2.0, None)
+    );
 }
 
 #[test]
 fn not_stuck_before_deadline_plus_slack() {
-    let c = claims(vec![PodB::new("a", "t").on_node("n1").gpu(1).deleted(Duration::seconds(60), 30).build()], vec![node("n1", 1)]);
+    let c = claims(
+        vec![
+            PodB::new("a", "t")
+                .on_node("n1")
+                .gpu(1)
+                .deleted(Duration::seconds(60), 30)
+                .build(),
+        ],
+        vec![node("n1", 1)],
+    );
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
     assert!(!pod(&l, "t").stuck);
 }
@@ -179,26 +244,52 @@ fn exclusive_idle_requires_full_fresh_coverage() {
         vec![node("n1", 4)],
     );
     let u = usage(vec![
-        DevB::new("GPU-1", "n1").held_by("a", "idle").active_at(now() - Duration::minutes(30)).build(),
-        DevB::new("GPU-2", "n1").held_by("a", "gappy").coverage(0.5).build(),
-        DevB::new("GPU-3", "n1").held_by("a", "busy").util(0.9, 0.95).build(),
-        DevB::new("GPU-4", "n1").held_by("a", "nodata").unknown().build(),
+        DevB::new("GPU-1", "n1")
+            .held_by("a", "idle")
+            .active_at(now() - Duration::minutes(30))
+            .build(),
+        DevB::new("GPU-2", "n1")
+            .held_by("a", "gappy")
+            .coverage(0.5)
+            .build(),
+        DevB::new("GPU-3", "n1")
+            .held_by("a", "busy")
+            .util(0.9, 0.95)
+            .build(),
+        DevB::new("GPU-4", "n1")
+            .held_by("a", "nodata")
+            .unknown()
+            .build(),
     ]);
     let l = build(&c, &u, now(), &Policy::default());
     let idle = pod(&l, "idle");
-    assert_eq!((idle.attribution, idle.idle, idle.utilization), (Attribution::Exclusive, Some(true), Some(0.0)));
-    assert_eq!(idle.idle_seconds, Some(1800.0), "since last activity, after pod start");
+    assert_eq!(
+        (idle.attribution, idle.idle, idle.utilization),
+        (Attribution::Exclusive, Some(true), Some(0.0))
+    );
+    assert_eq!(
+        idle.idle_seconds,
+        Some(1800.0),
+        "since last activity, after pod start"
+    );
     assert_eq!(pod(&l, "gappy").idle, None, "partial coverage is unknown");
     assert_eq!(pod(&l, "busy").idle, Some(false));
     assert_eq!(pod(&l, "busy").idle_seconds, Some(0.0));
     let nodata = pod(&l, "nodata");
-    assert_eq!((nodata.idle, nodata.utilization), (None, None), "missing is unknown, never zero");
+    assert_eq!(
+        (nodata.idle, nodata.utilization),
+        (None, None),
+        "missing is unknown, never zero"
+    );
     assert_eq!(l.namespaces[0].gpus_idle, 1.0);
 }
 
 #[test]
 fn idle_seconds_bounded_by_pod_start() {
-    let c = claims(vec![PodB::new("a", "p").on_node("n1").gpu(1).build()], vec![node("n1", 1)]);
+    let c = claims(
+        vec![PodB::new("a", "p").on_node("n1").gpu(1).build()],
+        vec![node("n1", 1)],
+    );
     let u = usage(vec![DevB::new("GPU-1", "n1").held_by("a", "p").build()]);
     let l = build(&c, &u, now(), &Policy::default());
     assert_eq!(pod(&l, "p").idle_seconds, Some(2.0 * 3600.0));
@@ -206,18 +297,27 @@ fn idle_seconds_bounded_by_pod_start() {
 
 #[test]
 fn pod_without_series_is_unattributed_and_unknown() {
-    let c = claims(vec![PodB::new("a", "p").on_node("n1").gpu(1).build()], vec![node("n1", 1)]);
+    let c = claims(
+        vec![PodB::new("a", "p").on_node("n1").gpu(1).build()],
+        vec![node("n1", 1)],
+    );
     let u = usage(vec![DevB::new("GPU-1", "n1").util(0.7, 0.7).build()]);
     let l = build(&c, &u, now(), &Policy::default());
     let p = pod(&l, "p");
-    assert_eq!((p.attribution, p.idle, p.utilization), (Attribution::Unattributed, None, None));
+    assert_eq!(
+        (p.attribution, p.idle, p.utilization),
+        (Attribution::Unattributed, None, None)
+    );
     assert_eq!(l.unclaimed_busy.len(), 1, "the busy device names no pod");
     assert_eq!(l.unclaimed_busy[0].uuid, "GPU-1");
 }
 
 #[test]
 fn two_gpu_pod_with_one_series_is_not_idle() {
-    let c = claims(vec![PodB::new("a", "p").on_node("n1").gpu(2).build()], vec![node("n1", 2)]);
+    let c = claims(
+        vec![PodB::new("a", "p").on_node("n1").gpu(2).build()],
+        vec![node("n1", 2)],
+    );
     let u = usage(vec![DevB::new("GPU-1", "n1").held_by("a", "p").build()]);
     let l = build(&c, &u, now(), &Policy::default());
     assert_eq!(pod(&l, "p").idle, None);
@@ -226,10 +326,26 @@ fn two_gpu_pod_with_one_series_is_not_idle() {
 #[test]
 fn mig_pods_use_instance_series_and_sevenths() {
     let c = claims(
-        vec![PodB::new("a", "m").on_node("n1").with("nvidia.com/mig-3g.40gb", 1).build()],
-        vec![NodeInfo { name: "n1".into(), allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(), replicas: 1, product: None }],
+        vec![
+            PodB::new("a", "m")
+                .on_node("n1")
+                .with("nvidia.com/mig-3g.40gb", 1)
+                .build(),
+        ],
+        vec![NodeInfo {
+            name: "n1".into(),
+            allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(),
+            replicas: 1,
+            product: None,
+        }],
     );
-    let u = usage(vec![DevB::new("GPU-m", "n1").mig("2").held_by("a", "m").util(0.8, 0.9).build()]);
+    let u = usage(vec![
+        DevB::new("GPU-m", "n1")
+            .mig("2")
+            .held_by("a", "m")
+            .util(0.8, 0.9)
+            .build(),
+    ]);
     let l = build(&c, &u, now(), &Policy::default());
     let p = pod(&l, "m");
     assert_eq!(p.attribution, Attribution::Mig);
@@ -243,11 +359,20 @@ fn time_sliced_pods_are_shared_and_never_get_device_values() {
     let mut n = node("n1", 4);
     n.replicas = 4;
     let c = claims(
-        vec![PodB::new("a", "s1").on_node("n1").gpu(1).build(), PodB::new("b", "s2").on_node("n1").gpu(1).build()],
+        vec![
+            PodB::new("a", "s1").on_node("n1").gpu(1).build(),
+            PodB::new("b", "s2").on_node("n1").gpu(1).build(),
+        ],
         vec![n],
     );
     // Device busy, both pods pinned (virtual-GPU copies), no per-process series.
-    let u = usage(vec![DevB::new("GPU-t", "n1").held_by("a", "s1").held_by("b", "s2").util(0.6, 0.6).build()]);
+    let u = usage(vec![
+        DevB::new("GPU-t", "n1")
+            .held_by("a", "s1")
+            .held_by("b", "s2")
+            .util(0.6, 0.6)
+            .build(),
+    ]);
     let l = build(&c, &u, now(), &Policy::default());
     for name in ["s1", "s2"] {
         let p = pod(&l, name);
@@ -258,27 +383,59 @@ fn time_sliced_pods_are_shared_and_never_get_device_values() {
     }
     assert!((l.nodes[0].gpus_allocatable - 1.0).abs() < 1e-9);
     // With per-process series each sharer gets its own reading.
-    let mut d = DevB::new("GPU-t", "n1").held_by("a", "s1").held_by("b", "s2").util(0.6, 0.6).build();
+    let mut d = DevB::new("GPU-t", "n1")
+        .held_by("a", "s1")
+        .held_by("b", "s2")
+        .util(0.6, 0.6)
+        .build();
     d.per_pod_utilization = vec![
-        (Workload { namespace: "a".into(), pod: "s1".into() }, 0.58),
-        (Workload { namespace: "b".into(), pod: "s2".into() }, 0.0),
+        (
+            Workload {
+                namespace: "a".into(),
+                pod: "s1".into(),
+            },
+            0.58,
+        ),
+        (
+            Workload {
+                namespace: "b".into(),
+                pod: "s2".into(),
+            },
+            0.0,
+        ),
     ];
     let l = build(&c, &usage(vec![d]), now(), &Policy::default());
     assert_eq!(pod(&l, "s1").utilization, Some(0.58));
     assert_eq!(pod(&l, "s1").idle, Some(false));
     assert_eq!(pod(&l, "s2").utilization, Some(0.0));
-    assert_eq!(pod(&l, "s2").idle, None, "a busy device proves nothing about a quiet sharer");
+    assert_eq!(
+        pod(&l, "s2").idle,
+        None,
+        "a busy device proves nothing about a quiet sharer"
+    );
 }
 
 #[test]
 fn unpinned_sharer_idle_only_when_whole_node_idle() {
     let mut n = node("n1", 2);
     n.replicas = 2;
-    let c = claims(vec![PodB::new("a", "s").on_node("n1").gpu(1).build()], vec![n]);
-    let idle_node = usage(vec![DevB::new("GPU-1", "n1").build(), DevB::new("GPU-2", "n1").build()]);
+    let c = claims(
+        vec![PodB::new("a", "s").on_node("n1").gpu(1).build()],
+        vec![n],
+    );
+    let idle_node = usage(vec![
+        DevB::new("GPU-1", "n1").build(),
+        DevB::new("GPU-2", "n1").build(),
+    ]);
     let l = build(&c, &idle_node, now(), &Policy::default());
-    assert_eq!((pod(&l, "s").attribution, pod(&l, "s").idle), (Attribution::Shared, Some(true)));
-    let busy_node = usage(vec![DevB::new("GPU-1", "n1").build(), DevB::new("GPU-2", "n1").util(0.5, 0.5).build()]);
+    assert_eq!(
+        (pod(&l, "s").attribution, pod(&l, "s").idle),
+        (Attribution::Shared, Some(true))
+    );
+    let busy_node = usage(vec![
+        DevB::new("GPU-1", "n1").build(),
+        DevB::new("GPU-2", "n1").util(0.5, 0.5).build(),
+    ]);
     let l = build(&c, &busy_node, now(), &Policy::default());
     assert_eq!(pod(&l, "s").idle, None);
     assert_eq!(l.unclaimed_busy.len(), 1, "no series names a pod on GPU-2");
@@ -286,11 +443,20 @@ fn unpinned_sharer_idle_only_when_whole_node_idle() {
 
 #[test]
 fn source_down_makes_everything_unknown() {
-    let c = claims(vec![PodB::new("a", "p").on_node("n1").gpu(1).build()], vec![node("n1", 1)]);
-    let u = Usage { devices: vec![], available: false };
+    let c = claims(
+        vec![PodB::new("a", "p").on_node("n1").gpu(1).build()],
+        vec![node("n1", 1)],
+    );
+    let u = Usage {
+        devices: vec![],
+        available: false,
+    };
     let l = build(&c, &u, now(), &Policy::default());
     let p = pod(&l, "p");
-    assert_eq!((p.idle, p.utilization, p.attribution), (None, None, Attribution::Unattributed));
+    assert_eq!(
+        (p.idle, p.utilization, p.attribution),
+        (None, None, Attribution::Unattributed)
+    );
     assert!(!l.usage_available);
 }
 
@@ -307,7 +473,16 @@ fn quotas_and_notebooks() {
         snooze_until: None,
         last_stopped_by_us: None,
     };
-    let mut c = claims(vec![PodB::new("a", "nb-0").on_node("n1").gpu(1).owned_by_sts("nb", "sts-uid").build()], vec![node("n1", 1)]);
+    let mut c = claims(
+        vec![
+            PodB::new("a", "nb-0")
+                .on_node("n1")
+                .gpu(1)
+                .owned_by_sts("nb", "sts-uid")
+                .build(),
+        ],
+        vec![node("n1", 1)],
+    );
     c.notebooks = vec![nb];
     c.notebooks_enabled = true;
     c.quotas = vec![QuotaInfo {
@@ -319,19 +494,35 @@ fn quotas_and_notebooks() {
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
     let p = pod(&l, "nb-0");
     assert_eq!(p.notebook.as_deref(), Some("nb"));
-    assert_eq!(p.evidence.notebook.as_ref().map(|(_, v)| *v), Some(false), "unverified without StatefulSets");
+    assert_eq!(
+        p.evidence.notebook.as_ref().map(|(_, v)| *v),
+        Some(false),
+        "unverified without StatefulSets"
+    );
     c.statefulsets = vec![StatefulSetInfo {
         namespace: "a".into(),
         name: "nb".into(),
         uid: "sts-uid".into(),
-        controller: Some(OwnerRef { group: "kubeflow.org".into(), kind: "Notebook".into(), name: "nb".into(), uid: "nb-uid".into() }),
+        controller: Some(OwnerRef {
+            group: "kubeflow.org".into(),
+            kind: "Notebook".into(),
+            name: "nb".into(),
+            uid: "nb-uid".into(),
+        }),
     }];
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
-    assert_eq!(pod(&l, "nb-0").evidence.notebook.as_ref().map(|(_, v)| *v), Some(true));
+    assert_eq!(
+        pod(&l, "nb-0").evidence.notebook.as_ref().map(|(_, v)| *v),
+        Some(true)
+    );
     // A StatefulSet owned by a different Notebook uid is not proof.
     c.statefulsets[0].controller.as_mut().expect("ctrl").uid = "other".into();
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
     assert_eq!(pod(&l, "nb-0").notebook, None);
-    let names: Vec<_> = l.namespaces.iter().map(|n| (n.namespace.as_str(), n.gpu_quota)).collect();
+    let names: Vec<_> = l
+        .namespaces
+        .iter()
+        .map(|n| (n.namespace.as_str(), n.gpu_quota))
+        .collect();
     assert_eq!(names, vec![("a", None), ("b", Some(4.0))]);
 }

@@ -75,7 +75,7 @@ pub struct Offline {
 pub enum OfflineError {
     #[error(transparent)]
     Claims(#[from] FileError),
-    #[error("{path}: cannot read DCGM dump: {source}")]
+    #[error("{path}: cannot read DCGM dump")]
     DcgmRead {
         path: PathBuf,
         #[source]

@@ -20,7 +20,11 @@ pub struct Parsed {
 /// Parses `text`, keeping samples whose metric name is in `keep`; samples without a timestamp are
 /// placed at `default_time`.
 pub fn parse(text: &str, keep: &[&str], default_time: DateTime<Utc>) -> Parsed {
-    let openmetrics = text.lines().rev().find(|l| !l.trim().is_empty()).is_some_and(|l| l.trim() == "# EOF");
+    let openmetrics = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .is_some_and(|l| l.trim() == "# EOF");
     let mut index: HashMap<(&str, &str), usize> = HashMap::new();
     let mut out = Parsed::default();
     let default_ms = default_time.timestamp_millis();
@@ -34,15 +38,15 @@ pub fn parse(text: &str, keep: &[&str], default_time: DateTime<Utc>) -> Parsed {
                 if !keep.contains(&name) {
                     continue;
                 }
-                let t_ms = match ts {
-                    None => default_ms,
-                    Some(ts) => match parse_timestamp(ts, openmetrics) {
-                        Some(t) => t,
-                        None => {
-                            out.skip(n + 1, format!("bad timestamp {ts:?}"));
-                            continue;
-                        }
-                    },
+                let t_ms = if let Some(ts) = ts {
+                    if let Some(t) = parse_timestamp(ts, openmetrics) {
+                        t
+                    } else {
+                        out.skip(n + 1, format!("bad timestamp {ts:?}"));
+                        continue;
+                    }
+                } else {
+                    default_ms
                 };
                 let Some(value) = parse_value(value) else {
                     out.skip(n + 1, format!("bad value {value:?}"));
@@ -52,7 +56,11 @@ pub fn parse(text: &str, keep: &[&str], default_time: DateTime<Utc>) -> Parsed {
                     Some(i) => *i,
                     None => match parse_labels(label_text) {
                         Ok(labels) => {
-                            out.series.push(Series { name: name.to_string(), labels, samples: Vec::new() });
+                            out.series.push(Series {
+                                name: name.to_string(),
+                                labels,
+                                samples: Vec::new(),
+                            });
                             index.insert((name, label_text), out.series.len() - 1);
                             out.series.len() - 1
                         }
@@ -84,9 +92,15 @@ impl Parsed {
 
 /// Splits `name{labels} value [ts]` into parts, without decoding labels yet.
 fn split_sample(line: &str) -> Result<(&str, &str, &str, Option<&str>), String> {
-    let name_end = line.find(|c: char| c == '{' || c.is_whitespace()).ok_or("missing value")?;
+    let name_end = line
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .ok_or("missing value")?;
     let name = &line[..name_end];
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    {
         return Err(format!("bad metric name {name:?}"));
     }
     let rest = &line[name_end..];
@@ -131,13 +145,17 @@ fn parse_labels(text: &str) -> Result<Labels, String> {
     let mut labels = Labels::new();
     let mut rest = text.trim();
     while !rest.is_empty() {
-        let eq = rest.find('=').ok_or_else(|| format!("label without value in {{{text}}}"))?;
+        let eq = rest
+            .find('=')
+            .ok_or_else(|| format!("label without value in {{{text}}}"))?;
         let name = rest[..eq].trim();
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(format!("bad label name {name:?}"));
         }
         let after = rest[eq + 1..].trim_start();
-        let body = after.strip_prefix('"').ok_or_else(|| format!("label {name} value is not quoted"))?;
+        let body = after
+            .strip_prefix('"')
+            .ok_or_else(|| format!("label {name} value is not quoted"))?;
         let mut value = String::new();
         let mut chars = body.char_indices();
         let mut end = None;
@@ -214,7 +232,10 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
         assert_eq!(p.skipped_lines, 2);
         assert_eq!(p.first_skip.as_ref().map(|s| s.0), Some(6));
         let a = &p.series[0];
-        assert_eq!(a.labels.get("modelName").map(String::as_str), Some("NVIDIA \"H100\""));
+        assert_eq!(
+            a.labels.get("modelName").map(String::as_str),
+            Some("NVIDIA \"H100\"")
+        );
         assert!(!a.labels.contains_key("pod"), "empty label is absent");
         assert_eq!(a.samples, vec![(1_700_000_000_000, 63.0)]);
         assert!(p.series[1].samples[0].1.is_nan());
@@ -226,7 +247,10 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
         let text = "DCGM_FI_DEV_FB_USED{UUID=\"GPU-a\"} 1 1700000000.5\nDCGM_FI_DEV_FB_USED{UUID=\"GPU-a\"} 2 1700000030\n# EOF\n";
         let p = parse(text, &["DCGM_FI_DEV_FB_USED"], t0());
         assert_eq!(p.series.len(), 1);
-        assert_eq!(p.series[0].samples, vec![(1_700_000_000_500, 1.0), (1_700_000_030_000, 2.0)]);
+        assert_eq!(
+            p.series[0].samples,
+            vec![(1_700_000_000_500, 1.0), (1_700_000_030_000, 2.0)]
+        );
     }
 
     proptest! {

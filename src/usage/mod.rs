@@ -95,7 +95,8 @@ pub struct Window {
 impl Window {
     /// Samples expected in the window (at least 1).
     pub fn expected_samples(&self) -> f64 {
-        let secs = self.length.num_milliseconds() as f64 / self.interval.num_milliseconds().max(1) as f64;
+        let secs =
+            self.length.num_milliseconds() as f64 / self.interval.num_milliseconds().max(1) as f64;
         secs.floor().max(1.0)
     }
 }

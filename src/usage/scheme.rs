@@ -29,7 +29,9 @@ impl FromStr for SchemeChoice {
             "auto" => Ok(Self::Auto),
             "exported" => Ok(Self::Exported),
             "plain" => Ok(Self::Plain),
-            other => Err(format!("unknown label scheme {other:?} (expected auto, exported or plain)")),
+            other => Err(format!(
+                "unknown label scheme {other:?} (expected auto, exported or plain)"
+            )),
         }
     }
 }
@@ -45,7 +47,8 @@ impl fmt::Display for SchemeChoice {
 }
 
 /// Workload labels prefixed `exported_` (Prometheus renamed them; `pod` names the exporter).
-pub const EXPORTED: (&str, &str, &str) = ("exported_pod", "exported_namespace", "exported_container");
+pub const EXPORTED: (&str, &str, &str) =
+    ("exported_pod", "exported_namespace", "exported_container");
 /// Workload labels as dcgm-exporter wrote them.
 pub const PLAIN: (&str, &str, &str) = ("pod", "namespace", "container");
 
@@ -57,7 +60,11 @@ impl LabelScheme {
             pod,
             namespace,
             container,
-            hostname: if lower_hostname { "hostname" } else { "Hostname" },
+            hostname: if lower_hostname {
+                "hostname"
+            } else {
+                "Hostname"
+            },
             uuid: if lower_uuid { "uuid" } else { "UUID" },
         }
     }
@@ -70,7 +77,8 @@ impl LabelScheme {
     where
         I: IntoIterator<Item = &'a str>,
     {
-        let (mut exported, mut upper_host, mut lower_host, mut upper_uuid, mut lower_uuid) = (false, false, false, false, false);
+        let (mut exported, mut upper_host, mut lower_host, mut upper_uuid, mut lower_uuid) =
+            (false, false, false, false, false);
         for name in label_names {
             match name {
                 "exported_pod" | "exported_namespace" => exported = true,
@@ -86,7 +94,11 @@ impl LabelScheme {
             SchemeChoice::Exported => true,
             SchemeChoice::Plain => false,
         };
-        Self::new(exported, lower_host && !upper_host, lower_uuid && !upper_uuid)
+        Self::new(
+            exported,
+            lower_host && !upper_host,
+            lower_uuid && !upper_uuid,
+        )
     }
 }
 
@@ -102,8 +114,14 @@ mod tests {
 
     #[test]
     fn detects_exported_and_lowercase() {
-        let s = LabelScheme::detect(SchemeChoice::Auto, ["exported_pod", "pod", "hostname", "UUID"]);
-        assert_eq!((s.pod, s.hostname, s.uuid), ("exported_pod", "hostname", "UUID"));
+        let s = LabelScheme::detect(
+            SchemeChoice::Auto,
+            ["exported_pod", "pod", "hostname", "UUID"],
+        );
+        assert_eq!(
+            (s.pod, s.hostname, s.uuid),
+            ("exported_pod", "hostname", "UUID")
+        );
         let s = LabelScheme::detect(SchemeChoice::Auto, ["pod", "Hostname", "uuid"]);
         assert_eq!((s.pod, s.hostname, s.uuid), ("pod", "Hostname", "uuid"));
         let s = LabelScheme::detect(SchemeChoice::Plain, ["exported_pod"]);

@@ -38,12 +38,18 @@ fn usable(v: f64) -> bool {
 pub fn workload_of(labels: &Labels, scheme: &LabelScheme) -> Option<Workload> {
     let pod = labels.get(scheme.pod)?;
     let namespace = labels.get(scheme.namespace)?;
-    Some(Workload { namespace: namespace.clone(), pod: pod.clone() })
+    Some(Workload {
+        namespace: namespace.clone(),
+        pod: pod.clone(),
+    })
 }
 
 fn key_of(labels: &Labels, scheme: &LabelScheme) -> Option<DeviceKey> {
     let uuid = labels.get(scheme.uuid)?;
-    Some(DeviceKey { uuid: uuid.clone(), gpu_instance: labels.get(GPU_INSTANCE_LABEL).cloned() })
+    Some(DeviceKey {
+        uuid: uuid.clone(),
+        gpu_instance: labels.get(GPU_INSTANCE_LABEL).cloned(),
+    })
 }
 
 #[derive(Default)]
@@ -54,10 +60,17 @@ struct DeviceSeries<'a> {
 }
 
 /// Reduces raw series to one [`DeviceUsage`] per device, as seen at `now`.
-pub fn reduce(series: &[Series], scheme: &LabelScheme, window: &Window, now: DateTime<Utc>) -> Vec<DeviceUsage> {
+pub fn reduce(
+    series: &[Series],
+    scheme: &LabelScheme,
+    window: &Window,
+    now: DateTime<Utc>,
+) -> Vec<DeviceUsage> {
     let mut by_device: BTreeMap<DeviceKey, DeviceSeries<'_>> = BTreeMap::new();
     for s in series {
-        let Some(key) = key_of(&s.labels, scheme) else { continue };
+        let Some(key) = key_of(&s.labels, scheme) else {
+            continue;
+        };
         let entry = by_device.entry(key).or_default();
         match s.name.as_str() {
             fields::GR_ENGINE_ACTIVE => entry.util.push(s),
@@ -75,10 +88,17 @@ pub fn reduce(series: &[Series], scheme: &LabelScheme, window: &Window, now: Dat
 }
 
 /// Splits per-process series (pod-labelled with `pod_uid` beside a pod-less device series).
-fn split_per_process<'a>(list: &[&'a Series], scheme: &LabelScheme) -> (Vec<&'a Series>, Vec<&'a Series>) {
-    let has_device_level = list.iter().any(|s| workload_of(&s.labels, scheme).is_none());
+fn split_per_process<'a>(
+    list: &[&'a Series],
+    scheme: &LabelScheme,
+) -> (Vec<&'a Series>, Vec<&'a Series>) {
+    let has_device_level = list
+        .iter()
+        .any(|s| workload_of(&s.labels, scheme).is_none());
     list.iter().partition(|s| {
-        !(has_device_level && s.labels.contains_key(POD_UID_LABEL) && workload_of(&s.labels, scheme).is_some())
+        !(has_device_level
+            && s.labels.contains_key(POD_UID_LABEL)
+            && workload_of(&s.labels, scheme).is_some())
     })
 }
 
@@ -122,12 +142,18 @@ fn reduce_device(
             merged.entry(t).and_modify(|m| *m = m.max(v)).or_insert(v);
         }
     }
-    let in_window: Vec<(i64, f64)> = merged.range(start_ms + 1..=now_ms).map(|(t, v)| (*t, *v)).collect();
+    let in_window: Vec<(i64, f64)> = merged
+        .range(start_ms + 1..=now_ms)
+        .map(|(t, v)| (*t, *v))
+        .collect();
     let last = merged.iter().next_back().map(|(t, v)| (*t, *v));
     let fresh = |t: i64| now_ms - t <= window.max_staleness.num_milliseconds();
     let last_sample_at = last.and_then(|(t, _)| DateTime::from_timestamp_millis(t));
     let utilization = last.filter(|(t, _)| fresh(*t)).map(|(_, v)| v);
-    let peak = in_window.iter().map(|(_, v)| *v).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    let peak = in_window
+        .iter()
+        .map(|(_, v)| *v)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
     let coverage = (in_window.len() as f64 / window.expected_samples()).min(1.0);
     let last_active_at = merged
         .iter()
@@ -139,7 +165,14 @@ fn reduce_device(
     let newest = last.map(|(t, _)| t);
     let mut workloads = BTreeSet::new();
     for s in chosen.iter().chain(fb_device.iter()) {
-        if s.samples.last().map(|(t, _)| *t) == newest
+        // Each series' newest usable sample at or before `now` (later ones are the future).
+        let series_newest = s
+            .samples
+            .iter()
+            .rev()
+            .find(|(t, v)| *t <= now_ms && usable(*v))
+            .map(|(t, _)| *t);
+        if series_newest == newest
             && let Some(w) = workload_of(&s.labels, scheme)
         {
             workloads.insert(w);
@@ -148,13 +181,23 @@ fn reduce_device(
     let per_pod_utilization = gpu_util_per_pod
         .iter()
         .filter_map(|s| {
-            let (t, v) = *s.samples.iter().rev().find(|(t, v)| *t <= now_ms && usable(*v))?;
+            let (t, v) = *s
+                .samples
+                .iter()
+                .rev()
+                .find(|(t, v)| *t <= now_ms && usable(*v))?;
             (fresh(t)).then(|| workload_of(&s.labels, scheme).map(|w| (w, v * 0.01)))?
         })
         .collect();
     let memory_used_bytes = fb_device
         .iter()
-        .filter_map(|s| s.samples.iter().rev().find(|(t, v)| *t <= now_ms && usable(*v)).copied())
+        .filter_map(|s| {
+            s.samples
+                .iter()
+                .rev()
+                .find(|(t, v)| *t <= now_ms && usable(*v))
+                .copied()
+        })
         .max_by_key(|(t, _)| *t)
         .filter(|(t, _)| fresh(*t))
         .map(|(_, mib)| mib * MIB);
@@ -197,13 +240,19 @@ mod tests {
     fn series(name: &str, labels: &[(&str, &str)], samples: &[(i64, f64)]) -> Series {
         Series {
             name: name.into(),
-            labels: labels.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
             samples: samples.to_vec(),
         }
     }
 
     fn every_30s(minutes: i64, value: f64) -> Vec<(i64, f64)> {
-        (0..=minutes * 2).map(|i| (T0 - i * 30_000, value)).rev().collect()
+        (0..=minutes * 2)
+            .map(|i| (T0 - i * 30_000, value))
+            .rev()
+            .collect()
     }
 
     fn now() -> DateTime<Utc> {
@@ -213,15 +262,29 @@ mod tests {
     #[test]
     fn prefers_gr_engine_active_and_scales_gpu_util() {
         let s = vec![
-            series(fields::GPU_UTIL, &[("UUID", "GPU-a"), ("pod", "p"), ("namespace", "ns")], &every_30s(10, 40.0)),
-            series(fields::GR_ENGINE_ACTIVE, &[("UUID", "GPU-a"), ("pod", "p"), ("namespace", "ns")], &every_30s(10, 0.5)),
+            series(
+                fields::GPU_UTIL,
+                &[("UUID", "GPU-a"), ("pod", "p"), ("namespace", "ns")],
+                &every_30s(10, 40.0),
+            ),
+            series(
+                fields::GR_ENGINE_ACTIVE,
+                &[("UUID", "GPU-a"), ("pod", "p"), ("namespace", "ns")],
+                &every_30s(10, 0.5),
+            ),
             series(fields::GPU_UTIL, &[("UUID", "GPU-b")], &every_30s(10, 40.0)),
         ];
         let d = reduce(&s, &LabelScheme::default(), &window(), now());
         assert_eq!(d.len(), 2);
         assert_eq!(d[0].signal, Some(Signal::GrEngineActive));
         assert_eq!(d[0].utilization, Some(0.5));
-        assert_eq!(d[0].workloads, vec![Workload { namespace: "ns".into(), pod: "p".into() }]);
+        assert_eq!(
+            d[0].workloads,
+            vec![Workload {
+                namespace: "ns".into(),
+                pod: "p".into()
+            }]
+        );
         assert_eq!(d[1].signal, Some(Signal::GpuUtil));
         assert_eq!(d[1].utilization, Some(0.4));
         assert!((d[1].coverage - 1.0).abs() < 1e-9);
@@ -229,13 +292,21 @@ mod tests {
 
     #[test]
     fn nan_and_missing_are_unknown_not_zero() {
-        let s = vec![series(fields::GR_ENGINE_ACTIVE, &[("UUID", "GPU-a")], &[(T0, f64::NAN)])];
+        let s = vec![series(
+            fields::GR_ENGINE_ACTIVE,
+            &[("UUID", "GPU-a")],
+            &[(T0, f64::NAN)],
+        )];
         let d = reduce(&s, &LabelScheme::default(), &window(), now());
         assert_eq!(d[0].utilization, None);
         assert_eq!(d[0].peak, None);
         assert_eq!(d[0].coverage, 0.0);
         // A stale sample is no current reading either.
-        let s = vec![series(fields::GR_ENGINE_ACTIVE, &[("UUID", "GPU-a")], &[(T0 - 600_000, 0.0)])];
+        let s = vec![series(
+            fields::GR_ENGINE_ACTIVE,
+            &[("UUID", "GPU-a")],
+            &[(T0 - 600_000, 0.0)],
+        )];
         let d = reduce(&s, &LabelScheme::default(), &window(), now());
         assert_eq!(d[0].utilization, None);
     }
@@ -256,14 +327,38 @@ DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=
     fn per_process_series_are_split_from_device_level() {
         let s = vec![
             series(fields::GPU_UTIL, &[("UUID", "GPU-t")], &[(T0, 63.0)]),
-            series(fields::GPU_UTIL, &[("UUID", "GPU-t"), ("pod", "a"), ("namespace", "x"), ("pod_uid", "u1"), ("vgpu", "0")], &[(T0, 58.0)]),
-            series(fields::GPU_UTIL, &[("UUID", "GPU-t"), ("pod", "b"), ("namespace", "y"), ("pod_uid", "u2"), ("vgpu", "2")], &[(T0, 0.0)]),
+            series(
+                fields::GPU_UTIL,
+                &[
+                    ("UUID", "GPU-t"),
+                    ("pod", "a"),
+                    ("namespace", "x"),
+                    ("pod_uid", "u1"),
+                    ("vgpu", "0"),
+                ],
+                &[(T0, 58.0)],
+            ),
+            series(
+                fields::GPU_UTIL,
+                &[
+                    ("UUID", "GPU-t"),
+                    ("pod", "b"),
+                    ("namespace", "y"),
+                    ("pod_uid", "u2"),
+                    ("vgpu", "2"),
+                ],
+                &[(T0, 0.0)],
+            ),
         ];
         let d = reduce(&s, &LabelScheme::default(), &window(), now());
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].utilization, Some(0.63));
         assert_eq!(d[0].per_pod_utilization.len(), 2);
-        assert!(d[0].per_pod_utilization.iter().any(|(w, v)| w.pod == "a" && (*v - 0.58).abs() < 1e-9));
+        assert!(
+            d[0].per_pod_utilization
+                .iter()
+                .any(|(w, v)| w.pod == "a" && (*v - 0.58).abs() < 1e-9)
+        );
     }
 
     #[test]
@@ -271,15 +366,36 @@ DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=
         let mut samples = every_30s(60, 0.0);
         let i = samples.len() - 41; // 20 minutes ago
         samples[i].1 = 0.9;
-        let s = vec![series(fields::GR_ENGINE_ACTIVE, &[("UUID", "GPU-a")], &samples)];
+        let s = vec![series(
+            fields::GR_ENGINE_ACTIVE,
+            &[("UUID", "GPU-a")],
+            &samples,
+        )];
         let d = reduce(&s, &LabelScheme::default(), &window(), now());
-        assert_eq!(d[0].last_active_at.map(|t| t.timestamp_millis()), Some(T0 - 20 * 60_000));
-        assert_eq!(d[0].covered_since.map(|t| t.timestamp_millis()), Some(T0 - 60 * 60_000));
+        assert_eq!(
+            d[0].last_active_at.map(|t| t.timestamp_millis()),
+            Some(T0 - 20 * 60_000)
+        );
+        assert_eq!(
+            d[0].covered_since.map(|t| t.timestamp_millis()),
+            Some(T0 - 60 * 60_000)
+        );
         assert_eq!(d[0].peak, Some(0.0));
         // A gap of five minutes breaks the covered run.
-        let gapped: Vec<(i64, f64)> = samples.iter().copied().filter(|(t, _)| !(T0 - 35 * 60_000..T0 - 30 * 60_000).contains(t)).collect();
-        let s = vec![series(fields::GR_ENGINE_ACTIVE, &[("UUID", "GPU-a")], &gapped)];
+        let gapped: Vec<(i64, f64)> = samples
+            .iter()
+            .copied()
+            .filter(|(t, _)| !(T0 - 35 * 60_000..T0 - 30 * 60_000).contains(t))
+            .collect();
+        let s = vec![series(
+            fields::GR_ENGINE_ACTIVE,
+            &[("UUID", "GPU-a")],
+            &gapped,
+        )];
         let d = reduce(&s, &LabelScheme::default(), &window(), now());
-        assert_eq!(d[0].covered_since.map(|t| t.timestamp_millis()), Some(T0 - 30 * 60_000));
+        assert_eq!(
+            d[0].covered_since.map(|t| t.timestamp_millis()),
+            Some(T0 - 30 * 60_000)
+        );
     }
 }

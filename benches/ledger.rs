@@ -1,0 +1,112 @@
+//! Benchmarks of the pure path at cluster scale: `ledger::build` and `/metrics` rendering
+//! (10,000 nodes × 8 GPUs, 80,000 GPU pods), and the offline report of a 400-node dump.
+//! Figures are recorded in docs/benchmarks.md.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use gpu_ledger::claims::{Claims, NodeInfo, PodClaim, PodPhase, ResourceNames};
+use gpu_ledger::export::{LedgerCollector, Snapshot};
+use gpu_ledger::ledger::{self, Policy};
+use gpu_ledger::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
+
+fn now() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_790_000_000, 0).expect("valid")
+}
+
+/// `nodes` nodes with 8 GPUs each, one single-GPU pod per GPU, one device series per GPU.
+fn cluster(nodes: usize) -> (Claims, Usage) {
+    let mut claims = Claims::default();
+    let mut devices = Vec::with_capacity(nodes * 8);
+    for n in 0..nodes {
+        let node = format!("gpu-node-{n:05}");
+        claims.nodes.push(NodeInfo {
+            name: node.clone(),
+            allocatable: [("nvidia.com/gpu".to_string(), 8)].into(),
+            replicas: 1,
+            product: Some("NVIDIA-H100-80GB-HBM3".into()),
+        });
+        for g in 0..8 {
+            let ns = format!("team-{}", (n * 8 + g) % 200);
+            let pod = format!("job-{n:05}-{g}");
+            claims.pods.push(PodClaim {
+                namespace: ns.clone(),
+                name: pod.clone(),
+                uid: format!("uid-{n}-{g}"),
+                node: Some(node.clone()),
+                phase: PodPhase::Running,
+                created_at: Some(now() - Duration::hours(5)),
+                started_at: Some(now() - Duration::hours(5)),
+                ready_since: Some(now() - Duration::hours(5)),
+                deletion: None,
+                resources: BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
+                controller: None,
+                unschedulable_message: None,
+            });
+            let util = if g % 3 == 0 { 0.0 } else { 0.7 };
+            devices.push(DeviceUsage {
+                key: DeviceKey {
+                    uuid: format!("GPU-{n:05}-{g}"),
+                    gpu_instance: None,
+                },
+                hostname: Some(node.clone()),
+                model: Some("NVIDIA H100 80GB HBM3".into()),
+                mig_profile: None,
+                workloads: vec![Workload { namespace: ns, pod }],
+                per_pod_utilization: vec![],
+                signal: Some(Signal::GrEngineActive),
+                utilization: Some(util),
+                peak: Some(util),
+                coverage: 1.0,
+                last_sample_at: Some(now() - Duration::seconds(15)),
+                memory_used_bytes: Some(2.0e9),
+                last_active_at: Some(now() - Duration::hours(1)),
+                covered_since: Some(now() - Duration::hours(24)),
+            });
+        }
+    }
+    (
+        claims,
+        Usage {
+            devices,
+            available: true,
+        },
+    )
+}
+
+fn bench_build(c: &mut Criterion) {
+    let (claims, usage) = cluster(10_000);
+    let policy = Policy::default();
+    let mut g = c.benchmark_group("ledger_build");
+    g.sample_size(10);
+    g.bench_function("10k_nodes_80k_pods", |b| {
+        b.iter(|| black_box(ledger::build(&claims, &usage, now(), &policy)));
+    });
+    g.finish();
+}
+
+fn bench_render(c: &mut Criterion) {
+    let (claims, usage) = cluster(10_000);
+    let ledger = ledger::build(&claims, &usage, now(), &Policy::default());
+    let shared = Arc::new(arc_swap::ArcSwap::from_pointee(Snapshot::new(ledger)));
+    let registry = prometheus::Registry::new();
+    registry
+        .register(Box::new(
+            LedgerCollector::new(shared, ResourceNames::default()).expect("collector"),
+        ))
+        .expect("register");
+    let bytes = gpu_ledger::export::render(&registry).expect("render").len();
+    let mut g = c.benchmark_group("metrics_render");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g.bench_function("10k_nodes_80k_pods", |b| {
+        b.iter(|| black_box(gpu_ledger::export::render(&registry).expect("render")));
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_build, bench_render);
+criterion_main!(benches);

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The one test command (README, .ci/run): installs and builds what the tests need, then runs
+# every tier. Safe to re-run; everything built goes to a cache outside the repository.
+#
+#   ./scripts/test.sh            everything (lint, unit, Prometheus, control plane, alerts, dashboards)
+#
+# Environment:
+#   GPU_LEDGER_CACHE   cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/gpu-ledger)
+#   CARGO_TARGET_DIR   defaults to $GPU_LEDGER_CACHE/target so fresh clones build warm
+#   KUBEBUILDER_ASSETS reuse prebuilt kube-apiserver/etcd/... instead of building them
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> [%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+START=$(date +%s)
+export GPU_LEDGER_CACHE=${GPU_LEDGER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-ledger}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$GPU_LEDGER_CACHE/target}
+export CARGO_TERM_COLOR=never
+mkdir -p "$GPU_LEDGER_CACHE"
+
+step "system packages (prometheus, promtool)"
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+	if [[ $(id -u) == 0 ]]; then
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus
+	else
+		echo "prometheus/promtool missing: run 'sudo apt-get install prometheus'" >&2
+		exit 1
+	fi
+fi
+prometheus --version 2>&1 | head -1
+
+step "control-plane binaries (etcd, kube-apiserver, scheduler, controller-manager, kubectl, kwok, helm)"
+KUBEBUILDER_ASSETS=$(scripts/build-test-cluster.sh --print-bindir)
+export KUBEBUILDER_ASSETS
+echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
+
+step "format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "build (release binary used by end-to-end tests, benches compiled)"
+cargo build --release --locked --bin gpu-ledger
+export GPU_LEDGER_BIN="$CARGO_TARGET_DIR/release/gpu-ledger"
+
+step "cargo tests: unit, Prometheus, control plane tiers A and B"
+# Control-plane tests start several processes each; two test threads keep 2 cores responsive.
+cargo test --workspace --all-targets --locked -- --test-threads 2
+
+step "alerts and recording rules (promtool)"
+scripts/test-alerts.sh
+
+step "dashboards (schema and every panel query against a real Prometheus)"
+scripts/test-dashboards.sh
+
+step "done in $(( $(date +%s) - START )) s"

@@ -1,0 +1,620 @@
+//! The runtime edges: `serve` (watches, refresh loop, HTTP server, culling) and the one-shot
+//! `report`. Everything here is I/O and wiring; decisions live in `ledger` and `cull`.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use chrono::Utc;
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::claims::{self, Claims, ResourceNames, project, watch};
+use crate::config::{LedgerArgs, Output, ReportArgs, ServeArgs};
+use crate::export::{self, LedgerCollector, SelfMetrics, Snapshot, server};
+use crate::ledger::{self, Ledger, Policy};
+use crate::report;
+use crate::usage::history::{self, History};
+use crate::usage::prom::{PromClient, PromConfig, PromError};
+use crate::usage::{Usage, Window};
+
+/// Why the process could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("connecting to the Kubernetes API (kubeconfig or in-cluster)")]
+    Kube(#[source] kube::Error),
+    #[error("listing {0}")]
+    List(&'static str, #[source] kube::Error),
+    #[error("binding {addr}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("http server")]
+    Serve(#[source] std::io::Error),
+    #[error("prometheus")]
+    Prometheus(#[source] PromError),
+    #[error("registering metrics")]
+    Metrics(#[source] prometheus::Error),
+    #[error(transparent)]
+    Offline(#[from] report::offline::OfflineError),
+    #[error("writing output")]
+    Output(#[source] std::io::Error),
+    #[error("culling")]
+    Cull(#[source] crate::cull::CullError),
+}
+
+impl AppError {
+    /// Exit code: 2 for bad input or configuration, 1 for runtime failures.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) | Self::Offline(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+fn window_of(args: &LedgerArgs, interval: chrono::Duration) -> Window {
+    Window {
+        length: args.window,
+        interval,
+        idle_threshold: args.idle_threshold,
+        max_staleness: args.max_staleness,
+    }
+}
+
+fn prom_client(args: &LedgerArgs) -> Result<Option<Arc<PromClient>>, AppError> {
+    let Some(url) = args.prometheus_url.clone() else {
+        return Ok(None);
+    };
+    let cfg = PromConfig {
+        url,
+        bearer_token_file: args.prometheus_bearer_token_file.clone(),
+        ca_file: args.prometheus_ca_file.clone(),
+        insecure_skip_verify: args.prometheus_insecure_skip_verify,
+        timeout: args
+            .prometheus_timeout
+            .to_std()
+            .map_err(|e| AppError::Config(format!("--prometheus-timeout: {e}")))?,
+    };
+    PromClient::new(cfg)
+        .map(|c| Some(Arc::new(c)))
+        .map_err(AppError::Prometheus)
+}
+
+/// Usage source for the live paths: Prometheus plus the idle history.
+struct UsageSource {
+    client: Option<Arc<PromClient>>,
+    history: Option<History>,
+    args: LedgerArgs,
+    window: Window,
+}
+
+impl UsageSource {
+    async fn fetch(&mut self, metrics: Option<&SelfMetrics>) -> Usage {
+        let now = Utc::now();
+        let Some(client) = &self.client else {
+            return Usage::default();
+        };
+        let result = async {
+            if self.history.is_none() {
+                let scheme = client.detect_scheme(self.args.label_scheme, &self.window, now).await?;
+                // A failed or slow bootstrap must not block refreshes: start with an empty history
+                // (idle time then accrues from now) and say so.
+                let h = match history::bootstrap(client, &scheme, &self.window, self.args.history_lookback, self.args.min_coverage, now).await {
+                    Ok(h) => {
+                        info!(devices = h.len(), "idle history rebuilt from prometheus");
+                        h
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "idle history bootstrap failed; idle time accrues from now");
+                        History::new(self.args.history_lookback)
+                    }
+                };
+                self.history = Some(h);
+            }
+            client.fetch_usage(self.args.label_scheme, &self.window, now).await
+        }
+        .await;
+        match result {
+            Ok((mut devices, stats)) => {
+                if let Some(m) = metrics {
+                    m.prometheus_queries.inc_by(u64::from(stats.queries));
+                }
+                if let Some(h) = self.history.as_mut() {
+                    h.merge(&mut devices, &self.window, self.args.min_coverage, now);
+                }
+                Usage {
+                    devices,
+                    available: true,
+                }
+            }
+            Err(e) => {
+                if let Some(m) = metrics {
+                    m.prometheus_query_errors.inc();
+                }
+                warn!(error = %e, kind = e.kind(), "prometheus refresh failed; utilisation is unknown until it recovers");
+                Usage::default()
+            }
+        }
+    }
+}
+
+/// Keeps the nodes whose name hashes to `shard`, and their pods; pending pods belong to shard 0.
+fn shard_claims(mut c: Claims, shard: u32, total: u32) -> Claims {
+    if total <= 1 {
+        return c;
+    }
+    c.nodes
+        .retain(|n| claims::shard_of(&n.name, total) == shard);
+    c.pods.retain(|p| {
+        p.node
+            .as_deref()
+            .map_or(shard == 0, |n| claims::shard_of(n, total) == shard)
+    });
+    c
+}
+
+/// Rejects flag combinations that cannot work, before any socket is bound.
+fn validate(args: &ServeArgs) -> Result<(), AppError> {
+    if args.total_shards == 0 || args.shard >= args.total_shards {
+        return Err(AppError::Config(format!(
+            "--shard {} must be below --total-shards {}",
+            args.shard, args.total_shards
+        )));
+    }
+    if args.refresh_interval <= chrono::Duration::zero() {
+        return Err(AppError::Config(
+            "--refresh-interval must be positive".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `gpu-ledger serve`.
+pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
+    validate(&args)?;
+    let policy = args.ledger.policy();
+    let names = policy.names.clone();
+    let interval = args
+        .ledger
+        .scrape_interval
+        .unwrap_or(chrono::Duration::seconds(30));
+    let window = window_of(&args.ledger, interval);
+    let prom = prom_client(&args.ledger)?;
+    if prom.is_none() {
+        warn!(
+            "no --prometheus-url: utilisation is unknown; claims and capacity are still exported"
+        );
+    }
+
+    let cancel = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    spawn_signal_handler(&tracker, cancel.clone());
+
+    let client = Client::try_default().await.map_err(AppError::Kube)?;
+    let registry = prometheus::Registry::new();
+    let metrics = SelfMetrics::register(&registry).map_err(AppError::Metrics)?;
+    let shared = Arc::new(ArcSwap::from_pointee(Snapshot::new(Ledger::empty(
+        Utc::now(),
+    ))));
+    registry
+        .register(Box::new(
+            LedgerCollector::new(shared.clone(), names.clone()).map_err(AppError::Metrics)?,
+        ))
+        .map_err(AppError::Metrics)?;
+    let mut culler = crate::cull::Culler::from_args(
+        &args.cull,
+        &policy,
+        Some(client.clone()),
+        &registry,
+        &tracker,
+        &cancel,
+    )
+    .map_err(AppError::Cull)?;
+
+    let restarts = metrics.watch_restarts.clone();
+    let stores = watch::start(
+        client.clone(),
+        watch::WatchConfig {
+            namespaces: args.ledger.namespaces.clone(),
+            names: names.clone(),
+        },
+        &tracker,
+        cancel.clone(),
+        Arc::new(move |resource| restarts.with_label_values(&[resource]).inc()),
+    )
+    .await;
+
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| AppError::Bind {
+            addr: args.listen,
+            source,
+        })?;
+    info!(listen = %args.listen, "serving /metrics, /healthz, /readyz, /api/v1/ledger");
+    let state = server::AppState {
+        registry: registry.clone(),
+        snapshot: shared.clone(),
+        ready: ready.clone(),
+    };
+    let server_cancel = cancel.clone();
+    let server =
+        tracker.spawn(server::serve(listener, state, server_cancel).instrument(info_span!("http")));
+
+    let mut source = UsageSource {
+        client: prom,
+        history: None,
+        args: args.ledger.clone(),
+        window,
+    };
+    let mut ticker = tokio::time::interval(
+        args.refresh_interval
+            .to_std()
+            .unwrap_or(std::time::Duration::from_secs(30)),
+    );
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        if !stores.synced() {
+            info!("waiting for watches to sync");
+            continue;
+        }
+        let ledger = refresh(
+            &stores,
+            &client,
+            &mut source,
+            &metrics,
+            &policy,
+            (args.shard, args.total_shards),
+        )
+        .instrument(info_span!("refresh"))
+        .await;
+        let next = shared.load().advance(ledger);
+        shared.store(Arc::new(next));
+        ready.store(true, Ordering::Relaxed);
+        let snapshot = shared.load_full();
+        let mut recheck = Rechecker {
+            client: source.client.clone(),
+            history: source.history.clone(),
+            args: args.ledger.clone(),
+            window,
+            stores: stores.clone(),
+            policy: policy.clone(),
+            cull_policy: culler.config().policy.clone(),
+            shard: (args.shard, args.total_shards),
+        };
+        culler
+            .cycle(
+                &snapshot.ledger,
+                Utc::now(),
+                &mut |action: &crate::cull::plan::Action| recheck.run(action),
+            )
+            .instrument(info_span!("cull"))
+            .await;
+    }
+
+    info!("shutting down");
+    culler.shutdown().await;
+    tracker.close();
+    if tokio::time::timeout(std::time::Duration::from_secs(10), tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!("tasks did not stop within 10 s; exiting anyway");
+    }
+    match server.await {
+        Ok(Ok(())) | Err(_) => Ok(()),
+        Ok(Err(e)) => Err(AppError::Serve(e)),
+    }
+}
+
+/// One refresh: verify ownership, snapshot claims, query usage, build the ledger, record health.
+async fn refresh(
+    stores: &watch::Stores,
+    client: &Client,
+    source: &mut UsageSource,
+    metrics: &SelfMetrics,
+    policy: &Policy,
+    (shard, total_shards): (u32, u32),
+) -> Ledger {
+    let started = Instant::now();
+    if let Err(e) = stores.resolve_statefulsets(client).await {
+        warn!(error = %e, "cannot verify notebook ownership this refresh");
+    }
+    let claims = shard_claims(stores.claims(), shard, total_shards);
+    let usage = source.fetch(Some(metrics)).await;
+    let now = Utc::now();
+    let ledger = ledger::build(&claims, &usage, now, policy);
+    metrics
+        .source_up
+        .with_label_values(&["kubernetes"])
+        .set(1.0);
+    metrics
+        .source_up
+        .with_label_values(&["prometheus"])
+        .set(if usage.available { 1.0 } else { 0.0 });
+    metrics
+        .refresh_duration
+        .observe(started.elapsed().as_secs_f64());
+    metrics
+        .last_refresh
+        .set(now.timestamp_millis() as f64 / 1000.0);
+    info!(
+        pods = ledger.pods.len(),
+        nodes = ledger.nodes.len(),
+        usage = usage.available,
+        took_ms = started.elapsed().as_millis() as u64,
+        "refreshed"
+    );
+    ledger
+}
+
+/// Re-checks a planned stop right before acting: fresh claims from the stores, a fresh
+/// Prometheus query, the same history, the same rules. Anything short of "still a candidate"
+/// cancels the stop.
+struct Rechecker {
+    client: Option<Arc<PromClient>>,
+    history: Option<History>,
+    args: LedgerArgs,
+    window: Window,
+    stores: watch::Stores,
+    policy: Policy,
+    cull_policy: crate::cull::plan::CullPolicy,
+    shard: (u32, u32),
+}
+
+impl Rechecker {
+    fn run(
+        &mut self,
+        action: &crate::cull::plan::Action,
+    ) -> impl std::future::Future<Output = Result<bool, crate::cull::actuator::RecheckError>> + use<>
+    {
+        let client = self.client.clone();
+        let mut history = self.history.clone();
+        let (args, window, policy, cull_policy) = (
+            self.args.clone(),
+            self.window,
+            self.policy.clone(),
+            self.cull_policy.clone(),
+        );
+        let claims = shard_claims(self.stores.claims(), self.shard.0, self.shard.1);
+        let crate::cull::plan::Action::Stop { pod_uid, .. } = action;
+        let pod_uid = pod_uid.clone();
+        async move {
+            let Some(client) = client else {
+                return Ok(false);
+            };
+            let now = Utc::now();
+            let (mut devices, _) = client.fetch_usage(args.label_scheme, &window, now).await?;
+            if let Some(h) = history.as_mut() {
+                h.merge(&mut devices, &window, args.min_coverage, now);
+            }
+            let ledger = ledger::build(
+                &claims,
+                &Usage {
+                    devices,
+                    available: true,
+                },
+                now,
+                &policy,
+            );
+            Ok(ledger
+                .pods
+                .iter()
+                .find(|p| p.evidence.uid == pod_uid)
+                .is_some_and(|row| crate::cull::plan::judge(row, &cull_policy, now).is_ok()))
+        }
+    }
+}
+
+fn spawn_signal_handler(tracker: &TaskTracker, cancel: CancellationToken) {
+    tracker.spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    error!(error = %e, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = term.recv() => info!("SIGTERM received"),
+                _ = tokio::signal::ctrl_c() => info!("interrupt received"),
+                () = cancel.cancelled() => return,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        cancel.cancel();
+    });
+}
+
+/// Lists claims once from the live API (the one-shot report).
+async fn list_claims(
+    client: &Client,
+    names: &ResourceNames,
+    namespaces: &[String],
+) -> Result<Claims, AppError> {
+    let mut claims = Claims::default();
+    let lp = ListParams::default();
+    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    for ns in &scopes {
+        let pods: Api<Pod> = ns.map_or_else(
+            || Api::all(client.clone()),
+            |n| Api::namespaced(client.clone(), n),
+        );
+        for p in pods
+            .list(&lp)
+            .await
+            .map_err(|e| AppError::List("pods", e))?
+        {
+            match project::pod(names, &p) {
+                Ok(Some(c)) => claims.pods.push(c),
+                Ok(None) => {}
+                Err(e) => warn!(error = %e, "ignoring pod"),
+            }
+        }
+        let quotas: Api<ResourceQuota> = ns.map_or_else(
+            || Api::all(client.clone()),
+            |n| Api::namespaced(client.clone(), n),
+        );
+        for q in quotas
+            .list(&lp)
+            .await
+            .map_err(|e| AppError::List("resourcequotas", e))?
+        {
+            if let Ok(Some(info)) = project::quota(names, &q) {
+                claims.quotas.push(info);
+            }
+        }
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    for n in nodes
+        .list(&lp)
+        .await
+        .map_err(|e| AppError::List("nodes", e))?
+    {
+        match project::node(names, &n) {
+            Ok(info) => claims.nodes.push(info),
+            Err(e) => warn!(error = %e, "ignoring node"),
+        }
+    }
+    if let Ok(group) = kube::discovery::group(client, "kubeflow.org").await
+        && let Some((ar, _)) = group.recommended_kind("Notebook")
+    {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        let list = api
+            .list(&lp)
+            .await
+            .map_err(|e| AppError::List("notebooks", e))?;
+        claims.notebooks = list
+            .items
+            .iter()
+            .map(|o| project::notebook(&o.metadata))
+            .collect();
+        claims.notebooks_enabled = true;
+        let mut sets = std::collections::BTreeSet::new();
+        for p in &claims.pods {
+            if let Some(c) = p
+                .controller
+                .as_ref()
+                .filter(|c| c.kind == "StatefulSet" && c.group == "apps")
+            {
+                sets.insert((p.namespace.clone(), c.name.clone()));
+            }
+        }
+        for (ns, name) in sets {
+            let api: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+                Api::namespaced(client.clone(), &ns);
+            if let Ok(Some(sts)) = api.get_opt(&name).await {
+                claims.statefulsets.push(project::statefulset(&sts));
+            }
+        }
+    }
+    Ok(claims)
+}
+
+/// The ledger from dump files (`--from DIR` or one flag per file).
+fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError> {
+    let mut input = if let Some(dir) = &args.from {
+        report::offline::OfflineInput::from_dir(dir)
+    } else {
+        let mut i = report::offline::OfflineInput::from_dir(std::path::Path::new("."));
+        i.paths = claims::files::DumpPaths {
+            pods: args.pods.clone().unwrap_or_default(),
+            nodes: args.nodes.clone().unwrap_or_default(),
+            notebooks: args.notebooks.clone(),
+            quotas: args.quotas.clone(),
+            statefulsets: args.statefulsets.clone(),
+        };
+        i.dcgm = args.dcgm.clone().unwrap_or_default();
+        i
+    };
+    input.at = args.at;
+    input.window = args.ledger.window;
+    input.scrape_interval = args.ledger.scrape_interval;
+    input.scheme = args.ledger.label_scheme;
+    input.policy = policy.clone();
+    let offline = report::offline::load(&input, Utc::now())?;
+    for w in &offline.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(offline.ledger)
+}
+
+/// The ledger from the live API (one list per resource) and Prometheus.
+async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError> {
+    if args.ledger.prometheus_url.is_none() {
+        return Err(AppError::Config(
+            "report needs --from DIR (or --pods/--nodes/--dcgm files), or a live cluster with --prometheus-url".into(),
+        ));
+    }
+    let client = Client::try_default().await.map_err(AppError::Kube)?;
+    let claims = list_claims(&client, &policy.names, &args.ledger.namespaces).await?;
+    let interval = args
+        .ledger
+        .scrape_interval
+        .unwrap_or(chrono::Duration::seconds(30));
+    let mut source = UsageSource {
+        client: prom_client(&args.ledger)?,
+        history: None,
+        window: window_of(&args.ledger, interval),
+        args: args.ledger.clone(),
+    };
+    let usage = source.fetch(None).await;
+    if !usage.available {
+        eprintln!("warning: prometheus did not answer; utilisation is unknown");
+    }
+    Ok(ledger::build(&claims, &usage, Utc::now(), policy))
+}
+
+/// `gpu-ledger report`.
+pub async fn report(args: ReportArgs) -> Result<(), AppError> {
+    let policy = args.ledger.policy();
+    let ledger = if args.from.is_some() || args.pods.is_some() {
+        offline_ledger(&args, &policy)?
+    } else {
+        live_ledger(&args, &policy).await?
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match args.output {
+        Output::Table => report::table::render_table(&ledger, &mut out),
+        Output::Json => report::table::render_json(&ledger, &mut out),
+        Output::Metrics => export::render_snapshot(&Snapshot::new(ledger.clone()), &policy.names)
+            .map_err(std::io::Error::other)
+            .and_then(|text| out.write_all(text.as_bytes())),
+    }
+    .map_err(AppError::Output)?;
+    if args.cull_dry_run {
+        let plan = crate::cull::plan::plan(
+            &ledger,
+            &crate::cull::policy_from_args(&args.cull, &policy),
+            ledger.generated_at,
+        );
+        crate::cull::render_plan(&plan, &mut out).map_err(AppError::Output)?;
+    }
+    out.flush().map_err(AppError::Output)
+}

@@ -1,0 +1,278 @@
+//! Command line: every flag also reads a `GPU_LEDGER_*` environment variable. Parsed at the edge
+//! into validated values (durations, URLs, ratios) before anything starts.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::claims::ResourceNames;
+use crate::ledger::Policy;
+use crate::usage::scheme::SchemeChoice;
+
+/// Joins Kubernetes GPU claims with DCGM utilisation: who holds each GPU, is it used, and
+/// where did the free cards go.
+#[derive(Debug, Parser)]
+#[command(name = "gpu-ledger", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, env = "GPU_LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax, e.g. `info,gpu_ledger=debug`).
+    #[arg(long, env = "GPU_LEDGER_LOG", default_value = "info", global = true)]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the service: watch the cluster, refresh from Prometheus, serve /metrics and the JSON API.
+    Serve(Box<ServeArgs>),
+    /// Print the ledger once, from a live cluster or from dump files.
+    Report(Box<ReportArgs>),
+}
+
+/// Settings shared by `serve` and the live `report`.
+#[derive(Debug, Clone, Args)]
+pub struct LedgerArgs {
+    /// Prometheus (or Thanos querier) base URL holding dcgm-exporter series.
+    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_URL")]
+    pub prometheus_url: Option<reqwest::Url>,
+    /// File with a bearer token for Prometheus (re-read on every refresh).
+    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_BEARER_TOKEN_FILE")]
+    pub prometheus_bearer_token_file: Option<PathBuf>,
+    /// PEM file with the CA that signed Prometheus' serving certificate.
+    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_CA_FILE")]
+    pub prometheus_ca_file: Option<PathBuf>,
+    /// Skip TLS verification towards Prometheus (testing only).
+    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_INSECURE_SKIP_VERIFY")]
+    pub prometheus_insecure_skip_verify: bool,
+    /// Timeout of one PromQL query.
+    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_TIMEOUT", default_value = "20s", value_parser = duration)]
+    pub prometheus_timeout: chrono::Duration,
+    /// Where dcgm-exporter's workload labels are: `exported_pod`… (scraped without honor_labels),
+    /// `pod`… (honor_labels), or detect.
+    #[arg(long, env = "GPU_LEDGER_LABEL_SCHEME", default_value = "auto")]
+    pub label_scheme: SchemeChoice,
+    /// Window over which a GPU must stay below the threshold to count as idle.
+    #[arg(long, env = "GPU_LEDGER_WINDOW", default_value = "10m", value_parser = duration)]
+    pub window: chrono::Duration,
+    /// Expected spacing of DCGM samples in Prometheus (the scrape interval); offline, inferred
+    /// from the dump when not given.
+    #[arg(long, env = "GPU_LEDGER_SCRAPE_INTERVAL", value_parser = duration)]
+    pub scrape_interval: Option<chrono::Duration>,
+    /// Utilisation (0..1) below which a GPU counts as idle.
+    #[arg(long, env = "GPU_LEDGER_IDLE_THRESHOLD", default_value_t = 0.05, value_parser = ratio)]
+    pub idle_threshold: f64,
+    /// Share of expected samples in the window needed before anything is called idle.
+    #[arg(long, env = "GPU_LEDGER_MIN_COVERAGE", default_value_t = 0.9, value_parser = ratio)]
+    pub min_coverage: f64,
+    /// Samples older than this are not a current reading.
+    #[arg(long, env = "GPU_LEDGER_MAX_STALENESS", default_value = "2m", value_parser = duration)]
+    pub max_staleness: chrono::Duration,
+    /// A terminating pod this long past its deletion deadline is stuck.
+    #[arg(long, env = "GPU_LEDGER_STUCK_AFTER", default_value = "5m", value_parser = duration)]
+    pub stuck_after: chrono::Duration,
+    /// How far back idle history is read from Prometheus at start-up.
+    #[arg(long, env = "GPU_LEDGER_HISTORY_LOOKBACK", default_value = "24h", value_parser = duration)]
+    pub history_lookback: chrono::Duration,
+    /// Extra resource names counted as whole GPUs (comma-separated).
+    #[arg(long, env = "GPU_LEDGER_EXTRA_GPU_RESOURCES", value_delimiter = ',')]
+    pub extra_gpu_resources: Vec<String>,
+    /// Namespaces to watch (comma-separated); empty means all.
+    #[arg(long, env = "GPU_LEDGER_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+}
+
+impl LedgerArgs {
+    pub fn policy(&self) -> Policy {
+        Policy {
+            names: ResourceNames {
+                extra: self.extra_gpu_resources.clone(),
+            },
+            idle_threshold: self.idle_threshold,
+            min_coverage: self.min_coverage,
+            max_staleness: self.max_staleness,
+            stuck_after: self.stuck_after,
+        }
+    }
+}
+
+/// `gpu-ledger serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub ledger: LedgerArgs,
+    /// Address of the HTTP server (/metrics, /healthz, /readyz, /api/v1/ledger).
+    #[arg(long, env = "GPU_LEDGER_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// How often to query Prometheus and rebuild the ledger.
+    #[arg(long, env = "GPU_LEDGER_REFRESH_INTERVAL", default_value = "30s", value_parser = duration)]
+    pub refresh_interval: chrono::Duration,
+    /// This replica's shard (0-based); it owns nodes whose name hashes to it, and their pods.
+    #[arg(long, env = "GPU_LEDGER_SHARD", default_value_t = 0)]
+    pub shard: u32,
+    /// Number of shards; 1 = no sharding.
+    #[arg(long, env = "GPU_LEDGER_TOTAL_SHARDS", default_value_t = 1)]
+    pub total_shards: u32,
+    #[command(flatten)]
+    pub cull: CullArgs,
+}
+
+/// Culling flags (see docs/culling.md).
+#[derive(Debug, Clone, Args)]
+pub struct CullArgs {
+    /// Culling of idle GPU notebooks: off, dry-run (log, export, events) or on.
+    #[arg(long = "cull", env = "GPU_LEDGER_CULL", default_value = "off")]
+    pub mode: crate::cull::CullMode,
+    /// A notebook's GPUs must be proven idle this long before it is stopped.
+    #[arg(long, env = "GPU_LEDGER_CULL_IDLE_AFTER", default_value = "2h", value_parser = duration)]
+    pub cull_idle_after: chrono::Duration,
+    /// Minimum time Running+Ready since the later of pod start and our last stop.
+    #[arg(long, env = "GPU_LEDGER_CULL_MIN_RUNTIME", default_value = "1h", value_parser = duration)]
+    pub cull_min_runtime: chrono::Duration,
+    /// At most this many stops per refresh cycle (and never more than one per namespace).
+    #[arg(long, env = "GPU_LEDGER_CULL_MAX_PER_CYCLE", default_value_t = 3)]
+    pub cull_max_per_cycle: usize,
+    /// Only cull in these namespaces (comma-separated); empty = all.
+    #[arg(long, env = "GPU_LEDGER_CULL_NAMESPACES", value_delimiter = ',')]
+    pub cull_namespaces: Vec<String>,
+    /// Never cull in these namespaces (comma-separated).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_CULL_EXCLUDE_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub cull_exclude_namespaces: Vec<String>,
+    /// Never cull in namespaces matching this label selector (e.g. `gpu-ledger.io/cull=false`).
+    #[arg(long, env = "GPU_LEDGER_CULL_NAMESPACE_SELECTOR")]
+    pub cull_namespace_selector: Option<String>,
+    /// Name of the coordination.k8s.io Lease that elects the acting replica.
+    #[arg(long, env = "GPU_LEDGER_LEASE_NAME", default_value = "gpu-ledger")]
+    pub lease_name: String,
+    /// Namespace of the Lease (defaults to the pod's namespace).
+    #[arg(long, env = "GPU_LEDGER_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+}
+
+/// Output format of `report`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Who holds what, then per-node and per-namespace totals.
+    Table,
+    /// The JSON contract of docs/report-json.md.
+    Json,
+    /// Prometheus text exposition of the ledger families (e.g. for a node_exporter textfile).
+    Metrics,
+}
+
+/// `gpu-ledger report`.
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub ledger: LedgerArgs,
+    /// Read `DIR/{pods,nodes,notebooks,quotas,statefulsets}.{json,yaml}` and `DIR/dcgm.prom`.
+    #[arg(long, env = "GPU_LEDGER_FROM", conflicts_with_all = ["pods", "nodes"])]
+    pub from: Option<PathBuf>,
+    /// `kubectl get pods -A -o json|yaml` dump.
+    #[arg(long, env = "GPU_LEDGER_PODS", requires_all = ["nodes", "dcgm"])]
+    pub pods: Option<PathBuf>,
+    /// `kubectl get nodes -o json|yaml` dump.
+    #[arg(long, env = "GPU_LEDGER_NODES", requires = "pods")]
+    pub nodes: Option<PathBuf>,
+    /// `kubectl get notebooks.kubeflow.org -A -o json|yaml` dump.
+    #[arg(long, env = "GPU_LEDGER_NOTEBOOKS", requires = "pods")]
+    pub notebooks: Option<PathBuf>,
+    /// `kubectl get resourcequotas -A -o json|yaml` dump.
+    #[arg(long, env = "GPU_LEDGER_QUOTAS", requires = "pods")]
+    pub quotas: Option<PathBuf>,
+    /// `kubectl get statefulsets -A -o json|yaml` dump (verifies notebook ownership).
+    #[arg(long, env = "GPU_LEDGER_STATEFULSETS", requires = "pods")]
+    pub statefulsets: Option<PathBuf>,
+    /// dcgm-exporter `/metrics` or Prometheus `/federate` dump (either label scheme).
+    #[arg(long, env = "GPU_LEDGER_DCGM", requires = "pods")]
+    pub dcgm: Option<PathBuf>,
+    /// Report as of this instant (RFC 3339); offline default: the newest DCGM sample.
+    #[arg(long, env = "GPU_LEDGER_AT", value_parser = rfc3339)]
+    pub at: Option<DateTime<Utc>>,
+    /// Output format.
+    #[arg(short = 'o', long, env = "GPU_LEDGER_OUTPUT", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// Also list what `--cull=dry-run` would stop (uses the culling flags' defaults).
+    #[arg(long, env = "GPU_LEDGER_CULL_DRY_RUN")]
+    pub cull_dry_run: bool,
+    #[command(flatten)]
+    pub cull: CullArgs,
+}
+
+/// Parses `10m`, `2h`, `30s` (humantime).
+pub fn duration(s: &str) -> Result<chrono::Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 30s, 10m or 2h: {e}"))?;
+    chrono::Duration::from_std(d).map_err(|e| format!("{s:?} is too long: {e}"))
+}
+
+/// Parses a ratio in 0..=1.
+pub fn ratio(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is outside 0..1"))
+    }
+}
+
+/// Parses an RFC 3339 instant.
+pub fn rfc3339(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-11-30T12:00:00Z: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_has_an_env_var() {
+        let cmd = Cli::command();
+        for sub in cmd.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                assert!(
+                    arg.get_env().is_some(),
+                    "{} --{id} has no env var",
+                    sub.get_name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn parsers_reject_bad_values() {
+        assert!(duration("10m").is_ok());
+        assert!(duration("ten minutes").is_err());
+        assert!(ratio("1.5").is_err());
+        assert!(rfc3339("yesterday").expect_err("bad").contains("RFC 3339"));
+        let err = Cli::try_parse_from(["gpu-ledger", "report", "--from", "x", "--at", "nope"])
+            .expect_err("bad --at");
+        assert!(err.to_string().contains("RFC 3339"), "{err}");
+    }
+}

@@ -1,0 +1,97 @@
+//! Export: the `/metrics` Collector over the latest snapshot, self-metrics, and the admin server.
+
+pub mod collector;
+pub mod server;
+
+use prometheus::{
+    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
+};
+
+pub use collector::{LedgerCollector, SharedSnapshot, Snapshot};
+
+/// gpu-ledger's own health metrics (bounded labels only).
+#[derive(Clone)]
+pub struct SelfMetrics {
+    pub source_up: GaugeVec,
+    pub last_refresh: Gauge,
+    pub refresh_duration: Histogram,
+    pub prometheus_queries: IntCounter,
+    pub prometheus_query_errors: IntCounter,
+    pub watch_restarts: IntCounterVec,
+}
+
+impl SelfMetrics {
+    /// Creates and registers the self-metrics.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let m = SelfMetrics {
+            source_up: GaugeVec::new(
+                Opts::new(
+                    "gpu_ledger_source_up",
+                    "1 when the last refresh could use the source.",
+                ),
+                &["source"],
+            )?,
+            last_refresh: Gauge::new(
+                "gpu_ledger_last_refresh_timestamp_seconds",
+                "Unix time of the last completed refresh; every ledger value is as of this time.",
+            )?,
+            refresh_duration: Histogram::with_opts(
+                HistogramOpts::new(
+                    "gpu_ledger_refresh_duration_seconds",
+                    "Time to query Prometheus and build the ledger.",
+                )
+                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            )?,
+            prometheus_queries: IntCounter::new(
+                "gpu_ledger_prometheus_queries_total",
+                "PromQL queries sent.",
+            )?,
+            prometheus_query_errors: IntCounter::new(
+                "gpu_ledger_prometheus_query_errors_total",
+                "PromQL queries that failed.",
+            )?,
+            watch_restarts: IntCounterVec::new(
+                Opts::new(
+                    "gpu_ledger_watch_restarts_total",
+                    "Watch streams restarted after an error.",
+                ),
+                &["resource"],
+            )?,
+        };
+        let build_info = GaugeVec::new(
+            Opts::new(
+                "gpu_ledger_build_info",
+                "Build of this gpu-ledger; always 1.",
+            ),
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1.0);
+        registry.register(Box::new(build_info))?;
+        registry.register(Box::new(m.source_up.clone()))?;
+        registry.register(Box::new(m.last_refresh.clone()))?;
+        registry.register(Box::new(m.refresh_duration.clone()))?;
+        registry.register(Box::new(m.prometheus_queries.clone()))?;
+        registry.register(Box::new(m.prometheus_query_errors.clone()))?;
+        registry.register(Box::new(m.watch_restarts.clone()))?;
+        Ok(m)
+    }
+}
+
+/// Renders a registry in the text exposition format.
+pub fn render(registry: &Registry) -> Result<String, prometheus::Error> {
+    let families = registry.gather();
+    prometheus::TextEncoder::new().encode_to_string(&families)
+}
+
+/// Renders only the ledger families of one snapshot (for `report -o metrics`, textfile collectors).
+pub fn render_snapshot(
+    snapshot: &Snapshot,
+    names: &crate::claims::ResourceNames,
+) -> Result<String, prometheus::Error> {
+    prometheus::TextEncoder::new().encode_to_string(&collector::families(snapshot, names))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+//! Exposition tests: golden text, vanished pods, hostile label values.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
+use super::*;
+use crate::claims::ResourceNames;
+use crate::ledger::{
+    Attribution, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState,
+};
+
+fn t() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
+        .expect("valid")
+        .with_timezone(&Utc)
+}
+
+fn pod(ns: &str, name: &str) -> PodRow {
+    PodRow {
+        namespace: ns.into(),
+        pod: name.into(),
+        node: Some("n1".into()),
+        state: PodState::Running,
+        gpus: 1.0,
+        resources: [("nvidia.com/gpu".to_string(), 1)].into(),
+        attribution: Attribution::Exclusive,
+        utilization: Some(0.25),
+        memory_used_bytes: None,
+        idle: Some(false),
+        idle_seconds: Some(0.0),
+        terminating_seconds: None,
+        stuck: false,
+        pending_seconds: None,
+        notebook: None,
+        owner: Some(Owner {
+            kind: "Job".into(),
+            name: "j".into(),
+        }),
+        devices: vec![],
+        pending_reason: None,
+        evidence: Evidence {
+            replicas: 1,
+            ..Evidence::default()
+        },
+    }
+}
+
+fn ledger(pods: Vec<PodRow>) -> Ledger {
+    Ledger {
+        generated_at: t(),
+        pods,
+        nodes: vec![NodeRow {
+            node: "n1".into(),
+            gpus_allocatable: 2.0,
+            gpus_claimed: 1.0,
+            gpus_free: 1.0,
+        }],
+        namespaces: vec![NamespaceRow {
+            namespace: "a".into(),
+            gpus_claimed: 1.0,
+            gpus_idle: 0.0,
+            gpus_pending: 0.0,
+            gpu_quota: None,
+            gpu_quota_keys: BTreeMap::new(),
+        }],
+        unclaimed_busy: vec![],
+        usage_available: true,
+    }
+}
+
+#[test]
+fn golden_text_and_vanishing_pod() {
+    let names = ResourceNames::default();
+    let text = render_snapshot(
+        &Snapshot::new(ledger(vec![pod("a", "p1"), pod("a", "p2")])),
+        &names,
+    )
+    .expect("render");
+    let expected_lines = [
+        "gpu_ledger_pod_gpus{namespace=\"a\",pod=\"p1\",node=\"n1\",state=\"running\",resource=\"nvidia.com/gpu\",attribution=\"exclusive\"} 1",
+        "gpu_ledger_pod_gpu_utilization_ratio{namespace=\"a\",pod=\"p2\",node=\"n1\"} 0.25",
+        "gpu_ledger_pod_owner_info{namespace=\"a\",pod=\"p1\",owner_kind=\"Job\",owner_name=\"j\",notebook=\"\"} 1",
+        "gpu_ledger_node_gpus_free{node=\"n1\"} 1",
+        "gpu_ledger_namespace_gpu_quota_missing{namespace=\"a\"} 1",
+        "# TYPE gpu_ledger_pod_gpus gauge",
+    ];
+    for line in expected_lines {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing line {line}\n{text}"
+        );
+    }
+    assert!(
+        !text.contains("memory_used_bytes"),
+        "unknown values are absent, never 0"
+    );
+    let text =
+        render_snapshot(&Snapshot::new(ledger(vec![pod("a", "p1")])), &names).expect("render");
+    assert!(
+        !text.contains("p2"),
+        "a pod that goes away takes its series with it:\n{text}"
+    );
+}
+
+#[test]
+fn hostile_label_values_are_escaped() {
+    let names = ResourceNames::default();
+    let mut p = pod("a", "evil\"} 1\ninjected_metric 666\\");
+    p.owner = Some(Owner {
+        kind: "Job".into(),
+        name: "x\ny".into(),
+    });
+    let text = render_snapshot(&Snapshot::new(ledger(vec![p])), &names).expect("render");
+    assert!(
+        !text.lines().any(|l| l.starts_with("injected_metric")),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"pod="evil\"} 1\ninjected_metric 666\\""#),
+        "{text}"
+    );
+    let parsed = crate::usage::exposition::parse(&text, &["gpu_ledger_pod_gpus"], t());
+    assert_eq!(parsed.skipped_lines, 0);
+    assert_eq!(
+        parsed.series[0].labels.get("pod").map(String::as_str),
+        Some("evil\"} 1\ninjected_metric 666\\")
+    );
+}
+
+#[test]
+fn counters_accumulate_gpu_seconds() {
+    let first = Snapshot::new(ledger(vec![pod("a", "p1")]));
+    let mut next = ledger(vec![pod("a", "p1")]);
+    next.generated_at = t() + chrono::Duration::seconds(30);
+    let second = first.advance(next);
+    assert_eq!(second.gpu_seconds_claimed.get("a"), Some(&30.0));
+    assert_eq!(second.gpu_seconds_idle.get("a"), Some(&0.0));
+}
+
+#[test]
+fn collector_reads_the_swapped_snapshot() {
+    let shared: SharedSnapshot = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(
+        Snapshot::new(ledger(vec![pod("a", "old")])),
+    ));
+    let registry = prometheus::Registry::new();
+    registry
+        .register(Box::new(
+            LedgerCollector::new(shared.clone(), ResourceNames::default()).expect("collector"),
+        ))
+        .expect("register");
+    SelfMetrics::register(&registry).expect("self metrics");
+    assert!(render(&registry).expect("render").contains("pod=\"old\""));
+    shared.store(std::sync::Arc::new(Snapshot::new(ledger(vec![pod(
+        "a", "new",
+    )]))));
+    let text = render(&registry).expect("render");
+    assert!(text.contains("pod=\"new\"") && !text.contains("pod=\"old\""));
+    assert!(text.contains("gpu_ledger_build_info"));
+}
