@@ -19,6 +19,7 @@ pub mod dcgm;
 pub mod nodes;
 pub mod process;
 pub mod prometheus;
+pub mod stack;
 pub mod util;
 
 pub use bins::{Bins, binaries, binary, cache_root};

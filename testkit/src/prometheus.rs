@@ -154,4 +154,75 @@ impl Prometheus {
     pub fn log_tail(&self, n: usize) -> String {
         self.guard.log_tail(n)
     }
+
+    /// Stops the Prometheus process (SIGTERM, then SIGKILL after `grace`), keeping its port,
+    /// config and TSDB so [`Prometheus::restart`] can bring the same instance back. Simulates
+    /// an outage of the utilisation source.
+    pub fn stop(&mut self, grace: Duration) {
+        self.guard.terminate(grace);
+    }
+
+    /// Starts Prometheus again on the same port, config and TSDB (after [`Prometheus::stop`])
+    /// and waits until it is ready. A running instance is stopped first.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.guard.terminate(Duration::from_secs(5));
+        let port: u16 = self
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .context("port of the prometheus url")?;
+        let dir = self.dir.path();
+        let mut cmd = Command::new(prometheus_bin()?);
+        cmd.arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--storage.tsdb.retention.time=100y")
+        .arg("--web.enable-lifecycle");
+        let restarts = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(std::result::Result::ok)
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with("prometheus-restart")
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        let log = dir.join(format!("prometheus-restart-{}.log", restarts + 1));
+        self.guard = ChildGuard::spawn("prometheus", cmd, &log)?;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()?;
+        let timeout = crate::util::start_timeout();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.guard.try_exit_status() {
+                bail!(
+                    "restarted prometheus exited ({status}); last 40 log lines:\n{}",
+                    self.guard.log_tail(40)
+                );
+            }
+            if let Ok(r) = client.get(format!("{}/-/ready", self.url)).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "restarted prometheus not ready at {} after {timeout:?}; last 40 log lines:\n{}",
+                    self.url,
+                    self.guard.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
