@@ -498,6 +498,112 @@ impl ControlPlane {
         }
     }
 
+    /// Restarts kube-apiserver with exactly the flags it runs with now (same binary, port,
+    /// certs, tokens and etcd; etcd keeps running): SIGTERM, wait (5 s, then SIGKILL), start
+    /// again, wait for `/readyz`. The old log is kept as `kube-apiserver.<n>.log`;
+    /// [`ControlPlane::log_path`] names the new one.
+    pub async fn restart_apiserver(&self) -> Result<()> {
+        self.restart_apiserver_with(&[]).await
+    }
+
+    /// [`ControlPlane::restart_apiserver`] with `extra` flags (`--name=value`), each replacing
+    /// a flag of the same name or appended, e.g. `&["--watch-cache=false"]`. The flags stay in
+    /// effect for later restarts.
+    pub async fn restart_apiserver_with(&self, extra: &[&str]) -> Result<()> {
+        const NAME: &str = "kube-apiserver";
+        // The running flags come from /proc, so `start` needs no bookkeeping for restarts.
+        let (index, old) = {
+            let mut procs = self.lock_procs();
+            let i = procs
+                .iter()
+                .position(|g| g.name() == NAME)
+                .context("no kube-apiserver is running")?;
+            (i, procs.remove(i))
+        };
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", old.pid()));
+        tokio::task::spawn_blocking(move || {
+            let mut old = old;
+            old.terminate(Duration::from_secs(5));
+        })
+        .await
+        .context("stopping kube-apiserver")?;
+        let cmdline = cmdline.context("reading kube-apiserver's /proc/<pid>/cmdline")?;
+        let mut args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.is_empty() {
+            bail!("empty kube-apiserver command line");
+        }
+        let program = args.remove(0);
+        for flag in extra {
+            let name = flag.split('=').next().unwrap_or(flag);
+            let prefix = format!("{name}=");
+            args.retain(|a| a != name && !a.starts_with(&prefix));
+            args.push((*flag).to_string());
+        }
+        let log = self.log_path(NAME);
+        let mut n = 1;
+        while self.path.join(format!("{NAME}.{n}.log")).exists() {
+            n += 1;
+        }
+        std::fs::rename(&log, self.path.join(format!("{NAME}.{n}.log")))
+            .with_context(|| format!("keeping {}", log.display()))?;
+        let mut cmd = Command::new(&program);
+        cmd.args(&args);
+        let mut g = ChildGuard::spawn(NAME, cmd, &log)?;
+        let tls = http_client(Some(&self.ca_pem))?;
+        let res = wait_ready(
+            &mut g,
+            &tls,
+            &format!("{}/readyz", self.server_url),
+            Some(self.token("admin")?),
+            start_timeout(),
+        )
+        .await;
+        {
+            let mut procs = self.lock_procs();
+            let at = index.min(procs.len());
+            procs.insert(at, g);
+        }
+        res
+    }
+
+    /// etcd's current revision, from the gRPC gateway (`POST /v3/kv/range`, `header.revision`).
+    pub async fn etcd_revision(&self) -> Result<i64> {
+        let resp: serde_json::Value = http_client(None)?
+            .post(format!("{}/v3/kv/range", self.etcd_url))
+            // Any key will do: only the response header is read. "AA==" is base64 of "\0".
+            .json(&serde_json::json!({"key": "AA=="}))
+            .send()
+            .await
+            .context("etcd /v3/kv/range")?
+            .error_for_status()?
+            .json()
+            .await?;
+        resp["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .with_context(|| format!("no header.revision in etcd's range answer: {resp}"))
+    }
+
+    /// Compacts etcd at its current revision (`POST /v3/kv/compaction`, physical) and returns
+    /// that revision: every older revision is gone, so a watch from an older resourceVersion
+    /// that reaches etcd gets "required revision has been compacted" (410 Gone at the API).
+    pub async fn compact_etcd(&self) -> Result<i64> {
+        let revision = self.etcd_revision().await?;
+        http_client(None)?
+            .post(format!("{}/v3/kv/compaction", self.etcd_url))
+            .json(&serde_json::json!({"revision": revision.to_string(), "physical": true}))
+            .send()
+            .await
+            .context("etcd /v3/kv/compaction")?
+            .error_for_status()
+            .context("etcd compaction")?;
+        Ok(revision)
+    }
+
     /// `https://127.0.0.1:<port>` of the kube-apiserver.
     pub fn server_url(&self) -> &str {
         &self.server_url
