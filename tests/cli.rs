@@ -1,0 +1,188 @@
+//! The binary as users run it: the README's first command, the JSON contract, culling dry-run
+//! against the homelab, and bad input (clear message naming the input, exit code 2, no panic).
+
+use std::process::Command;
+
+fn gpu_ledger() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+}
+
+fn homelab() -> String {
+    format!("{}/examples/homelab", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn readme_first_command_prints_the_table() {
+    let out = gpu_ledger()
+        .args(["report", "--from", &homelab()])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf8");
+    for needle in [
+        "Who holds what",
+        "alice-nb-0",
+        "stuck terminating",
+        "Insufficient nvidia.com/gpu",
+        "Nodes",
+        "TOTAL",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+}
+
+#[test]
+fn json_follows_the_contract() {
+    let out = gpu_ledger()
+        .args(["report", "--from", &homelab(), "-o", "json"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    for key in [
+        "generated_at",
+        "pods",
+        "nodes",
+        "namespaces",
+        "unclaimed_busy",
+    ] {
+        assert!(v.get(key).is_some(), "missing top-level {key}");
+    }
+    let pod_keys = [
+        "namespace",
+        "pod",
+        "node",
+        "state",
+        "gpus",
+        "resources",
+        "attribution",
+        "utilization",
+        "memory_used_bytes",
+        "idle",
+        "idle_seconds",
+        "terminating_seconds",
+        "stuck",
+        "pending_seconds",
+        "notebook",
+    ];
+    for pod in v["pods"].as_array().expect("pods array") {
+        for key in pod_keys {
+            assert!(
+                pod.get(key).is_some(),
+                "pod {} lacks {key} (unknown must be null, never omitted)",
+                pod["pod"]
+            );
+        }
+    }
+    let pending = v["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .find(|p| p["state"] == "pending")
+        .expect("a pending pod");
+    assert!(pending["utilization"].is_null() && pending["node"].is_null());
+}
+
+#[test]
+fn metrics_output_is_exposition_text() {
+    let out = gpu_ledger()
+        .args(["report", "--from", &homelab(), "-o", "metrics"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("utf8");
+    assert!(text.contains("# TYPE gpu_ledger_pod_gpus gauge"), "{text}");
+    assert!(text.contains("gpu_ledger_pod_stuck_terminating{namespace=\"team-ml\",pod=\"bob-nb-0\",node=\"lab-2\"} 1"), "{text}");
+}
+
+#[test]
+fn cull_dry_run_lists_exactly_the_idle_notebook() {
+    let out = gpu_ledger()
+        .args(["report", "--from", &homelab(), "--cull-dry-run"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf8");
+    let stops: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("STOP"))
+        .collect();
+    assert_eq!(stops.len(), 1, "{text}");
+    assert!(stops[0].contains("team-ml/alice-nb"), "{text}");
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.contains("STOP") && l.contains("bob-nb")),
+        "a stopped notebook is never stopped again"
+    );
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_input() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("pods.json"), "{ not json").expect("write");
+    std::fs::write(
+        dir.path().join("nodes.json"),
+        r#"{"kind":"List","items":[]}"#,
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("dcgm.prom"),
+        "DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 1\n",
+    )
+    .expect("write");
+    let out = gpu_ledger()
+        .args(["report", "--from"])
+        .arg(dir.path())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("pods.json") && err.contains("not valid JSON"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let out = gpu_ledger()
+        .args(["report", "--from", &homelab(), "--at", "yesterday"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RFC 3339"));
+
+    let out = gpu_ledger()
+        .args(["report", "--from", "/nonexistent/dir"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir/pods.json"));
+}
+
+#[test]
+fn help_documents_every_subcommand() {
+    let out = gpu_ledger().arg("--help").output().expect("run");
+    let text = String::from_utf8(out.stdout).expect("utf8");
+    assert!(text.contains("serve") && text.contains("report"), "{text}");
+    let out = gpu_ledger()
+        .args(["report", "--help"])
+        .output()
+        .expect("run");
+    let text = String::from_utf8(out.stdout).expect("utf8");
+    assert!(
+        text.contains("--from") && text.contains("GPU_LEDGER_WINDOW"),
+        "{text}"
+    );
+}
