@@ -47,7 +47,8 @@ pub fn parse_units(raw: &str) -> Result<u64, QuantityError> {
     if frac_part.contains('.') || (int_part.is_empty() && frac_part.is_empty()) {
         return Err(QuantityError::Invalid(raw.to_string()));
     }
-    if frac_part.len() > 18 || int_part.len() > 18 {
+    // 20 integer digits hold every u64; 18 fraction digits keep the scale well inside u128.
+    if frac_part.len() > 18 || int_part.len() > 20 {
         return Err(QuantityError::TooLarge(raw.to_string()));
     }
     let frac_scale = 10u128.pow(frac_part.len() as u32);
@@ -65,7 +66,12 @@ pub fn parse_units(raw: &str) -> Result<u64, QuantityError> {
             .parse()
             .map_err(|_| QuantityError::Invalid(raw.to_string()))?
     };
-    let numerator = (int_value * frac_scale + frac_value) * mul;
+    // Checked: 20 integer digits, 18 fraction digits and a binary suffix overflow u128.
+    let numerator = int_value
+        .checked_mul(frac_scale)
+        .and_then(|v| v.checked_add(frac_value))
+        .and_then(|v| v.checked_mul(mul))
+        .ok_or_else(|| QuantityError::TooLarge(raw.to_string()))?;
     let denominator = frac_scale * div;
     if !numerator.is_multiple_of(denominator) {
         return Err(QuantityError::Fractional(raw.to_string()));
@@ -108,6 +114,29 @@ mod tests {
         assert!(matches!(parse_units("1x"), Err(QuantityError::Invalid(_))));
         assert!(matches!(
             parse_units("99999999999999999999"),
+            Err(QuantityError::TooLarge(_))
+        ));
+    }
+
+    /// Found by the `quantity` fuzz target: u64 values past 18 digits were refused, and 18+18
+    /// digits with a binary suffix overflowed u128 (a panic in debug builds).
+    #[test]
+    fn large_values_fit_or_are_too_large() {
+        assert_eq!(parse_units("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(
+            parse_units("1000000000000000000"),
+            Ok(1_000_000_000_000_000_000)
+        );
+        assert!(matches!(
+            parse_units("18446744073709551616"),
+            Err(QuantityError::TooLarge(_))
+        ));
+        assert!(matches!(
+            parse_units("999999999999999999.999999999999999999Gi"),
+            Err(QuantityError::TooLarge(_))
+        ));
+        assert!(matches!(
+            parse_units("99999999999999999999.5Gi"),
             Err(QuantityError::TooLarge(_))
         ));
     }

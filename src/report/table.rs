@@ -243,8 +243,11 @@ impl Table {
         }
     }
 
+    /// Adds a row; control and bidi-override characters in cells are escaped, so a newline in a
+    /// pod name (possible in an offline dump) cannot forge a row or reorder the terminal line.
     fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows
+            .push(cells.into_iter().map(|c| escape_cell(&c)).collect());
     }
 
     fn write(&self, out: &mut impl Write) -> io::Result<()> {
@@ -287,9 +290,47 @@ impl Table {
     }
 }
 
+/// `c` with control characters (`\n`, `\r`, NUL, ESC...), line/paragraph separators and bidi
+/// overrides written as Rust escapes (`\n`, `\u{202e}`); other text, including Unicode, as is.
+fn escape_cell(c: &str) -> String {
+    let hostile = |ch: char| {
+        ch.is_control()
+            || matches!(ch, '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !c.contains(hostile) {
+        return c.to_string();
+    }
+    let mut out = String::with_capacity(c.len() + 8);
+    for ch in c.chars() {
+        if hostile(ch) {
+            out.extend(ch.escape_default());
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cells_escape_control_characters() {
+        assert_eq!(escape_cell("plain-ü"), "plain-ü");
+        assert_eq!(
+            escape_cell("a\nb\r\0\u{1b}[31m"),
+            "a\\nb\\r\\u{0}\\u{1b}[31m"
+        );
+        assert_eq!(escape_cell("x\u{202e}y"), "x\\u{202e}y");
+        let mut t = Table::new(&[("A", Align::Left), ("B", Align::Left)]);
+        t.row(vec!["evil\nforged".into(), "x".into()]);
+        let mut out = Vec::new();
+        t.write(&mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("forged")), "{text}");
+    }
 
     #[test]
     fn gpu_numbers_are_trimmed() {

@@ -25,7 +25,10 @@ pub fn parse(text: &str, keep: &[&str], default_time: DateTime<Utc>) -> Parsed {
         .rev()
         .find(|l| !l.trim().is_empty())
         .is_some_and(|l| l.trim() == "# EOF");
+    // Raw label text → series, and decoded identity → series: `{a="1"}` and `{a="1",}` (or other
+    // spacing, order, escapes) are one series, as in Prometheus.
     let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut identity: HashMap<(&str, Labels), usize> = HashMap::new();
     let mut out = Parsed::default();
     let default_ms = default_time.timestamp_millis();
     for (n, raw) in text.lines().enumerate() {
@@ -56,13 +59,20 @@ pub fn parse(text: &str, keep: &[&str], default_time: DateTime<Utc>) -> Parsed {
                     Some(i) => *i,
                     None => match parse_labels(label_text) {
                         Ok(labels) => {
-                            out.series.push(Series {
-                                name: name.to_string(),
-                                labels,
-                                samples: Vec::new(),
-                            });
-                            index.insert((name, label_text), out.series.len() - 1);
-                            out.series.len() - 1
+                            let key = (name, labels);
+                            let slot = if let Some(i) = identity.get(&key) {
+                                *i
+                            } else {
+                                out.series.push(Series {
+                                    name: name.to_string(),
+                                    labels: key.1.clone(),
+                                    samples: Vec::new(),
+                                });
+                                identity.insert(key, out.series.len() - 1);
+                                out.series.len() - 1
+                            };
+                            index.insert((name, label_text), slot);
+                            slot
                         }
                         Err(e) => {
                             out.skip(n + 1, e);
@@ -250,6 +260,19 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
         assert_eq!(
             p.series[0].samples,
             vec![(1_700_000_000_500, 1.0), (1_700_000_030_000, 2.0)]
+        );
+    }
+
+    /// Found by the `exposition` fuzz target: label sets spelled differently were two series.
+    #[test]
+    fn one_series_per_identity() {
+        let text = "a{x=\"1\",y=\"2\"} 1 1000\na{x=\"1\",y=\"2\",} 2 2000\na{ y=\"2\" , x=\"1\"} 3 3000\na{x=\"1\"} 4 4000\n";
+        let p = parse(text, &["a"], t0());
+        assert_eq!(p.skipped_lines, 0);
+        assert_eq!(p.series.len(), 2);
+        assert_eq!(
+            p.series[0].samples,
+            vec![(1000, 1.0), (2000, 2.0), (3000, 3.0)]
         );
     }
 
