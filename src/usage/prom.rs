@@ -27,12 +27,9 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::scheme::SchemeChoice;
-use super::series::{GPU_INSTANCE_LABEL, GPU_PROFILE_LABEL, Labels, POD_UID_LABEL};
+use super::series::{GPU_INSTANCE_LABEL, GPU_PROFILE_LABEL, Labels, MIB, POD_UID_LABEL, usable};
 use super::{DeviceKey, DeviceUsage, LabelScheme, Signal, Window, Workload, fields};
 
-const MIB: f64 = 1024.0 * 1024.0;
-/// Values above this are DCGM "blank" sentinels, not readings (as in the offline reduction).
-const SENTINEL_FLOOR: f64 = 9.0e15;
 /// Label added by `label_replace` to tell statistics apart in one answer.
 pub const STAT_LABEL: &str = "stat";
 /// Label naming the DCGM field in combined answers (bootstrap).
@@ -596,10 +593,6 @@ impl Group {
 
 fn secs_to_ms(s: f64) -> i64 {
     (s * 1000.0).round() as i64
-}
-
-fn usable(v: f64) -> bool {
-    v.is_finite() && v.abs() < SENTINEL_FLOOR
 }
 
 fn workload(labels: &Labels, scheme: &LabelScheme) -> Option<Workload> {

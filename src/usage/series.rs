@@ -27,10 +27,12 @@ pub const GPU_PROFILE_LABEL: &str = "GPU_I_PROFILE";
 /// Pod UID label; on `GPU_UTIL`/`FB_USED` next to a pod-less device series it marks per-process values.
 pub const POD_UID_LABEL: &str = "pod_uid";
 /// Values above this are DCGM "blank" sentinels printed by old exporters, not readings.
-const SENTINEL_FLOOR: f64 = 9.0e15;
-const MIB: f64 = 1024.0 * 1024.0;
+pub(crate) const SENTINEL_FLOOR: f64 = 9.0e15;
+/// Bytes per MiB (DCGM reports framebuffer in MiB).
+pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
-fn usable(v: f64) -> bool {
+/// A reading: finite and not a DCGM blank sentinel.
+pub(crate) fn usable(v: f64) -> bool {
     v.is_finite() && v.abs() < SENTINEL_FLOOR
 }
 
