@@ -57,14 +57,15 @@ fn hostile() -> Vec<String> {
 }
 
 fn pod(i: usize, ns: &str, name: &str, extra: &str) -> PodRow {
+    let pending = !i.is_multiple_of(2);
     PodRow {
         namespace: ns.into(),
         pod: name.into(),
         node: Some(format!("node-{extra}")),
-        state: if i % 2 == 0 {
-            PodState::Running
-        } else {
+        state: if pending {
             PodState::Pending
+        } else {
+            PodState::Running
         },
         gpus: 1.0,
         resources: [("nvidia.com/gpu".to_string(), 1)].into(),
@@ -75,14 +76,14 @@ fn pod(i: usize, ns: &str, name: &str, extra: &str) -> PodRow {
         idle_seconds: Some(0.0),
         terminating_seconds: None,
         stuck: false,
-        pending_seconds: (i % 2 == 1).then_some(60.0),
+        pending_seconds: pending.then_some(60.0),
         notebook: Some(format!("nb-{extra}")),
         owner: Some(Owner {
             kind: "StatefulSet".into(),
             name: format!("owner-{extra}"),
         }),
         devices: vec![],
-        pending_reason: (i % 2 == 1).then(|| format!("reason {extra}")),
+        pending_reason: pending.then(|| format!("reason {extra}")),
         evidence: Evidence {
             uid: format!("uid-{i}"),
             replicas: 1,
