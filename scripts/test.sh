@@ -52,4 +52,11 @@ scripts/test-alerts.sh
 step "dashboards (schema and every panel query against a real Prometheus)"
 scripts/test-dashboards.sh
 
+step "supply chain (cargo-deny: bans, licenses, sources)"
+# Advisories need the RustSec database from GitHub: scripts/deny.sh advisories where reachable.
+scripts/deny.sh
+
+step "fuzz smoke (cargo-fuzz, seconds per target)"
+scripts/fuzz-smoke.sh
+
 step "done in $(( $(date +%s) - START )) s"
