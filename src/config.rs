@@ -14,7 +14,7 @@ use crate::usage::scheme::SchemeChoice;
 /// Joins Kubernetes GPU claims with DCGM utilisation: who holds each GPU, is it used, and
 /// where did the free cards go.
 #[derive(Debug, Parser)]
-#[command(name = "gpu-ledger", version, about, long_about = None, propagate_version = true)]
+#[command(name = "gpu-ledger", version, about, long_about = None, propagate_version = true, args_override_self = true)]
 pub struct Cli {
     /// Log format.
     #[arg(long, env = "GPU_LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]

@@ -1,0 +1,316 @@
+//! Prometheus misbehaving in front of a real `gpu-ledger serve` with culling on: answering 500,
+//! answering malformed JSON, and answering slower than `--prometheus-timeout`. Each time users
+//! must see allocation keep flowing, utilisation become unknown (absent, never 0), the source-up
+//! gauge drop, `/readyz` stay ready and nothing culled; once Prometheus behaves, the ledger
+//! recovers within a few refreshes (and the idle notebook is then stopped, which shows the
+//! outage — not a broken culler — is what held it back).
+//!
+//! **Test double:** [`FaultProxy`] is a small HTTP proxy in front of the real Prometheus that
+//! injects the faults; no real component answers 500 or truncated JSON on demand.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use gpu_ledger_testkit::GpuNode;
+use gpu_ledger_testkit::stack::{
+    GpuLedgerProcess, Notebook, STOP_ANNOTATION, Stack, metric_value, notebook_resource,
+    spawn_notebook_stop_rule,
+};
+use kube::api::{Api, DynamicObject};
+use serde_json::Value;
+use support::eventually;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const NS: &str = "team-ml";
+const WAIT: Duration = Duration::from_secs(60);
+const READ_ONLY_RBAC: &str = include_str!("../deploy/kustomize/base/rbac.yaml");
+const CULLING_RBAC: &str = include_str!("../deploy/kustomize/overlays/culling/culling-rbac.yaml");
+
+const PASS: u8 = 0;
+const ERROR_500: u8 = 1;
+const MALFORMED: u8 = 2;
+const SLOW: u8 = 3;
+
+/// One request per connection: read it, then forward it or inject the current fault.
+struct FaultProxy {
+    addr: std::net::SocketAddr,
+    mode: Arc<AtomicU8>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    async fn start(upstream: &str) -> Self {
+        let upstream = upstream
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("addr");
+        let mode = Arc::new(AtomicU8::new(PASS));
+        let m = mode.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let (m, up) = (m.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    let _ = handle(sock, &up, m.load(Ordering::SeqCst)).await;
+                });
+            }
+        });
+        FaultProxy { addr, mode, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn read_request(sock: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(buf);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return Ok(buf);
+            }
+        }
+    }
+}
+
+async fn handle(mut sock: TcpStream, upstream: &str, mode: u8) -> std::io::Result<()> {
+    let request = read_request(&mut sock).await?;
+    let reply = |status: &str, body: &str| {
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    match mode {
+        ERROR_500 => {
+            let body = r#"{"status":"error","errorType":"internal","error":"injected fault"}"#;
+            sock.write_all(reply("500 Internal Server Error", body).as_bytes())
+                .await?;
+        }
+        MALFORMED => {
+            sock.write_all(
+                reply(
+                    "200 OK",
+                    r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":"#,
+                )
+                .as_bytes(),
+            )
+            .await?;
+        }
+        SLOW => {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            sock.write_all(
+                reply(
+                    "200 OK",
+                    r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#,
+                )
+                .as_bytes(),
+            )
+            .await?;
+        }
+        _ => {
+            // Forward with `Connection: close` so every request sees the mode of its time.
+            let text = String::from_utf8_lossy(&request).into_owned();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+            let head: Vec<&str> = head
+                .lines()
+                .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+                .collect();
+            let forwarded = format!("{}\r\nConnection: close\r\n\r\n{body}", head.join("\r\n"));
+            let mut up = TcpStream::connect(upstream).await?;
+            up.write_all(forwarded.as_bytes()).await?;
+            let mut response = Vec::new();
+            up.read_to_end(&mut response).await?;
+            sock.write_all(&response).await?;
+        }
+    }
+    sock.shutdown().await
+}
+
+async fn row(gl: &GpuLedgerProcess, pod: &str) -> Option<Value> {
+    let l = gl.ledger_json().await.ok()?;
+    l["pods"]
+        .as_array()?
+        .iter()
+        .find(|p| p["namespace"] == NS && p["pod"] == pod)
+        .cloned()
+}
+
+async fn stopped(admin: &kube::Client, name: &str) -> bool {
+    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &notebook_resource());
+    api.get(name)
+        .await
+        .expect("get notebook")
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key(STOP_ANNOTATION)
+}
+
+/// While Prometheus misbehaves: allocation flows, utilisation unknown, source down, ready, no stop.
+async fn assert_blind_but_safe(gl: &GpuLedgerProcess, admin: &kube::Client, fault: &str) {
+    let metrics = eventually(
+        &format!("{fault}: prometheus source down"),
+        WAIT,
+        || async {
+            let text = gl.metrics_text().await.ok()?;
+            (metric_value(&text, "gpu_ledger_source_up", &[("source", "prometheus")]) == Some(0.0))
+                .then_some(text)
+        },
+    )
+    .await;
+    assert!(
+        metric_value(&metrics, "gpu_ledger_pod_gpus", &[("pod", "busy")]).is_some(),
+        "{fault}: allocation must keep flowing"
+    );
+    assert!(
+        metric_value(
+            &metrics,
+            "gpu_ledger_pod_gpu_utilization_ratio",
+            &[("pod", "busy")]
+        )
+        .is_none(),
+        "{fault}: utilisation must be absent (unknown), not 0"
+    );
+    let busy = row(gl, "busy").await.expect("busy row");
+    assert!(
+        busy["utilization"].is_null() && busy["idle"].is_null(),
+        "{fault}: {busy}"
+    );
+    assert_eq!(
+        gl.status("/readyz").await.expect("readyz"),
+        200,
+        "{fault}: stays ready"
+    );
+    // Longer than --cull-idle-after: a blind culler would have acted by now.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        !stopped(admin, "idle-nb").await,
+        "{fault}: nothing may be culled while blind"
+    );
+}
+
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_faults_blind_but_never_cull() {
+    let stack = Stack::start(&[GpuNode::new("n1", 1), GpuNode::new("n2", 1)])
+        .await
+        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let admin = stack.admin();
+    stack
+        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
+        .await
+        .expect("read-only RBAC");
+    stack
+        .grant_rbac(CULLING_RBAC, "gpu-ledger")
+        .await
+        .expect("culling RBAC");
+    stack.ensure_namespace(NS).await.expect("namespace");
+    let _stop_rule = spawn_notebook_stop_rule(admin.clone());
+    stack
+        .create_gpu_pod(NS, "busy", 1, Some(90.0))
+        .await
+        .expect("busy pod");
+    stack
+        .create_notebook(&Notebook::new(NS, "idle-nb").utilization(0.0))
+        .await
+        .expect("idle notebook");
+    stack
+        .wait_pod_running(NS, "busy")
+        .await
+        .expect("busy running");
+    stack
+        .wait_pod_running(NS, "idle-nb-0")
+        .await
+        .expect("notebook running");
+
+    // Prometheus is broken from the start: readiness must not depend on it.
+    let proxy = FaultProxy::start(stack.prometheus.url()).await;
+    proxy.set(ERROR_500);
+    let gl = stack
+        .start_gpu_ledger(
+            std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger")),
+            "gpu-ledger",
+            &[
+                "--prometheus-url",
+                &proxy.url(),
+                "--prometheus-timeout",
+                "2s",
+                "--cull=on",
+                "--cull-idle-after",
+                "5s",
+                "--cull-min-runtime",
+                "1s",
+            ],
+        )
+        .await
+        .expect("gpu-ledger ready while prometheus answers 500");
+    assert_blind_but_safe(&gl, &admin, "HTTP 500").await;
+
+    proxy.set(MALFORMED);
+    assert_blind_but_safe(&gl, &admin, "malformed JSON").await;
+
+    proxy.set(SLOW);
+    assert_blind_but_safe(&gl, &admin, "slower than the timeout").await;
+    let errors = metric_value(
+        &gl.metrics_text().await.expect("metrics"),
+        "gpu_ledger_prometheus_query_errors_total",
+        &[],
+    );
+    assert!(
+        errors.is_some_and(|e| e >= 3.0),
+        "errors counted: {errors:?}"
+    );
+
+    // Healthy again: recovery within a few refreshes, then the idle notebook is stopped.
+    proxy.set(PASS);
+    let busy = eventually("utilisation back", WAIT, || async {
+        row(&gl, "busy")
+            .await
+            .filter(|r| r["utilization"].is_number())
+    })
+    .await;
+    assert!(
+        (busy["utilization"].as_f64().expect("number") - 0.9).abs() < 0.01,
+        "{busy}"
+    );
+    let text = gl.metrics_text().await.expect("metrics");
+    assert_eq!(
+        metric_value(&text, "gpu_ledger_source_up", &[("source", "prometheus")]),
+        Some(1.0)
+    );
+    eventually(
+        "idle notebook stopped once evidence is back",
+        WAIT,
+        || async { stopped(&admin, "idle-nb").await.then_some(()) },
+    )
+    .await;
+}
