@@ -159,6 +159,7 @@ async fn main() -> Result<()> {
     let admin_kubeconfig = stack.cp.kubeconfig_path("admin")?;
     let out = Command::new(&bin)
         .env("KUBECONFIG", &admin_kubeconfig)
+        .env("GPU_LEDGER_LOG", "warn")
         .args(["report", "-o", "table"])
         .args(["--prometheus-url", stack.prometheus.url()])
         .args([
