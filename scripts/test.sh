@@ -38,10 +38,6 @@ step "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "build (release binary used by end-to-end tests, benches compiled)"
-cargo build --release --locked --bin gpu-ledger
-export GPU_LEDGER_BIN="$CARGO_TARGET_DIR/release/gpu-ledger"
-
 step "cargo tests: unit, Prometheus, control plane tiers A and B"
 # Control-plane tests start several processes each; two test threads keep 2 cores responsive.
 cargo test --workspace --all-targets --locked -- --test-threads 2
