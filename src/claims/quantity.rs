@@ -47,6 +47,9 @@ pub fn parse_units(raw: &str) -> Result<u64, QuantityError> {
     if frac_part.contains('.') || (int_part.is_empty() && frac_part.is_empty()) {
         return Err(QuantityError::Invalid(raw.to_string()));
     }
+    // Leading zeros of the integer and trailing zeros of the fraction do not change the value.
+    let int_part = int_part.trim_start_matches('0');
+    let frac_part = frac_part.trim_end_matches('0');
     // 20 integer digits hold every u64; 18 fraction digits keep the scale well inside u128.
     if frac_part.len() > 18 || int_part.len() > 20 {
         return Err(QuantityError::TooLarge(raw.to_string()));
@@ -123,6 +126,10 @@ mod tests {
     #[test]
     fn large_values_fit_or_are_too_large() {
         assert_eq!(parse_units("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_units("018446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_units("0000000000000000000000000001"), Ok(1));
+        assert_eq!(parse_units("1.0000000000000000000000000"), Ok(1));
+        assert_eq!(parse_units("000"), Ok(0));
         assert_eq!(
             parse_units("1000000000000000000"),
             Ok(1_000_000_000_000_000_000)
