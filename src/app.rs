@@ -17,7 +17,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::claims::{self, Claims, ResourceNames, project, watch};
 use crate::config::{LedgerArgs, Output, ReportArgs, ServeArgs};
-use crate::export::{self, LedgerCollector, SelfMetrics, Snapshot, server};
+use crate::export::{self, SelfMetrics, Snapshot, server};
 use crate::ledger::{self, Ledger, Policy};
 use crate::report;
 use crate::usage::history::{self, History};
@@ -149,21 +149,6 @@ impl UsageSource {
     }
 }
 
-/// Keeps the nodes whose name hashes to `shard`, and their pods; pending pods belong to shard 0.
-fn shard_claims(mut c: Claims, shard: u32, total: u32) -> Claims {
-    if total <= 1 {
-        return c;
-    }
-    c.nodes
-        .retain(|n| claims::shard_of(&n.name, total) == shard);
-    c.pods.retain(|p| {
-        p.node
-            .as_deref()
-            .map_or(shard == 0, |n| claims::shard_of(n, total) == shard)
-    });
-    c
-}
-
 /// Rejects flag combinations that cannot work, before any socket is bound.
 fn validate(args: &ServeArgs) -> Result<(), AppError> {
     if args.total_shards == 0 || args.shard >= args.total_shards {
@@ -207,11 +192,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     let shared = Arc::new(ArcSwap::from_pointee(Snapshot::new(Ledger::empty(
         Utc::now(),
     ))));
-    registry
-        .register(Box::new(
-            LedgerCollector::new(shared.clone(), names.clone()).map_err(AppError::Metrics)?,
-        ))
-        .map_err(AppError::Metrics)?;
+    // The ledger families are rendered straight from `shared` by the /metrics handler
+    // (`export::render_with_ledger`), not gathered through the registry.
     let mut culler = crate::cull::Culler::from_args(
         &args.cull,
         &policy,
@@ -246,6 +228,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     let state = server::AppState {
         registry: registry.clone(),
         snapshot: shared.clone(),
+        names: names.clone(),
         ready: ready.clone(),
     };
     let server_cancel = cancel.clone();
@@ -335,10 +318,11 @@ async fn refresh(
     if let Err(e) = stores.resolve_statefulsets(client).await {
         warn!(error = %e, "cannot verify notebook ownership this refresh");
     }
-    let claims = shard_claims(stores.claims(), shard, total_shards);
+    let claims = claims::shard(stores.claims(), shard, total_shards);
     let usage = source.fetch(Some(metrics)).await;
     let now = Utc::now();
-    let ledger = ledger::build(&claims, &usage, now, policy);
+    let mut ledger = ledger::build(&claims, &usage, now, policy);
+    ledger.retain_shard(shard, total_shards);
     metrics
         .source_up
         .with_label_values(&["kubernetes"])
@@ -391,7 +375,7 @@ impl Rechecker {
             self.policy.clone(),
             self.cull_policy.clone(),
         );
-        let claims = shard_claims(self.stores.claims(), self.shard.0, self.shard.1);
+        let claims = claims::shard(self.stores.claims(), self.shard.0, self.shard.1);
         let crate::cull::plan::Action::Stop { pod_uid, .. } = action;
         let pod_uid = pod_uid.clone();
         async move {
@@ -598,23 +582,33 @@ pub async fn report(args: ReportArgs) -> Result<(), AppError> {
     } else {
         live_ledger(&args, &policy).await?
     };
+    let written = write_report(&args, &ledger, &policy);
+    match written {
+        // A closed pipe (`| head`) is the reader's choice, not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(AppError::Output),
+    }
+}
+
+fn write_report(args: &ReportArgs, ledger: &Ledger, policy: &Policy) -> std::io::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match args.output {
-        Output::Table => report::table::render_table(&ledger, &mut out),
-        Output::Json => report::table::render_json(&ledger, &mut out),
-        Output::Metrics => export::render_snapshot(&Snapshot::new(ledger.clone()), &policy.names)
-            .map_err(std::io::Error::other)
-            .and_then(|text| out.write_all(text.as_bytes())),
+        Output::Table => report::table::render_table(ledger, &mut out)?,
+        Output::Json => report::table::render_json(ledger, &mut out)?,
+        Output::Metrics => {
+            let text = export::render_snapshot(&Snapshot::new(ledger.clone()), &policy.names)
+                .map_err(std::io::Error::other)?;
+            out.write_all(text.as_bytes())?;
+        }
     }
-    .map_err(AppError::Output)?;
     if args.cull_dry_run {
         let plan = crate::cull::plan::plan(
-            &ledger,
-            &crate::cull::policy_from_args(&args.cull, &policy),
+            ledger,
+            &crate::cull::policy_from_args(&args.cull, policy),
             ledger.generated_at,
         );
-        crate::cull::render_plan(&plan, &mut out).map_err(AppError::Output)?;
+        crate::cull::render_plan(&plan, &mut out)?;
     }
-    out.flush().map_err(AppError::Output)
+    out.flush()
 }

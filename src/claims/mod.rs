@@ -250,6 +250,22 @@ pub fn shard_of(node: &str, total: u32) -> u32 {
     (h % u64::from(total.max(1))) as u32
 }
 
+/// Keeps the nodes whose name hashes to `shard` (of `total`), and their pods; pods without a
+/// node (pending, or deleted before scheduling) belong to shard 0. Quotas, notebooks and
+/// StatefulSets are kept whole (namespace-scoped, needed by every shard).
+pub fn shard(mut c: Claims, shard: u32, total: u32) -> Claims {
+    if total <= 1 {
+        return c;
+    }
+    c.nodes.retain(|n| shard_of(&n.name, total) == shard);
+    c.pods.retain(|p| {
+        p.node
+            .as_deref()
+            .map_or(shard == 0, |n| shard_of(n, total) == shard)
+    });
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -223,11 +223,16 @@ impl LedgerCollector {
     }
 }
 
+/// Where [`emit`] writes samples: proto families (the `Collector` path) or text (the fast path).
+trait Sink {
+    fn push(&mut self, family: usize, labels: &[&str], value: f64);
+}
+
 struct Out {
     families: Vec<MetricFamily>,
 }
 
-impl Out {
+impl Sink for Out {
     fn push(&mut self, family: usize, labels: &[&str], value: f64) {
         let f = &FAMILIES[family];
         let pairs = f
@@ -256,6 +261,52 @@ impl Out {
     }
 }
 
+/// Text exposition written directly, one buffer per family (no per-label allocation, no proto).
+struct Text {
+    bufs: Vec<String>,
+}
+
+impl Sink for Text {
+    fn push(&mut self, family: usize, labels: &[&str], value: f64) {
+        use std::fmt::Write as _;
+        let f = &FAMILIES[family];
+        let b = &mut self.bufs[family];
+        b.push_str(f.name);
+        let mut sep = '{';
+        for (n, v) in f.labels.iter().zip(labels) {
+            b.push(sep);
+            b.push_str(n);
+            b.push_str("=\"");
+            escape_label_value(b, v);
+            b.push('"');
+            sep = ',';
+        }
+        if sep == ',' {
+            b.push('}');
+        }
+        b.push(' ');
+        // `Display` for f64, exactly what prometheus' TextEncoder prints.
+        let _ = write!(b, "{value}");
+        b.push('\n');
+    }
+}
+
+/// Appends `v` with the text format's label-value escaping: `\\`, `\"` and `\n`
+/// (prometheus' `escape_string(v, true)`).
+fn escape_label_value(out: &mut String, v: &str) {
+    let mut rest = v;
+    while let Some(i) = rest.find(['\\', '"', '\n']) {
+        out.push_str(&rest[..i]);
+        out.push_str(match rest.as_bytes()[i] {
+            b'\\' => "\\\\",
+            b'"' => "\\\"",
+            _ => "\\n",
+        });
+        rest = &rest[i + 1..];
+    }
+    out.push_str(rest);
+}
+
 /// Family indices, in `FAMILIES` order.
 mod idx {
     pub const POD_GPUS: usize = 0;
@@ -279,7 +330,7 @@ mod idx {
     pub const UNCLAIMED_BUSY: usize = 18;
 }
 
-/// Builds every ledger family from one snapshot (also used by `report -o metrics`).
+/// Builds every ledger family from one snapshot as proto families (the `Collector` path).
 pub fn families(snapshot: &Snapshot, names: &crate::claims::ResourceNames) -> Vec<MetricFamily> {
     let mut out = Out {
         families: FAMILIES
@@ -297,6 +348,68 @@ pub fn families(snapshot: &Snapshot, names: &crate::claims::ResourceNames) -> Ve
             })
             .collect(),
     };
+    emit(snapshot, names, &mut out);
+    out.families.retain(|f| !f.get_metric().is_empty());
+    out.families
+}
+
+/// The ledger families of one snapshot as text exposition blocks `(family name, text)`, in
+/// `FAMILIES` order, empty families left out. Byte-identical to prometheus' `TextEncoder` over
+/// [`families`] (and, because the ledger's rows are already sorted, to `Registry::gather`'s
+/// order within each family), at a fraction of the cost: no proto, no per-label `String`.
+pub fn text_blocks(
+    snapshot: &Snapshot,
+    names: &crate::claims::ResourceNames,
+) -> Vec<(&'static str, String)> {
+    let l = &snapshot.ledger;
+    // Rough per-family sizes so the big buffers are allocated once.
+    let pods = l.pods.len();
+    let mut out = Text {
+        bufs: FAMILIES
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                String::with_capacity(match i {
+                    idx::POD_GPUS => pods * 170,
+                    idx::POD_UTIL | idx::POD_MEM | idx::POD_IDLE | idx::POD_OWNER => pods * 110,
+                    idx::NODE_ALLOC | idx::NODE_CLAIMED | idx::NODE_FREE => l.nodes.len() * 60,
+                    _ => 256,
+                })
+            })
+            .collect(),
+    };
+    emit(snapshot, names, &mut out);
+    FAMILIES
+        .iter()
+        .zip(out.bufs)
+        .filter(|(_, body)| !body.is_empty())
+        .map(|(f, body)| {
+            let mut text = String::with_capacity(body.len() + f.help.len() + 2 * f.name.len() + 32);
+            text.push_str("# HELP ");
+            text.push_str(f.name);
+            text.push(' ');
+            // HELP escaping: backslash and newline only (prometheus' `escape_string(help, false)`).
+            text.push_str(&f.help.replace('\\', "\\\\").replace('\n', "\\n"));
+            text.push_str("\n# TYPE ");
+            text.push_str(f.name);
+            text.push_str(if f.counter { " counter\n" } else { " gauge\n" });
+            text.push_str(&body);
+            (f.name, text)
+        })
+        .collect()
+}
+
+/// The ledger families of one snapshot in the text exposition format (`report -o metrics`).
+pub fn text(snapshot: &Snapshot, names: &crate::claims::ResourceNames) -> String {
+    let blocks = text_blocks(snapshot, names);
+    let mut out = String::with_capacity(blocks.iter().map(|(_, t)| t.len()).sum());
+    for (_, t) in &blocks {
+        out.push_str(t);
+    }
+    out
+}
+
+fn emit(snapshot: &Snapshot, names: &crate::claims::ResourceNames, out: &mut impl Sink) {
     let l = &snapshot.ledger;
     for p in &l.pods {
         let node = p.node.as_deref().unwrap_or("");
@@ -386,8 +499,6 @@ pub fn families(snapshot: &Snapshot, names: &crate::claims::ResourceNames) -> Ve
             d.utilization,
         );
     }
-    out.families.retain(|f| !f.get_metric().is_empty());
-    out.families
 }
 
 impl Collector for LedgerCollector {

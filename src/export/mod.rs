@@ -85,12 +85,41 @@ pub fn render(registry: &Registry) -> Result<String, prometheus::Error> {
     prometheus::TextEncoder::new().encode_to_string(&families)
 }
 
+/// Renders a registry plus the ledger families of `ledger`, written directly as text (the
+/// `/metrics` path: the ledger is not registered as a `Collector`, so `gather` never builds
+/// hundreds of thousands of proto metrics and sorts them). Families are ordered by name as
+/// `Registry::gather` orders them; the output equals [`render`] over a registry holding a
+/// [`LedgerCollector`] for the same snapshot.
+pub fn render_with_ledger(
+    registry: &Registry,
+    ledger: &Snapshot,
+    names: &crate::claims::ResourceNames,
+) -> Result<String, prometheus::Error> {
+    let encoder = prometheus::TextEncoder::new();
+    let mut blocks: Vec<(String, String)> = Vec::new();
+    for mf in registry.gather() {
+        let text = encoder.encode_to_string(std::slice::from_ref(&mf))?;
+        blocks.push((mf.name().to_string(), text));
+    }
+    blocks.extend(
+        collector::text_blocks(ledger, names)
+            .into_iter()
+            .map(|(name, text)| (name.to_string(), text)),
+    );
+    blocks.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = String::with_capacity(blocks.iter().map(|(_, t)| t.len()).sum());
+    for (_, text) in &blocks {
+        out.push_str(text);
+    }
+    Ok(out)
+}
+
 /// Renders only the ledger families of one snapshot (for `report -o metrics`, textfile collectors).
 pub fn render_snapshot(
     snapshot: &Snapshot,
     names: &crate::claims::ResourceNames,
 ) -> Result<String, prometheus::Error> {
-    prometheus::TextEncoder::new().encode_to_string(&collector::families(snapshot, names))
+    Ok(collector::text(snapshot, names))
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ use super::SharedSnapshot;
 pub struct AppState {
     pub registry: Registry,
     pub snapshot: SharedSnapshot,
+    /// GPU resource names, for rendering the ledger families of `snapshot` into `/metrics`.
+    pub names: crate::claims::ResourceNames,
     /// Set once every watch has synced and one refresh has completed.
     pub ready: Arc<AtomicBool>,
 }
@@ -46,7 +48,12 @@ async fn with_timeout(req: axum::extract::Request, next: axum::middleware::Next)
 async fn metrics(State(state): State<AppState>) -> Response {
     // Rendering is CPU work over the whole snapshot: keep it off the async workers.
     let registry = state.registry.clone();
-    match tokio::task::spawn_blocking(move || super::render(&registry)).await {
+    let (snapshot, names) = (state.snapshot.load_full(), state.names.clone());
+    match tokio::task::spawn_blocking(move || {
+        super::render_with_ledger(&registry, &snapshot, &names)
+    })
+    .await
+    {
         Ok(Ok(body)) => (
             [(
                 header::CONTENT_TYPE,

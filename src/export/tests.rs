@@ -158,3 +158,77 @@ fn collector_reads_the_swapped_snapshot() {
     assert!(text.contains("pod=\"new\"") && !text.contains("pod=\"old\""));
     assert!(text.contains("gpu_ledger_build_info"));
 }
+
+/// A snapshot touching every family, with values that need escaping and formatting care.
+fn busy_snapshot() -> Snapshot {
+    let mut a = pod("a", "evil\"} 1\ninjected 666\\");
+    a.resources = [
+        ("nvidia.com/gpu".to_string(), 2),
+        ("nvidia.com/mig-1g.10gb".to_string(), 3),
+    ]
+    .into();
+    a.memory_used_bytes = Some(2.5e9);
+    a.idle_seconds = Some(1234.5);
+    a.notebook = Some("nb\\x".into());
+    let mut term = pod("b", "term");
+    term.state = PodState::Terminating;
+    term.terminating_seconds = Some(7200.0);
+    term.stuck = true;
+    term.utilization = Some(f64::NAN);
+    let mut p = pod("b", "queued");
+    p.state = PodState::Pending;
+    p.node = None;
+    p.pending_seconds = Some(1e-7);
+    p.owner = None;
+    let mut l = ledger(vec![a, p, term]);
+    l.namespaces.push(NamespaceRow {
+        namespace: "b".into(),
+        gpus_claimed: 1.0 / 3.0,
+        gpus_idle: 0.0,
+        gpus_pending: 2.0,
+        gpu_quota: Some(4.0),
+        gpu_quota_keys: [("requests.nvidia.com/gpu".to_string(), 4)].into(),
+    });
+    l.unclaimed_busy.push(crate::ledger::UnclaimedBusy {
+        node: "n1".into(),
+        uuid: "GPU-1".into(),
+        gpu_instance: None,
+        utilization: 0.9,
+    });
+    let mut s = Snapshot::new(l.clone());
+    l.generated_at = t() + chrono::Duration::seconds(45);
+    s = s.advance(l);
+    s
+}
+
+#[test]
+fn direct_text_equals_the_prometheus_encoder() {
+    let names = ResourceNames::default();
+    let s = busy_snapshot();
+    let expected = prometheus::TextEncoder::new()
+        .encode_to_string(&collector::families(&s, &names))
+        .expect("encode");
+    assert_eq!(render_snapshot(&s, &names).expect("render"), expected);
+    assert!(expected.contains("gpu_ledger_pod_stuck_terminating"));
+    assert!(expected.contains("gpu_ledger_unclaimed_busy_gpu_utilization_ratio"));
+}
+
+#[test]
+fn metrics_endpoint_text_equals_the_registry_path() {
+    let names = ResourceNames::default();
+    let s = busy_snapshot();
+    let shared: SharedSnapshot = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(s.clone()));
+    let with_collector = prometheus::Registry::new();
+    SelfMetrics::register(&with_collector).expect("self metrics");
+    with_collector
+        .register(Box::new(
+            LedgerCollector::new(shared, names.clone()).expect("collector"),
+        ))
+        .expect("register");
+    let plain = prometheus::Registry::new();
+    SelfMetrics::register(&plain).expect("self metrics");
+    assert_eq!(
+        render_with_ledger(&plain, &s, &names).expect("render"),
+        render(&with_collector).expect("render")
+    );
+}

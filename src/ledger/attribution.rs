@@ -126,12 +126,11 @@ pub(super) fn attribute(
         row.attribution = Attribution::Unattributed;
         return;
     }
-    let ids = index
+    let ids: &[usize] = index
         .by_workload
         .get(&(p.namespace.as_str(), p.name.as_str()))
-        .cloned()
-        .unwrap_or_default();
-    for &i in &ids {
+        .map_or(&[], Vec::as_slice);
+    for &i in ids {
         claimed[i] = true;
     }
     let devs: Vec<&DeviceUsage> = ids.iter().map(|&i| &usage.devices[i]).collect();
