@@ -1,0 +1,815 @@
+//! Scale benchmark, gpu-ledger versus kube-state-metrics on the same tier-B cluster (issue 7).
+//! Driven by `scripts/bench-scale.sh`; by hand:
+//!
+//! ```sh
+//! cargo run --release -p gpu-ledger-testkit --example scale_bench -- \
+//!     --gpu-ledger target/release/gpu-ledger [--nodes 500] [--refresh-interval 10s] [--out results.md]
+//! ```
+//!
+//! Builds N kwok nodes × 8 GPUs, GPU pods of 4/2/1 GPUs on most cards (notebook StatefulSets on
+//! some nodes, Terminating pods held by a finalizer, Pending pods), at least as many non-GPU
+//! pods, the fake DCGM exporter scraped by a real Prometheus, then runs `gpu-ledger serve` and
+//! kube-state-metrics (`--resources=pods,nodes,resourcequotas`) and measures both: time to the
+//! first complete export, peak/steady RSS, CPU over a steady window, /metrics latency and size,
+//! event-to-metric latency (gpu-ledger), refresh cost, PromQL join cost versus precomputed
+//! series, and RSS slope per extra GPU / non-GPU pod. Prints a Markdown report.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use gpu_ledger_testkit::process::ChildGuard;
+use gpu_ledger_testkit::util::{free_port, poll_until};
+use gpu_ledger_testkit::{
+    ControlPlane, FakeDcgmExporter, GpuNode, Prometheus, Tier, TierBOptions, binary,
+};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+const HOLD_FINALIZER: &str = "gpu-ledger.bench/hold";
+const GPU_NAMESPACES: usize = 20;
+const SVC_NAMESPACES: usize = 10;
+
+struct Args {
+    nodes: usize,
+    ledger_bin: PathBuf,
+    refresh: String,
+    out: Option<PathBuf>,
+    concurrency: usize,
+    scrapes: usize,
+    deletions: usize,
+    extra_pods: usize,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        nodes: 500,
+        ledger_bin: PathBuf::from("target/release/gpu-ledger"),
+        refresh: "10s".into(),
+        out: None,
+        concurrency: 48,
+        scrapes: 100,
+        deletions: 100,
+        extra_pods: 1000,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--nodes" => a.nodes = val()?.parse()?,
+            "--gpu-ledger" => a.ledger_bin = PathBuf::from(val()?),
+            "--refresh-interval" => a.refresh = val()?,
+            "--out" => a.out = Some(PathBuf::from(val()?)),
+            "--concurrency" => a.concurrency = val()?.parse()?,
+            "--scrapes" => a.scrapes = val()?.parse()?,
+            "--deletions" => a.deletions = val()?.parse()?,
+            "--extra-pods" => a.extra_pods = val()?.parse()?,
+            _ => bail!("unknown flag {flag}"),
+        }
+    }
+    Ok(a)
+}
+
+fn log(msg: &str) {
+    eprintln!(
+        "[{:>8.1?}] {msg}",
+        START.get_or_init(Instant::now).elapsed()
+    );
+}
+static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+#[derive(Clone)]
+struct PodPlan {
+    ns: String,
+    name: String,
+    node: Option<String>,
+    gpus: u32,
+    hold: bool,
+    util: u32,
+    selector_none: bool,
+}
+
+fn pod_object(p: &PodPlan) -> Pod {
+    let mut limits = serde_json::Map::new();
+    limits.insert("cpu".into(), json!("100m"));
+    if p.gpus > 0 {
+        limits.insert("nvidia.com/gpu".into(), json!(p.gpus.to_string()));
+    }
+    let mut v = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": p.name, "namespace": p.ns, "labels": {"app": "bench"},
+            "annotations": {"gpu-ledger.test/utilization": p.util.to_string()}},
+        "spec": {"containers": [{"name": "main", "image": "bench", "resources": {"limits": limits.clone(), "requests": limits}}],
+            "terminationGracePeriodSeconds": 0}
+    });
+    if let Some(n) = &p.node {
+        v["spec"]["nodeName"] = json!(n);
+    }
+    if p.hold {
+        v["metadata"]["finalizers"] = json!([HOLD_FINALIZER]);
+    }
+    if p.selector_none {
+        v["spec"]["nodeSelector"] = json!({"gpu-ledger.bench/none": "true"});
+    }
+    serde_json::from_value(v).expect("valid pod")
+}
+
+async fn create_pods(client: &kube::Client, plans: Vec<PodPlan>, concurrency: usize) -> Result<()> {
+    let sem = Arc::new(Semaphore::new(concurrency));
+    let mut set = JoinSet::new();
+    for p in plans {
+        let permit = sem.clone().acquire_owned().await?;
+        let api: Api<Pod> = Api::namespaced(client.clone(), &p.ns);
+        set.spawn(async move {
+            let _permit = permit;
+            let obj = pod_object(&p);
+            for attempt in 0..5 {
+                match api.create(&PostParams::default(), &obj).await {
+                    Ok(_) => return Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+                    Err(e) if attempt == 4 => return Err(anyhow::anyhow!("{}: {e}", p.name)),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200 << attempt)).await,
+                }
+            }
+            Ok(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok(())
+}
+
+async fn count_pods(client: &kube::Client) -> Result<(usize, usize)> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let list = api.list(&ListParams::default()).await?;
+    let running = list
+        .items
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count();
+    Ok((list.items.len(), running))
+}
+
+fn proc_status(pid: u32) -> (u64, u64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        s.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (kib("VmRSS:"), kib("VmHWM:"))
+}
+
+/// utime + stime in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // fields after ")": state=0 … utime=11 stime=12
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+async fn get_text(http: &reqwest::Client, url: &str) -> Result<String> {
+    let r = http.get(url).send().await?.error_for_status()?;
+    Ok(r.text().await?)
+}
+
+fn count_prefix(text: &str, prefix: &str) -> usize {
+    text.lines().filter(|l| l.starts_with(prefix)).count()
+}
+
+fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+struct Scrape {
+    p50_ms: f64,
+    p99_ms: f64,
+    bytes: usize,
+}
+
+async fn scrape_latency(http: &reqwest::Client, url: &str, n: usize) -> Result<Scrape> {
+    let mut lat = Vec::with_capacity(n);
+    let mut bytes = 0;
+    for _ in 0..n {
+        let t = Instant::now();
+        let body = get_text(http, url).await?;
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        bytes = body.len();
+    }
+    Ok(Scrape {
+        p50_ms: pct(&mut lat.clone(), 0.5),
+        p99_ms: pct(&mut lat, 0.99),
+        bytes,
+    })
+}
+
+/// Median wall time (ms) of an instant query over 5 runs, and the series it returned.
+async fn query_time(http: &reqwest::Client, prom: &str, q: &str) -> Result<(f64, usize)> {
+    let mut t = Vec::new();
+    let mut n = 0;
+    for _ in 0..5 {
+        let s = Instant::now();
+        let v: serde_json::Value = http
+            .get(format!("{prom}/api/v1/query"))
+            .query(&[("query", q)])
+            .send()
+            .await?
+            .json()
+            .await?;
+        t.push(s.elapsed().as_secs_f64() * 1000.0);
+        if v["status"] != "success" {
+            bail!("query {q} failed: {v}");
+        }
+        n = v["data"]["result"].as_array().map_or(0, Vec::len);
+    }
+    Ok((pct(&mut t, 0.5), n))
+}
+
+#[allow(clippy::too_many_lines)]
+#[tokio::main]
+async fn main() -> Result<()> {
+    let a = args()?;
+    log(&format!("tier B with {} nodes x 8 GPUs", a.nodes));
+    let cp = ControlPlane::start(Tier::B(TierBOptions {
+        kube_api_qps: Some(1000),
+        ..TierBOptions::default()
+    }))
+    .await?;
+    let admin = cp.client("admin").await?;
+    cp.install_notebook_crd().await?;
+
+    // Nodes.
+    let t_setup = Instant::now();
+    let sem = Arc::new(Semaphore::new(a.concurrency));
+    let mut set = JoinSet::new();
+    for n in 0..a.nodes {
+        let permit = sem.clone().acquire_owned().await?;
+        let c = admin.clone();
+        set.spawn(async move {
+            let _p = permit;
+            GpuNode::new(&format!("gpu-node-{n:04}"), 8)
+                .create(&c)
+                .await
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    log(&format!("{} nodes created", a.nodes));
+    let ns_api: Api<Namespace> = Api::all(admin.clone());
+    let namespaces: Vec<String> = (0..GPU_NAMESPACES)
+        .map(|i| format!("team-{i:02}"))
+        .chain((0..SVC_NAMESPACES).map(|i| format!("svc-{i:02}")))
+        .collect();
+    for ns in &namespaces {
+        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        let _ = ns_api.create(&PostParams::default(), &obj).await;
+    }
+
+    // Notebooks: a Notebook CR plus the StatefulSet Kubeflow would create, on every 10th node.
+    let nb_res = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubeflow.org", "v1", "Notebook"),
+        "notebooks",
+    );
+    let mut plans = Vec::new();
+    let mut notebooks = 0;
+    for n in 0..a.nodes {
+        let node = format!("gpu-node-{n:04}");
+        let mut sizes: Vec<u32> = vec![4, 2, 1];
+        if n % 5 != 0 {
+            sizes.push(1);
+        }
+        for (k, gpus) in sizes.into_iter().enumerate() {
+            let ns = format!("team-{:02}", (n + k) % GPU_NAMESPACES);
+            if k == 3 && n % 10 == 1 {
+                // notebook StatefulSet pinned to this node
+                let name = format!("nb-{n:04}");
+                let nbs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &ns, &nb_res);
+                let mut nb = DynamicObject::new(&name, &nb_res);
+                nb.data = json!({"spec": {"template": {"spec": {"containers": [{"name": name, "image": "jupyter"}]}}}});
+                nbs.create(&PostParams::default(), &nb).await?;
+                let sts: StatefulSet = serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"replicas": 1, "serviceName": "", "selector": {"matchLabels": {"notebook-name": name}},
+                        "template": {"metadata": {"labels": {"notebook-name": name},
+                                "annotations": {"gpu-ledger.test/utilization": "0"}},
+                            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                                "containers": [{"name": name, "image": "jupyter",
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}]}}}
+                }))?;
+                Api::<StatefulSet>::namespaced(admin.clone(), &ns)
+                    .create(&PostParams::default(), &sts)
+                    .await?;
+                notebooks += 1;
+                continue;
+            }
+            plans.push(PodPlan {
+                ns,
+                name: format!("train-{n:04}-{k}"),
+                node: Some(node.clone()),
+                gpus,
+                hold: n % 20 == 7 && k == 1,
+                util: if (n + k) % 3 == 0 { 0 } else { 70 },
+                selector_none: false,
+            });
+        }
+        for j in 0..5 {
+            plans.push(PodPlan {
+                ns: format!("svc-{:02}", (n + j) % SVC_NAMESPACES),
+                name: format!("web-{n:04}-{j}"),
+                node: Some(node.clone()),
+                gpus: 0,
+                hold: false,
+                util: 0,
+                selector_none: false,
+            });
+        }
+    }
+    for i in 0..a.nodes / 10 {
+        plans.push(PodPlan {
+            ns: format!("team-{:02}", i % GPU_NAMESPACES),
+            name: format!("queued-{i:04}"),
+            node: None,
+            gpus: 1 + (i % 2) as u32,
+            hold: false,
+            util: 0,
+            selector_none: true,
+        });
+    }
+    let gpu_pods = plans.iter().filter(|p| p.gpus > 0).count() + notebooks;
+    let plain_pods = plans.iter().filter(|p| p.gpus == 0).count();
+    let held: Vec<PodPlan> = plans.iter().filter(|p| p.hold).cloned().collect();
+    let total = plans.len() + notebooks;
+    log(&format!(
+        "creating {total} pods ({gpu_pods} GPU incl. {notebooks} notebooks, {plain_pods} non-GPU)"
+    ));
+    create_pods(&admin, plans.clone(), a.concurrency).await?;
+    let expected_running = total - a.nodes / 10;
+    poll_until(
+        "pods created and Running",
+        Duration::from_secs(1800),
+        Duration::from_secs(5),
+        || {
+            let c = admin.clone();
+            async move {
+                let (all, running) = count_pods(&c).await?;
+                log(&format!("{all} pods, {running} Running"));
+                Ok((all >= total && running >= expected_running).then_some(()))
+            }
+        },
+    )
+    .await?;
+    for p in &held {
+        Api::<Pod>::namespaced(admin.clone(), &p.ns)
+            .delete(&p.name, &DeleteParams::default())
+            .await?;
+    }
+    let setup_s = t_setup.elapsed().as_secs_f64();
+    log(&format!(
+        "cluster ready in {setup_s:.0} s; {} pods Terminating behind a finalizer",
+        held.len()
+    ));
+
+    // Telemetry: fake DCGM scraped by Prometheus, which also scrapes KSM and gpu-ledger.
+    let dcgm = FakeDcgmExporter::start(admin.clone()).await?;
+    let (ksm_port, ksm_tel, ledger_port) = (free_port()?, free_port()?, free_port()?);
+    let config = format!(
+        "global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\nscrape_configs:\n\
+- job_name: nvidia-dcgm-exporter\n  honor_labels: false\n  static_configs:\n  - targets: ['{}']\n    labels:\n      namespace: gpu-operator\n      pod: nvidia-dcgm-exporter-x7k2p\n      container: nvidia-dcgm-exporter\n\
+- job_name: kube-state-metrics\n  honor_labels: true\n  static_configs:\n  - targets: ['127.0.0.1:{ksm_port}']\n\
+- job_name: gpu-ledger\n  honor_labels: true\n  static_configs:\n  - targets: ['127.0.0.1:{ledger_port}']\n",
+        dcgm.target()
+    );
+    let prom = Prometheus::start(&config).await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    poll_until(
+        "DCGM series in Prometheus",
+        Duration::from_secs(120),
+        Duration::from_secs(2),
+        || {
+            let (h, u) = (http.clone(), prom.url().to_string());
+            async move {
+                let v: serde_json::Value = h
+                    .get(format!("{u}/api/v1/query"))
+                    .query(&[("query", "count(DCGM_FI_DEV_GPU_UTIL)")])
+                    .send()
+                    .await?
+                    .json()
+                    .await?;
+                Ok(v["data"]["result"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty())
+                    .then_some(()))
+            }
+        },
+    )
+    .await?;
+    let kubeconfig = cp.kubeconfig_path("admin")?;
+    let logdir = cp.dir().to_path_buf();
+
+    // kube-state-metrics alone first, then gpu-ledger, so neither's start-up steals the other's CPU.
+    let mut cmd = Command::new(binary("kube-state-metrics")?);
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--resources=pods,nodes,resourcequotas")
+        .arg("--host=127.0.0.1")
+        .arg(format!("--port={ksm_port}"))
+        .arg("--telemetry-host=127.0.0.1")
+        .arg(format!("--telemetry-port={ksm_tel}"));
+    let t = Instant::now();
+    let ksm = ChildGuard::spawn("kube-state-metrics", cmd, &logdir.join("ksm.log"))?;
+    let ksm_url = format!("http://127.0.0.1:{ksm_port}/metrics");
+    poll_until(
+        "kube-state-metrics complete",
+        Duration::from_secs(600),
+        Duration::from_millis(200),
+        || {
+            let (h, u) = (http.clone(), ksm_url.clone());
+            async move {
+                let text = get_text(&h, &u).await?;
+                Ok((count_prefix(&text, "kube_pod_info{") >= total).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let ksm_first = t.elapsed().as_secs_f64();
+    log(&format!(
+        "kube-state-metrics complete after {ksm_first:.2} s"
+    ));
+
+    let mut cmd = Command::new(&a.ledger_bin);
+    cmd.env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", "default")
+        .arg("serve")
+        .arg(format!("--prometheus-url={}", prom.url()))
+        .arg(format!("--listen=127.0.0.1:{ledger_port}"))
+        .arg(format!("--refresh-interval={}", a.refresh))
+        .arg("--scrape-interval=15s");
+    let t = Instant::now();
+    let ledger = ChildGuard::spawn("gpu-ledger", cmd, &logdir.join("gpu-ledger.log"))?;
+    let ledger_url = format!("http://127.0.0.1:{ledger_port}/metrics");
+    poll_until(
+        "gpu-ledger complete",
+        Duration::from_secs(600),
+        Duration::from_millis(200),
+        || {
+            let (h, u) = (http.clone(), ledger_url.clone());
+            async move {
+                let text = get_text(&h, &u).await?;
+                Ok((count_prefix(&text, "gpu_ledger_pod_owner_info{") >= gpu_pods).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let ledger_first = t.elapsed().as_secs_f64();
+    log(&format!("gpu-ledger complete after {ledger_first:.2} s"));
+
+    // Steady window: both idle apart from their own loops and Prometheus' 15 s scrapes.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let window = Duration::from_secs(60);
+    let (k0, l0) = (cpu_seconds(ksm.pid()), cpu_seconds(ledger.pid()));
+    let text0 = get_text(&http, &ledger_url).await?;
+    tokio::time::sleep(window).await;
+    let text1 = get_text(&http, &ledger_url).await?;
+    let (k1, l1) = (cpu_seconds(ksm.pid()), cpu_seconds(ledger.pid()));
+    let (ksm_rss, ksm_hwm) = proc_status(ksm.pid());
+    let (led_rss, led_hwm) = proc_status(ledger.pid());
+    let refreshes = metric_value(&text1, "gpu_ledger_refresh_duration_seconds_count")
+        .unwrap_or(0.0)
+        - metric_value(&text0, "gpu_ledger_refresh_duration_seconds_count").unwrap_or(0.0);
+    let refresh_sum = metric_value(&text1, "gpu_ledger_refresh_duration_seconds_sum")
+        .unwrap_or(0.0)
+        - metric_value(&text0, "gpu_ledger_refresh_duration_seconds_sum").unwrap_or(0.0);
+    let queries = metric_value(&text1, "gpu_ledger_prometheus_queries_total").unwrap_or(0.0)
+        - metric_value(&text0, "gpu_ledger_prometheus_queries_total").unwrap_or(0.0);
+    log(&format!(
+        "steady: ksm rss {ksm_rss} KiB cpu {:.2}s; gpu-ledger rss {led_rss} KiB cpu {:.2}s; {refreshes} refreshes",
+        k1 - k0,
+        l1 - l0
+    ));
+
+    // Scrape latency (sequential, alternating targets would mix caches; one after the other).
+    let ksm_scrape = scrape_latency(&http, &ksm_url, a.scrapes).await?;
+    let led_scrape = scrape_latency(&http, &ledger_url, a.scrapes).await?;
+    log("scrape latency measured");
+
+    // PromQL: the peer join over KSM + DCGM versus reading gpu-ledger's precomputed series.
+    let running_gpus = r#"kube_pod_container_resource_requests{resource="nvidia_com_gpu"} * on(namespace,pod) group_left() max by (namespace,pod)(kube_pod_status_phase{phase=~"Pending|Running"}==1)"#;
+    let dcgm_by_pod = r#"label_replace(label_replace(avg by (exported_namespace,exported_pod)(DCGM_FI_PROF_GR_ENGINE_ACTIVE{exported_pod!=""}), "namespace","$1","exported_namespace","(.*)"), "pod","$1","exported_pod","(.*)")"#;
+    let queries_cmp = [
+        (
+            "peer: allocated per namespace (KSM)",
+            format!("sum by (namespace)({running_gpus})"),
+        ),
+        (
+            "peer: allocated and idle per namespace (KSM ⨝ DCGM)",
+            format!(
+                "sum by (namespace)(({running_gpus}) * on(namespace,pod) group_left() (max by (namespace,pod)({dcgm_by_pod}) < bool 0.05))"
+            ),
+        ),
+        (
+            "gpu-ledger: claimed per namespace",
+            "sum by (namespace)(gpu_ledger_namespace_gpus_claimed)".to_string(),
+        ),
+        (
+            "gpu-ledger: idle per namespace",
+            "sum by (namespace)(gpu_ledger_namespace_gpus_idle)".to_string(),
+        ),
+    ];
+    let mut promql = Vec::new();
+    for (label, q) in &queries_cmp {
+        let (ms, series) = query_time(&http, prom.url(), q).await?;
+        promql.push((*label, ms, series));
+    }
+    log("PromQL timed");
+
+    // Event-to-metric: delete running 1-GPU pods (grace 0), poll gpu-ledger until their series go.
+    let victims: Vec<PodPlan> = plans
+        .iter()
+        .filter(|p| p.gpus == 1 && p.node.is_some() && !p.hold)
+        .take(a.deletions)
+        .cloned()
+        .collect();
+    let deleted: Arc<std::sync::Mutex<BTreeMap<String, Instant>>> = Arc::default();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (h, u, deleted, done) = (
+            http.clone(),
+            ledger_url.clone(),
+            deleted.clone(),
+            done.clone(),
+        );
+        let n = victims.len();
+        tokio::spawn(async move {
+            let mut gone: BTreeMap<String, f64> = BTreeMap::new();
+            let deadline = Instant::now() + Duration::from_secs(600);
+            while gone.len() < n && Instant::now() < deadline {
+                let t = Instant::now();
+                let Ok(text) = get_text(&h, &u).await else {
+                    continue;
+                };
+                let pending: Vec<(String, Instant)> = deleted
+                    .lock()
+                    .expect("lock")
+                    .iter()
+                    .filter(|(k, _)| !gone.contains_key(*k))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect();
+                for (name, at) in pending {
+                    if !text.contains(&format!("pod=\"{name}\"")) {
+                        gone.insert(name, t.saturating_duration_since(at).as_secs_f64());
+                    }
+                }
+                if done.load(std::sync::atomic::Ordering::Relaxed) && gone.len() >= n {
+                    break;
+                }
+            }
+            gone
+        })
+    };
+    for v in &victims {
+        let api: Api<Pod> = Api::namespaced(admin.clone(), &v.ns);
+        deleted
+            .lock()
+            .expect("lock")
+            .insert(v.name.clone(), Instant::now());
+        api.delete(&v.name, &DeleteParams::default().grace_period(0))
+            .await?;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let gone = poller.await?;
+    let mut e2m: Vec<f64> = gone.values().copied().collect();
+    log(&format!(
+        "event-to-metric: {} of {} observed",
+        e2m.len(),
+        victims.len()
+    ));
+
+    // Memory slope: extra non-GPU pods, then extra (Pending) GPU pods.
+    let settle = |ksm_expect: usize, ledger_expect: usize| {
+        let (h, ku, lu) = (http.clone(), ksm_url.clone(), ledger_url.clone());
+        async move {
+            poll_until(
+                "both exporters caught up",
+                Duration::from_secs(900),
+                Duration::from_secs(2),
+                || {
+                    let (h, ku, lu) = (h.clone(), ku.clone(), lu.clone());
+                    async move {
+                        let k = count_prefix(&get_text(&h, &ku).await?, "kube_pod_info{");
+                        let l =
+                            count_prefix(&get_text(&h, &lu).await?, "gpu_ledger_pod_owner_info{");
+                        Ok((k >= ksm_expect && l >= ledger_expect).then_some(()))
+                    }
+                },
+            )
+            .await
+        }
+    };
+    let base_total = total - victims.len();
+    let base_gpu = gpu_pods - victims.len();
+    settle(base_total, base_gpu).await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let (k_a, _) = proc_status(ksm.pid());
+    let (l_a, _) = proc_status(ledger.pid());
+    let extra_plain: Vec<PodPlan> = (0..a.extra_pods)
+        .map(|i| PodPlan {
+            ns: format!("svc-{:02}", i % SVC_NAMESPACES),
+            name: format!("extra-web-{i:05}"),
+            node: Some(format!("gpu-node-{:04}", i % a.nodes)),
+            gpus: 0,
+            hold: false,
+            util: 0,
+            selector_none: false,
+        })
+        .collect();
+    create_pods(&admin, extra_plain, a.concurrency).await?;
+    settle(base_total + a.extra_pods, base_gpu).await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let (k_b, _) = proc_status(ksm.pid());
+    let (l_b, _) = proc_status(ledger.pid());
+    let extra_gpu: Vec<PodPlan> = (0..a.extra_pods)
+        .map(|i| PodPlan {
+            ns: format!("team-{:02}", i % GPU_NAMESPACES),
+            name: format!("extra-queued-{i:05}"),
+            node: None,
+            gpus: 1,
+            hold: false,
+            util: 0,
+            selector_none: true,
+        })
+        .collect();
+    create_pods(&admin, extra_gpu, a.concurrency).await?;
+    settle(base_total + 2 * a.extra_pods, base_gpu + a.extra_pods).await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let (k_c, ksm_hwm2) = proc_status(ksm.pid());
+    let (l_c, led_hwm2) = proc_status(ledger.pid());
+    let per = |from: u64, to: u64| (to as f64 - from as f64) * 1024.0 / a.extra_pods as f64;
+
+    // Report.
+    let ratio = |l: f64, k: f64| if k > 0.0 { l / k } else { f64::NAN };
+    let mut r = String::new();
+    let _ = writeln!(
+        r,
+        "nodes: {} × 8 GPUs ({} GPUs); pods: {total} ({gpu_pods} GPU incl. {notebooks} notebooks, {} Terminating, {} Pending; {plain_pods} non-GPU); cluster set-up {setup_s:.0} s; gpu-ledger --refresh-interval {}\n",
+        a.nodes,
+        a.nodes * 8,
+        held.len(),
+        a.nodes / 10,
+        a.refresh
+    );
+    let _ = writeln!(
+        r,
+        "| measure | gpu-ledger | kube-state-metrics | ratio (gpu-ledger / KSM) |"
+    );
+    let _ = writeln!(r, "| --- | ---: | ---: | ---: |");
+    let mib = |k: u64| k as f64 / 1024.0;
+    let row = |r: &mut String, name: &str, l: f64, k: f64, unit: &str| {
+        let _ = writeln!(
+            r,
+            "| {name} | {l:.2} {unit} | {k:.2} {unit} | {:.3} |",
+            ratio(l, k)
+        );
+    };
+    row(
+        &mut r,
+        "time to first complete export",
+        ledger_first,
+        ksm_first,
+        "s",
+    );
+    row(
+        &mut r,
+        "peak RSS (VmHWM, before slope phase)",
+        mib(led_hwm),
+        mib(ksm_hwm),
+        "MiB",
+    );
+    row(
+        &mut r,
+        "steady RSS (VmRSS)",
+        mib(led_rss),
+        mib(ksm_rss),
+        "MiB",
+    );
+    row(
+        &mut r,
+        &format!("CPU over {} s steady window", window.as_secs()),
+        l1 - l0,
+        k1 - k0,
+        "s",
+    );
+    row(
+        &mut r,
+        "/metrics p50",
+        led_scrape.p50_ms,
+        ksm_scrape.p50_ms,
+        "ms",
+    );
+    row(
+        &mut r,
+        "/metrics p99",
+        led_scrape.p99_ms,
+        ksm_scrape.p99_ms,
+        "ms",
+    );
+    row(
+        &mut r,
+        "bytes per scrape",
+        led_scrape.bytes as f64 / 1024.0,
+        ksm_scrape.bytes as f64 / 1024.0,
+        "KiB",
+    );
+    row(
+        &mut r,
+        &format!("RSS per extra non-GPU pod (+{})", a.extra_pods),
+        per(l_a, l_b),
+        per(k_a, k_b),
+        "B",
+    );
+    row(
+        &mut r,
+        &format!("RSS per extra GPU pod (+{} Pending)", a.extra_pods),
+        per(l_b, l_c),
+        per(k_b, k_c),
+        "B",
+    );
+    row(
+        &mut r,
+        "peak RSS at the end",
+        mib(led_hwm2),
+        mib(ksm_hwm2),
+        "MiB",
+    );
+    let _ = writeln!(r);
+    let n = e2m.len();
+    let _ = writeln!(
+        r,
+        "gpu-ledger event-to-metric (pod deleted with grace 0 → its series gone from /metrics, {n} deletions): p50 {:.2} s, p99 {:.2} s, max {:.2} s",
+        pct(&mut e2m, 0.5),
+        pct(&mut e2m, 0.99),
+        e2m.last().copied().unwrap_or(f64::NAN)
+    );
+    let _ = writeln!(
+        r,
+        "gpu-ledger refresh ({} GPUs): {refreshes} refreshes in {} s, mean {:.3} s, {:.1} Prometheus queries per refresh\n",
+        a.nodes * 8,
+        window.as_secs(),
+        if refreshes > 0.0 {
+            refresh_sum / refreshes
+        } else {
+            f64::NAN
+        },
+        if refreshes > 0.0 {
+            queries / refreshes
+        } else {
+            f64::NAN
+        }
+    );
+    let _ = writeln!(
+        r,
+        "| instant query (median of 5, HTTP wall time) | ms | series |"
+    );
+    let _ = writeln!(r, "| --- | ---: | ---: |");
+    for (label, ms, series) in &promql {
+        let _ = writeln!(r, "| {label} | {ms:.1} | {series} |");
+    }
+    println!("{r}");
+    if let Some(out) = &a.out {
+        std::fs::write(out, &r)?;
+    }
+    drop(ledger);
+    drop(ksm);
+    drop(prom);
+    drop(dcgm);
+    drop(cp);
+    Ok(())
+}
