@@ -46,9 +46,8 @@ fn device(node: &str, g: u32, holder: Option<(&str, &str)>, util: Option<f64>) -
     }
 }
 
-#[allow(clippy::too_many_lines)]
 fn pod(ns: &str, name: &str, node: Option<&str>, gpus: u64, i: usize) -> PodClaim {
-    let created = now() - Duration::minutes(30 + i as i64);
+    let created = now() - Duration::minutes(30 + i64::try_from(i).expect("small index"));
     PodClaim {
         namespace: ns.into(),
         name: name.into(),
