@@ -24,6 +24,9 @@ use crate::usage::history::{self, History};
 use crate::usage::prom::{PromClient, PromConfig, PromError};
 use crate::usage::{Usage, Window};
 
+/// How often the serve loop checks whether claims changed since the last ledger build.
+const CLAIMS_REBUILD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Why the process could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -94,6 +97,8 @@ fn prom_client(args: &LedgerArgs) -> Result<Option<Arc<PromClient>>, AppError> {
 /// Usage source for the live paths: Prometheus plus the idle history.
 struct UsageSource {
     client: Option<Arc<PromClient>>,
+    /// The last usage fetched, reused when only claims changed.
+    last: Usage,
     history: Option<History>,
     args: LedgerArgs,
     window: Window,
@@ -237,6 +242,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
 
     let mut source = UsageSource {
         client: prom,
+        last: Usage::default(),
         history: None,
         args: args.ledger.clone(),
         window,
@@ -247,15 +253,41 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             .unwrap_or(std::time::Duration::from_secs(30)),
     );
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Claims changes (a pod deleted, a pod bound) reach the ledger within this, reusing the last
+    // usage; Prometheus is only asked on the refresh ticker.
+    let mut claims_tick = tokio::time::interval(CLAIMS_REBUILD_INTERVAL);
+    claims_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut built_generation = None;
     loop {
-        tokio::select! {
+        let full = tokio::select! {
             () = cancel.cancelled() => break,
-            _ = ticker.tick() => {}
-        }
+            _ = ticker.tick() => true,
+            _ = claims_tick.tick() => false,
+        };
         if !stores.synced() {
-            info!("waiting for watches to sync");
+            if full {
+                info!("waiting for watches to sync");
+            }
             continue;
         }
+        let generation = stores.generation();
+        // The first refresh runs as soon as the watches have synced, not a whole interval later.
+        if !full && ready.load(Ordering::Relaxed) {
+            if built_generation == Some(generation) {
+                continue;
+            }
+            built_generation = Some(generation);
+            let ledger = rebuild_from_claims(
+                &stores,
+                &source.last,
+                &policy,
+                (args.shard, args.total_shards),
+            );
+            let next = shared.load().advance(ledger);
+            shared.store(Arc::new(next));
+            continue;
+        }
+        built_generation = Some(generation);
         let ledger = refresh(
             &stores,
             &client,
@@ -269,8 +301,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         let next = shared.load().advance(ledger);
         shared.store(Arc::new(next));
         ready.store(true, Ordering::Relaxed);
-        let snapshot = shared.load_full();
-        let mut recheck = Rechecker {
+        let recheck = Rechecker {
             client: source.client.clone(),
             history: source.history.clone(),
             args: args.ledger.clone(),
@@ -280,16 +311,20 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             cull_policy: culler.config().policy.clone(),
             shard: (args.shard, args.total_shards),
         };
-        culler
-            .cycle(
-                &snapshot.ledger,
-                Utc::now(),
-                &mut |action: &crate::cull::plan::Action| recheck.run(action),
-            )
+        cull_cycle(&mut culler, &shared.load_full().ledger, recheck)
             .instrument(info_span!("cull"))
             .await;
     }
 
+    shut_down(culler, tracker, server).await
+}
+
+/// Bounded shutdown: release the lease, stop every task, drain the HTTP server.
+async fn shut_down(
+    mut culler: crate::cull::Culler,
+    tracker: TaskTracker,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+) -> Result<(), AppError> {
     info!("shutting down");
     culler.shutdown().await;
     tracker.close();
@@ -303,6 +338,30 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         Ok(Ok(())) | Err(_) => Ok(()),
         Ok(Err(e)) => Err(AppError::Serve(e)),
     }
+}
+
+/// One culling cycle on the ledger just published, re-checking each stop with `recheck`.
+async fn cull_cycle(culler: &mut crate::cull::Culler, ledger: &Ledger, mut recheck: Rechecker) {
+    culler
+        .cycle(
+            ledger,
+            Utc::now(),
+            &mut |action: &crate::cull::plan::Action| recheck.run(action),
+        )
+        .await;
+}
+
+/// A ledger from the current claims and the last usage (no Prometheus query, no API call).
+fn rebuild_from_claims(
+    stores: &watch::Stores,
+    usage: &Usage,
+    policy: &Policy,
+    (shard, total_shards): (u32, u32),
+) -> Ledger {
+    let claims = claims::shard(stores.claims(), shard, total_shards);
+    let mut ledger = ledger::build(&claims, usage, Utc::now(), policy);
+    ledger.retain_shard(shard, total_shards);
+    ledger
 }
 
 /// One refresh: verify ownership, snapshot claims, query usage, build the ledger, record health.
@@ -320,6 +379,7 @@ async fn refresh(
     }
     let claims = claims::shard(stores.claims(), shard, total_shards);
     let usage = source.fetch(Some(metrics)).await;
+    source.last = usage.clone();
     let now = Utc::now();
     let mut ledger = ledger::build(&claims, &usage, now, policy);
     ledger.retain_shard(shard, total_shards);
@@ -563,6 +623,7 @@ async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppEr
         .unwrap_or(chrono::Duration::seconds(30));
     let mut source = UsageSource {
         client: prom_client(&args.ledger)?,
+        last: Usage::default(),
         history: None,
         window: window_of(&args.ledger, interval),
         args: args.ledger.clone(),

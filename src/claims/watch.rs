@@ -51,6 +51,9 @@ pub struct Stores {
     pub statefulsets: Arc<DashMap<String, StatefulSetInfo>>,
     pub notebooks_enabled: Arc<AtomicBool>,
     synced: Arc<DashMap<&'static str, bool>>,
+    /// Bumped on every applied watch event, so the serve loop can rebuild the ledger from
+    /// claims as soon as they change instead of waiting for the next Prometheus refresh.
+    generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Stores {
@@ -63,7 +66,13 @@ impl Stores {
             statefulsets: Arc::default(),
             notebooks_enabled: Arc::new(AtomicBool::new(false)),
             synced: Arc::default(),
+            generation: Arc::default(),
         }
+    }
+
+    /// Changes whenever any store may have changed.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     /// True once every started watch has delivered its first complete list.
@@ -291,6 +300,7 @@ fn spawn_watch<K, V, P, F>(
 {
     stores.synced.insert(label, false);
     let synced = stores.synced.clone();
+    let generation = stores.generation.clone();
     let cancel = cancel.clone();
     let span = info_span!("watch", resource = label);
     tracker.spawn(
@@ -304,9 +314,12 @@ fn spawn_watch<K, V, P, F>(
                     next = stream.try_next() => next,
                 };
                 match next {
-                    Ok(Some(event)) => apply(event, &project, &key, &store, &mut relist, || {
-                        synced.insert(label, true);
-                    }),
+                    Ok(Some(event)) => {
+                        apply(event, &project, &key, &store, &mut relist, || {
+                            synced.insert(label, true);
+                        });
+                        generation.fetch_add(1, Ordering::Relaxed);
+                    }
                     Ok(None) => break,
                     Err(e) => {
                         warn!(error = %e, "watch failed; restarting with backoff");
