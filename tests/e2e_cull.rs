@@ -79,12 +79,7 @@ async fn metric(gl: &GpuLedgerProcess, family: &str, labels: &[(&str, &str)]) ->
 }
 
 async fn ledger_row(gl: &GpuLedgerProcess, ns: &str, pod: &str) -> Option<Value> {
-    let l = gl.ledger_json().await.ok()?;
-    l["pods"]
-        .as_array()?
-        .iter()
-        .find(|p| p["namespace"] == ns && p["pod"] == pod)
-        .cloned()
+    gl.pod_row(ns, pod).await
 }
 
 /// Asserts none of `notebooks` (in `ns`) carries the stop annotation or a stop Event.

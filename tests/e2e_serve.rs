@@ -35,8 +35,7 @@ fn pod_row<'a>(ledger: &'a Value, pod: &str) -> Option<&'a Value> {
 }
 
 async fn ledger_row(gl: &GpuLedgerProcess, pod: &str) -> Option<Value> {
-    let l = gl.ledger_json().await.ok()?;
-    pod_row(&l, pod).cloned()
+    gl.pod_row(NS, pod).await
 }
 
 /// Runs `promtool check metrics` on `text`; returns (exit code, output).

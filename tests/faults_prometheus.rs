@@ -156,12 +156,7 @@ async fn handle(mut sock: TcpStream, upstream: &str, mode: u8) -> std::io::Resul
 }
 
 async fn row(gl: &GpuLedgerProcess, pod: &str) -> Option<Value> {
-    let l = gl.ledger_json().await.ok()?;
-    l["pods"]
-        .as_array()?
-        .iter()
-        .find(|p| p["namespace"] == NS && p["pod"] == pod)
-        .cloned()
+    gl.pod_row(NS, pod).await
 }
 
 async fn stopped(admin: &kube::Client, name: &str) -> bool {

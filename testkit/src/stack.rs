@@ -539,6 +539,16 @@ impl GpuLedgerProcess {
         Ok(r.json().await?)
     }
 
+    /// The ledger row of pod `namespace/pod`, if the ledger lists it (errors read as "not yet").
+    pub async fn pod_row(&self, namespace: &str, pod: &str) -> Option<Value> {
+        let ledger = self.ledger_json().await.ok()?;
+        ledger["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["namespace"] == namespace && p["pod"] == pod)
+            .cloned()
+    }
+
     /// `GET /metrics` as text.
     pub async fn metrics_text(&self) -> Result<String> {
         let r = self
