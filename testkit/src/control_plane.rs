@@ -674,7 +674,15 @@ impl ControlPlane {
                 "contexts": [{"name": user, "context": {"cluster": "testkit", "user": user}}],
                 "current-context": user,
             });
-            write(&file, &serde_norway::to_string(&kc)?)?;
+            // Write then rename: tests sharing a cluster may ask for the same file concurrently,
+            // and a reader must never see a half-written kubeconfig.
+            let tmp = self.path.join(format!(
+                "kubeconfig-{user}.yaml.{}.{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            write(&tmp, &serde_norway::to_string(&kc)?)?;
+            std::fs::rename(&tmp, &file)?;
         }
         Ok(file)
     }
