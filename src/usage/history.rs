@@ -1,9 +1,11 @@
 //! Idle history kept across refreshes, and rebuilt at bounded cost after a restart.
 //!
 //! A refresh only sees its window (minutes); "idle since" and "covered since" need hours. At
-//! start-up [`bootstrap`] asks Prometheus once over the lookback (one query, seconds even at
-//! thousands of GPUs); afterwards [`History::merge`] keeps both up to date from each refresh
-//! (pure, no I/O).
+//! start-up [`bootstrap`] asks Prometheus once over the lookback, in buckets (one query, 8 s at
+//! 4,000 GPUs; times err late by up to one bucket, never early); `serve` runs it beside the first
+//! refreshes and folds it in with [`History::absorb`]. Afterwards [`History::merge`] keeps both up
+//! to date from each refresh (pure, no I/O), which also lets a refresh scan activity only since
+//! the previous one.
 //!
 //! Rules per device, keyed by (hostname, [`DeviceKey`]):
 //! * `last_active_at` only moves forward: max(history, this refresh).
@@ -23,6 +25,10 @@ use super::{DeviceKey, DeviceUsage, LabelScheme, Window};
 
 /// Default lookback of the start-up query.
 pub const DEFAULT_LOOKBACK: chrono::Duration = chrono::Duration::hours(24);
+
+/// Timeout of the start-up query: it scans the whole lookback (hours × every GPU), which takes far
+/// longer than a refresh query at thousands of GPUs; `serve` runs it beside the refreshes.
+pub const BOOTSTRAP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// (hostname, device).
 pub type HistoryKey = (Option<String>, DeviceKey);
@@ -59,7 +65,11 @@ pub async fn bootstrap(
     now: DateTime<Utc>,
 ) -> Result<History, PromError> {
     let rows = client
-        .instant(&queries::bootstrap_query(scheme, window, lookback), now)
+        .instant_with_timeout(
+            &queries::bootstrap_query(scheme, window, lookback, min_coverage),
+            now,
+            BOOTSTRAP_TIMEOUT,
+        )
         .await?;
     Ok(History::from_bootstrap_rows(
         &rows,
@@ -211,6 +221,28 @@ impl History {
         }
         let horizon = now - self.lookback;
         self.entries.retain(|_, e| e.last_seen >= horizon);
+    }
+
+    /// Folds in a start-up history that answered after refreshes had already begun (`serve` runs
+    /// the slow bootstrap beside them). Last activity is the later of both. The refreshes' covered
+    /// run extends the bootstrap's only when it began no later than the bootstrap's instant, so
+    /// nothing unproven lies between them; a run broken since then stands as it is.
+    pub fn absorb(&mut self, boot: History) {
+        for (key, b) in boot.entries {
+            match self.entries.get_mut(&key) {
+                None => {
+                    self.entries.insert(key, b);
+                }
+                Some(e) => {
+                    e.last_active_at = e.last_active_at.max(b.last_active_at);
+                    if let (Some(ours), Some(theirs)) = (e.covered_since, b.covered_since)
+                        && ours <= b.last_seen
+                    {
+                        e.covered_since = Some(ours.min(theirs));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -415,5 +447,58 @@ mod tests {
         assert_eq!(d[0].last_active_at, Some(at(-3 * 3600)));
         assert_eq!(d[0].covered_since, Some(at(-24 * 3600)));
         assert_eq!(d[1].covered_since, Some(at(30)));
+    }
+
+    #[test]
+    fn a_late_bootstrap_extends_unbroken_runs_only() {
+        let now = at(0);
+        let ts = |s: i64| (T0 + s) as f64;
+        let boot_rows = vec![
+            // a and b: covered and idle for 5 h before the bootstrap's instant; a active 4 h ago.
+            row("a", "gr", "active", ts(-4 * 3600)),
+            row("a", "gr", "first", ts(-5 * 3600)),
+            row("a", "gr", "count", 600.0),
+            row("b", "gr", "first", ts(-5 * 3600)),
+            row("b", "gr", "count", 600.0),
+            // c: only in the bootstrap (no refresh has seen it yet).
+            row("c", "gr", "first", ts(-5 * 3600)),
+            row("c", "gr", "count", 600.0),
+        ];
+        let w = window();
+        let boot = History::from_bootstrap_rows(
+            &boot_rows,
+            &LabelScheme::default(),
+            &w,
+            DEFAULT_LOOKBACK,
+            0.9,
+            now,
+        );
+        // Refreshes ran while the bootstrap was slow: a unbroken, b broken by a gap at +60 s.
+        let mut h = History::default();
+        let mut d = vec![device("a", 1.0, Some(-30)), device("b", 1.0, None)];
+        h.merge(&mut d, &w, 0.9, at(30));
+        let mut d = vec![device("a", 1.0, None), device("b", 0.2, None)];
+        h.merge(&mut d, &w, 0.9, at(60));
+        h.absorb(boot);
+        let key = |u: &str| DeviceKey {
+            uuid: u.into(),
+            gpu_instance: None,
+        };
+        let a = *h.get(Some("h"), &key("a")).expect("a");
+        assert_eq!(a.last_active_at, Some(at(-30)), "the later activity wins");
+        assert_eq!(
+            a.covered_since,
+            Some(at(-5 * 3600)),
+            "unbroken run extends back"
+        );
+        let b = *h.get(Some("h"), &key("b")).expect("b");
+        assert_eq!(
+            b.covered_since,
+            Some(at(60)),
+            "a gap after the bootstrap stands"
+        );
+        let c = *h.get(Some("h"), &key("c")).expect("c");
+        assert_eq!(c.covered_since, Some(at(-5 * 3600)));
+        assert_eq!(c.last_seen, now);
     }
 }

@@ -266,17 +266,44 @@ impl PromClient {
         self.instant_with(token.as_deref(), query, at).await
     }
 
+    /// Instant query with its own timeout instead of the client's (the one-off start-up history
+    /// query scans hours of data and may take far longer than a refresh query).
+    pub async fn instant_with_timeout(
+        &self,
+        query: &str,
+        at: DateTime<Utc>,
+        timeout: Duration,
+    ) -> Result<Vec<Sample>, PromError> {
+        let token = self.token()?;
+        self.send_instant(token.as_deref(), query, at, Some(timeout))
+            .await
+    }
+
     async fn instant_with(
         &self,
         token: Option<&str>,
         query: &str,
         at: DateTime<Utc>,
     ) -> Result<Vec<Sample>, PromError> {
+        self.send_instant(token, query, at, None).await
+    }
+
+    async fn send_instant(
+        &self,
+        token: Option<&str>,
+        query: &str,
+        at: DateTime<Utc>,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Sample>, PromError> {
         let time = format!("{:.3}", at.timestamp_millis() as f64 / 1000.0);
+        let started = Instant::now();
         let mut req = self
             .http
             .post(self.query_url.clone())
             .form(&[("query", query), ("time", time.as_str())]);
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
@@ -286,6 +313,12 @@ impl PromClient {
             .bytes()
             .await
             .map_err(|e| PromError::from_reqwest(&e))?;
+        tracing::debug!(
+            query,
+            bytes = body.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "prometheus answered"
+        );
         let parsed: Result<ApiResponse, _> = serde_json::from_slice(&body);
         if !status.is_success() {
             let (error_type, message) = match parsed {
@@ -386,6 +419,21 @@ impl PromClient {
         window: &Window,
         now: DateTime<Utc>,
     ) -> Result<(Vec<DeviceUsage>, QueryStats), PromError> {
+        self.fetch_usage_since(scheme_choice, window, now, None)
+            .await
+    }
+
+    /// [`Self::fetch_usage`] for a caller that keeps an idle history: activity up to
+    /// `known_until` (the previous refresh merged into it) is already known, so the newest-activity
+    /// subquery only scans since then instead of the whole window, which is the costliest part of
+    /// a refresh on the Prometheus side. `None` scans the whole window.
+    pub async fn fetch_usage_since(
+        &self,
+        scheme_choice: SchemeChoice,
+        window: &Window,
+        now: DateTime<Utc>,
+        known_until: Option<DateTime<Utc>>,
+    ) -> Result<(Vec<DeviceUsage>, QueryStats), PromError> {
         let started = Instant::now();
         let mut stats = QueryStats::default();
         let token = self.token()?;
@@ -393,16 +441,26 @@ impl PromClient {
         let scheme = self
             .scheme(token, scheme_choice, window, now, &mut stats)
             .await?;
-        let q_gr = queries::window_query(fields::GR_ENGINE_ACTIVE, &scheme, window);
-        let q_util = queries::window_query(fields::GPU_UTIL, &scheme, window);
+        // Steps are aligned to multiples of the interval: two intervals of margin reach back to the
+        // last step the previous refresh evaluated.
+        let activity_range = known_until.map_or(window.length, |t| {
+            (now - t + window.interval * 2).clamp(window.interval, window.length)
+        });
+        let q_gr = queries::window_query(fields::GR_ENGINE_ACTIVE, &scheme, window, activity_range);
+        let q_util = queries::window_query(fields::GPU_UTIL, &scheme, window, activity_range);
         let q_fb = queries::memory_query(&scheme, window);
-        let (gr, util, fb) = tokio::try_join!(
-            self.instant_with(token, &q_gr, now),
-            self.instant_with(token, &q_util, now),
-            self.instant_with(token, &q_fb, now),
-        )?;
+        // Each answer is grouped as soon as it is decoded, so only one answer's rows (a row per
+        // statistic, each with its full label set) are alive at a time.
+        let grouped = |q: String| {
+            let scheme = &scheme;
+            async move {
+                let rows = self.instant_with(token, &q, now).await?;
+                Ok::<_, PromError>(group_rows(rows, scheme))
+            }
+        };
+        let (gr, util, fb) = tokio::try_join!(grouped(q_gr), grouped(q_util), grouped(q_fb))?;
         stats.queries += 3;
-        let devices = reduce_rows(&gr, &util, &fb, &scheme, window, now);
+        let devices = reduce_groups(gr, util, fb, &scheme, window, now);
         stats.duration = started.elapsed();
         Ok((devices, stats))
     }
@@ -473,10 +531,26 @@ pub mod queries {
     /// Window statistics of one utilisation field, one row per (device, holder, statistic):
     /// `peak`, `count`, `nan` (NaN samples, no coverage), `last`, `ts`/`ts_sub` (newest sample time, at
     /// `now` and by subquery), `active`/`active_sub` (newest sample at or above the threshold).
-    pub fn window_query(field: &str, scheme: &LabelScheme, window: &Window) -> String {
+    ///
+    /// The subqueries cost one evaluation per step and GPU, so they scan no more than they must:
+    /// `ts_sub` only the staleness bound (an older newest sample is stale whatever its time;
+    /// `ts` still finds one within Prometheus' lookback delta), `active_sub` only
+    /// `activity_range` (the whole window, or since the previous refresh when the caller keeps an
+    /// idle history that already holds older activity).
+    pub fn window_query(
+        field: &str,
+        scheme: &LabelScheme,
+        window: &Window,
+        activity_range: chrono::Duration,
+    ) -> String {
         let by = series_labels(scheme);
         let w = open_range(window.length);
-        let sub = format!("{}:{}", duration(window.length), duration(window.interval));
+        let step = duration(window.interval);
+        let sub = format!(
+            "{}:{step}",
+            duration(window.max_staleness.min(window.length))
+        );
+        let active_sub = format!("{}:{step}", duration(activity_range.min(window.length)));
         let thr = threshold(field, window);
         let f = field;
         // NaN samples, counted per step: each step sees only the samples of its own interval.
@@ -501,7 +575,7 @@ pub mod queries {
             stat(
                 "active_sub",
                 &by,
-                &format!("max_over_time((timestamp({f}) and {f} >= {thr})[{sub}])"),
+                &format!("max_over_time((timestamp({f}) and {f} >= {thr})[{active_sub}])"),
             ),
         ]
         .join(" or ")
@@ -519,19 +593,36 @@ pub mod queries {
         .join(" or ")
     }
 
-    /// Start-up history over `lookback`, per device and field: `active` (newest sample at or above
-    /// the threshold), `first` (earliest sample), `count`, and `gap_end` (first sample after the
-    /// newest break of more than two intervals).
+    /// Width of the start-up query's buckets: about 288 over the lookback (5 min for 24 h), at
+    /// least one scrape interval, at most the window (the first refresh sees the newest part at
+    /// full resolution).
+    pub fn bootstrap_bucket(window: &Window, lookback: chrono::Duration) -> chrono::Duration {
+        (lookback / 288).max(window.interval).min(window.length)
+    }
+
+    /// Start-up history over `lookback`, per device and field, in buckets of
+    /// [`bootstrap_bucket`] width (each sample is read about once per statistic; a subquery at
+    /// scrape resolution costs lookback ÷ interval evaluations per GPU and timed out at 4,000
+    /// GPUs): `active` (end of the newest bucket with a sample at or above the threshold),
+    /// `active_now` (the newest sample, if active), `first` (earliest sample seen by a bucket
+    /// step), `count`, and `gap_end` (end of the newest bucket below `min_coverage` of its
+    /// expected samples, or of the first bucket with data after an empty one). Bucket ends err
+    /// late: activity and gaps are placed up to one bucket later than they happened, so idle time
+    /// is under- never over-estimated.
     pub fn bootstrap_query(
         scheme: &LabelScheme,
         window: &Window,
         lookback: chrono::Duration,
+        min_coverage: f64,
     ) -> String {
         let by = format!("{}, {GPU_INSTANCE_LABEL}, {}", scheme.uuid, scheme.hostname);
         let l = duration(lookback);
-        let i = duration(window.interval);
-        let i2 = duration(window.interval * 2);
-        let sub = format!("{l}:{i}");
+        let bucket = bootstrap_bucket(window, lookback);
+        let b = open_range(bucket);
+        let sub = format!("{l}:{}", duration(bucket));
+        let expected = bucket.num_milliseconds() as f64
+            / window.interval.num_milliseconds().max(1) as f64
+            * min_coverage;
         let mut parts = Vec::new();
         for (f, name) in [(fields::GR_ENGINE_ACTIVE, "gr"), (fields::GPU_UTIL, "util")] {
             let thr = threshold(f, window);
@@ -541,7 +632,7 @@ pub mod queries {
             parts.push(field(stat(
                 "active",
                 &by,
-                &format!("max_over_time((timestamp({f}) and {f} >= {thr})[{sub}])"),
+                &format!("max_over_time(timestamp(max_over_time({f}[{b}]) >= {thr})[{sub}])"),
             )));
             parts.push(field(stat(
                 "active_now",
@@ -561,7 +652,7 @@ pub mod queries {
             parts.push(field(stat(
                 "gap_end",
                 &by,
-                &format!("max_over_time((timestamp({f}) and count_over_time({f}[{i}]) unless count_over_time({f}[{i2}] offset {i}))[{sub}])"),
+                &format!("max_over_time((timestamp(count_over_time({f}[{b}]) < {expected}) or timestamp(count_over_time({f}[{b}]) unless count_over_time({f}[{b}] offset {})))[{sub}])", duration(bucket)),
             )));
         }
         parts.join(" or ")
@@ -600,21 +691,19 @@ fn workload(labels: &Labels, scheme: &LabelScheme) -> Option<Workload> {
 }
 
 /// Groups answer rows by their labels without `stat`, then by device.
-fn group_rows(rows: &[Sample], scheme: &LabelScheme) -> BTreeMap<DeviceKey, Vec<Group>> {
-    let mut groups: BTreeMap<Labels, Group> = BTreeMap::new();
+fn group_rows(rows: Vec<Sample>, scheme: &LabelScheme) -> BTreeMap<DeviceKey, Vec<Group>> {
+    // Rows are consumed: each label set is kept once per group, not once per statistic.
+    let mut groups: BTreeMap<Labels, BTreeMap<String, f64>> = BTreeMap::new();
     for s in rows {
-        let mut labels = s.labels.clone();
+        let mut labels = s.labels;
         let Some(stat) = labels.remove(STAT_LABEL) else {
             continue;
         };
-        let g = groups.entry(labels.clone()).or_insert_with(|| Group {
-            labels,
-            stats: BTreeMap::new(),
-        });
-        g.stats.insert(stat, s.value);
+        groups.entry(labels).or_default().insert(stat, s.value);
     }
     let mut by_device: BTreeMap<DeviceKey, Vec<Group>> = BTreeMap::new();
-    for g in groups.into_values() {
+    for (labels, stats) in groups {
+        let g = Group { labels, stats };
         let Some(uuid) = g.labels.get(scheme.uuid) else {
             continue;
         };
@@ -642,17 +731,14 @@ fn to_time(ms: i64) -> Option<DateTime<Utc>> {
 }
 
 /// Reduces the three answers to per-device usage (same meaning as the offline reduction).
-fn reduce_rows(
-    gr: &[Sample],
-    util: &[Sample],
-    fb: &[Sample],
+fn reduce_groups(
+    mut gr: BTreeMap<DeviceKey, Vec<Group>>,
+    mut util: BTreeMap<DeviceKey, Vec<Group>>,
+    mut fb: BTreeMap<DeviceKey, Vec<Group>>,
     scheme: &LabelScheme,
     window: &Window,
     now: DateTime<Utc>,
 ) -> Vec<DeviceUsage> {
-    let mut gr = group_rows(gr, scheme);
-    let mut util = group_rows(util, scheme);
-    let mut fb = group_rows(fb, scheme);
     let keys: BTreeSet<DeviceKey> = gr
         .keys()
         .chain(util.keys())
@@ -798,6 +884,7 @@ mod tests {
             fields::GPU_UTIL,
             &LabelScheme::new(true, true, false),
             &window(),
+            window().length,
         );
         assert!(q.starts_with(
             "label_replace(max by (UUID, GPU_I_ID, GPU_I_PROFILE, hostname, modelName, exported_pod, exported_namespace, pod_uid) (max_over_time(DCGM_FI_DEV_GPU_UTIL[599999ms])), \"stat\", \"peak\", \"\", \"\") or "
@@ -812,8 +899,21 @@ mod tests {
             ),
             "{q}"
         );
+        assert!(
+            q.contains("max_over_time(timestamp(DCGM_FI_DEV_GPU_UTIL)[120000ms:30000ms])"),
+            "newest sample: the staleness bound is enough; {q}"
+        );
         assert_eq!(q.matches(" or ").count(), 7);
-        let q = queries::window_query(fields::GR_ENGINE_ACTIVE, &LabelScheme::default(), &window());
+        let q = queries::window_query(
+            fields::GR_ENGINE_ACTIVE,
+            &LabelScheme::default(),
+            &window(),
+            chrono::Duration::seconds(90),
+        );
+        assert!(
+            q.contains("(timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE) and DCGM_FI_PROF_GR_ENGINE_ACTIVE >= 0.05)[90000ms:30000ms]"),
+            "activity since the previous refresh; {q}"
+        );
         assert!(q.contains("DCGM_FI_PROF_GR_ENGINE_ACTIVE >= 0.05"), "{q}");
         assert!(q.contains("max by (UUID, GPU_I_ID, GPU_I_PROFILE, Hostname, modelName, pod, namespace, pod_uid)"), "{q}");
     }
@@ -832,10 +932,26 @@ mod tests {
             &LabelScheme::default(),
             &window(),
             chrono::Duration::hours(24),
+            0.9,
         );
-        assert!(q.contains("max_over_time((timestamp(DCGM_FI_DEV_GPU_UTIL) and DCGM_FI_DEV_GPU_UTIL >= 5)[86400000ms:30000ms])"), "{q}");
+        // 24 h in 5-minute buckets; 10 scrapes of 30 s per bucket, 9 needed.
+        assert!(q.contains("max_over_time(timestamp(max_over_time(DCGM_FI_DEV_GPU_UTIL[299999ms]) >= 5)[86400000ms:300000ms])"), "{q}");
         assert!(q.contains("\"field\", \"gr\""), "{q}");
-        assert!(q.contains("count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[30000ms]) unless count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[60000ms] offset 30000ms)"), "{q}");
+        assert!(
+            q.contains("timestamp(count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms]) < 9)"),
+            "{q}"
+        );
+        assert!(q.contains("count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms]) unless count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms] offset 300000ms)"), "{q}");
+        assert_eq!(
+            queries::bootstrap_bucket(&window(), chrono::Duration::minutes(30)),
+            chrono::Duration::seconds(30),
+            "never finer than a scrape"
+        );
+        assert_eq!(
+            queries::bootstrap_bucket(&window(), chrono::Duration::days(30)),
+            chrono::Duration::minutes(10),
+            "never wider than the window"
+        );
     }
 
     #[test]
@@ -903,7 +1019,15 @@ mod tests {
             row(&[("UUID", "GPU-g"), ("GPU_I_ID", "1")], "last", f64::NAN),
             row(&[("UUID", "GPU-g"), ("GPU_I_ID", "1")], "ts", t),
         ];
-        let d = reduce_rows(&gr, &util, &[], &LabelScheme::default(), &window(), now);
+        let scheme = LabelScheme::default();
+        let d = reduce_groups(
+            group_rows(gr, &scheme),
+            group_rows(util, &scheme),
+            BTreeMap::new(),
+            &scheme,
+            &window(),
+            now,
+        );
         assert_eq!(d.len(), 2);
         assert_eq!(d[0].key.gpu_instance.as_deref(), Some("1"));
         assert_eq!(d[0].utilization, None);
