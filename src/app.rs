@@ -97,46 +97,118 @@ fn prom_client(args: &LedgerArgs) -> Result<Option<Arc<PromClient>>, AppError> {
 /// Usage source for the live paths: Prometheus plus the idle history.
 struct UsageSource {
     client: Option<Arc<PromClient>>,
-    /// The last usage fetched, reused when only claims changed.
-    last: Usage,
     history: Option<History>,
+    /// The start-up history query, running beside the refreshes (`serve` only).
+    bootstrap: Option<tokio::task::JoinHandle<History>>,
+    /// When the last successful refresh was merged into `history`: activity before it is known.
+    merged_at: Option<chrono::DateTime<Utc>>,
     args: LedgerArgs,
     window: Window,
 }
 
+/// Rebuilds the idle history with one query over the lookback. A failed or slow bootstrap must not
+/// stop anything: the history then starts empty (idle time accrues from now), and the log says so.
+async fn bootstrap_history(
+    client: Arc<PromClient>,
+    args: LedgerArgs,
+    window: Window,
+    now: chrono::DateTime<Utc>,
+) -> History {
+    let result = async {
+        let scheme = client
+            .detect_scheme(args.label_scheme, &window, now)
+            .await?;
+        history::bootstrap(
+            &client,
+            &scheme,
+            &window,
+            args.history_lookback,
+            args.min_coverage,
+            now,
+        )
+        .await
+    }
+    .await;
+    match result {
+        Ok(h) => {
+            info!(devices = h.len(), "idle history rebuilt from prometheus");
+            h
+        }
+        Err(e) => {
+            warn!(error = %e, "idle history bootstrap failed; idle time accrues from now");
+            History::new(args.history_lookback)
+        }
+    }
+}
+
 impl UsageSource {
+    fn new(client: Option<Arc<PromClient>>, args: &LedgerArgs, window: Window) -> Self {
+        UsageSource {
+            client,
+            history: None,
+            bootstrap: None,
+            merged_at: None,
+            args: args.clone(),
+            window,
+        }
+    }
+
+    /// Starts the start-up history query in the background; refreshes go on with an empty history
+    /// until it answers (its cost grows with lookback × GPUs: minutes on a large cluster).
+    fn start_bootstrap(&mut self, tracker: &TaskTracker, cancel: &CancellationToken) {
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        self.history = Some(History::new(self.args.history_lookback));
+        let (args, window, cancel) = (self.args.clone(), self.window, cancel.clone());
+        let lookback = args.history_lookback;
+        self.bootstrap = Some(
+            tracker.spawn(
+                async move {
+                    tokio::select! {
+                        h = bootstrap_history(client, args, window, Utc::now()) => h,
+                        () = cancel.cancelled() => History::new(lookback),
+                    }
+                }
+                .instrument(info_span!("history_bootstrap")),
+            ),
+        );
+    }
+
+    /// Folds the background bootstrap into the history once it has answered.
+    async fn absorb_bootstrap(&mut self) {
+        let Some(task) = self.bootstrap.take_if(|t| t.is_finished()) else {
+            return;
+        };
+        match (task.await, self.history.as_mut()) {
+            (Ok(boot), Some(h)) => h.absorb(boot),
+            (Ok(boot), None) => self.history = Some(boot),
+            (Err(e), _) => warn!(error = %e, "idle history bootstrap task failed"),
+        }
+    }
+
     async fn fetch(&mut self, metrics: Option<&SelfMetrics>) -> Usage {
         let now = Utc::now();
-        let Some(client) = &self.client else {
+        let Some(client) = self.client.clone() else {
             return Usage::default();
         };
-        let result = async {
-            if self.history.is_none() {
-                let scheme = client.detect_scheme(self.args.label_scheme, &self.window, now).await?;
-                // A failed or slow bootstrap must not block refreshes: start with an empty history
-                // (idle time then accrues from now) and say so.
-                let h = match history::bootstrap(client, &scheme, &self.window, self.args.history_lookback, self.args.min_coverage, now).await {
-                    Ok(h) => {
-                        info!(devices = h.len(), "idle history rebuilt from prometheus");
-                        h
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "idle history bootstrap failed; idle time accrues from now");
-                        History::new(self.args.history_lookback)
-                    }
-                };
-                self.history = Some(h);
-            }
-            client.fetch_usage(self.args.label_scheme, &self.window, now).await
+        // One-shot paths (report) rebuild the history inline: they have one refresh only.
+        if self.history.is_none() {
+            self.history =
+                Some(bootstrap_history(client.clone(), self.args.clone(), self.window, now).await);
         }
-        .await;
-        match result {
+        self.absorb_bootstrap().await;
+        match client
+            .fetch_usage_since(self.args.label_scheme, &self.window, now, self.merged_at)
+            .await
+        {
             Ok((mut devices, stats)) => {
                 if let Some(m) = metrics {
                     m.prometheus_queries.inc_by(u64::from(stats.queries));
                 }
                 if let Some(h) = self.history.as_mut() {
                     h.merge(&mut devices, &self.window, self.args.min_coverage, now);
+                    self.merged_at = Some(now);
                 }
                 Usage {
                     devices,
@@ -240,70 +312,68 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     let server =
         tracker.spawn(server::serve(listener, state, server_cancel).instrument(info_span!("http")));
 
-    let mut source = UsageSource {
-        client: prom,
-        last: Usage::default(),
-        history: None,
-        args: args.ledger.clone(),
-        window,
-    };
-    let mut ticker = tokio::time::interval(
-        args.refresh_interval
-            .to_std()
-            .unwrap_or(std::time::Duration::from_secs(30)),
+    let mut source = UsageSource::new(prom, &args.ledger, window);
+    source.start_bootstrap(&tracker, &cancel);
+    // Prometheus is asked on its own task, so a slow refresh never holds back a claims change.
+    let (usage_tx, mut usage_rx) = tokio::sync::mpsc::channel(1);
+    tracker.spawn(
+        refresh_loop(RefreshLoop {
+            source,
+            stores: stores.clone(),
+            client: client.clone(),
+            metrics: metrics.clone(),
+            every: args
+                .refresh_interval
+                .to_std()
+                .unwrap_or(std::time::Duration::from_secs(30)),
+            tx: usage_tx,
+            cancel: cancel.clone(),
+        })
+        .instrument(info_span!("refresh")),
     );
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Claims changes (a pod deleted, a pod bound) reach the ledger within this, reusing the last
-    // usage; Prometheus is only asked on the refresh ticker.
+    // Claims changes (a pod deleted, a pod bound) reach the ledger within this, with the last
+    // usage.
     let mut claims_tick = tokio::time::interval(CLAIMS_REBUILD_INTERVAL);
     claims_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut built_generation = None;
+    let mut latest: Option<Refreshed> = None;
     loop {
-        let full = tokio::select! {
+        let refreshed = tokio::select! {
             () = cancel.cancelled() => break,
-            _ = ticker.tick() => true,
-            _ = claims_tick.tick() => false,
+            r = usage_rx.recv() => match r {
+                Some(r) => Some(r),
+                None => break,
+            },
+            _ = claims_tick.tick() => None,
         };
-        if !stores.synced() {
-            if full {
-                info!("waiting for watches to sync");
-            }
-            continue;
+        let new_usage = refreshed.is_some();
+        if refreshed.is_some() {
+            latest = refreshed;
         }
+        // Nothing is published before the first refresh (which waits for the watches to sync).
+        let Some(current) = latest.as_ref() else {
+            continue;
+        };
         let generation = stores.generation();
-        // The first refresh runs as soon as the watches have synced, not a whole interval later.
-        if !full && ready.load(Ordering::Relaxed) {
-            if built_generation == Some(generation) {
-                continue;
-            }
-            built_generation = Some(generation);
-            let ledger = rebuild_from_claims(
-                &stores,
-                &source.last,
-                &policy,
-                (args.shard, args.total_shards),
-            );
-            let next = shared.load().advance(ledger);
-            shared.store(Arc::new(next));
+        if !new_usage && built_generation == Some(generation) {
             continue;
         }
         built_generation = Some(generation);
-        let ledger = refresh(
+        let ledger = rebuild_from_claims(
             &stores,
-            &client,
-            &mut source,
-            &metrics,
+            &current.usage,
             &policy,
             (args.shard, args.total_shards),
-        )
-        .instrument(info_span!("refresh"))
-        .await;
+        );
         let next = shared.load().advance(ledger);
         shared.store(Arc::new(next));
         ready.store(true, Ordering::Relaxed);
+        if !new_usage {
+            continue;
+        }
         let recheck = Rechecker {
-            client: source.client.clone(),
-            history: source.history.clone(),
+            client: current.client.clone(),
+            history: current.history.clone(),
             args: args.ledger.clone(),
             window,
             stores: stores.clone(),
@@ -364,25 +434,66 @@ fn rebuild_from_claims(
     ledger
 }
 
-/// One refresh: verify ownership, snapshot claims, query usage, build the ledger, record health.
-async fn refresh(
-    stores: &watch::Stores,
-    client: &Client,
-    source: &mut UsageSource,
-    metrics: &SelfMetrics,
-    policy: &Policy,
-    (shard, total_shards): (u32, u32),
-) -> Ledger {
-    let started = Instant::now();
-    if let Err(e) = stores.resolve_statefulsets(client).await {
-        warn!(error = %e, "cannot verify notebook ownership this refresh");
+/// What one refresh hands the serve loop.
+struct Refreshed {
+    usage: Usage,
+    /// The idle history after this refresh and the client, for re-checks before a stop.
+    history: Option<History>,
+    client: Option<Arc<PromClient>>,
+}
+
+/// The refresh task's inputs.
+struct RefreshLoop {
+    source: UsageSource,
+    stores: watch::Stores,
+    client: Client,
+    metrics: SelfMetrics,
+    every: std::time::Duration,
+    tx: tokio::sync::mpsc::Sender<Refreshed>,
+    cancel: CancellationToken,
+}
+
+/// Every `every` (first as soon as the watches have synced): verify notebook ownership, query
+/// usage, record health, hand the result to the serve loop.
+async fn refresh_loop(mut r: RefreshLoop) {
+    let mut waiting = tokio::time::interval(std::time::Duration::from_millis(100));
+    let mut told = false;
+    while !r.stores.synced() {
+        if !told {
+            info!("waiting for watches to sync");
+            told = true;
+        }
+        tokio::select! {
+            () = r.cancel.cancelled() => return,
+            _ = waiting.tick() => {}
+        }
     }
-    let claims = claims::shard(stores.claims(), shard, total_shards);
-    let usage = source.fetch(Some(metrics)).await;
-    source.last = usage.clone();
-    let now = Utc::now();
-    let mut ledger = ledger::build(&claims, &usage, now, policy);
-    ledger.retain_shard(shard, total_shards);
+    let mut ticker = tokio::time::interval(r.every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = r.cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let started = Instant::now();
+        if let Err(e) = r.stores.resolve_statefulsets(&r.client).await {
+            warn!(error = %e, "cannot verify notebook ownership this refresh");
+        }
+        let usage = r.source.fetch(Some(&r.metrics)).await;
+        record_refresh(&r.metrics, &usage, started);
+        let refreshed = Refreshed {
+            usage,
+            history: r.source.history.clone(),
+            client: r.source.client.clone(),
+        };
+        if r.tx.send(refreshed).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Health of one refresh: sources up, its duration, when it happened.
+fn record_refresh(metrics: &SelfMetrics, usage: &Usage, started: Instant) {
     metrics
         .source_up
         .with_label_values(&["kubernetes"])
@@ -396,15 +507,13 @@ async fn refresh(
         .observe(started.elapsed().as_secs_f64());
     metrics
         .last_refresh
-        .set(now.timestamp_millis() as f64 / 1000.0);
+        .set(Utc::now().timestamp_millis() as f64 / 1000.0);
     info!(
-        pods = ledger.pods.len(),
-        nodes = ledger.nodes.len(),
+        devices = usage.devices.len(),
         usage = usage.available,
         took_ms = started.elapsed().as_millis() as u64,
         "refreshed"
     );
-    ledger
 }
 
 /// Re-checks a planned stop right before acting: fresh claims from the stores, a fresh
@@ -621,13 +730,11 @@ async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppEr
         .ledger
         .scrape_interval
         .unwrap_or(chrono::Duration::seconds(30));
-    let mut source = UsageSource {
-        client: prom_client(&args.ledger)?,
-        last: Usage::default(),
-        history: None,
-        window: window_of(&args.ledger, interval),
-        args: args.ledger.clone(),
-    };
+    let mut source = UsageSource::new(
+        prom_client(&args.ledger)?,
+        &args.ledger,
+        window_of(&args.ledger, interval),
+    );
     let usage = source.fetch(None).await;
     if !usage.available {
         eprintln!("warning: prometheus did not answer; utilisation is unknown");

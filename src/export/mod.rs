@@ -38,7 +38,7 @@ impl SelfMetrics {
             refresh_duration: Histogram::with_opts(
                 HistogramOpts::new(
                     "gpu_ledger_refresh_duration_seconds",
-                    "Time to query Prometheus and build the ledger.",
+                    "Time of one refresh: notebook ownership, Prometheus queries, idle history.",
                 )
                 .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
             )?,
