@@ -8,6 +8,12 @@ use clap::Parser;
 use gpu_ledger::app::{self, AppError};
 use gpu_ledger::config::{Cli, Command};
 
+/// mimalloc instead of glibc malloc: each refresh decodes megabytes of Prometheus answers and
+/// frees them again; glibc's per-thread arenas kept most of that resident. The image sets
+/// `MIMALLOC_PURGE_DELAY=0` so freed pages go back at once (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     gpu_ledger::telemetry::init(cli.log_format, &cli.log);
