@@ -3,7 +3,10 @@
 # (issue 7; docs/benchmarks.md). Opt-in: NOT part of scripts/test.sh.
 #
 #   scripts/bench-scale.sh [--nodes 500] [--refresh-interval 10s] [--extra-pods 1000] \
-#                          [--scrapes 100] [--deletions 100] [--out FILE]
+#                          [--scrapes 100] [--deletions 100] [--out FILE] [--hold]
+#
+# --hold builds the cluster and telemetry, prints the KUBECONFIG / Prometheus URL to run
+# gpu-ledger by hand (under heaptrack or perf), and waits for Ctrl-C.
 #
 # Needs the test-cluster binaries incl. kube-state-metrics
 # (`scripts/build-test-cluster.sh --with-ksm`) and Debian's prometheus. Builds the release
@@ -23,6 +26,7 @@ while [[ $# -gt 0 ]]; do
 	--nodes) NODES=$2; shift ;;
 	--out) OUT=$2; shift ;;
 	--refresh-interval | --extra-pods | --scrapes | --deletions | --concurrency) ARGS+=("$1" "$2"); shift ;;
+	--hold) ARGS+=("$1") ;;
 	*) echo "unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift

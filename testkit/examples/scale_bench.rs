@@ -48,6 +48,8 @@ struct Args {
     scrapes: usize,
     deletions: usize,
     extra_pods: usize,
+    /// Build the cluster and telemetry, print how to reach them, and wait for Ctrl-C (profiling).
+    hold_cluster: bool,
 }
 
 fn args() -> Result<Args> {
@@ -60,6 +62,7 @@ fn args() -> Result<Args> {
         scrapes: 100,
         deletions: 100,
         extra_pods: 1000,
+        hold_cluster: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -73,6 +76,7 @@ fn args() -> Result<Args> {
             "--scrapes" => a.scrapes = val()?.parse()?,
             "--deletions" => a.deletions = val()?.parse()?,
             "--extra-pods" => a.extra_pods = val()?.parse()?,
+            "--hold" => a.hold_cluster = true,
             _ => bail!("unknown flag {flag}"),
         }
     }
@@ -434,6 +438,16 @@ async fn main() -> Result<()> {
     .await?;
     let kubeconfig = cp.kubeconfig_path("admin")?;
     let logdir = cp.dir().to_path_buf();
+    if a.hold_cluster {
+        println!(
+            "export KUBECONFIG={} POD_NAMESPACE=default PROMETHEUS_URL={}",
+            kubeconfig.display(),
+            prom.url()
+        );
+        log("holding the cluster for profiling; Ctrl-C ends");
+        tokio::signal::ctrl_c().await?;
+        return Ok(());
+    }
 
     // kube-state-metrics alone first, then gpu-ledger, so neither's start-up steals the other's CPU.
     let mut cmd = Command::new(binary("kube-state-metrics")?);
@@ -467,6 +481,8 @@ async fn main() -> Result<()> {
     let mut cmd = Command::new(&a.ledger_bin);
     cmd.env("KUBECONFIG", &kubeconfig)
         .env("POD_NAMESPACE", "default")
+        // As the container image sets it (Dockerfile).
+        .env("MIMALLOC_PURGE_DELAY", "0")
         .arg("serve")
         .arg(format!("--prometheus-url={}", prom.url()))
         .arg(format!("--listen=127.0.0.1:{ledger_port}"))
@@ -496,11 +512,22 @@ async fn main() -> Result<()> {
     let window = Duration::from_secs(60);
     let (k0, l0) = (cpu_seconds(ksm.pid()), cpu_seconds(ledger.pid()));
     let text0 = get_text(&http, &ledger_url).await?;
-    tokio::time::sleep(window).await;
+    // RSS sampled every second over the window: one reading could land inside a refresh.
+    let (mut ksm_samples, mut led_samples) = (Vec::new(), Vec::new());
+    let sampling_ends = Instant::now() + window;
+    while Instant::now() < sampling_ends {
+        ksm_samples.push(proc_status(ksm.pid()).0 as f64);
+        led_samples.push(proc_status(ledger.pid()).0 as f64);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let text1 = get_text(&http, &ledger_url).await?;
     let (k1, l1) = (cpu_seconds(ksm.pid()), cpu_seconds(ledger.pid()));
-    let (ksm_rss, ksm_hwm) = proc_status(ksm.pid());
-    let (led_rss, led_hwm) = proc_status(ledger.pid());
+    let (_, ksm_hwm) = proc_status(ksm.pid());
+    let (_, led_hwm) = proc_status(ledger.pid());
+    let ksm_rss = pct(&mut ksm_samples, 0.5) as u64;
+    let led_rss = pct(&mut led_samples, 0.5) as u64;
+    let ksm_rss_max = pct(&mut ksm_samples, 1.0) as u64;
+    let led_rss_max = pct(&mut led_samples, 1.0) as u64;
     let refreshes = metric_value(&text1, "gpu_ledger_refresh_duration_seconds_count")
         .unwrap_or(0.0)
         - metric_value(&text0, "gpu_ledger_refresh_duration_seconds_count").unwrap_or(0.0);
@@ -715,9 +742,16 @@ async fn main() -> Result<()> {
     );
     row(
         &mut r,
-        "steady RSS (VmRSS)",
+        "steady RSS (VmRSS, median of 1 s samples over the window)",
         mib(led_rss),
         mib(ksm_rss),
+        "MiB",
+    );
+    row(
+        &mut r,
+        "highest RSS in the steady window",
+        mib(led_rss_max),
+        mib(ksm_rss_max),
         "MiB",
     );
     row(
