@@ -1,8 +1,10 @@
 //! Attribution of DCGM devices to GPU pods, and the idle rules that depend on it.
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, Utc};
+// Seeded per process (pod names come from the cluster: no crafted collisions), and several times
+// faster than SipHash on short keys; maps here are rebuilt on every ledger build.
+use foldhash::HashMap;
+use foldhash::fast::RandomState;
 use serde::Serialize;
 
 use super::{PodRow, Policy, seconds};
@@ -45,8 +47,9 @@ pub(super) struct DeviceIndex<'a> {
 
 impl<'a> DeviceIndex<'a> {
     pub(super) fn new(usage: &'a Usage) -> Self {
-        let mut by_workload: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
-        let mut by_host: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut by_workload: HashMap<(&str, &str), Vec<usize>> =
+            HashMap::with_capacity_and_hasher(usage.devices.len(), RandomState::default());
+        let mut by_host: HashMap<&str, Vec<usize>> = HashMap::default();
         for (i, d) in usage.devices.iter().enumerate() {
             let per_pod = d.per_pod_utilization.iter().map(|(w, _)| w);
             let mut seen: Vec<&Workload> = Vec::new();
