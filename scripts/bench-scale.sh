@@ -2,7 +2,7 @@
 # Scale benchmark, gpu-ledger versus kube-state-metrics v2.20.0 on one tier-B (kwok) cluster
 # (issue 7; docs/benchmarks.md). Opt-in: NOT part of scripts/test.sh.
 #
-#   scripts/bench-scale.sh [--nodes 500] [--refresh-interval 10s] [--extra-pods 1000] \
+#   scripts/bench-scale.sh [--nodes 500] [--refresh-interval 10s] [--extra-pods 3000] \
 #                          [--scrapes 100] [--deletions 100] [--out FILE] [--hold]
 #
 # --hold builds the cluster and telemetry, prints the KUBECONFIG / Prometheus URL to run

@@ -61,7 +61,7 @@ fn args() -> Result<Args> {
         concurrency: 48,
         scrapes: 100,
         deletions: 100,
-        extra_pods: 1000,
+        extra_pods: 3000,
         hold_cluster: false,
     };
     let mut it = std::env::args().skip(1);
@@ -174,6 +174,21 @@ fn proc_status(pid: u32) -> (u64, u64) {
             .unwrap_or(0)
     };
     (kib("VmRSS:"), kib("VmHWM:"))
+}
+
+/// RSS readings per slope point: one reading can land inside a refresh (tens of MiB of decoded
+/// answers), so each point is the median of this many 1 s samples.
+const SLOPE_SAMPLES: usize = 30;
+
+/// Median `VmRSS` (KiB) of two processes over `n` samples 1 s apart.
+async fn median_rss(a: u32, b: u32, n: usize) -> (u64, u64) {
+    let (mut xs, mut ys) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        xs.push(proc_status(a).0 as f64);
+        ys.push(proc_status(b).0 as f64);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    (pct(&mut xs, 0.5) as u64, pct(&mut ys, 0.5) as u64)
 }
 
 /// utime + stime in seconds.
@@ -665,8 +680,7 @@ async fn main() -> Result<()> {
     let base_gpu = gpu_pods - victims.len();
     settle(base_total, base_gpu).await?;
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let (k_a, _) = proc_status(ksm.pid());
-    let (l_a, _) = proc_status(ledger.pid());
+    let (k_a, l_a) = median_rss(ksm.pid(), ledger.pid(), SLOPE_SAMPLES).await;
     let extra_plain: Vec<PodPlan> = (0..a.extra_pods)
         .map(|i| PodPlan {
             ns: format!("svc-{:02}", i % SVC_NAMESPACES),
@@ -681,8 +695,7 @@ async fn main() -> Result<()> {
     create_pods(&admin, extra_plain, a.concurrency).await?;
     settle(base_total + a.extra_pods, base_gpu).await?;
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let (k_b, _) = proc_status(ksm.pid());
-    let (l_b, _) = proc_status(ledger.pid());
+    let (k_b, l_b) = median_rss(ksm.pid(), ledger.pid(), SLOPE_SAMPLES).await;
     let extra_gpu: Vec<PodPlan> = (0..a.extra_pods)
         .map(|i| PodPlan {
             ns: format!("team-{:02}", i % GPU_NAMESPACES),
@@ -697,8 +710,9 @@ async fn main() -> Result<()> {
     create_pods(&admin, extra_gpu, a.concurrency).await?;
     settle(base_total + 2 * a.extra_pods, base_gpu + a.extra_pods).await?;
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let (k_c, ksm_hwm2) = proc_status(ksm.pid());
-    let (l_c, led_hwm2) = proc_status(ledger.pid());
+    let (k_c, l_c) = median_rss(ksm.pid(), ledger.pid(), SLOPE_SAMPLES).await;
+    let (_, ksm_hwm2) = proc_status(ksm.pid());
+    let (_, led_hwm2) = proc_status(ledger.pid());
     let per = |from: u64, to: u64| (to as f64 - from as f64) * 1024.0 / a.extra_pods as f64;
 
     // Report.
