@@ -239,6 +239,9 @@ fn validate(args: &ServeArgs) -> Result<(), AppError> {
             "--refresh-interval must be positive".into(),
         ));
     }
+    if let Some(k) = &args.cull.cull_kill_switch {
+        crate::cull::check_kill_switch(k).map_err(AppError::Config)?;
+    }
     Ok(())
 }
 

@@ -155,6 +155,14 @@ pub struct CullArgs {
     /// Never cull in namespaces matching this label selector (e.g. `gpu-ledger.io/cull=false`).
     #[arg(long, env = "GPU_LEDGER_CULL_NAMESPACE_SELECTOR")]
     pub cull_namespace_selector: Option<String>,
+    /// Kill switch: a ConfigMap (`NAME` in the Lease's namespace, or `NAMESPACE/NAME`) whose key
+    /// `cull: off` stops all culling writes from the next cycle, without a restart.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_CULL_KILL_SWITCH",
+        value_name = "[NAMESPACE/]CONFIGMAP"
+    )]
+    pub cull_kill_switch: Option<String>,
     /// Name of the coordination.k8s.io Lease that elects the acting replica.
     #[arg(long, env = "GPU_LEDGER_LEASE_NAME", default_value = "gpu-ledger")]
     pub lease_name: String,

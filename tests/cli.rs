@@ -195,6 +195,18 @@ fn bad_input_exits_2_naming_the_input() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir/pods.json"));
+
+    // serve rejects a kill switch that cannot name a ConfigMap before touching any cluster.
+    let out = gpu_ledger()
+        .args(["serve", "--cull", "on", "--cull-kill-switch", "ops/cull/x"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cull-kill-switch") && err.contains("ops/cull/x"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -187,6 +187,27 @@ fn rule_set(role: &Value) -> Vec<(String, String, String)> {
     set
 }
 
+/// `resourceNames` of the role's rules on `resource` (empty: every object of that resource).
+fn resource_names(role: &Value, resource: &str) -> Vec<String> {
+    role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x == resource))
+        })
+        .flat_map(|r| {
+            r["resourceNames"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_str().map(str::to_string))
+        })
+        .collect()
+}
+
 fn triples(t: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
     let mut v: Vec<_> = t
         .iter()
@@ -220,7 +241,9 @@ const CULLER_RULES: &[(&str, &str, &str)] = &[
     ("kubeflow.org", "notebooks", "patch"),
 ];
 
+/// The leases Role, plus `get` on the kill-switch ConfigMap (by name: `resource_names` checks it).
 const LEASE_RULES: &[(&str, &str, &str)] = &[
+    ("", "configmaps", "get"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "update"),
@@ -394,6 +417,7 @@ fn helm_template_culling_modes_add_write_rbac() -> Result<()> {
         let role = find(&objs, "Role", "gpu-ledger-leader-election")?;
         assert_eq!(role["metadata"]["namespace"], NS);
         assert_eq!(rule_set(role), triples(LEASE_RULES));
+        assert_eq!(resource_names(role, "configmaps"), ["gpu-ledger-cull"]);
         let crb = find(&objs, "ClusterRoleBinding", "gpu-ledger-culler")?;
         assert_eq!(crb["subjects"][0]["name"], "gpu-ledger");
         assert_eq!(crb["subjects"][0]["namespace"], NS);
@@ -405,11 +429,21 @@ fn helm_template_culling_modes_add_write_rbac() -> Result<()> {
             "--cull-idle-after=2h".into(),
             "--cull-min-runtime=1h".into(),
             "--cull-max-per-cycle=3".into(),
+            "--cull-kill-switch=gpu-ledger-cull".into(),
             "--lease-name=gpu-ledger".into(),
         ] {
             assert!(a.contains(&expected), "{mode}: {expected} not in {a:?}");
         }
     }
+    // No kill switch: no ConfigMap access and no flag.
+    let objs = docs(&helm_template(&["culling.mode=on", "culling.killSwitch="])?)?;
+    let role = find(&objs, "Role", "gpu-ledger-leader-election")?;
+    assert!(!rule_set(role).iter().any(|(_, res, _)| res == "configmaps"));
+    let a = args(find(&objs, "Deployment", "gpu-ledger")?);
+    assert!(
+        !a.iter().any(|x| x.starts_with("--cull-kill-switch")),
+        "{a:?}"
+    );
     // A bare YAML `off` (boolean false) is still off; nonsense fails the render.
     let objs = docs(&helm_template(&["culling.mode=false"])?)?;
     assert!(!has_kind(&objs, "Role"));
@@ -611,6 +645,7 @@ fn kustomize_base_and_culling_overlay_render() -> Result<()> {
     let role = find(&cull, "Role", "gpu-ledger-leader-election")?;
     assert_eq!(role["metadata"]["namespace"], NS);
     assert_eq!(rule_set(role), triples(LEASE_RULES));
+    assert_eq!(resource_names(role, "configmaps"), ["gpu-ledger-cull"]);
     find(&cull, "RoleBinding", "gpu-ledger-leader-election")?;
     find(&cull, "ClusterRoleBinding", "gpu-ledger-culler")?;
     assert!(args(find(&cull, "Deployment", "gpu-ledger")?).contains(&"--cull=dry-run".to_string()));
@@ -931,6 +966,9 @@ fn check_culling_on_release(cp: &ControlPlane, on: &str, on_ns: &'static str) ->
         ("get", "leases.coordination.k8s.io", Some(on_ns), true),
         ("update", "leases.coordination.k8s.io", Some(on_ns), true),
         ("delete", "leases.coordination.k8s.io", Some(on_ns), false),
+        // The kill switch is one named ConfigMap: no listing, nothing elsewhere.
+        ("list", "configmaps", Some(on_ns), false),
+        ("get", "configmaps", Some("team-a"), false),
         (
             "create",
             "leases.coordination.k8s.io",

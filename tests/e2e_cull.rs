@@ -12,7 +12,9 @@
 //! ([`gpu_ledger_testkit::stack::Notebook`]).
 //!
 //! One stack, phases in order:
-//! 1. two `--cull=on` replicas on one Lease: exactly one leads; the idle notebook is stopped
+//! 1. two `--cull=on` replicas on one Lease: exactly one leads; while the kill-switch ConfigMap
+//!    says `cull: off` the leader plans the stop but writes nothing; once it is deleted the idle
+//!    notebook is stopped
 //!    once (annotation, one Event, StatefulSet 0, pod gone, card free); busy, opted-out,
 //!    time-sliced and telemetry-less notebooks are not; a `--cull=dry-run` replica (own Lease,
 //!    own namespace) publishes `IdleGPUWouldStop` and writes nothing;
@@ -31,9 +33,9 @@ use gpu_ledger_testkit::stack::{
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::Value;
 use support::eventually;
 
@@ -41,6 +43,8 @@ const NS: &str = "team-ml";
 const DRY_NS: &str = "team-dry";
 const WAIT: Duration = Duration::from_secs(60);
 const LEASE: &str = "gpu-ledger-cull";
+/// The kill-switch ConfigMap the shipped culling RBAC may read (in [`LEDGER_NAMESPACE`]).
+const KILL_SWITCH: &str = "gpu-ledger-cull";
 const READ_ONLY_RBAC: &str = include_str!("../deploy/kustomize/base/rbac.yaml");
 const CULLING_RBAC: &str = include_str!("../deploy/kustomize/overlays/culling/culling-rbac.yaml");
 const CULL_TIMINGS: [&str; 4] = ["--cull-idle-after", "15s", "--cull-min-runtime", "5s"];
@@ -137,9 +141,23 @@ async fn culling_end_to_end() {
             .expect("notebook pod Running");
     }
 
+    // Culling starts killed: the kill switch says off.
+    let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), LEDGER_NAMESPACE);
+    let kill: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": KILL_SWITCH},
+        "data": {"cull": "off"}
+    }))
+    .expect("configmap");
+    config_maps
+        .create(&PostParams::default(), &kill)
+        .await
+        .expect("kill switch");
+
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
     let mut on_args = vec![
         "--cull=on",
+        "--cull-kill-switch",
+        KILL_SWITCH,
         "--lease-name",
         LEASE,
         "--cull-exclude-namespaces",
@@ -181,6 +199,32 @@ async fn culling_end_to_end() {
     })
     .await;
     let follower = 1 - leader;
+
+    // Killed: the leader's plan wants idle-nb stopped, yet nothing is written.
+    eventually(
+        "the leader plans a stop",
+        Duration::from_secs(90),
+        || async {
+            metric(&replicas[leader], "gpu_ledger_cull_would_stop", &[])
+                .await
+                .filter(|v| *v >= 1.0)
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_not_stopped(&admin, NS, &["idle-nb"], "while the kill switch is off").await;
+    let attempted = metric(
+        &replicas[leader],
+        "gpu_ledger_cull_stops_total",
+        &[("result", "stopped")],
+    )
+    .await
+    .unwrap_or(0.0);
+    assert!(attempted == 0.0, "no stop while killed, got {attempted}");
+    config_maps
+        .delete(KILL_SWITCH, &DeleteParams::default())
+        .await
+        .expect("lift the kill switch");
 
     // The idle notebook is stopped, once, by the leader.
     let ann = eventually("idle-nb stopped", Duration::from_secs(90), || async {

@@ -161,8 +161,39 @@ pub fn config_from_args(
             .filter(|s| !s.trim().is_empty()),
         lease_name: args.lease_name.clone(),
         lease_namespace: args.lease_namespace.clone(),
+        kill_switch: args
+            .cull_kill_switch
+            .as_deref()
+            .and_then(|s| kill_switch_ref(s, args.lease_namespace.as_deref())),
         ..CullConfig::default()
     }
+}
+
+/// Rejects a `--cull-kill-switch` value that cannot name a ConfigMap.
+pub fn check_kill_switch(value: &str) -> Result<(), String> {
+    let value = value.trim();
+    let parts: Vec<&str> = value.split('/').collect();
+    if value.is_empty() || parts.len() > 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(format!(
+            "--cull-kill-switch {value:?}: expected CONFIGMAP or NAMESPACE/CONFIGMAP"
+        ));
+    }
+    Ok(())
+}
+
+/// `NAMESPACE/NAME` or `NAME` (then in the Lease's namespace, else the pod's); empty means none.
+fn kill_switch_ref(value: &str, lease_namespace: Option<&str>) -> Option<(String, String)> {
+    let value = value.trim();
+    if value.is_empty() {
+        return None;
+    }
+    Some(match value.split_once('/') {
+        Some((ns, name)) => (ns.to_string(), name.to_string()),
+        None => (
+            lease_namespace.map_or_else(own_namespace, str::to_string),
+            value.to_string(),
+        ),
+    })
 }
 
 /// The namespace this pod runs in: `POD_NAMESPACE`, the service account mount, else `default`.

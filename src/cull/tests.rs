@@ -228,3 +228,23 @@ fn render_plan_lists_stops_and_skip_counts() {
         "{text}"
     );
 }
+
+#[test]
+fn kill_switch_flag_names_a_configmap() {
+    assert_eq!(
+        kill_switch_ref("ops/gpu-ledger-cull", Some("gpu-ledger")),
+        Some(("ops".into(), "gpu-ledger-cull".into()))
+    );
+    assert_eq!(
+        kill_switch_ref(" gpu-ledger-cull ", Some("gpu-ledger")),
+        Some(("gpu-ledger".into(), "gpu-ledger-cull".into())),
+        "a bare name lives beside the Lease"
+    );
+    assert_eq!(kill_switch_ref("", None), None);
+    assert!(check_kill_switch("ops/gpu-ledger-cull").is_ok());
+    assert!(check_kill_switch("gpu-ledger-cull").is_ok());
+    for bad in ["", "ops/", "/name", "a/b/c"] {
+        let e = check_kill_switch(bad).expect_err(bad);
+        assert!(e.contains("--cull-kill-switch"), "{e}");
+    }
+}

@@ -122,6 +122,9 @@ compares them for the default values).
 {{- with .Values.culling.excludeNamespaceSelector }}
 - --cull-namespace-selector={{ . }}
 {{- end }}
+{{- with .Values.culling.killSwitch }}
+- --cull-kill-switch={{ . }}
+{{- end }}
 {{- if gt (int (include "gpu-ledger.totalShards" .)) 1 }}
 - --lease-name={{ .Values.culling.leaseName }}-$(POD_INDEX)
 {{- else }}
