@@ -37,7 +37,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::Value;
-use support::eventually;
+use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
 
 const NS: &str = "team-ml";
 const DRY_NS: &str = "team-dry";
@@ -45,8 +45,6 @@ const WAIT: Duration = Duration::from_secs(60);
 const LEASE: &str = "gpu-ledger-cull";
 /// The kill-switch ConfigMap the shipped culling RBAC may read (in [`LEDGER_NAMESPACE`]).
 const KILL_SWITCH: &str = "gpu-ledger-cull";
-const READ_ONLY_RBAC: &str = include_str!("../deploy/kustomize/base/rbac.yaml");
-const CULLING_RBAC: &str = include_str!("../deploy/kustomize/overlays/culling/culling-rbac.yaml");
 const CULL_TIMINGS: [&str; 4] = ["--cull-idle-after", "15s", "--cull-min-runtime", "5s"];
 
 async fn annotations(

@@ -17,11 +17,10 @@ use gpu_ledger_testkit::stack::{GpuLedgerProcess, Stack, metric_value};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use serde_json::Value;
-use support::eventually;
+use support::{READ_ONLY_RBAC, eventually};
 
 const NS: &str = "team-ml";
 const WAIT: Duration = Duration::from_secs(60);
-const READ_ONLY_RBAC: &str = include_str!("../deploy/kustomize/base/rbac.yaml");
 
 /// promtool lint findings accepted on `/metrics` (documented in docs/metrics.md, "promtool
 /// lint"). Empty: the exposition must lint clean.

@@ -35,16 +35,16 @@ use gpu_ledger::claims::watch::{self, Stores, WatchConfig};
 use gpu_ledger_testkit::ControlPlane;
 use gpu_ledger_testkit::Tier;
 use gpu_ledger_testkit::process::ChildGuard;
+use gpu_ledger_testkit::stack::apply_rbac;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use support::{gpu_pod, grant_shipped_read_only, namespace};
+use support::{CULLING_RBAC, gpu_pod, grant_shipped_read_only, namespace};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -746,64 +746,19 @@ async fn churn_returns_to_baseline() {
 /// Applies `deploy/kustomize/overlays/culling/culling-rbac.yaml` for the token user
 /// `gpu-ledger`: subjects become `User gpu-ledger`, the leader-election Role lands in `lease_ns`.
 async fn grant_shipped_culling(admin: &kube::Client, lease_ns: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("deploy/kustomize/overlays/culling/culling-rbac.yaml");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let user =
-        json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "gpu-ledger"}]);
-    let mut kinds = Vec::new();
-    for doc in text.split("\n---") {
-        let mut v: serde_json::Value = serde_norway::from_str(doc).expect("culling RBAC YAML");
-        if v.is_null() {
-            continue;
-        }
-        let kind = v["kind"].as_str().expect("kind").to_string();
-        if v.get("subjects").is_some() {
-            v["subjects"] = user.clone();
-        }
-        let pp = PostParams::default();
-        match kind.as_str() {
-            "ClusterRole" => {
-                let r: ClusterRole = serde_json::from_value(v).expect("ClusterRole");
-                Api::<ClusterRole>::all(admin.clone())
-                    .create(&pp, &r)
-                    .await
-                    .map(drop)
-            }
-            "ClusterRoleBinding" => {
-                let r: ClusterRoleBinding = serde_json::from_value(v).expect("ClusterRoleBinding");
-                Api::<ClusterRoleBinding>::all(admin.clone())
-                    .create(&pp, &r)
-                    .await
-                    .map(drop)
-            }
-            "Role" => {
-                v["metadata"]["namespace"] = json!(lease_ns);
-                let r: Role = serde_json::from_value(v).expect("Role");
-                Api::<Role>::namespaced(admin.clone(), lease_ns)
-                    .create(&pp, &r)
-                    .await
-                    .map(drop)
-            }
-            "RoleBinding" => {
-                v["metadata"]["namespace"] = json!(lease_ns);
-                let r: RoleBinding = serde_json::from_value(v).expect("RoleBinding");
-                Api::<RoleBinding>::namespaced(admin.clone(), lease_ns)
-                    .create(&pp, &r)
-                    .await
-                    .map(drop)
-            }
-            other => panic!("unexpected kind {other} in {}", path.display()),
-        }
-        .unwrap_or_else(|e| panic!("create {kind}: {e}"));
-        kinds.push(kind);
-    }
+    let kinds: Vec<String> = CULLING_RBAC
+        .split("\n---")
+        .filter_map(|doc| serde_norway::from_str::<serde_json::Value>(doc).ok())
+        .filter_map(|v| v["kind"].as_str().map(str::to_string))
+        .collect();
     assert_eq!(
         kinds,
         ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"],
         "culling RBAC shape changed; update this test"
     );
+    apply_rbac(admin, CULLING_RBAC, "gpu-ledger", lease_ns)
+        .await
+        .expect("shipped culling RBAC");
 }
 
 #[allow(clippy::too_many_lines)] // one scenario: RBAC, lease taken, SIGTERM, lease released

@@ -21,14 +21,12 @@ use gpu_ledger_testkit::stack::{
 };
 use kube::api::{Api, DynamicObject};
 use serde_json::Value;
-use support::eventually;
+use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const NS: &str = "team-ml";
 const WAIT: Duration = Duration::from_secs(60);
-const READ_ONLY_RBAC: &str = include_str!("../deploy/kustomize/base/rbac.yaml");
-const CULLING_RBAC: &str = include_str!("../deploy/kustomize/overlays/culling/culling-rbac.yaml");
 
 const PASS: u8 = 0;
 const ERROR_500: u8 = 1;

@@ -294,7 +294,7 @@ fn spawn_watch<K, V, P, F>(
     key: F,
 ) where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-    V: Send + Sync + 'static,
+    V: PartialEq + Send + Sync + 'static,
     P: Fn(&K) -> Option<V> + Send + Sync + 'static,
     F: Fn(&K) -> String + Send + Sync + 'static,
 {
@@ -315,10 +315,15 @@ fn spawn_watch<K, V, P, F>(
                 };
                 match next {
                     Ok(Some(event)) => {
-                        apply(event, &project, &key, &store, &mut relist, || {
+                        // Only a change to a projection bumps the generation: status updates of
+                        // GPU pods and every event of a non-GPU pod leave the claims as they were
+                        // and must not make the serve loop rebuild the ledger.
+                        let changed = apply(event, &project, &key, &store, &mut relist, || {
                             synced.insert(label, true);
                         });
-                        generation.fetch_add(1, Ordering::Relaxed);
+                        if changed {
+                            generation.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     Ok(None) => break,
                     Err(e) => {
@@ -333,6 +338,7 @@ fn spawn_watch<K, V, P, F>(
     );
 }
 
+/// Applies one watch event to `store`; returns whether the store changed.
 fn apply<K, V, P, F>(
     event: Event<K>,
     project: &P,
@@ -340,13 +346,18 @@ fn apply<K, V, P, F>(
     store: &DashMap<String, V>,
     relist: &mut Option<HashSet<String>>,
     on_synced: impl FnOnce(),
-) where
+) -> bool
+where
     P: Fn(&K) -> Option<V>,
     F: Fn(&K) -> String,
+    V: PartialEq,
     K: Clone,
 {
     match event {
-        Event::Init => *relist = Some(HashSet::new()),
+        Event::Init => {
+            *relist = Some(HashSet::new());
+            false
+        }
         Event::InitApply(obj) | Event::Apply(obj) => {
             let k = key(&obj);
             if let Some(seen) = relist.as_mut() {
@@ -354,21 +365,24 @@ fn apply<K, V, P, F>(
             }
             match project(&obj) {
                 Some(v) => {
-                    store.insert(k, v);
+                    // The read guard is dropped before the insert (same shard).
+                    let changed = store.get(&k).is_none_or(|old| *old != v);
+                    if changed {
+                        store.insert(k, v);
+                    }
+                    changed
                 }
-                None => {
-                    store.remove(&k);
-                }
+                None => store.remove(&k).is_some(),
             }
         }
-        Event::Delete(obj) => {
-            store.remove(&key(&obj));
-        }
+        Event::Delete(obj) => store.remove(&key(&obj)).is_some(),
         Event::InitDone => {
             if let Some(seen) = relist.take() {
                 store.retain(|k, _| seen.contains(k));
             }
             on_synced();
+            // A (re)list may have changed anything; it is rare.
+            true
         }
     }
 }
@@ -376,6 +390,29 @@ fn apply<K, V, P, F>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_real_changes_count() {
+        let store: DashMap<String, u32> = DashMap::new();
+        let mut relist = None;
+        // A value of 0 projects to nothing (like a pod without GPUs).
+        let project = |v: &(String, u32)| (v.1 > 0).then_some(v.1);
+        let key = |v: &(String, u32)| v.0.clone();
+        let mut apply_one = |e| apply(e, &project, &key, &store, &mut relist, || {});
+        assert!(apply_one(Event::Apply(("a".into(), 1))), "new claim");
+        assert!(!apply_one(Event::Apply(("a".into(), 1))), "same projection");
+        assert!(
+            apply_one(Event::Apply(("a".into(), 2))),
+            "changed projection"
+        );
+        assert!(!apply_one(Event::Apply(("b".into(), 0))), "never a claim");
+        assert!(!apply_one(Event::Delete(("b".into(), 0))), "never stored");
+        assert!(
+            apply_one(Event::Apply(("a".into(), 0))),
+            "no longer a claim"
+        );
+        assert!(!apply_one(Event::Delete(("a".into(), 0))), "already gone");
+    }
 
     #[test]
     fn relist_prunes_objects_missing_from_the_new_list() {
