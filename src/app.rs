@@ -180,10 +180,12 @@ impl UsageSource {
         let Some(task) = self.bootstrap.take_if(|t| t.is_finished()) else {
             return;
         };
-        match (task.await, self.history.as_mut()) {
-            (Ok(boot), Some(h)) => h.absorb(boot),
-            (Ok(boot), None) => self.history = Some(boot),
-            (Err(e), _) => warn!(error = %e, "idle history bootstrap task failed"),
+        match task.await {
+            Ok(boot) => self
+                .history
+                .get_or_insert_with(|| History::new(self.args.history_lookback))
+                .absorb(boot),
+            Err(e) => warn!(error = %e, "idle history bootstrap task failed"),
         }
     }
 
@@ -315,6 +317,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     let server =
         tracker.spawn(server::serve(listener, state, server_cancel).instrument(info_span!("http")));
 
+    let prom_for_recheck = prom.clone();
     let mut source = UsageSource::new(prom, &args.ledger, window);
     source.start_bootstrap(&tracker, &cancel);
     // Prometheus is asked on its own task, so a slow refresh never holds back a claims change.
@@ -350,8 +353,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             _ = claims_tick.tick() => None,
         };
         let new_usage = refreshed.is_some();
-        if refreshed.is_some() {
-            latest = refreshed;
+        if let Some(r) = refreshed {
+            latest = Some(r);
         }
         // Nothing is published before the first refresh (which waits for the watches to sync).
         let Some(current) = latest.as_ref() else {
@@ -375,7 +378,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             continue;
         }
         let recheck = Rechecker {
-            client: current.client.clone(),
+            client: prom_for_recheck.clone(),
             history: current.history.clone(),
             args: args.ledger.clone(),
             window,
@@ -440,9 +443,8 @@ fn rebuild_from_claims(
 /// What one refresh hands the serve loop.
 struct Refreshed {
     usage: Usage,
-    /// The idle history after this refresh and the client, for re-checks before a stop.
-    history: Option<History>,
-    client: Option<Arc<PromClient>>,
+    /// The idle history after this refresh, for re-checks before a stop.
+    history: Option<Arc<History>>,
 }
 
 /// The refresh task's inputs.
@@ -486,8 +488,7 @@ async fn refresh_loop(mut r: RefreshLoop) {
         record_refresh(&r.metrics, &usage, started);
         let refreshed = Refreshed {
             usage,
-            history: r.source.history.clone(),
-            client: r.source.client.clone(),
+            history: r.source.history.clone().map(Arc::new),
         };
         if r.tx.send(refreshed).await.is_err() {
             return;
@@ -524,7 +525,7 @@ fn record_refresh(metrics: &SelfMetrics, usage: &Usage, started: Instant) {
 /// cancels the stop.
 struct Rechecker {
     client: Option<Arc<PromClient>>,
-    history: Option<History>,
+    history: Option<Arc<History>>,
     args: LedgerArgs,
     window: Window,
     stores: watch::Stores,
@@ -540,7 +541,7 @@ impl Rechecker {
     ) -> impl std::future::Future<Output = Result<bool, crate::cull::actuator::RecheckError>> + use<>
     {
         let client = self.client.clone();
-        let mut history = self.history.clone();
+        let mut history = self.history.as_deref().cloned();
         let (args, window, policy, cull_policy) = (
             self.args.clone(),
             self.window,

@@ -263,7 +263,7 @@ impl PromClient {
     /// Instant query at `at` (POST form `query`, `time`).
     pub async fn instant(&self, query: &str, at: DateTime<Utc>) -> Result<Vec<Sample>, PromError> {
         let token = self.token()?;
-        self.instant_with(token.as_deref(), query, at).await
+        self.instant_with(token.as_deref(), query, at, None).await
     }
 
     /// Instant query with its own timeout instead of the client's (the one-off start-up history
@@ -275,20 +275,12 @@ impl PromClient {
         timeout: Duration,
     ) -> Result<Vec<Sample>, PromError> {
         let token = self.token()?;
-        self.send_instant(token.as_deref(), query, at, Some(timeout))
+        self.instant_with(token.as_deref(), query, at, Some(timeout))
             .await
     }
 
+    /// One instant query; `timeout` replaces the client's for this request.
     async fn instant_with(
-        &self,
-        token: Option<&str>,
-        query: &str,
-        at: DateTime<Utc>,
-    ) -> Result<Vec<Sample>, PromError> {
-        self.send_instant(token, query, at, None).await
-    }
-
-    async fn send_instant(
         &self,
         token: Option<&str>,
         query: &str,
@@ -371,7 +363,7 @@ impl PromClient {
         } else {
             stats.queries += 1;
             let rows = self
-                .instant_with(token, &queries::detection_query(window), now)
+                .instant_with(token, &queries::detection_query(window), now, None)
                 .await?;
             let names: Vec<String> = rows
                 .iter()
@@ -454,7 +446,7 @@ impl PromClient {
         let grouped = |q: String| {
             let scheme = &scheme;
             async move {
-                let rows = self.instant_with(token, &q, now).await?;
+                let rows = self.instant_with(token, &q, now, None).await?;
                 Ok::<_, PromError>(group_rows(rows, scheme))
             }
         };
@@ -532,11 +524,11 @@ pub mod queries {
     /// `peak`, `count`, `nan` (NaN samples, no coverage), `last`, `ts`/`ts_sub` (newest sample time, at
     /// `now` and by subquery), `active`/`active_sub` (newest sample at or above the threshold).
     ///
-    /// The subqueries cost one evaluation per step and GPU, so they scan no more than they must:
-    /// `ts_sub` only the staleness bound (an older newest sample is stale whatever its time;
-    /// `ts` still finds one within Prometheus' lookback delta), `active_sub` only
-    /// `activity_range` (the whole window, or since the previous refresh when the caller keeps an
-    /// idle history that already holds older activity).
+    /// The subqueries cost one evaluation per step and GPU. `ts_sub` scans the whole window: the
+    /// newest sample also decides a device's current holders, as in the offline reduction, even
+    /// when it is stale. `active_sub` scans only `activity_range` (the whole window, or since the
+    /// previous refresh when the caller keeps an idle history that already holds older
+    /// activity).
     pub fn window_query(
         field: &str,
         scheme: &LabelScheme,
@@ -546,16 +538,13 @@ pub mod queries {
         let by = series_labels(scheme);
         let w = open_range(window.length);
         let step = duration(window.interval);
-        let sub = format!(
-            "{}:{step}",
-            duration(window.max_staleness.min(window.length))
-        );
+        let sub = format!("{}:{step}", duration(window.length));
         let active_sub = format!("{}:{step}", duration(activity_range.min(window.length)));
         let thr = threshold(field, window);
         let f = field;
         // NaN samples, counted per step: each step sees only the samples of its own interval.
         let fresh = format!("last_over_time({f}[{}])", open_range(window.interval));
-        let nan_sub = format!("{w}:{}", duration(window.interval));
+        let nan_sub = format!("{w}:{step}");
         [
             stat("peak", &by, &format!("max_over_time({f}[{w}])")),
             stat("count", &by, &format!("count_over_time({f}[{w}])")),
@@ -900,8 +889,8 @@ mod tests {
             "{q}"
         );
         assert!(
-            q.contains("max_over_time(timestamp(DCGM_FI_DEV_GPU_UTIL)[120000ms:30000ms])"),
-            "newest sample: the staleness bound is enough; {q}"
+            q.contains("max_over_time(timestamp(DCGM_FI_DEV_GPU_UTIL)[600000ms:30000ms])"),
+            "newest sample over the whole window (it names the holders); {q}"
         );
         assert_eq!(q.matches(" or ").count(), 7);
         let q = queries::window_query(
