@@ -154,7 +154,7 @@ impl UsageSource {
     }
 
     /// Starts the start-up history query in the background; refreshes go on with an empty history
-    /// until it answers (its cost grows with lookback × GPUs: minutes on a large cluster).
+    /// until it answers (its cost grows with the samples in lookback × GPUs).
     fn start_bootstrap(&mut self, tracker: &TaskTracker, cancel: &CancellationToken) {
         let Some(client) = self.client.clone() else {
             return;
@@ -240,9 +240,6 @@ fn validate(args: &ServeArgs) -> Result<(), AppError> {
         return Err(AppError::Config(
             "--refresh-interval must be positive".into(),
         ));
-    }
-    if let Some(k) = &args.cull.cull_kill_switch {
-        crate::cull::check_kill_switch(k).map_err(AppError::Config)?;
     }
     Ok(())
 }

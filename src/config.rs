@@ -160,9 +160,10 @@ pub struct CullArgs {
     #[arg(
         long,
         env = "GPU_LEDGER_CULL_KILL_SWITCH",
-        value_name = "[NAMESPACE/]CONFIGMAP"
+        value_name = "[NAMESPACE/]CONFIGMAP",
+        value_parser = crate::cull::parse_kill_switch
     )]
-    pub cull_kill_switch: Option<String>,
+    pub cull_kill_switch: Option<crate::cull::KillSwitchRef>,
     /// Name of the coordination.k8s.io Lease that elects the acting replica.
     #[arg(long, env = "GPU_LEDGER_LEASE_NAME", default_value = "gpu-ledger")]
     pub lease_name: String,

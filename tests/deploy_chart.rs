@@ -444,6 +444,28 @@ fn helm_template_culling_modes_add_write_rbac() -> Result<()> {
         !a.iter().any(|x| x.starts_with("--cull-kill-switch")),
         "{a:?}"
     );
+    // The chart's RBAC names the ConfigMap in the release namespace: another namespace fails.
+    let mut c = helm();
+    c.args([
+        "template",
+        "gpu-ledger",
+        CHART,
+        "--set",
+        "culling.mode=on",
+        "--set",
+        "culling.killSwitch=ops/gpu-ledger-cull",
+    ]);
+    let out = run(c, None)?;
+    assert!(
+        !out.status.success(),
+        "a namespaced kill switch must fail the render"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("culling.killSwitch must be a ConfigMap name"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A bare YAML `off` (boolean false) is still off; nonsense fails the render.
     let objs = docs(&helm_template(&["culling.mode=false"])?)?;
     assert!(!has_kind(&objs, "Role"));

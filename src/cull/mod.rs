@@ -152,6 +152,8 @@ pub fn config_from_args(
     args: &crate::config::CullArgs,
     ledger: &crate::ledger::Policy,
 ) -> CullConfig {
+    // Resolved once: the Lease and a kill switch named without a namespace live here.
+    let lease_namespace = args.lease_namespace.clone().unwrap_or_else(own_namespace);
     CullConfig {
         mode: args.mode,
         policy: policy_from_args(args, ledger),
@@ -160,40 +162,51 @@ pub fn config_from_args(
             .clone()
             .filter(|s| !s.trim().is_empty()),
         lease_name: args.lease_name.clone(),
-        lease_namespace: args.lease_namespace.clone(),
         kill_switch: args
             .cull_kill_switch
-            .as_deref()
-            .and_then(|s| kill_switch_ref(s, args.lease_namespace.as_deref())),
+            .as_ref()
+            .map(|k| k.resolve(&lease_namespace)),
+        lease_namespace: Some(lease_namespace),
         ..CullConfig::default()
     }
 }
 
-/// Rejects a `--cull-kill-switch` value that cannot name a ConfigMap.
-pub fn check_kill_switch(value: &str) -> Result<(), String> {
-    let value = value.trim();
-    let parts: Vec<&str> = value.split('/').collect();
-    if value.is_empty() || parts.len() > 2 || parts.iter().any(|p| p.is_empty()) {
-        return Err(format!(
-            "--cull-kill-switch {value:?}: expected CONFIGMAP or NAMESPACE/CONFIGMAP"
-        ));
-    }
-    Ok(())
+/// `--cull-kill-switch`: a ConfigMap, with its namespace when one was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillSwitchRef {
+    pub namespace: Option<String>,
+    pub name: String,
 }
 
-/// `NAMESPACE/NAME` or `NAME` (then in the Lease's namespace, else the pod's); empty means none.
-fn kill_switch_ref(value: &str, lease_namespace: Option<&str>) -> Option<(String, String)> {
-    let value = value.trim();
-    if value.is_empty() {
-        return None;
+impl KillSwitchRef {
+    /// `(namespace, name)`, a bare name living in `default_namespace` (the Lease's).
+    pub fn resolve(&self, default_namespace: &str) -> (String, String) {
+        (
+            self.namespace
+                .clone()
+                .unwrap_or_else(|| default_namespace.to_string()),
+            self.name.clone(),
+        )
     }
-    Some(match value.split_once('/') {
-        Some((ns, name)) => (ns.to_string(), name.to_string()),
-        None => (
-            lease_namespace.map_or_else(own_namespace, str::to_string),
-            value.to_string(),
-        ),
-    })
+}
+
+/// Parses `CONFIGMAP` or `NAMESPACE/CONFIGMAP` (the clap value parser of `--cull-kill-switch`).
+pub fn parse_kill_switch(value: &str) -> Result<KillSwitchRef, String> {
+    let value = value.trim();
+    let parts: Vec<&str> = value.split('/').collect();
+    match parts.as_slice() {
+        [name] if !name.is_empty() => Ok(KillSwitchRef {
+            namespace: None,
+            name: (*name).to_string(),
+        }),
+        [ns, name] if !ns.is_empty() && !name.is_empty() => Ok(KillSwitchRef {
+            namespace: Some((*ns).to_string()),
+            name: (*name).to_string(),
+        }),
+        _ => Err(format!(
+            "--cull-kill-switch {value:?}: expected CONFIGMAP or NAMESPACE/CONFIGMAP"
+        )),
+    }
 }
 
 /// The namespace this pod runs in: `POD_NAMESPACE`, the service account mount, else `default`.

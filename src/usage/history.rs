@@ -2,7 +2,8 @@
 //!
 //! A refresh only sees its window (minutes); "idle since" and "covered since" need hours. At
 //! start-up [`bootstrap`] asks Prometheus once over the lookback, in buckets (one query, 8 s at
-//! 4,000 GPUs; times err late by up to one bucket, never early); `serve` runs it beside the first
+//! 4,000 GPUs with half an hour of data, more with a full lookback; times err late by up to one
+//! bucket, never early); `serve` runs it beside the first
 //! refreshes and folds it in with [`History::absorb`]. Afterwards [`History::merge`] keeps both up
 //! to date from each refresh (pure, no I/O), which also lets a refresh scan activity only since
 //! the previous one.
@@ -26,8 +27,8 @@ use super::{DeviceKey, DeviceUsage, LabelScheme, Window};
 /// Default lookback of the start-up query.
 pub const DEFAULT_LOOKBACK: chrono::Duration = chrono::Duration::hours(24);
 
-/// Timeout of the start-up query: it scans the whole lookback (hours × every GPU), which takes far
-/// longer than a refresh query at thousands of GPUs; `serve` runs it beside the refreshes.
+/// Timeout of the start-up query: it reads every sample of the lookback (hours × every GPU), so
+/// it is given far more headroom than a refresh query; `serve` runs it beside the refreshes.
 pub const BOOTSTRAP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// (hostname, device).

@@ -123,6 +123,9 @@ compares them for the default values).
 - --cull-namespace-selector={{ . }}
 {{- end }}
 {{- with .Values.culling.killSwitch }}
+{{- if contains "/" . }}
+{{- fail (printf "culling.killSwitch must be a ConfigMap name in the release namespace, not %q (the chart grants get on that name there)" .) }}
+{{- end }}
 - --cull-kill-switch={{ . }}
 {{- end }}
 {{- if gt (int (include "gpu-ledger.totalShards" .)) 1 }}
