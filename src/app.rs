@@ -431,7 +431,7 @@ fn rebuild_from_claims(
     policy: &Policy,
     (shard, total_shards): (u32, u32),
 ) -> Ledger {
-    let claims = claims::shard(stores.claims(), shard, total_shards);
+    let claims = stores.claims_for(shard, total_shards);
     let mut ledger = ledger::build(&claims, usage, Utc::now(), policy);
     ledger.retain_shard(shard, total_shards);
     ledger
@@ -545,7 +545,7 @@ impl Rechecker {
             self.policy.clone(),
             self.cull_policy.clone(),
         );
-        let claims = claims::shard(self.stores.claims(), self.shard.0, self.shard.1);
+        let claims = self.stores.claims_for(self.shard.0, self.shard.1);
         let crate::cull::plan::Action::Stop { pod_uid, .. } = action;
         let pod_uid = pod_uid.clone();
         async move {

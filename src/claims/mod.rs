@@ -257,13 +257,22 @@ pub fn shard(mut c: Claims, shard: u32, total: u32) -> Claims {
     if total <= 1 {
         return c;
     }
-    c.nodes.retain(|n| shard_of(&n.name, total) == shard);
-    c.pods.retain(|p| {
-        p.node
+    c.nodes.retain(|n| node_in_shard(&n.name, shard, total));
+    c.pods.retain(|p| pod_in_shard(p, shard, total));
+    c
+}
+
+/// Whether `shard` of `total` owns the node.
+pub fn node_in_shard(node: &str, shard: u32, total: u32) -> bool {
+    total <= 1 || shard_of(node, total) == shard
+}
+
+/// Whether `shard` of `total` owns the pod: by its node; unbound pods belong to shard 0.
+pub fn pod_in_shard(p: &PodClaim, shard: u32, total: u32) -> bool {
+    total <= 1
+        || p.node
             .as_deref()
             .map_or(shard == 0, |n| shard_of(n, total) == shard)
-    });
-    c
 }
 
 #[cfg(test)]

@@ -80,11 +80,21 @@ impl Stores {
         self.synced.iter().all(|e| *e.value())
     }
 
-    /// A consistent-enough copy of all stores for one ledger build.
-    pub fn claims(&self) -> Claims {
+    /// The claims one shard owns, filtered while copying (only what the shard keeps is cloned).
+    pub fn claims_for(&self, shard: u32, total: u32) -> Claims {
         Claims {
-            pods: self.pods.iter().map(|e| e.value().clone()).collect(),
-            nodes: self.nodes.iter().map(|e| e.value().clone()).collect(),
+            pods: self
+                .pods
+                .iter()
+                .filter(|e| super::pod_in_shard(e.value(), shard, total))
+                .map(|e| e.value().clone())
+                .collect(),
+            nodes: self
+                .nodes
+                .iter()
+                .filter(|e| super::node_in_shard(&e.value().name, shard, total))
+                .map(|e| e.value().clone())
+                .collect(),
             quotas: self.quotas.iter().map(|e| e.value().clone()).collect(),
             notebooks: self.notebooks.iter().map(|e| e.value().clone()).collect(),
             statefulsets: self
@@ -94,6 +104,11 @@ impl Stores {
                 .collect(),
             notebooks_enabled: self.notebooks_enabled.load(Ordering::Relaxed),
         }
+    }
+
+    /// A consistent-enough copy of all stores for one ledger build.
+    pub fn claims(&self) -> Claims {
+        self.claims_for(0, 1)
     }
 
     /// Fetches StatefulSets that own GPU pods and are not known yet (only when notebooks are on).
