@@ -110,23 +110,8 @@ fn metrics_output_passes_promtool_lint() {
         .output()
         .expect("run");
     assert!(out.status.success());
-    let promtool = std::env::var("PROMTOOL_BIN").unwrap_or_else(|_| "/usr/bin/promtool".into());
-    let mut child = Command::new(&promtool)
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{promtool} not runnable ({e}); apt-get install prometheus"));
-    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), &out.stdout)
-        .expect("feed promtool");
-    let result = child.wait_with_output().expect("promtool");
-    assert!(
-        result.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&result.stdout),
-        String::from_utf8_lossy(&result.stderr)
-    );
+    let (code, report) = gpu_ledger_testkit::prometheus::promtool_check_metrics(&out.stdout);
+    assert!(code == 0, "promtool check metrics: {report}");
 }
 
 #[test]

@@ -7,12 +7,10 @@
 
 mod support;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpu_ledger_testkit::GpuNode;
-use gpu_ledger_testkit::prometheus::promtool_bin;
+use gpu_ledger_testkit::prometheus::promtool_check_metrics;
 use gpu_ledger_testkit::stack::{GpuLedgerProcess, Stack, metric_value};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
@@ -35,32 +33,6 @@ fn pod_row<'a>(ledger: &'a Value, pod: &str) -> Option<&'a Value> {
 
 async fn ledger_row(gl: &GpuLedgerProcess, pod: &str) -> Option<Value> {
     gl.pod_row(NS, pod).await
-}
-
-/// Runs `promtool check metrics` on `text`; returns (exit code, output).
-fn promtool_check_metrics(text: &str) -> (i32, String) {
-    let mut child = Command::new(promtool_bin().expect("promtool (apt-get install prometheus)"))
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn promtool");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write metrics to promtool");
-    let out = child.wait_with_output().expect("promtool output");
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 // One scenario on one stack: a stack costs ~10 s to start, the steps build on each other.
@@ -175,7 +147,7 @@ async fn serve_end_to_end_with_prometheus_outage() {
         metric_value(&text, "gpu_ledger_source_up", &[("source", "prometheus")]),
         Some(1.0)
     );
-    let (code, out) = promtool_check_metrics(&text);
+    let (code, out) = promtool_check_metrics(text.as_bytes());
     match code {
         0 => {}
         3 => {

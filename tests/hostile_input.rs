@@ -6,8 +6,6 @@
 //! a renderer must not let them forge a sample, a JSON field, or a table row.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 
 use chrono::{DateTime, Utc};
 use gpu_ledger::claims::ResourceNames;
@@ -201,31 +199,8 @@ fn exposition_reparses_with_identical_label_values() {
 /// `promtool` is the reference parser of the text format (same code as the Prometheus scraper).
 #[test]
 fn exposition_passes_promtool_parser() {
-    let promtool = "/usr/bin/promtool";
-    assert!(
-        std::path::Path::new(promtool).is_file(),
-        "{promtool} missing: install the prometheus package (scripts/test.sh does)"
-    );
     let text = exposition_text();
-    let mut child = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write exposition to promtool");
-    let out = child.wait_with_output().expect("promtool finishes");
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (_, report) = gpu_ledger_testkit::prometheus::promtool_check_metrics(text.as_bytes());
     // Lint findings (naming conventions) are not our concern here; parse errors are.
     assert!(
         !report.contains("parsing error") && !report.contains("error while linting"),

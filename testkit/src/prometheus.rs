@@ -32,6 +32,36 @@ pub fn promtool_bin() -> Result<PathBuf> {
     locate("PROMTOOL_BIN", "/usr/bin/promtool")
 }
 
+/// Runs `promtool check metrics` on `text`: (exit code, stdout + stderr). Panics naming the
+/// package when promtool is missing: tests that need it must fail loudly, not skip.
+pub fn promtool_check_metrics(text: &[u8]) -> (i32, String) {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let bin = promtool_bin().unwrap_or_else(|e| panic!("{e:#} (apt-get install prometheus)"));
+    let mut child = Command::new(&bin)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
+    child
+        .stdin
+        .take()
+        .expect("promtool stdin")
+        .write_all(text)
+        .expect("write metrics to promtool");
+    let out = child.wait_with_output().expect("promtool output");
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 fn locate(var: &str, default: &str) -> Result<PathBuf> {
     let p = std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from);
     if p.is_file() {
