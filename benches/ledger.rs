@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use gpu_ledger::claims::{Claims, NodeInfo, PodClaim, PodPhase, ResourceNames};
 use gpu_ledger::export::{LedgerCollector, Snapshot};
+use gpu_ledger::ledger::claims::{Claims, NodeInfo, PodClaim, PodPhase, ResourceNames};
+use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
 use gpu_ledger::ledger::{self, Policy};
-use gpu_ledger::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
 
 fn now() -> DateTime<Utc> {
     DateTime::from_timestamp(1_790_000_000, 0).expect("valid")

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::claims::ResourceNames;
 use crate::ledger::Policy;
+use crate::ledger::claims::ResourceNames;
 use crate::usage::scheme::SchemeChoice;
 
 /// Joins Kubernetes GPU claims with DCGM utilisation: who holds each GPU, is it used, and
@@ -131,8 +131,8 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct CullArgs {
     /// Culling of idle GPU notebooks: off, dry-run (log, export, events) or on.
-    #[arg(long = "cull", env = "GPU_LEDGER_CULL", default_value = "off")]
-    pub mode: crate::cull::CullMode,
+    #[arg(long = "cull", env = "GPU_LEDGER_CULL", value_enum, ignore_case = true, default_value_t = CullModeFlag::Off)]
+    pub mode: CullModeFlag,
     /// A notebook's GPUs must be proven idle this long before it is stopped.
     #[arg(long, env = "GPU_LEDGER_CULL_IDLE_AFTER", default_value = "2h", value_parser = duration)]
     pub cull_idle_after: chrono::Duration,
@@ -161,15 +161,67 @@ pub struct CullArgs {
         long,
         env = "GPU_LEDGER_CULL_KILL_SWITCH",
         value_name = "[NAMESPACE/]CONFIGMAP",
-        value_parser = crate::cull::parse_kill_switch
+        value_parser = configmap_ref
     )]
-    pub cull_kill_switch: Option<crate::cull::KillSwitchRef>,
+    pub cull_kill_switch: Option<ConfigMapRef>,
     /// Name of the coordination.k8s.io Lease that elects the acting replica.
     #[arg(long, env = "GPU_LEDGER_LEASE_NAME", default_value = "gpu-ledger")]
     pub lease_name: String,
     /// Namespace of the Lease (defaults to the pod's namespace).
     #[arg(long, env = "GPU_LEDGER_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
+}
+
+/// `--cull`: what culling may do (mapped onto the culler's own mode by `app`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CullModeFlag {
+    /// Plan, log and export only.
+    #[value(alias = "false")]
+    Off,
+    /// Also re-check and publish `IdleGPUWouldStop` Events; never stop.
+    #[value(aliases = ["dryrun", "dry_run"])]
+    DryRun,
+    /// Stop idle notebooks.
+    #[value(alias = "true")]
+    On,
+}
+
+/// A ConfigMap named on the command line, with its namespace when one was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigMapRef {
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ConfigMapRef {
+    /// `(namespace, name)`, a bare name living in `default_namespace`.
+    pub fn resolve(&self, default_namespace: &str) -> (String, String) {
+        (
+            self.namespace
+                .clone()
+                .unwrap_or_else(|| default_namespace.to_string()),
+            self.name.clone(),
+        )
+    }
+}
+
+/// Parses `CONFIGMAP` or `NAMESPACE/CONFIGMAP` (the value parser of `--cull-kill-switch`).
+pub fn configmap_ref(value: &str) -> Result<ConfigMapRef, String> {
+    let value = value.trim();
+    let parts: Vec<&str> = value.split('/').collect();
+    match parts.as_slice() {
+        [name] if !name.is_empty() => Ok(ConfigMapRef {
+            namespace: None,
+            name: (*name).to_string(),
+        }),
+        [ns, name] if !ns.is_empty() && !name.is_empty() => Ok(ConfigMapRef {
+            namespace: Some((*ns).to_string()),
+            name: (*name).to_string(),
+        }),
+        _ => Err(format!(
+            "--cull-kill-switch {value:?}: expected CONFIGMAP or NAMESPACE/CONFIGMAP"
+        )),
+    }
 }
 
 /// Output format of `report`.
@@ -283,5 +335,45 @@ mod tests {
         let err = Cli::try_parse_from(["gpu-ledger", "report", "--from", "x", "--at", "nope"])
             .expect_err("bad --at");
         assert!(err.to_string().contains("RFC 3339"), "{err}");
+    }
+
+    #[test]
+    fn kill_switch_flag_names_a_configmap() {
+        let parsed = configmap_ref("ops/gpu-ledger-cull").expect("ns/name");
+        assert_eq!(
+            parsed.resolve("gpu-ledger"),
+            ("ops".into(), "gpu-ledger-cull".into())
+        );
+        let parsed = configmap_ref(" gpu-ledger-cull ").expect("name");
+        assert_eq!(
+            parsed.resolve("gpu-ledger"),
+            ("gpu-ledger".into(), "gpu-ledger-cull".into()),
+            "a bare name lives beside the Lease"
+        );
+        for bad in ["", "ops/", "/name", "a/b/c"] {
+            let e = configmap_ref(bad).expect_err(bad);
+            assert!(e.contains("--cull-kill-switch"), "{e}");
+        }
+    }
+
+    #[test]
+    fn cull_mode_accepts_its_aliases_in_any_case() {
+        for (value, mode) in [
+            ("off", CullModeFlag::Off),
+            ("FALSE", CullModeFlag::Off),
+            ("dry-run", CullModeFlag::DryRun),
+            ("DRY-RUN", CullModeFlag::DryRun),
+            ("dry_run", CullModeFlag::DryRun),
+            ("on", CullModeFlag::On),
+            ("true", CullModeFlag::On),
+        ] {
+            let cli = Cli::try_parse_from(["gpu-ledger", "serve", "--cull", value])
+                .unwrap_or_else(|e| panic!("--cull {value}: {e}"));
+            let Command::Serve(args) = cli.command else {
+                panic!("serve")
+            };
+            assert_eq!(args.cull.mode, mode, "--cull {value}");
+        }
+        assert!(Cli::try_parse_from(["gpu-ledger", "serve", "--cull", "maybe"]).is_err());
     }
 }

@@ -1,14 +1,17 @@
 //! gpu-ledger: who holds each GPU in a Kubernetes cluster, is it used, and where did the free
 //! cards go.
 //!
-//! The crate is laid out along the data flow:
+//! The crate is laid out along the data flow; the ledger is the hub:
 //!
 //! ```text
-//! claims (pods, nodes, quotas, notebooks) ─┐
-//!                                          ├─▶ ledger::build (pure) ─▶ export (/metrics, JSON)
-//! usage (DCGM via Prometheus or a dump) ───┘                        ├─▶ report (CLI table/JSON)
-//!                                                                   └─▶ cull::plan (pure) ─▶ actuator
+//! claims (watches, lists, dumps) ─┐                            ┌─▶ export (/metrics, JSON API)
+//!                                 ├─▶ ledger (input model and  ├─▶ report (table, JSON)
+//! usage (Prometheus, dumps) ──────┘   pure build)              └─▶ cull (pure plan → actuator)
 //! ```
+//!
+//! Import rules (checked by `tests/architecture.rs`): `ledger` imports no other module of the
+//! crate; `export` never imports `cull`; `report` never imports `claims`; `config` never imports
+//! `cull`. `app` wires the modes together.
 
 pub mod app;
 pub mod claims;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use gpu_ledger::claims::watch::{self, Stores, WatchConfig};
+use gpu_ledger::ledger::usage::Usage;
 use gpu_ledger::ledger::{self, Attribution, PodState, Policy};
-use gpu_ledger::usage::Usage;
 use gpu_ledger_testkit::{ControlPlane, GpuNode, Tier, TierBOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ResourceQuota};
@@ -306,7 +306,7 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
         stores
             .pods
             .get("lab/held")
-            .filter(|p| p.phase == gpu_ledger::claims::PodPhase::Running)
+            .filter(|p| p.phase == gpu_ledger::ledger::claims::PodPhase::Running)
             .and_then(|p| p.node.clone())
     })
     .await;

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use gpu_ledger::claims::ResourceNames;
 use gpu_ledger::export::collector::Snapshot;
 use gpu_ledger::export::render_snapshot;
+use gpu_ledger::ledger::claims::ResourceNames;
 use gpu_ledger::ledger::{
     Attribution, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState, UnclaimedBusy,
 };

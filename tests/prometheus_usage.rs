@@ -11,12 +11,11 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Window, Workload, fields};
 use gpu_ledger::usage::history::{self, History};
 use gpu_ledger::usage::prom::{PromClient, PromConfig};
 use gpu_ledger::usage::scheme::SchemeChoice;
-use gpu_ledger::usage::{
-    DeviceKey, DeviceUsage, LabelScheme, Signal, Window, Workload, exposition, fields, series,
-};
+use gpu_ledger::usage::{LabelScheme, exposition, series};
 use gpu_ledger_testkit::Prometheus;
 
 const STEP: i64 = 30;

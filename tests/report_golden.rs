@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
+use gpu_ledger::app::offline::{self, OfflineInput};
 use gpu_ledger::ledger::{Ledger, PodRow, PodState};
-use gpu_ledger::report::offline::{self, OfflineInput};
 use gpu_ledger::report::{render_json, render_table};
 
 fn root() -> PathBuf {

@@ -6,11 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Duration, Utc};
-use gpu_ledger::claims::{
+use gpu_ledger::ledger::claims::{
     self, Claims, Deletion, NodeInfo, OwnerRef, PodClaim, PodPhase, QuotaInfo,
 };
+use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
 use gpu_ledger::ledger::{self, Ledger, PodState, Policy};
-use gpu_ledger::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
 
 const TOTAL: u32 = 3;
 

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::project::{self, ProjectError};
-use super::{Claims, ResourceNames};
+use crate::ledger::claims::{Claims, ResourceNames};
 
 /// Why a dump file could not be used.
 #[derive(Debug, thiserror::Error)]

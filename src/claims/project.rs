@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::quantity::{QuantityError, parse_units};
-use super::{
+use crate::ledger::claims::{
     CULL_OPT_OUT_ANNOTATION, Deletion, NodeInfo, NotebookInfo, OwnerRef, PRODUCT_LABEL, PodClaim,
     PodPhase, QuotaInfo, REPLICAS_LABEL, ResourceNames, SNOOZE_ANNOTATION, STOP_ANNOTATION,
     STOPPED_AT_ANNOTATION, StatefulSetInfo,

@@ -21,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::project;
-use super::{Claims, NodeInfo, NotebookInfo, PodClaim, QuotaInfo, ResourceNames, StatefulSetInfo};
+use crate::ledger::claims::{
+    Claims, NodeInfo, NotebookInfo, PodClaim, QuotaInfo, ResourceNames, StatefulSetInfo,
+};
 
 /// Errors setting up watches.
 #[derive(Debug, thiserror::Error)]
@@ -86,13 +88,13 @@ impl Stores {
             pods: self
                 .pods
                 .iter()
-                .filter(|e| super::pod_in_shard(e.value(), shard, total))
+                .filter(|e| crate::ledger::claims::pod_in_shard(e.value(), shard, total))
                 .map(|e| e.value().clone())
                 .collect(),
             nodes: self
                 .nodes
                 .iter()
-                .filter(|e| super::node_in_shard(&e.value().name, shard, total))
+                .filter(|e| crate::ledger::claims::node_in_shard(&e.value().name, shard, total))
                 .map(|e| e.value().clone())
                 .collect(),
             quotas: self.quotas.iter().map(|e| e.value().clone()).collect(),

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use super::CullMode;
 use super::plan::Action;
-use crate::claims::{
+use crate::ledger::claims::{
     NotebookInfo, STOP_ANNOTATION, STOP_REASON_ANNOTATION, STOPPED_AT_ANNOTATION,
     STOPPED_BY_ANNOTATION,
 };

@@ -120,95 +120,6 @@ impl Default for CullConfig {
     }
 }
 
-/// The culling policy from the command line, with coverage and staleness from the ledger policy.
-pub fn policy_from_args(
-    args: &crate::config::CullArgs,
-    ledger: &crate::ledger::Policy,
-) -> CullPolicy {
-    CullPolicy {
-        idle_after: args.cull_idle_after,
-        min_runtime: args.cull_min_runtime,
-        min_coverage: ledger.min_coverage,
-        max_staleness: ledger.max_staleness,
-        max_per_cycle: args.cull_max_per_cycle,
-        namespaces: args
-            .cull_namespaces
-            .iter()
-            .filter(|s| !s.is_empty())
-            .cloned()
-            .collect(),
-        exclude_namespaces: args
-            .cull_exclude_namespaces
-            .iter()
-            .filter(|s| !s.is_empty())
-            .cloned()
-            .collect(),
-        ..CullPolicy::default()
-    }
-}
-
-/// The culling configuration from the command line.
-pub fn config_from_args(
-    args: &crate::config::CullArgs,
-    ledger: &crate::ledger::Policy,
-) -> CullConfig {
-    // Resolved once: the Lease and a kill switch named without a namespace live here.
-    let lease_namespace = args.lease_namespace.clone().unwrap_or_else(own_namespace);
-    CullConfig {
-        mode: args.mode,
-        policy: policy_from_args(args, ledger),
-        namespace_selector: args
-            .cull_namespace_selector
-            .clone()
-            .filter(|s| !s.trim().is_empty()),
-        lease_name: args.lease_name.clone(),
-        kill_switch: args
-            .cull_kill_switch
-            .as_ref()
-            .map(|k| k.resolve(&lease_namespace)),
-        lease_namespace: Some(lease_namespace),
-        ..CullConfig::default()
-    }
-}
-
-/// `--cull-kill-switch`: a ConfigMap, with its namespace when one was given.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KillSwitchRef {
-    pub namespace: Option<String>,
-    pub name: String,
-}
-
-impl KillSwitchRef {
-    /// `(namespace, name)`, a bare name living in `default_namespace` (the Lease's).
-    pub fn resolve(&self, default_namespace: &str) -> (String, String) {
-        (
-            self.namespace
-                .clone()
-                .unwrap_or_else(|| default_namespace.to_string()),
-            self.name.clone(),
-        )
-    }
-}
-
-/// Parses `CONFIGMAP` or `NAMESPACE/CONFIGMAP` (the clap value parser of `--cull-kill-switch`).
-pub fn parse_kill_switch(value: &str) -> Result<KillSwitchRef, String> {
-    let value = value.trim();
-    let parts: Vec<&str> = value.split('/').collect();
-    match parts.as_slice() {
-        [name] if !name.is_empty() => Ok(KillSwitchRef {
-            namespace: None,
-            name: (*name).to_string(),
-        }),
-        [ns, name] if !ns.is_empty() && !name.is_empty() => Ok(KillSwitchRef {
-            namespace: Some((*ns).to_string()),
-            name: (*name).to_string(),
-        }),
-        _ => Err(format!(
-            "--cull-kill-switch {value:?}: expected CONFIGMAP or NAMESPACE/CONFIGMAP"
-        )),
-    }
-}
-
 /// The namespace this pod runs in: `POD_NAMESPACE`, the service account mount, else `default`.
 pub fn own_namespace() -> String {
     std::env::var("POD_NAMESPACE")
@@ -291,18 +202,16 @@ impl Culler {
         }
     }
 
-    /// Wiring for `serve`: config from flags, metrics on `registry`, and (when culling is not
-    /// off and a client exists) a Lease election spawned on `tracker`, stopped by `cancel` or
+    /// Wiring for `serve`: metrics on `registry`, and (when culling is not off and a client
+    /// exists) a Lease election spawned on `tracker`, stopped by `cancel` or
     /// [`Culler::shutdown`].
-    pub fn from_args(
-        args: &crate::config::CullArgs,
-        ledger_policy: &crate::ledger::Policy,
+    pub fn start(
+        config: CullConfig,
         client: Option<kube::Client>,
         registry: &prometheus::Registry,
         tracker: &tokio_util::task::TaskTracker,
         cancel: &CancellationToken,
     ) -> Result<Self, CullError> {
-        let config = config_from_args(args, ledger_policy);
         let metrics = CullMetrics::register(registry).map_err(CullError::Metrics)?;
         let (leadership, task): (Arc<dyn Leadership>, _) = match (&client, config.mode) {
             (Some(c), CullMode::DryRun | CullMode::On) => {

@@ -228,22 +228,3 @@ fn render_plan_lists_stops_and_skip_counts() {
         "{text}"
     );
 }
-
-#[test]
-fn kill_switch_flag_names_a_configmap() {
-    let parsed = parse_kill_switch("ops/gpu-ledger-cull").expect("ns/name");
-    assert_eq!(
-        parsed.resolve("gpu-ledger"),
-        ("ops".into(), "gpu-ledger-cull".into())
-    );
-    let parsed = parse_kill_switch(" gpu-ledger-cull ").expect("name");
-    assert_eq!(
-        parsed.resolve("gpu-ledger"),
-        ("gpu-ledger".into(), "gpu-ledger-cull".into()),
-        "a bare name lives beside the Lease"
-    );
-    for bad in ["", "ops/", "/name", "a/b/c"] {
-        let e = parse_kill_switch(bad).expect_err(bad);
-        assert!(e.contains("--cull-kill-switch"), "{e}");
-    }
-}

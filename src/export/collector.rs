@@ -195,14 +195,14 @@ const FAMILIES: &[Family] = &[
 /// Renders ledger families from a [`SharedSnapshot`].
 pub struct LedgerCollector {
     snapshot: SharedSnapshot,
-    names: crate::claims::ResourceNames,
+    names: crate::ledger::claims::ResourceNames,
     descs: Vec<Desc>,
 }
 
 impl LedgerCollector {
     pub fn new(
         snapshot: SharedSnapshot,
-        names: crate::claims::ResourceNames,
+        names: crate::ledger::claims::ResourceNames,
     ) -> Result<Self, prometheus::Error> {
         let descs = FAMILIES
             .iter()
@@ -331,7 +331,10 @@ mod idx {
 }
 
 /// Builds every ledger family from one snapshot as proto families (the `Collector` path).
-pub fn families(snapshot: &Snapshot, names: &crate::claims::ResourceNames) -> Vec<MetricFamily> {
+pub fn families(
+    snapshot: &Snapshot,
+    names: &crate::ledger::claims::ResourceNames,
+) -> Vec<MetricFamily> {
     let mut out = Out {
         families: FAMILIES
             .iter()
@@ -359,7 +362,7 @@ pub fn families(snapshot: &Snapshot, names: &crate::claims::ResourceNames) -> Ve
 /// order within each family), at a fraction of the cost: no proto, no per-label `String`.
 pub fn text_blocks(
     snapshot: &Snapshot,
-    names: &crate::claims::ResourceNames,
+    names: &crate::ledger::claims::ResourceNames,
 ) -> Vec<(&'static str, String)> {
     let l = &snapshot.ledger;
     // Rough per-family sizes so the big buffers are allocated once.
@@ -400,7 +403,7 @@ pub fn text_blocks(
 }
 
 /// The ledger families of one snapshot in the text exposition format (`report -o metrics`).
-pub fn text(snapshot: &Snapshot, names: &crate::claims::ResourceNames) -> String {
+pub fn text(snapshot: &Snapshot, names: &crate::ledger::claims::ResourceNames) -> String {
     let blocks = text_blocks(snapshot, names);
     let mut out = String::with_capacity(blocks.iter().map(|(_, t)| t.len()).sum());
     for (_, t) in &blocks {
@@ -409,7 +412,7 @@ pub fn text(snapshot: &Snapshot, names: &crate::claims::ResourceNames) -> String
     out
 }
 
-fn emit(snapshot: &Snapshot, names: &crate::claims::ResourceNames, out: &mut impl Sink) {
+fn emit(snapshot: &Snapshot, names: &crate::ledger::claims::ResourceNames, out: &mut impl Sink) {
     let l = &snapshot.ledger;
     for p in &l.pods {
         let node = p.node.as_deref().unwrap_or("");

@@ -93,7 +93,7 @@ pub fn render(registry: &Registry) -> Result<String, prometheus::Error> {
 pub fn render_with_ledger(
     registry: &Registry,
     ledger: &Snapshot,
-    names: &crate::claims::ResourceNames,
+    names: &crate::ledger::claims::ResourceNames,
 ) -> Result<String, prometheus::Error> {
     let encoder = prometheus::TextEncoder::new();
     let mut blocks: Vec<(String, String)> = Vec::new();
@@ -117,7 +117,7 @@ pub fn render_with_ledger(
 /// Renders only the ledger families of one snapshot (for `report -o metrics`, textfile collectors).
 pub fn render_snapshot(
     snapshot: &Snapshot,
-    names: &crate::claims::ResourceNames,
+    names: &crate::ledger::claims::ResourceNames,
 ) -> Result<String, prometheus::Error> {
     Ok(collector::text(snapshot, names))
 }

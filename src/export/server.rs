@@ -20,7 +20,7 @@ pub struct AppState {
     pub registry: Registry,
     pub snapshot: SharedSnapshot,
     /// GPU resource names, for rendering the ledger families of `snapshot` into `/metrics`.
-    pub names: crate::claims::ResourceNames,
+    pub names: crate::ledger::claims::ResourceNames,
     /// Set once every watch has synced and one refresh has completed.
     pub ready: Arc<AtomicBool>,
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::*;
-use crate::claims::ResourceNames;
+use crate::ledger::claims::ResourceNames;
 use crate::ledger::{
     Attribution, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState,
 };

@@ -7,9 +7,9 @@ use foldhash::HashMap;
 use foldhash::fast::RandomState;
 use serde::Serialize;
 
+use super::claims::{GpuResourceKind, PodClaim};
+use super::usage::{DeviceUsage, Usage, Workload};
 use super::{PodRow, Policy, seconds};
-use crate::claims::{GpuResourceKind, PodClaim};
-use crate::usage::{DeviceUsage, Usage, Workload};
 
 /// How confidently a pod's utilisation is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

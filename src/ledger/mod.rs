@@ -4,14 +4,16 @@
 //! live service, the offline report and the tests all call it; culling reads its output.
 
 mod attribution;
+pub mod claims;
+pub mod usage;
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use crate::claims::{Claims, GpuResourceKind, NotebookInfo, PodClaim, ResourceNames};
-use crate::usage::{DeviceKey, Usage};
+use claims::{Claims, GpuResourceKind, NotebookInfo, PodClaim, ResourceNames};
+use usage::{DeviceKey, Usage};
 
 pub use attribution::Attribution;
 
@@ -198,7 +200,7 @@ impl Ledger {
             let owner = if d.node.is_empty() {
                 0
             } else {
-                crate::claims::shard_of(&d.node, total)
+                claims::shard_of(&d.node, total)
             };
             owner == shard
         });

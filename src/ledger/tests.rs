@@ -4,11 +4,11 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::*;
-use crate::claims::{
+use super::claims::{
     Deletion, NodeInfo, NotebookInfo, OwnerRef, PodClaim, PodPhase, QuotaInfo, StatefulSetInfo,
 };
-use crate::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
+use super::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
+use super::*;
 
 fn now() -> DateTime<Utc> {
     DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
 
-use super::offline::humanise_seconds;
+use super::humanise_seconds;
 
 /// Pretty JSON of the ledger: the contract documented in `docs/report-json.md`.
 pub fn render_json(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {

@@ -20,9 +20,10 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
+use super::LabelScheme;
 use super::prom::{FIELD_LABEL, PromClient, PromError, STAT_LABEL, Sample, queries};
 use super::series::GPU_INSTANCE_LABEL;
-use super::{DeviceKey, DeviceUsage, LabelScheme, Window};
+use crate::ledger::usage::{DeviceKey, DeviceUsage, Window};
 
 /// Default lookback of the start-up query.
 pub const DEFAULT_LOOKBACK: chrono::Duration = chrono::Duration::hours(24);

@@ -1,102 +1,12 @@
-//! Usage: per-device DCGM utilisation from Prometheus (live) or an exposition dump (offline).
-//!
-//! A device is a physical GPU (`UUID`) or one MIG GPU instance (`UUID` + `GPU_I_ID`). Both sources
-//! reduce to the same [`DeviceUsage`] rows; missing or NaN readings stay `None` (unknown), never 0.
+//! Usage sources: DCGM utilisation from Prometheus (`prom`, live) or an exposition dump (`dump`,
+//! offline), reduced to the ledger's usage inputs ([`crate::ledger::usage`]).
 
+pub mod dump;
 pub mod exposition;
 pub mod history;
+pub mod live;
 pub mod prom;
 pub mod scheme;
 pub mod series;
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
-
 pub use scheme::LabelScheme;
-
-/// The utilisation field a device reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Signal {
-    /// `DCGM_FI_PROF_GR_ENGINE_ACTIVE`, a 0..1 ratio.
-    GrEngineActive,
-    /// `DCGM_FI_DEV_GPU_UTIL`, 0..100 percent (divided by 100 here).
-    GpuUtil,
-}
-
-/// DCGM field names we read.
-pub mod fields {
-    pub const GR_ENGINE_ACTIVE: &str = "DCGM_FI_PROF_GR_ENGINE_ACTIVE";
-    pub const GPU_UTIL: &str = "DCGM_FI_DEV_GPU_UTIL";
-    pub const FB_USED: &str = "DCGM_FI_DEV_FB_USED";
-}
-
-/// The workload labels dcgm-exporter attached to a series.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct Workload {
-    pub namespace: String,
-    pub pod: String,
-}
-
-/// Identity of a device: GPU UUID plus MIG GPU instance id.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct DeviceKey {
-    pub uuid: String,
-    pub gpu_instance: Option<String>,
-}
-
-/// What is known about one device over the window ending at the observation time.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DeviceUsage {
-    pub key: DeviceKey,
-    /// `Hostname`/`hostname` label (may name the exporter pod rather than the node).
-    pub hostname: Option<String>,
-    pub model: Option<String>,
-    pub mig_profile: Option<String>,
-    /// Pods named by the device's current series (several for time-slicing copies).
-    pub workloads: Vec<Workload>,
-    /// Per-pod utilisation from per-process series (time-slicing, dcgm-exporter ≥ 4.5.3), 0..1.
-    pub per_pod_utilization: Vec<(Workload, f64)>,
-    pub signal: Option<Signal>,
-    /// Latest utilisation, 0..1.
-    pub utilization: Option<f64>,
-    /// Highest utilisation in the window, 0..1.
-    pub peak: Option<f64>,
-    /// Samples seen in the window divided by samples expected (capped at 1).
-    pub coverage: f64,
-    pub last_sample_at: Option<DateTime<Utc>>,
-    pub memory_used_bytes: Option<f64>,
-    /// Latest sample at or above the idle threshold within known history.
-    pub last_active_at: Option<DateTime<Utc>>,
-    /// Start of the unbroken run of samples that ends at the newest one (bounded by the history
-    /// available): idleness can be proven back to here and no further.
-    pub covered_since: Option<DateTime<Utc>>,
-}
-
-/// All devices seen at one instant, and whether the source answered.
-#[derive(Debug, Clone, Default)]
-pub struct Usage {
-    pub devices: Vec<DeviceUsage>,
-    /// False when the source failed: every utilisation is then unknown.
-    pub available: bool,
-}
-
-/// Window and threshold used to reduce samples.
-#[derive(Debug, Clone, Copy)]
-pub struct Window {
-    pub length: chrono::Duration,
-    /// Expected spacing of samples (the scrape interval).
-    pub interval: chrono::Duration,
-    /// Utilisation (0..1) at or above which a device counts as active.
-    pub idle_threshold: f64,
-    /// Samples older than this are stale.
-    pub max_staleness: chrono::Duration,
-}
-
-impl Window {
-    /// Samples expected in the window (at least 1).
-    pub fn expected_samples(&self) -> f64 {
-        let secs =
-            self.length.num_milliseconds() as f64 / self.interval.num_milliseconds().max(1) as f64;
-        secs.floor().max(1.0)
-    }
-}

@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use super::LabelScheme;
 use super::scheme::SchemeChoice;
 use super::series::{GPU_INSTANCE_LABEL, GPU_PROFILE_LABEL, Labels, MIB, POD_UID_LABEL, usable};
-use super::{DeviceKey, DeviceUsage, LabelScheme, Signal, Window, Workload, fields};
+use crate::ledger::usage::{DeviceKey, DeviceUsage, Signal, Window, Workload, fields};
 
 /// Label added by `label_replace` to tell statistics apart in one answer.
 pub const STAT_LABEL: &str = "stat";

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-use super::{DeviceKey, DeviceUsage, LabelScheme, Signal, Window, Workload, fields};
+use super::LabelScheme;
+use crate::ledger::usage::{DeviceKey, DeviceUsage, Signal, Window, Workload, fields};
 
 /// Label name → value (empty values are dropped at parse time).
 pub type Labels = BTreeMap<String, String>;

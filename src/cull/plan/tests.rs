@@ -6,7 +6,7 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::prelude::*;
 
 use super::*;
-use crate::claims::NotebookInfo;
+use crate::ledger::claims::NotebookInfo;
 use crate::ledger::{Evidence, Ledger, PodRow, PodState};
 
 fn t0() -> DateTime<Utc> {

@@ -1,82 +1,58 @@
-//! Offline input for `report --from DIR`: `kubectl get … -o json|yaml` dumps plus a dcgm-exporter
-//! exposition dump, fed through the same `ledger::build` as the live service.
-//!
-//! [`load`] is pure apart from reading the files: the caller passes the clock as `fallback_now`.
+//! Offline usage: a dcgm-exporter `/metrics` or Prometheus `/federate` dump (text format or
+//! `OpenMetrics`, with or without sample timestamps), reduced to the ledger's usage inputs by the
+//! same [`series::reduce`] as every other path.
 
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Duration, Utc};
 
-use crate::claims::files::{self, DumpPaths, FileError};
-use crate::ledger::{self, Ledger, Policy};
-use crate::usage::exposition;
-use crate::usage::scheme::SchemeChoice;
-use crate::usage::series::{self, Series};
-use crate::usage::{LabelScheme, Usage, Window, fields};
+use super::LabelScheme;
+use super::exposition;
+use super::scheme::SchemeChoice;
+use super::series::{self, Series};
+use crate::ledger::usage::{Usage, Window, fields};
 
 /// Scrape interval assumed when the dump does not show one (a single snapshot).
 pub const DEFAULT_SCRAPE_INTERVAL_SECS: i64 = 30;
-/// Default idle window of the offline report.
-pub const DEFAULT_WINDOW_MINUTES: i64 = 10;
-/// Name of the DCGM dump inside a `--from` directory.
-pub const DCGM_FILE: &str = "dcgm.prom";
 
 /// Fields kept while parsing the DCGM dump.
-const KEEP: [&str; 3] = [fields::GR_ENGINE_ACTIVE, fields::GPU_UTIL, fields::FB_USED];
+pub const KEEP: [&str; 3] = [fields::GR_ENGINE_ACTIVE, fields::GPU_UTIL, fields::FB_USED];
 
-/// Everything the offline report reads.
+/// How to read a dump.
 #[derive(Debug, Clone)]
-pub struct OfflineInput {
-    pub paths: DumpPaths,
-    /// A dcgm-exporter `/metrics` or Prometheus `/federate` dump (text format or `OpenMetrics`).
-    pub dcgm: PathBuf,
-    /// Observation instant; `None` = the newest sample timestamp in the DCGM dump, else the clock.
+pub struct DumpSettings {
+    /// Observation instant; `None` = the newest sample timestamp in the dump, else the clock.
     pub at: Option<DateTime<Utc>>,
     /// Idle window length.
     pub window: Duration,
     /// Expected sample spacing; `None` = inferred from the dump (median spacing), else 30 s.
     pub scrape_interval: Option<Duration>,
     pub scheme: SchemeChoice,
-    pub policy: Policy,
+    /// Utilisation (0..1) at or above which a device counts as active.
+    pub idle_threshold: f64,
+    /// Samples older than this are not a current reading.
+    pub max_staleness: Duration,
 }
 
-impl OfflineInput {
-    /// Defaults for a dump directory: `DIR/{pods,nodes,…}.{json,yaml}` and `DIR/dcgm.prom`,
-    /// a 10-minute window, inferred interval and label scheme, default policy.
-    pub fn from_dir(dir: &Path) -> Self {
-        OfflineInput {
-            paths: DumpPaths::from_dir(dir),
-            dcgm: dir.join(DCGM_FILE),
-            at: None,
-            window: Duration::minutes(DEFAULT_WINDOW_MINUTES),
-            scrape_interval: None,
-            scheme: SchemeChoice::Auto,
-            policy: Policy::default(),
-        }
-    }
-}
-
-/// The ledger built from files, plus what the caller should tell the user.
+/// The usage read from a dump, and what the caller should tell the user.
 #[derive(Debug, Clone)]
-pub struct Offline {
-    pub ledger: Ledger,
-    /// Non-fatal problems, each naming the file ("dcgm.prom: skipped 3 unparsable lines …").
-    pub warnings: Vec<String>,
-    /// The instant the ledger describes.
+pub struct DumpUsage {
+    pub usage: Usage,
+    /// The instant the usage describes.
     pub at: DateTime<Utc>,
     /// The sample spacing used (given or inferred).
     pub scrape_interval: Duration,
     /// The label scheme used to read workload labels.
     pub scheme: LabelScheme,
+    /// Non-fatal problems, each naming the file ("dcgm.prom: skipped 3 unparsable lines …").
+    pub warnings: Vec<String>,
 }
 
-/// Why the offline input could not be used.
+/// Why a dump could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum OfflineError {
-    #[error(transparent)]
-    Claims(#[from] FileError),
+pub enum DumpError {
     #[error("{path}: cannot read DCGM dump")]
-    DcgmRead {
+    Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -92,12 +68,14 @@ pub enum OfflineError {
     NoUsageFields { path: PathBuf },
 }
 
-/// Loads the dumps and builds the ledger at `input.at`, or the newest DCGM sample, or `fallback_now`.
-pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline, OfflineError> {
-    let claims = files::load(&input.paths, &input.policy.names)?;
-    let path = &input.dcgm;
-    let text = std::fs::read_to_string(path).map_err(|source| OfflineError::DcgmRead {
-        path: path.clone(),
+/// Reads `path` and reduces it at `settings.at`, or the newest sample, or `fallback_now`.
+pub fn load(
+    path: &Path,
+    settings: &DumpSettings,
+    fallback_now: DateTime<Utc>,
+) -> Result<DumpUsage, DumpError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DumpError::Read {
+        path: path.to_path_buf(),
         source,
     })?;
     let file = display_name(path);
@@ -109,9 +87,13 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
     let mut parsed = exposition::parse(&text, &KEEP, sentinel);
     if parsed.series.is_empty() {
         return Err(if has_dcgm_sample(&text) {
-            OfflineError::NoUsageFields { path: path.clone() }
+            DumpError::NoUsageFields {
+                path: path.to_path_buf(),
+            }
         } else {
-            OfflineError::NoDcgmSeries { path: path.clone() }
+            DumpError::NoDcgmSeries {
+                path: path.to_path_buf(),
+            }
         });
     }
     if parsed.skipped_lines > 0 {
@@ -138,7 +120,7 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
                 .max()
         })
         .max();
-    let at = input
+    let at = settings
         .at
         .or_else(|| newest_stamped.and_then(DateTime::from_timestamp_millis))
         .unwrap_or(fallback_now);
@@ -155,46 +137,45 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
     }
 
     let inferred = infer_interval(&parsed.series);
-    let interval = input
+    let interval = settings
         .scrape_interval
         .or(inferred)
         .unwrap_or_else(|| Duration::seconds(DEFAULT_SCRAPE_INTERVAL_SECS));
-    if input.scrape_interval.is_none() && inferred.is_none() {
+    if settings.scrape_interval.is_none() && inferred.is_none() {
         warnings.push(format!(
             "{file}: one sample per series (no history): idleness cannot be proven over the {} window",
-            humanise_seconds(input.window.num_seconds())
+            humantime::format_duration(settings.window.to_std().unwrap_or_default())
         ));
     }
-    if input.at.is_some()
-        && newest_stamped.is_some_and(|t| t < at_ms - input.policy.max_staleness.num_milliseconds())
+    if settings.at.is_some()
+        && newest_stamped.is_some_and(|t| t < at_ms - settings.max_staleness.num_milliseconds())
     {
         warnings.push(format!("{file}: newest sample is older than --at minus the staleness limit: utilisation is unknown"));
     }
 
     let scheme = LabelScheme::detect(
-        input.scheme,
+        settings.scheme,
         parsed
             .series
             .iter()
             .flat_map(|s| s.labels.keys().map(String::as_str)),
     );
     let window = Window {
-        length: input.window,
+        length: settings.window,
         interval,
-        idle_threshold: input.policy.idle_threshold,
-        max_staleness: input.policy.max_staleness,
+        idle_threshold: settings.idle_threshold,
+        max_staleness: settings.max_staleness,
     };
     let usage = Usage {
         devices: series::reduce(&parsed.series, &scheme, &window, at),
         available: true,
     };
-    let ledger = ledger::build(&claims, &usage, at, &input.policy);
-    Ok(Offline {
-        ledger,
-        warnings,
+    Ok(DumpUsage {
+        usage,
         at,
         scrape_interval: interval,
         scheme,
+        warnings,
     })
 }
 
@@ -228,26 +209,6 @@ fn infer_interval(series: &[Series]) -> Option<Duration> {
     Some(Duration::milliseconds(gaps[gaps.len() / 2]))
 }
 
-/// "2d3h", "3h12m", "45m", "30s" — the two most significant units.
-pub fn humanise_seconds(secs: i64) -> String {
-    let secs = secs.max(0);
-    let (d, h, m, s) = (
-        secs / 86_400,
-        secs % 86_400 / 3_600,
-        secs % 3_600 / 60,
-        secs % 60,
-    );
-    if d > 0 {
-        format!("{d}d{h}h")
-    } else if h > 0 {
-        format!("{h}h{m}m")
-    } else if m > 0 {
-        format!("{m}m")
-    } else {
-        format!("{s}s")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,14 +229,5 @@ mod tests {
         ];
         assert_eq!(infer_interval(&s), Some(Duration::seconds(15)));
         assert_eq!(infer_interval(&[series(fields::GPU_UTIL, &[5])]), None);
-    }
-
-    #[test]
-    fn humanises_two_units() {
-        assert_eq!(humanise_seconds(0), "0s");
-        assert_eq!(humanise_seconds(45 * 60 + 10), "45m");
-        assert_eq!(humanise_seconds(3 * 3600 + 12 * 60), "3h12m");
-        assert_eq!(humanise_seconds(2 * 86_400 + 3 * 3600 + 59), "2d3h");
-        assert_eq!(humanise_seconds(-5), "0s");
     }
 }

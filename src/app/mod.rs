@@ -1,0 +1,149 @@
+//! The runtime edges, one file per mode: `serve` (sources → ledger hub → sinks, each on its own
+//! task), `report` (one ledger from a live cluster or from dump files, `offline`). Everything here
+//! is I/O and wiring; decisions live in `ledger` and `cull`.
+
+pub mod offline;
+mod report;
+mod serve;
+
+use std::sync::Arc;
+
+use crate::config::{CullArgs, CullModeFlag, LedgerArgs};
+use crate::cull::{CullConfig, CullMode, CullPolicy};
+use crate::ledger::Policy;
+use crate::ledger::usage::Window;
+use crate::usage::live::LiveSettings;
+use crate::usage::prom::{PromClient, PromConfig, PromError};
+
+pub use report::report;
+pub use serve::serve;
+
+/// Why the process could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("connecting to the Kubernetes API (kubeconfig or in-cluster)")]
+    Kube(#[source] kube::Error),
+    #[error(transparent)]
+    List(#[from] crate::claims::list::ListError),
+    #[error("binding {addr}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("http server")]
+    Serve(#[source] std::io::Error),
+    #[error("prometheus")]
+    Prometheus(#[source] PromError),
+    #[error("registering metrics")]
+    Metrics(#[source] prometheus::Error),
+    #[error(transparent)]
+    Offline(#[from] offline::OfflineError),
+    #[error("writing output")]
+    Output(#[source] std::io::Error),
+    #[error("culling")]
+    Cull(#[source] crate::cull::CullError),
+    #[error("task {0} ended unexpectedly")]
+    TaskEnded(&'static str),
+}
+
+impl AppError {
+    /// Exit code: 2 for bad input or configuration, 1 for runtime failures.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) | Self::Offline(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// The idle window of the live paths (`interval` is the expected DCGM sample spacing).
+fn window_of(args: &LedgerArgs, interval: chrono::Duration) -> Window {
+    Window {
+        length: args.window,
+        interval,
+        idle_threshold: args.idle_threshold,
+        max_staleness: args.max_staleness,
+    }
+}
+
+/// Settings of the live usage source.
+fn live_settings(args: &LedgerArgs) -> LiveSettings {
+    let interval = args
+        .scrape_interval
+        .unwrap_or(chrono::Duration::seconds(30));
+    LiveSettings {
+        scheme: args.label_scheme,
+        window: window_of(args, interval),
+        history_lookback: args.history_lookback,
+        min_coverage: args.min_coverage,
+    }
+}
+
+fn prom_client(args: &LedgerArgs) -> Result<Option<Arc<PromClient>>, AppError> {
+    let Some(url) = args.prometheus_url.clone() else {
+        return Ok(None);
+    };
+    let cfg = PromConfig {
+        url,
+        bearer_token_file: args.prometheus_bearer_token_file.clone(),
+        ca_file: args.prometheus_ca_file.clone(),
+        insecure_skip_verify: args.prometheus_insecure_skip_verify,
+        timeout: args
+            .prometheus_timeout
+            .to_std()
+            .map_err(|e| AppError::Config(format!("--prometheus-timeout: {e}")))?,
+    };
+    PromClient::new(cfg)
+        .map(|c| Some(Arc::new(c)))
+        .map_err(AppError::Prometheus)
+}
+
+fn cull_mode(flag: CullModeFlag) -> CullMode {
+    match flag {
+        CullModeFlag::Off => CullMode::Off,
+        CullModeFlag::DryRun => CullMode::DryRun,
+        CullModeFlag::On => CullMode::On,
+    }
+}
+
+/// The culling rules from the command line, with coverage and staleness from the ledger policy.
+fn cull_policy(args: &CullArgs, ledger: &Policy) -> CullPolicy {
+    let listed = |v: &[String]| v.iter().filter(|s| !s.is_empty()).cloned().collect();
+    CullPolicy {
+        idle_after: args.cull_idle_after,
+        min_runtime: args.cull_min_runtime,
+        min_coverage: ledger.min_coverage,
+        max_staleness: ledger.max_staleness,
+        max_per_cycle: args.cull_max_per_cycle,
+        namespaces: listed(&args.cull_namespaces),
+        exclude_namespaces: listed(&args.cull_exclude_namespaces),
+        ..CullPolicy::default()
+    }
+}
+
+/// The culling configuration from the command line.
+fn cull_config(args: &CullArgs, ledger: &Policy) -> CullConfig {
+    // Resolved once: the Lease and a kill switch named without a namespace live here.
+    let lease_namespace = args
+        .lease_namespace
+        .clone()
+        .unwrap_or_else(crate::cull::own_namespace);
+    CullConfig {
+        mode: cull_mode(args.mode),
+        policy: cull_policy(args, ledger),
+        namespace_selector: args
+            .cull_namespace_selector
+            .clone()
+            .filter(|s| !s.trim().is_empty()),
+        lease_name: args.lease_name.clone(),
+        kill_switch: args
+            .cull_kill_switch
+            .as_ref()
+            .map(|k| k.resolve(&lease_namespace)),
+        lease_namespace: Some(lease_namespace),
+        ..CullConfig::default()
+    }
+}

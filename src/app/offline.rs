@@ -1,0 +1,97 @@
+//! Offline input for `report --from DIR`: `kubectl get … -o json|yaml` dumps (claims source) plus
+//! a dcgm-exporter exposition dump (usage source), fed through the same `ledger::build` as the
+//! live service.
+//!
+//! [`load`] is pure apart from reading the files: the caller passes the clock as `fallback_now`.
+
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Duration, Utc};
+
+use crate::claims::files::{self, DumpPaths, FileError};
+use crate::ledger::{self, Ledger, Policy};
+use crate::usage::LabelScheme;
+use crate::usage::dump::{self, DumpError, DumpSettings};
+use crate::usage::scheme::SchemeChoice;
+
+/// Default idle window of the offline report.
+pub const DEFAULT_WINDOW_MINUTES: i64 = 10;
+/// Name of the DCGM dump inside a `--from` directory.
+pub const DCGM_FILE: &str = "dcgm.prom";
+
+/// Everything the offline report reads.
+#[derive(Debug, Clone)]
+pub struct OfflineInput {
+    pub paths: DumpPaths,
+    /// A dcgm-exporter `/metrics` or Prometheus `/federate` dump (text format or `OpenMetrics`).
+    pub dcgm: PathBuf,
+    /// Observation instant; `None` = the newest sample timestamp in the DCGM dump, else the clock.
+    pub at: Option<DateTime<Utc>>,
+    /// Idle window length.
+    pub window: Duration,
+    /// Expected sample spacing; `None` = inferred from the dump (median spacing), else 30 s.
+    pub scrape_interval: Option<Duration>,
+    pub scheme: SchemeChoice,
+    pub policy: Policy,
+}
+
+impl OfflineInput {
+    /// Defaults for a dump directory: `DIR/{pods,nodes,…}.{json,yaml}` and `DIR/dcgm.prom`,
+    /// a 10-minute window, inferred interval and label scheme, default policy.
+    pub fn from_dir(dir: &Path) -> Self {
+        OfflineInput {
+            paths: DumpPaths::from_dir(dir),
+            dcgm: dir.join(DCGM_FILE),
+            at: None,
+            window: Duration::minutes(DEFAULT_WINDOW_MINUTES),
+            scrape_interval: None,
+            scheme: SchemeChoice::Auto,
+            policy: Policy::default(),
+        }
+    }
+}
+
+/// The ledger built from files, plus what the caller should tell the user.
+#[derive(Debug, Clone)]
+pub struct Offline {
+    pub ledger: Ledger,
+    /// Non-fatal problems, each naming the file ("dcgm.prom: skipped 3 unparsable lines …").
+    pub warnings: Vec<String>,
+    /// The instant the ledger describes.
+    pub at: DateTime<Utc>,
+    /// The sample spacing used (given or inferred).
+    pub scrape_interval: Duration,
+    /// The label scheme used to read workload labels.
+    pub scheme: LabelScheme,
+}
+
+/// Why the offline input could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OfflineError {
+    #[error(transparent)]
+    Claims(#[from] FileError),
+    #[error(transparent)]
+    Dcgm(#[from] DumpError),
+}
+
+/// Loads the dumps and builds the ledger at `input.at`, or the newest DCGM sample, or `fallback_now`.
+pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline, OfflineError> {
+    let claims = files::load(&input.paths, &input.policy.names)?;
+    let settings = DumpSettings {
+        at: input.at,
+        window: input.window,
+        scrape_interval: input.scrape_interval,
+        scheme: input.scheme,
+        idle_threshold: input.policy.idle_threshold,
+        max_staleness: input.policy.max_staleness,
+    };
+    let usage = dump::load(&input.dcgm, &settings, fallback_now)?;
+    let ledger = ledger::build(&claims, &usage.usage, usage.at, &input.policy);
+    Ok(Offline {
+        ledger,
+        warnings: usage.warnings,
+        at: usage.at,
+        scrape_interval: usage.scrape_interval,
+        scheme: usage.scheme,
+    })
+}
