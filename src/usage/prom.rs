@@ -28,7 +28,9 @@ use serde::Deserialize;
 
 use super::LabelScheme;
 use super::scheme::SchemeChoice;
-use super::series::{GPU_INSTANCE_LABEL, GPU_PROFILE_LABEL, Labels, MIB, POD_UID_LABEL, usable};
+use super::series::{
+    GPU_INSTANCE_LABEL, GPU_PROFILE_LABEL, Labels, MIB, POD_UID_LABEL, Series, usable,
+};
 use crate::ledger::usage::{DeviceKey, DeviceUsage, Signal, Window, Workload, fields};
 
 /// Label added by `label_replace` to tell statistics apart in one answer.
@@ -173,6 +175,30 @@ pub fn parse_value(s: &str) -> Option<f64> {
     }
 }
 
+/// One matrix answer row as a [`Series`]: the metric name out of the labels, values parsed,
+/// times in milliseconds.
+fn series_of_matrix_row(row: RawMatrixSeries) -> Result<Series, PromError> {
+    let mut labels = row.metric;
+    let name = labels
+        .remove("__name__")
+        .ok_or_else(|| PromError::Decode("matrix series without __name__".into()))?;
+    labels.retain(|_, v| !v.is_empty());
+    let samples = row
+        .values
+        .into_iter()
+        .map(|(t, v)| {
+            let value = parse_value(&v)
+                .ok_or_else(|| PromError::Decode(format!("bad sample value {v:?}")))?;
+            Ok((secs_to_ms(t), value))
+        })
+        .collect::<Result<Vec<_>, PromError>>()?;
+    Ok(Series {
+        name,
+        labels,
+        samples,
+    })
+}
+
 impl QueryData {
     /// Vector and scalar answers as samples (a scalar becomes one label-less sample).
     pub fn into_samples(self) -> Result<Vec<Sample>, PromError> {
@@ -280,7 +306,7 @@ impl PromClient {
             .await
     }
 
-    /// One instant query; `timeout` replaces the client's for this request.
+    /// One instant query answered with a vector or scalar; `timeout` replaces the client's.
     async fn instant_with(
         &self,
         token: Option<&str>,
@@ -288,6 +314,19 @@ impl PromClient {
         at: DateTime<Utc>,
         timeout: Option<Duration>,
     ) -> Result<Vec<Sample>, PromError> {
+        self.query_data(token, query, at, timeout)
+            .await?
+            .into_samples()
+    }
+
+    /// One instant query (POST form `query`, `time`), its answer's `data`.
+    async fn query_data(
+        &self,
+        token: Option<&str>,
+        query: &str,
+        at: DateTime<Utc>,
+        timeout: Option<Duration>,
+    ) -> Result<QueryData, PromError> {
         let time = format!("{:.3}", at.timestamp_millis() as f64 / 1000.0);
         let started = Instant::now();
         let mut req = self
@@ -341,8 +380,29 @@ impl PromClient {
             tracing::debug!(warning = %w, "prometheus query warning");
         }
         r.data
-            .ok_or_else(|| PromError::Decode("success without data".into()))?
-            .into_samples()
+            .ok_or_else(|| PromError::Decode("success without data".into()))
+    }
+
+    /// Raw samples of `fields` over `(at - range, at]`, with their own timestamps: one instant
+    /// query of a range-vector selector (`{__name__=~"A|B"}[range]`), the cheapest question
+    /// Prometheus answers (no evaluation per step). Each answer series becomes one [`Series`]
+    /// named by its `__name__`; empty label values are dropped (as Prometheus itself treats them).
+    pub async fn range_series(
+        &self,
+        fields: &[&str],
+        range: chrono::Duration,
+        at: DateTime<Utc>,
+    ) -> Result<Vec<Series>, PromError> {
+        let token = self.token()?;
+        let names = fields.join("|");
+        let query = format!("{{__name__=~\"{names}\"}}[{}]", queries::duration(range));
+        let data = self.query_data(token.as_deref(), &query, at, None).await?;
+        let QueryData::Matrix(rows) = data else {
+            return Err(PromError::Decode(
+                "expected a matrix answer to a range-vector selector".into(),
+            ));
+        };
+        rows.into_iter().map(series_of_matrix_row).collect()
     }
 
     /// The label scheme (detection query only until it finds DCGM series; then cached).
