@@ -55,6 +55,8 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                     gpu_instance: None,
                 },
                 hostname: Some(node.clone()),
+                exporter: None,
+                instance: None,
                 model: Some("NVIDIA H100 80GB HBM3".into()),
                 mig_profile: None,
                 workloads: vec![Workload { namespace: ns, pod }],

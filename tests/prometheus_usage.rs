@@ -1,7 +1,8 @@
 //! Live usage path against a REAL Prometheus 2.42 (`/usr/bin/prometheus`, `/usr/bin/promtool`):
 //! generated DCGM series are backfilled with `promtool tsdb create-blocks-from openmetrics`, then
-//! `PromClient::fetch_usage` and `history::bootstrap` query them over HTTP. The key test
-//! (`live_and_offline_agree`) checks that the live `PromQL` path and the offline reduction
+//! the live usage source (`usage::live`: raw samples by `PromClient::range_series`, kept for the
+//! window, reduced by `usage::series::reduce`) and `history::bootstrap` query them over HTTP. The
+//! key test (`live_and_offline_agree`) checks that the live path and the offline reduction
 //! (`usage::series::reduce` over the parsed `OpenMetrics` text) mean the same thing.
 //!
 //! Tests never skip: a missing Prometheus fails them with a message naming what to install.
@@ -12,7 +13,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Window, Workload, fields};
+use std::sync::Arc;
+
 use gpu_ledger::usage::history::{self, History};
+use gpu_ledger::usage::live::{self, LiveSettings, LiveUsage};
 use gpu_ledger::usage::prom::{PromClient, PromConfig};
 use gpu_ledger::usage::scheme::SchemeChoice;
 use gpu_ledger::usage::{LabelScheme, exposition, series};
@@ -145,6 +149,22 @@ fn close(a: Option<f64>, b: f64) -> bool {
     a.is_some_and(|a| (a - b).abs() < 1e-9)
 }
 
+fn settings(scheme: SchemeChoice) -> LiveSettings {
+    LiveSettings {
+        scheme,
+        window: window(),
+        history_lookback: history::DEFAULT_LOOKBACK,
+        min_coverage: 0.9,
+    }
+}
+
+/// The usage of the window ending at `at`, read fresh (one query), without history.
+async fn fetch(client: &PromClient, scheme: SchemeChoice, at: DateTime<Utc>) -> Vec<DeviceUsage> {
+    live::fetch_window(client, &settings(scheme), None, at)
+        .await
+        .expect("fetch")
+}
+
 #[tokio::test]
 async fn window_coverage_peak_and_last() {
     let now = now_secs();
@@ -174,11 +194,7 @@ async fn window_coverage_peak_and_last() {
         every(now, 600, |_| 1000.0),
     );
     let (_prom, client) = start(&om).await;
-    let (d, stats) = client
-        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
-        .await
-        .expect("fetch");
-    assert_eq!(stats.queries, 4, "detection + 3 on the first refresh");
+    let d = fetch(&client, SchemeChoice::Auto, at(now)).await;
     assert_eq!(d.len(), 2);
     let full = find(&d, "GPU-full", None);
     assert!((full.coverage - 1.0).abs() < 1e-9, "{full:?}");
@@ -198,11 +214,6 @@ async fn window_coverage_peak_and_last() {
     assert!((gap.coverage - 0.5).abs() <= 0.05, "{gap:?}");
     assert!(close(gap.peak, 0.01), "{gap:?}");
     assert_eq!(gap.last_active_at, None);
-    let (_, stats) = client
-        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
-        .await
-        .expect("fetch");
-    assert_eq!(stats.queries, 3, "detection is cached");
 }
 
 /// The same devices written with `exported_*` workload labels (scraped without `honor_labels`) and
@@ -244,8 +255,7 @@ async fn both_label_schemes_detected_with_equal_workloads() {
     let mut got = Vec::new();
     for exported in [true, false] {
         let (_prom, client) = start(&scheme_data(now, exported)).await;
-        let scheme = client
-            .detect_scheme(SchemeChoice::Auto, &window(), at(now))
+        let scheme = live::detect_scheme(&client, SchemeChoice::Auto, at(now))
             .await
             .expect("detect");
         assert_eq!(scheme.pod, if exported { "exported_pod" } else { "pod" });
@@ -257,11 +267,7 @@ async fn both_label_schemes_detected_with_equal_workloads() {
                 "namespace"
             }
         );
-        let (d, stats) = client
-            .fetch_usage(SchemeChoice::Auto, &window(), at(now))
-            .await
-            .expect("fetch");
-        assert_eq!(stats.queries, 3, "detection was cached by detect_scheme");
+        let d = fetch(&client, SchemeChoice::Auto, at(now)).await;
         got.push(
             d.iter()
                 .map(|x| (x.key.uuid.clone(), x.workloads.clone()))
@@ -269,10 +275,7 @@ async fn both_label_schemes_detected_with_equal_workloads() {
         );
         if exported {
             // Overriding to `plain` would attribute every GPU to the exporter pod.
-            let (d, _) = client
-                .fetch_usage(SchemeChoice::Plain, &window(), at(now))
-                .await
-                .expect("fetch");
+            let d = fetch(&client, SchemeChoice::Plain, at(now)).await;
             assert_eq!(
                 find(&d, "GPU-s3", None).workloads,
                 vec![wl("gpu-operator", "dcgm-exporter-x1")]
@@ -318,10 +321,7 @@ async fn nan_is_unknown_gpu_util_is_scaled_and_mig_instances_are_separate() {
         om.series(fields::GR_ENGINE_ACTIVE, &l, every(now, 600, |_| v));
     }
     let (_prom, client) = start(&om).await;
-    let (d, _) = client
-        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
-        .await
-        .expect("fetch");
+    let d = fetch(&client, SchemeChoice::Auto, at(now)).await;
     let nan = find(&d, "GPU-nan", None);
     assert_eq!(
         (nan.utilization, nan.peak, nan.coverage),
@@ -407,10 +407,7 @@ async fn per_process_time_slicing_series_are_split() {
         every(now, 600, |_| 90.0),
     );
     let (_prom, client) = start(&om).await;
-    let (d, _) = client
-        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
-        .await
-        .expect("fetch");
+    let d = fetch(&client, SchemeChoice::Auto, at(now)).await;
     assert_eq!(d.len(), 2, "{d:#?}");
     let ts = find(&d, "GPU-ts", None);
     assert_eq!(ts.signal, Some(Signal::GrEngineActive));
@@ -452,8 +449,7 @@ async fn history_bootstrap_finds_activity_hours_ago() {
     om.series(fields::GPU_UTIL, &dev("GPU-h2", &[]), broken);
     let (_prom, client) = start(&om).await;
     let w = window();
-    let scheme = client
-        .detect_scheme(SchemeChoice::Auto, &w, at(now))
+    let scheme = live::detect_scheme(&client, SchemeChoice::Auto, at(now))
         .await
         .expect("detect");
     let mut h = history::bootstrap(
@@ -470,9 +466,7 @@ async fn history_bootstrap_finds_activity_hours_ago() {
         uuid: u.into(),
         gpu_instance: None,
     };
-    let h1 = *h
-        .get(Some("gpu-node-1"), &k("GPU-h1"))
-        .expect("GPU-h1 in history");
+    let h1 = *h.get(&k("GPU-h1")).expect("GPU-h1 in history");
     // The start-up query reads buckets: times are placed at the end of the bucket they fall in,
     // never earlier than they happened, at most one bucket later.
     let bucket = gpu_ledger::usage::prom::queries::bootstrap_bucket(&w, history::DEFAULT_LOOKBACK)
@@ -489,9 +483,7 @@ async fn history_bootstrap_finds_activity_hours_ago() {
     );
     let since = h1.covered_since.expect("covered");
     assert!(within_a_bucket_after(since, now - day), "{since}");
-    let h2 = *h
-        .get(Some("gpu-node-1"), &k("GPU-h2"))
-        .expect("GPU-h2 in history");
+    let h2 = *h.get(&k("GPU-h2")).expect("GPU-h2 in history");
     assert_eq!(h2.last_active_at, None);
     let since2 = h2.covered_since.expect("covered");
     assert!(
@@ -500,10 +492,7 @@ async fn history_bootstrap_finds_activity_hours_ago() {
         at(now - 7200)
     );
     // The first refresh keeps what the bootstrap found.
-    let (mut d, _) = client
-        .fetch_usage(SchemeChoice::Auto, &w, at(now))
-        .await
-        .expect("fetch");
+    let mut d = fetch(&client, SchemeChoice::Auto, at(now)).await;
     h.merge(&mut d, &w, 0.9, at(now));
     let d1 = find(&d, "GPU-h1", None);
     assert_eq!(d1.last_active_at, Some(active));
@@ -536,38 +525,39 @@ async fn incremental_activity_scan_matches_the_full_window() {
         every(now, 1800, |_| 0.0),
     );
     let (_prom, client) = start(&om).await;
-    let w = window();
-    let (full, _) = client
-        .fetch_usage(SchemeChoice::Auto, &w, at(now))
-        .await
-        .expect("full");
+    let full = fetch(&client, SchemeChoice::Auto, at(now)).await;
     let expected = find(&full, "GPU-inc", None).last_active_at;
     assert_eq!(expected, Some(at(now - 120)), "{full:#?}");
 
-    // Refreshes every 45 s (off the 30 s grid), the first one a full scan.
-    let mut h = History::default();
-    let mut known_until = None;
+    // Refreshes every 45 s (off the 30 s grid), the first one reading the whole window, each
+    // later one only the samples since the previous (one query each).
+    let client = Arc::new(client);
+    let mut source = LiveUsage::new(Some(client.clone()), settings(SchemeChoice::Auto));
     let mut t = now - 400;
-    let mut last = Vec::new();
+    let mut refreshes = 0;
     while t <= now {
-        let (mut d, _) = client
-            .fetch_usage_since(SchemeChoice::Auto, &w, at(t), known_until)
-            .await
-            .expect("refresh");
-        h.merge(&mut d, &w, 0.9, at(t));
-        known_until = Some(at(t));
-        last = d;
+        let f = source.fetch_at(at(t)).await;
+        assert!(f.error.is_none(), "{:?}", f.error);
+        assert_eq!(f.stats.queries, 1, "one query per refresh");
+        refreshes += 1;
         t += 45;
     }
     // The loop's last refresh is at or before `now`; one more exactly at `now`.
-    let (mut d, _) = client
-        .fetch_usage_since(SchemeChoice::Auto, &w, at(now), known_until)
-        .await
-        .expect("refresh at now");
-    h.merge(&mut d, &w, 0.9, at(now));
-    assert!(!last.is_empty());
+    let f = source.fetch_at(at(now)).await;
+    let d = f.usage.devices;
+    assert!(refreshes > 5);
     assert_eq!(find(&d, "GPU-inc", None).last_active_at, expected, "{d:#?}");
     assert_eq!(find(&d, "GPU-quiet", None).last_active_at, None);
+    // The incremental window holds exactly what a fresh read of the window holds.
+    let fresh = fetch(&client, SchemeChoice::Auto, at(now)).await;
+    for uuid in ["GPU-inc", "GPU-quiet"] {
+        let (a, b) = (find(&d, uuid, None), find(&fresh, uuid, None));
+        assert_eq!(
+            (a.coverage, a.peak, a.utilization, &a.workloads),
+            (b.coverage, b.peak, b.utilization, &b.workloads),
+            "{uuid}"
+        );
+    }
 }
 
 /// Deterministic pseudo-random values in 0..1.
@@ -740,12 +730,8 @@ async fn live_and_offline_agree() {
         let om = mixed(now, exported);
         let text = om.text();
         let (_prom, client) = start(&om).await;
-        let (live, _) = client
-            .fetch_usage(SchemeChoice::Auto, &window(), at(now))
-            .await
-            .expect("fetch");
-        let scheme = client
-            .detect_scheme(SchemeChoice::Auto, &window(), at(now))
+        let live = fetch(&client, SchemeChoice::Auto, at(now)).await;
+        let scheme = live::detect_scheme(&client, SchemeChoice::Auto, at(now))
             .await
             .expect("detect");
         assert_eq!(
@@ -771,10 +757,7 @@ async fn live_and_offline_agree() {
         assert_agree(&offline, &live, &format!("{what} scheme"));
         // Off the 30 s grid: subquery steps no longer fall on `now`.
         let later = at(now + 7);
-        let (live_later, _) = client
-            .fetch_usage(SchemeChoice::Auto, &window(), later)
-            .await
-            .expect("fetch");
+        let live_later = fetch(&client, SchemeChoice::Auto, later).await;
         let offline_later = series::reduce(&parsed.series, &scheme, &window(), later);
         assert_agree(
             &offline_later,
@@ -809,27 +792,23 @@ async fn query_count_for(devices: usize) -> (u32, u32, usize) {
         om.series(fields::FB_USED, &labels, every(now, 600, |_| 100.0));
     }
     let (_prom, client) = start(&om).await;
-    let (_, first) = client
-        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
-        .await
-        .expect("fetch");
-    let (d, second) = client
-        .fetch_usage(SchemeChoice::Auto, &window(), at(now))
-        .await
-        .expect("fetch");
+    let mut source = LiveUsage::new(Some(Arc::new(client)), settings(SchemeChoice::Auto));
+    let first = source.fetch_at(at(now - 30)).await;
+    let second = source.fetch_at(at(now)).await;
+    let d = second.usage.devices;
     assert!(
         d.iter()
             .all(|x| x.workloads.len() == 1 && (x.coverage - 1.0).abs() < 1e-9)
     );
-    (first.queries, second.queries, d.len())
+    (first.stats.queries, second.stats.queries, d.len())
 }
 
 #[tokio::test]
 async fn query_count_is_constant_in_device_count() {
     let small = query_count_for(5).await;
     let large = query_count_for(500).await;
-    assert_eq!(small, (4, 3, 5));
-    assert_eq!(large, (4, 3, 500));
+    assert_eq!(small, (1, 1, 5));
+    assert_eq!(large, (1, 1, 500));
 }
 
 #[tokio::test]

@@ -25,6 +25,8 @@ fn device(node: &str, g: u32, holder: Option<(&str, &str)>, util: Option<f64>) -
             gpu_instance: None,
         },
         hostname: Some(node.to_string()),
+        exporter: None,
+        instance: None,
         model: Some("NVIDIA H100 80GB HBM3".into()),
         mig_profile: None,
         workloads: holder

@@ -499,11 +499,8 @@ impl Rechecker<'_> {
                 return Ok(false);
             };
             let now = Utc::now();
-            let window = settings.window;
-            let (mut devices, _) = client.fetch_usage(settings.scheme, &window, now).await?;
-            if let Some(h) = history.as_mut() {
-                h.merge(&mut devices, &window, settings.min_coverage, now);
-            }
+            let devices =
+                crate::usage::live::fetch_window(&client, &settings, history.as_mut(), now).await?;
             let ledger = ledger::build(
                 &claims,
                 &Usage {

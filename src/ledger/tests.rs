@@ -94,6 +94,8 @@ impl DevB {
                 gpu_instance: None,
             },
             hostname: Some(host.into()),
+            exporter: None,
+            instance: None,
             model: None,
             mig_profile: None,
             workloads: Vec::new(),

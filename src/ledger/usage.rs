@@ -16,11 +16,39 @@ pub enum Signal {
     GpuUtil,
 }
 
-/// DCGM field names we read.
+/// DCGM field names we read, and the other spellings exporters and pipelines emit.
 pub mod fields {
     pub const GR_ENGINE_ACTIVE: &str = "DCGM_FI_PROF_GR_ENGINE_ACTIVE";
     pub const GPU_UTIL: &str = "DCGM_FI_DEV_GPU_UTIL";
     pub const FB_USED: &str = "DCGM_FI_DEV_FB_USED";
+
+    /// Every accepted metric name and the field it is. Lower-case `dcgm_fi_*` comes from
+    /// pipelines that lower-case everything (GKE managed DCGM, dcgm-exporter#577) and from
+    /// `--use-old-namespace`; `dcgm_gpu_utilization` and `dcgm_fb_used` are the 1.x names of
+    /// dcgm-exporter's `etc/1.x-compatibility-metrics.csv`.
+    pub const SPELLINGS: &[(&str, &str)] = &[
+        (GR_ENGINE_ACTIVE, GR_ENGINE_ACTIVE),
+        (GPU_UTIL, GPU_UTIL),
+        (FB_USED, FB_USED),
+        ("dcgm_fi_prof_gr_engine_active", GR_ENGINE_ACTIVE),
+        ("dcgm_fi_dev_gpu_util", GPU_UTIL),
+        ("dcgm_fi_dev_fb_used", FB_USED),
+        ("dcgm_gpu_utilization", GPU_UTIL),
+        ("dcgm_fb_used", FB_USED),
+    ];
+
+    /// The field a metric name spells, if it is one we read.
+    pub fn canonical(name: &str) -> Option<&'static str> {
+        SPELLINGS
+            .iter()
+            .find(|(spelling, _)| *spelling == name)
+            .map(|(_, field)| *field)
+    }
+
+    /// Every accepted spelling (for selectors and dump filters).
+    pub fn all_spellings() -> impl Iterator<Item = &'static str> {
+        SPELLINGS.iter().map(|(spelling, _)| *spelling)
+    }
 }
 
 /// The workload labels dcgm-exporter attached to a series.
@@ -43,6 +71,11 @@ pub struct DeviceUsage {
     pub key: DeviceKey,
     /// `Hostname`/`hostname` label (may name the exporter pod rather than the node).
     pub hostname: Option<String>,
+    /// The exporter pod that reported the device: the scrape's target labels `namespace`/`pod`
+    /// when the workload labels live elsewhere (`exported_*`, `pod_name`).
+    pub exporter: Option<Workload>,
+    /// The scrape target address (`instance`, `host:port`).
+    pub instance: Option<String>,
     pub model: Option<String>,
     pub mig_profile: Option<String>,
     /// Pods named by the device's current series (several for time-slicing copies).
@@ -50,15 +83,17 @@ pub struct DeviceUsage {
     /// Per-pod utilisation from per-process series (time-slicing, dcgm-exporter ≥ 4.5.3), 0..1.
     pub per_pod_utilization: Vec<(Workload, f64)>,
     pub signal: Option<Signal>,
-    /// Latest utilisation, 0..1.
+    /// Latest utilisation of the preferred signal, 0..1.
     pub utilization: Option<f64>,
-    /// Highest utilisation in the window, 0..1.
+    /// Highest utilisation in the window over every signal the device reports, 0..1: a busy
+    /// reading on any signal makes the device busy.
     pub peak: Option<f64>,
-    /// Samples seen in the window divided by samples expected (capped at 1).
+    /// Valid samples in the window divided by samples expected (capped at 1), the lowest over
+    /// the signals the device reports: idleness needs every signal covered.
     pub coverage: f64,
     pub last_sample_at: Option<DateTime<Utc>>,
     pub memory_used_bytes: Option<f64>,
-    /// Latest sample at or above the idle threshold within known history.
+    /// Latest sample at or above the idle threshold on any signal within known history.
     pub last_active_at: Option<DateTime<Utc>>,
     /// Start of the unbroken run of samples that ends at the newest one (bounded by the history
     /// available): idleness can be proven back to here and no further.

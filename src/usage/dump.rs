@@ -15,7 +15,7 @@ use crate::ledger::usage::{Usage, Window, fields};
 /// Scrape interval assumed when the dump does not show one (a single snapshot).
 pub const DEFAULT_SCRAPE_INTERVAL_SECS: i64 = 30;
 
-/// Fields kept while parsing the DCGM dump.
+/// Fields the reduction reads (each in every accepted spelling, see [`fields::SPELLINGS`]).
 pub const KEEP: [&str; 3] = [fields::GR_ENGINE_ACTIVE, fields::GPU_UTIL, fields::FB_USED];
 
 /// How to read a dump.
@@ -84,7 +84,8 @@ pub fn load(
     // Samples without a timestamp are parked at a sentinel, then moved to the observation instant.
     let sentinel = DateTime::<Utc>::MIN_UTC;
     let sentinel_ms = sentinel.timestamp_millis();
-    let mut parsed = exposition::parse(&text, &KEEP, sentinel);
+    let keep: Vec<&str> = fields::all_spellings().collect();
+    let mut parsed = exposition::parse(&text, &keep, sentinel);
     if parsed.series.is_empty() {
         return Err(if has_dcgm_sample(&text) {
             DumpError::NoUsageFields {
@@ -198,7 +199,12 @@ fn has_dcgm_sample(text: &str) -> bool {
 fn infer_interval(series: &[Series]) -> Option<Duration> {
     let mut gaps: Vec<i64> = series
         .iter()
-        .filter(|s| s.name == fields::GR_ENGINE_ACTIVE || s.name == fields::GPU_UTIL)
+        .filter(|s| {
+            matches!(
+                fields::canonical(&s.name),
+                Some(fields::GR_ENGINE_ACTIVE | fields::GPU_UTIL)
+            )
+        })
         .flat_map(|s| s.samples.windows(2).map(|w| w[1].0 - w[0].0))
         .filter(|gap| *gap > 0)
         .collect();

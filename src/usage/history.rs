@@ -8,8 +8,10 @@
 //! to date from each refresh (pure, no I/O), which also lets a refresh scan activity only since
 //! the previous one.
 //!
-//! Rules per device, keyed by (hostname, [`DeviceKey`]):
-//! * `last_active_at` only moves forward: max(history, this refresh).
+//! Rules per device, keyed by [`DeviceKey`] (UUID and GPU instance; never the host label, which
+//! may name the exporter pod and change when it restarts):
+//! * `last_active_at` only moves forward: max(history, this refresh), over every utilisation
+//!   signal (a busy `GPU_UTIL` counts even where `GR_ENGINE_ACTIVE` reads 0).
 //! * `covered_since` holds while every refresh has coverage ≥ `min_coverage`; a refresh below it
 //!   (a gap: missing data proves nothing) resets it to `now`. A refresh with enough coverage proves
 //!   its own window, so `covered_since` is at most `now − window × coverage`; refreshes further
@@ -22,7 +24,6 @@ use chrono::{DateTime, Utc};
 
 use super::LabelScheme;
 use super::prom::{FIELD_LABEL, PromClient, PromError, STAT_LABEL, Sample, queries};
-use super::series::GPU_INSTANCE_LABEL;
 use crate::ledger::usage::{DeviceKey, DeviceUsage, Window};
 
 /// Default lookback of the start-up query.
@@ -32,8 +33,8 @@ pub const DEFAULT_LOOKBACK: chrono::Duration = chrono::Duration::hours(24);
 /// it is given far more headroom than a refresh query; `serve` runs it beside the refreshes.
 pub const BOOTSTRAP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// (hostname, device).
-pub type HistoryKey = (Option<String>, DeviceKey);
+/// A device of the history.
+pub type HistoryKey = DeviceKey;
 
 /// What is remembered about one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,10 +103,11 @@ impl History {
 
     /// Builds the history from the answer to [`queries::bootstrap_query`] (pure).
     ///
-    /// Per device the field is chosen like the live path (`GR_ENGINE_ACTIVE` if present). The
-    /// covered run starts at the first sample after the newest break (or the first sample); it is
-    /// trusted only when the samples since the first one cover at least `min_coverage` of the
-    /// expected count, otherwise `covered_since = now`.
+    /// Per device, every utilisation field counts: the last activity is the newest on any field,
+    /// and the covered run is where every field's run overlaps (the latest start). A field's run
+    /// starts at the first sample after its newest break (or its first sample); it is trusted
+    /// only when the samples since the first one cover at least `min_coverage` of the expected
+    /// count, otherwise the device is covered from `now` only.
     pub fn from_bootstrap_rows(
         rows: &[Sample],
         scheme: &LabelScheme,
@@ -114,7 +116,7 @@ impl History {
         min_coverage: f64,
         now: DateTime<Utc>,
     ) -> Self {
-        // (hostname, key) → field → stat → value
+        // device → field → stat → value
         let mut by: BTreeMap<HistoryKey, BTreeMap<String, BTreeMap<String, f64>>> = BTreeMap::new();
         for s in rows {
             let (Some(uuid), Some(stat), Some(field)) = (
@@ -126,9 +128,9 @@ impl History {
             };
             let key = DeviceKey {
                 uuid: uuid.clone(),
-                gpu_instance: s.labels.get(GPU_INSTANCE_LABEL).cloned(),
+                gpu_instance: s.labels.get(scheme.gpu_instance).cloned(),
             };
-            by.entry((s.labels.get(scheme.hostname).cloned(), key))
+            by.entry(key)
                 .or_default()
                 .entry(field.clone())
                 .or_default()
@@ -137,20 +139,22 @@ impl History {
         let mut h = Self::new(lookback);
         let interval_ms = window.interval.num_milliseconds().max(1) as f64;
         for (key, fields) in by {
-            let Some(stats) = fields.get("gr").or_else(|| fields.get("util")) else {
-                continue;
-            };
-            let get = |n: &str| stats.get(n).copied().and_then(secs);
-            let last_active_at = get("active").max(get("active_now"));
-            let first = get("first");
-            let run_start = first.max(get("gap_end"));
-            let count = stats.get("count").copied().unwrap_or(0.0);
-            let trusted = first.is_some_and(|f| {
-                let expected = ((now - f).num_milliseconds() as f64 / interval_ms)
-                    .floor()
-                    .max(1.0);
-                (count / expected).min(1.0) >= min_coverage
-            });
+            let mut last_active_at = None;
+            let mut run_start: Option<DateTime<Utc>> = None;
+            let mut trusted = true;
+            for stats in fields.values() {
+                let get = |n: &str| stats.get(n).copied().and_then(secs);
+                last_active_at = last_active_at.max(get("active")).max(get("active_now"));
+                let first = get("first");
+                run_start = run_start.max(first.max(get("gap_end")));
+                let count = stats.get("count").copied().unwrap_or(0.0);
+                trusted &= first.is_some_and(|f| {
+                    let expected = ((now - f).num_milliseconds() as f64 / interval_ms)
+                        .floor()
+                        .max(1.0);
+                    (count / expected).min(1.0) >= min_coverage
+                });
+            }
             let covered_since = if trusted {
                 run_start.map(|t| t.min(now))
             } else {
@@ -169,9 +173,8 @@ impl History {
     }
 
     /// Entry of one device.
-    pub fn get(&self, hostname: Option<&str>, key: &DeviceKey) -> Option<&Entry> {
-        self.entries
-            .get(&(hostname.map(str::to_string), key.clone()))
+    pub fn get(&self, key: &DeviceKey) -> Option<&Entry> {
+        self.entries.get(key)
     }
 
     pub fn len(&self) -> usize {
@@ -192,7 +195,7 @@ impl History {
         now: DateTime<Utc>,
     ) {
         for d in devices.iter_mut() {
-            let key = (d.hostname.clone(), d.key.clone());
+            let key = d.key.clone();
             let prev = self.entries.get(&key).copied();
             let last_active_at = prev.and_then(|e| e.last_active_at).max(d.last_active_at);
             let covered_since = if d.coverage >= min_coverage {
@@ -275,6 +278,8 @@ mod tests {
                 gpu_instance: None,
             },
             hostname: Some("h".into()),
+            exporter: None,
+            instance: None,
             model: None,
             mig_profile: None,
             workloads: vec![],
@@ -354,31 +359,30 @@ mod tests {
     }
 
     #[test]
-    fn devices_are_keyed_by_hostname_and_forgotten_after_lookback() {
+    fn devices_are_keyed_by_uuid_not_host_and_forgotten_after_lookback() {
         let mut h = History::new(chrono::Duration::hours(1));
         let w = window();
         let mut d = vec![device("a", 1.0, Some(0))];
         h.merge(&mut d, &w, 0.95, at(0));
+        // The exporter restarted: its pod name (the host label without NODE_NAME) changed.
         let mut other = device("a", 1.0, None);
-        other.hostname = Some("other".into());
+        other.hostname = Some("nvidia-dcgm-exporter-x7k2p".into());
         let mut d = vec![other];
         h.merge(&mut d, &w, 0.95, at(30));
         assert_eq!(
-            d[0].last_active_at, None,
-            "same UUID on another host is another device"
+            d[0].last_active_at,
+            Some(at(0)),
+            "the same UUID is the same device whatever the host label says"
         );
-        assert_eq!(h.len(), 2);
+        assert_eq!(h.len(), 1);
         let mut d = vec![device("b", 1.0, None)];
         h.merge(&mut d, &w, 0.95, at(3700));
         assert_eq!(h.len(), 1);
         assert!(
-            h.get(
-                Some("h"),
-                &DeviceKey {
-                    uuid: "a".into(),
-                    gpu_instance: None
-                }
-            )
+            h.get(&DeviceKey {
+                uuid: "a".into(),
+                gpu_instance: None
+            })
             .is_none()
         );
     }
@@ -410,8 +414,11 @@ mod tests {
             row("a", "gr", "first", ts(-24 * 3600)),
             row("a", "gr", "gap_end", ts(-24 * 3600)),
             row("a", "gr", "count", 2880.0),
-            // Its GPU_UTIL says something else: GR wins.
+            // Its GPU_UTIL was busy a minute ago: every signal counts.
             row("a", "util", "active", ts(-60)),
+            row("a", "util", "first", ts(-24 * 3600)),
+            row("a", "util", "gap_end", ts(-24 * 3600)),
+            row("a", "util", "count", 2880.0),
             // b: GPU_UTIL only, a break 2 h ago.
             row("b", "util", "first", ts(-10 * 3600)),
             row("b", "util", "gap_end", ts(-2 * 3600)),
@@ -433,20 +440,17 @@ mod tests {
             uuid: u.into(),
             gpu_instance: None,
         };
-        let dev_a = *h.get(Some("h"), &key("a")).expect("a");
-        assert_eq!(dev_a.last_active_at, Some(at(-3 * 3600)));
+        let dev_a = *h.get(&key("a")).expect("a");
+        assert_eq!(dev_a.last_active_at, Some(at(-60)));
         assert_eq!(dev_a.covered_since, Some(at(-24 * 3600)));
-        let dev_b = *h.get(Some("h"), &key("b")).expect("b");
+        let dev_b = *h.get(&key("b")).expect("b");
         assert_eq!(dev_b.last_active_at, None);
         assert_eq!(dev_b.covered_since, Some(at(-2 * 3600)));
-        assert_eq!(
-            h.get(Some("h"), &key("c")).expect("c").covered_since,
-            Some(now)
-        );
+        assert_eq!(h.get(&key("c")).expect("c").covered_since, Some(now));
         // First refresh after the restart keeps the bootstrapped history.
         let mut d = vec![device("a", 1.0, None), device("b", 0.4, None)];
         h.merge(&mut d, &w, 0.9, at(30));
-        assert_eq!(d[0].last_active_at, Some(at(-3 * 3600)));
+        assert_eq!(d[0].last_active_at, Some(at(-60)));
         assert_eq!(d[0].covered_since, Some(at(-24 * 3600)));
         assert_eq!(d[1].covered_since, Some(at(30)));
     }
@@ -486,20 +490,20 @@ mod tests {
             uuid: u.into(),
             gpu_instance: None,
         };
-        let a = *h.get(Some("h"), &key("a")).expect("a");
+        let a = *h.get(&key("a")).expect("a");
         assert_eq!(a.last_active_at, Some(at(-30)), "the later activity wins");
         assert_eq!(
             a.covered_since,
             Some(at(-5 * 3600)),
             "unbroken run extends back"
         );
-        let b = *h.get(Some("h"), &key("b")).expect("b");
+        let b = *h.get(&key("b")).expect("b");
         assert_eq!(
             b.covered_since,
             Some(at(60)),
             "a gap after the bootstrap stands"
         );
-        let c = *h.get(Some("h"), &key("c")).expect("c");
+        let c = *h.get(&key("c")).expect("c");
         assert_eq!(c.covered_since, Some(at(-5 * 3600)));
         assert_eq!(c.last_seen, now);
     }

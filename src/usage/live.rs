@@ -1,7 +1,12 @@
-//! The live usage source: Prometheus refreshes folded into the idle history.
+//! The live usage source: raw DCGM samples from Prometheus, kept for the window, reduced by the
+//! same [`series::reduce`] as an offline dump, and folded into the idle history.
 //!
-//! `serve` starts the slow start-up history query in the background and keeps refreshing beside
-//! it; a one-shot caller (`report` against a live cluster) rebuilds the history inline.
+//! The first refresh reads the whole window; every later one reads only the samples since the
+//! previous refresh (plus two sample intervals of overlap for ingestion lag; samples already
+//! held are skipped by timestamp), so a refresh costs Prometheus a chunk read of a few samples
+//! per series. `serve` starts the slow start-up history query in the background and keeps
+//! refreshing beside it; a one-shot caller (`report` against a live cluster) rebuilds the history
+//! inline.
 
 use std::sync::Arc;
 
@@ -10,10 +15,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
+use std::collections::HashMap;
+
+use super::LabelScheme;
 use super::history::{self, History};
 use super::prom::{PromClient, PromError, QueryStats};
-use super::scheme::SchemeChoice;
-use crate::ledger::usage::{Usage, Window};
+use super::scheme::{READ_LABELS, SchemeChoice};
+use super::series::{self, Labels, Series};
+use crate::ledger::usage::{DeviceUsage, Usage, Window, fields};
 
 /// What the live source needs besides the client.
 #[derive(Debug, Clone, Copy)]
@@ -35,14 +44,123 @@ pub struct Fetched {
     pub error: Option<PromError>,
 }
 
-/// Prometheus plus the idle history.
+/// The raw samples of the window: one series per metric name and label set (labels cut to
+/// those the reduction reads), samples in time order.
+#[derive(Debug, Default)]
+pub struct SampleWindow {
+    series: HashMap<(String, Labels), Vec<(i64, f64)>>,
+}
+
+impl SampleWindow {
+    /// Adds fresh samples (those newer than what a series holds) and forgets samples older than
+    /// `keep_after` (ms), and series left empty.
+    pub fn absorb(&mut self, fresh: Vec<Series>, keep_after: i64) {
+        for s in fresh {
+            let mut labels = s.labels;
+            labels.retain(|k, _| READ_LABELS.contains(&k.as_str()));
+            let held = self.series.entry((s.name, labels)).or_default();
+            let newest = held.last().map(|(t, _)| *t);
+            held.extend(
+                s.samples
+                    .into_iter()
+                    .filter(|(t, _)| newest.is_none_or(|n| *t > n)),
+            );
+        }
+        for samples in self.series.values_mut() {
+            let cut = samples.partition_point(|(t, _)| *t <= keep_after);
+            samples.drain(..cut);
+        }
+        self.series.retain(|_, samples| !samples.is_empty());
+    }
+
+    /// The held series, for [`series::reduce`].
+    pub fn series(&self) -> Vec<Series> {
+        self.series
+            .iter()
+            .map(|((name, labels), samples)| Series {
+                name: name.clone(),
+                labels: labels.clone(),
+                samples: samples.clone(),
+            })
+            .collect()
+    }
+
+    /// Label names present on the held series (for scheme detection).
+    fn label_names(&self) -> impl Iterator<Item = &str> {
+        self.series
+            .keys()
+            .flat_map(|(_, l)| l.keys().map(String::as_str))
+    }
+
+    pub fn len(&self) -> usize {
+        self.series.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
+    }
+}
+
+/// Every accepted spelling of the fields the reduction reads.
+fn field_names() -> Vec<&'static str> {
+    fields::all_spellings().collect()
+}
+
+/// The label scheme of the DCGM series Prometheus holds now (one cheap query over the last
+/// minutes; the override wins when given).
+pub async fn detect_scheme(
+    client: &PromClient,
+    choice: SchemeChoice,
+    now: DateTime<Utc>,
+) -> Result<LabelScheme, PromError> {
+    if choice != SchemeChoice::Auto {
+        return Ok(LabelScheme::of(choice));
+    }
+    let recent = client
+        .range_series(&field_names(), chrono::Duration::minutes(5), now)
+        .await?;
+    Ok(LabelScheme::detect(
+        choice,
+        recent
+            .iter()
+            .flat_map(|s| s.labels.keys().map(String::as_str)),
+    ))
+}
+
+/// The usage of the whole window ending at `now`, read fresh (the pre-stop re-check), with the
+/// history merged into it.
+pub async fn fetch_window(
+    client: &PromClient,
+    settings: &LiveSettings,
+    history: Option<&mut History>,
+    now: DateTime<Utc>,
+) -> Result<Vec<DeviceUsage>, PromError> {
+    let window = settings.window;
+    let fresh = client
+        .range_series(&field_names(), window.length, now)
+        .await?;
+    let scheme = LabelScheme::detect(
+        settings.scheme,
+        fresh
+            .iter()
+            .flat_map(|s| s.labels.keys().map(String::as_str)),
+    );
+    let mut devices = series::reduce(&fresh, &scheme, &window, now);
+    if let Some(h) = history {
+        h.merge(&mut devices, &window, settings.min_coverage, now);
+    }
+    Ok(devices)
+}
+
+/// Prometheus, the samples of the window, and the idle history.
 pub struct LiveUsage {
     client: Option<Arc<PromClient>>,
+    samples: SampleWindow,
     history: Option<History>,
     /// The start-up history query, running beside the refreshes (`serve` only).
     bootstrap: Option<tokio::task::JoinHandle<History>>,
-    /// When the last successful refresh was merged into `history`: activity before it is known.
-    merged_at: Option<DateTime<Utc>>,
+    /// When the last successful refresh read Prometheus.
+    fetched_at: Option<DateTime<Utc>>,
     settings: LiveSettings,
 }
 
@@ -54,9 +172,7 @@ async fn bootstrap_history(
     now: DateTime<Utc>,
 ) -> History {
     let result = async {
-        let scheme = client
-            .detect_scheme(settings.scheme, &settings.window, now)
-            .await?;
+        let scheme = detect_scheme(&client, settings.scheme, now).await?;
         history::bootstrap(
             &client,
             &scheme,
@@ -88,8 +204,9 @@ impl LiveUsage {
         LiveUsage {
             client,
             history: None,
+            samples: SampleWindow::default(),
             bootstrap: None,
-            merged_at: None,
+            fetched_at: None,
             settings,
         }
     }
@@ -139,7 +256,11 @@ impl LiveUsage {
 
     /// One refresh at the current time. Without a client the usage is unavailable.
     pub async fn fetch(&mut self) -> Fetched {
-        let now = Utc::now();
+        self.fetch_at(Utc::now()).await
+    }
+
+    /// One refresh as of `now`.
+    pub async fn fetch_at(&mut self, now: DateTime<Utc>) -> Fetched {
         let Some(client) = self.client.clone() else {
             return Fetched {
                 usage: Usage::default(),
@@ -153,27 +274,40 @@ impl LiveUsage {
         }
         self.absorb_bootstrap().await;
         let window = self.settings.window;
-        match client
-            .fetch_usage_since(self.settings.scheme, &window, now, self.merged_at)
-            .await
-        {
-            Ok((mut devices, stats)) => {
+        // Since the previous refresh, with two intervals of overlap for samples ingested late.
+        let range = self.fetched_at.map_or(window.length, |t| {
+            (now - t + window.interval * 2).clamp(window.interval, window.length)
+        });
+        let started = std::time::Instant::now();
+        match client.range_series(&field_names(), range, now).await {
+            Ok(fresh) => {
+                let keep_after = now.timestamp_millis() - window.length.num_milliseconds();
+                self.samples.absorb(fresh, keep_after);
+                self.fetched_at = Some(now);
+                let scheme = LabelScheme::detect(self.settings.scheme, self.samples.label_names());
+                let held = self.samples.series();
+                let mut devices = series::reduce(&held, &scheme, &window, now);
                 if let Some(h) = self.history.as_mut() {
                     h.merge(&mut devices, &window, self.settings.min_coverage, now);
-                    self.merged_at = Some(now);
                 }
                 Fetched {
                     usage: Usage {
                         devices,
                         available: true,
                     },
-                    stats,
+                    stats: QueryStats {
+                        queries: 1,
+                        duration: started.elapsed(),
+                    },
                     error: None,
                 }
             }
             Err(e) => Fetched {
                 usage: Usage::default(),
-                stats: QueryStats::default(),
+                stats: QueryStats {
+                    queries: 1,
+                    duration: started.elapsed(),
+                },
                 error: Some(e),
             },
         }

@@ -1,44 +1,33 @@
-//! Live Prometheus client: the fixed set of `PromQL` queries per refresh.
+//! Live Prometheus client.
 //!
-//! A refresh asks Prometheus three questions whatever the number of pods or devices (plus one
-//! label-scheme detection query, cached after its first useful answer):
+//! A refresh asks one question whatever the number of pods or devices: the raw samples of the
+//! DCGM fields gpu-ledger reads since the previous refresh ([`PromClient::range_series`], a
+//! range-vector selector: Prometheus only reads chunks, it evaluates nothing per step). The
+//! samples are reduced by the same [`super::series::reduce`] as an offline dump, so live and
+//! offline conclusions cannot differ. The one-off start-up history query
+//! ([`queries::bootstrap_query`]) is the only aggregating query.
 //!
-//! 1. window statistics of `DCGM_FI_PROF_GR_ENGINE_ACTIVE`,
-//! 2. the same for `DCGM_FI_DEV_GPU_UTIL`,
-//! 3. the latest `DCGM_FI_DEV_FB_USED`.
-//!
-//! Each answer is aggregated `max by` (device labels + workload labels), so time-slice copies of
-//! one pod collapse into one row while per-process series and label changes stay apart; the rows
-//! are then reduced per device exactly as [`super::series::reduce`] reduces raw samples, so the
-//! live and offline paths produce [`DeviceUsage`] with the same meaning.
-//!
-//! Known, documented differences from the offline reduction (all on the conservative side):
-//! devices with no sample in the window are not listed; when the newest sample is NaN the current
-//! utilisation is unknown (offline uses the previous usable sample); NaN samples are
-//! counted per scrape interval and give no coverage (a NaN never proves idleness); coverage of a
-//! device whose series changed identity inside the window is that of its best-covered series.
+//! Answers are untrusted: their size is bounded ([`MAX_ANSWER_BYTES`]), values are parsed
+//! strictly, and an unexpected answer type is an error, never an empty result.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::LabelScheme;
-use super::scheme::SchemeChoice;
-use super::series::{
-    GPU_INSTANCE_LABEL, GPU_PROFILE_LABEL, Labels, MIB, POD_UID_LABEL, Series, usable,
-};
-use crate::ledger::usage::{DeviceKey, DeviceUsage, Signal, Window, Workload, fields};
+use super::series::{Labels, Series};
+
+/// Largest answer accepted (bytes). 4,000 GPUs × 3 fields × 10 minutes of samples with full label
+/// sets is about 15 MB; an answer 20 times that size is a misconfiguration (or a hostile
+/// endpoint), not telemetry.
+pub const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
 
 /// Label added by `label_replace` to tell statistics apart in one answer.
 pub const STAT_LABEL: &str = "stat";
 /// Label naming the DCGM field in combined answers (bootstrap).
 pub const FIELD_LABEL: &str = "field";
-/// Label naming a label key found by the detection query.
-pub const HAS_LABEL: &str = "has";
 
 /// Connection settings for the Prometheus HTTP API.
 #[derive(Debug, Clone)]
@@ -232,14 +221,12 @@ pub struct QueryStats {
     pub duration: Duration,
 }
 
-/// Prometheus HTTP API client with the cached label-scheme detection.
+/// Prometheus HTTP API client.
 #[derive(Debug)]
 pub struct PromClient {
     http: reqwest::Client,
     query_url: reqwest::Url,
     token_file: Option<PathBuf>,
-    /// Label keys found on DCGM series by the first detection that found any.
-    detected: RwLock<Option<Vec<String>>>,
 }
 
 impl PromClient {
@@ -272,7 +259,6 @@ impl PromClient {
             http,
             query_url,
             token_file: cfg.bearer_token_file,
-            detected: RwLock::new(None),
         })
     }
 
@@ -339,12 +325,27 @@ impl PromClient {
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
-        let resp = req.send().await.map_err(|e| PromError::from_reqwest(&e))?;
+        let mut resp = req.send().await.map_err(|e| PromError::from_reqwest(&e))?;
         let status = resp.status();
-        let body = resp
-            .bytes()
+        let too_large =
+            || PromError::Decode(format!("answer larger than {MAX_ANSWER_BYTES} bytes"));
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+        {
+            return Err(too_large());
+        }
+        let mut body: Vec<u8> = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
             .await
-            .map_err(|e| PromError::from_reqwest(&e))?;
+            .map_err(|e| PromError::from_reqwest(&e))?
+        {
+            if body.len().saturating_add(chunk.len()) > MAX_ANSWER_BYTES {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
         tracing::debug!(
             query,
             bytes = body.len(),
@@ -404,125 +405,12 @@ impl PromClient {
         };
         rows.into_iter().map(series_of_matrix_row).collect()
     }
-
-    /// The label scheme (detection query only until it finds DCGM series; then cached).
-    async fn scheme(
-        &self,
-        token: Option<&str>,
-        choice: SchemeChoice,
-        window: &Window,
-        now: DateTime<Utc>,
-        stats: &mut QueryStats,
-    ) -> Result<LabelScheme, PromError> {
-        let cached = self
-            .detected
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let names = if let Some(n) = cached {
-            n
-        } else {
-            stats.queries += 1;
-            let rows = self
-                .instant_with(token, &queries::detection_query(window), now, None)
-                .await?;
-            let names: Vec<String> = rows
-                .iter()
-                .filter_map(|s| s.labels.get(HAS_LABEL).cloned())
-                .collect();
-            if !names.is_empty() {
-                *self
-                    .detected
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(names.clone());
-            }
-            names
-        };
-        Ok(LabelScheme::detect(
-            choice,
-            names.iter().map(String::as_str),
-        ))
-    }
-
-    /// The label scheme as detected (or overridden), running detection if not cached yet.
-    pub async fn detect_scheme(
-        &self,
-        choice: SchemeChoice,
-        window: &Window,
-        now: DateTime<Utc>,
-    ) -> Result<LabelScheme, PromError> {
-        let token = self.token()?;
-        self.scheme(
-            token.as_deref(),
-            choice,
-            window,
-            now,
-            &mut QueryStats::default(),
-        )
-        .await
-    }
-
-    /// One live refresh: per-device usage over `window` ending at `now`, sorted by device key.
-    ///
-    /// Sends 3 queries (4 until the label scheme has been detected), whatever the device count.
-    /// `covered_since` is left `None`: [`super::history::History::merge`] fills it.
-    pub async fn fetch_usage(
-        &self,
-        scheme_choice: SchemeChoice,
-        window: &Window,
-        now: DateTime<Utc>,
-    ) -> Result<(Vec<DeviceUsage>, QueryStats), PromError> {
-        self.fetch_usage_since(scheme_choice, window, now, None)
-            .await
-    }
-
-    /// [`Self::fetch_usage`] for a caller that keeps an idle history: activity up to
-    /// `known_until` (the previous refresh merged into it) is already known, so the newest-activity
-    /// subquery only scans since then instead of the whole window, which is the costliest part of
-    /// a refresh on the Prometheus side. `None` scans the whole window.
-    pub async fn fetch_usage_since(
-        &self,
-        scheme_choice: SchemeChoice,
-        window: &Window,
-        now: DateTime<Utc>,
-        known_until: Option<DateTime<Utc>>,
-    ) -> Result<(Vec<DeviceUsage>, QueryStats), PromError> {
-        let started = Instant::now();
-        let mut stats = QueryStats::default();
-        let token = self.token()?;
-        let token = token.as_deref();
-        let scheme = self
-            .scheme(token, scheme_choice, window, now, &mut stats)
-            .await?;
-        // Steps are aligned to multiples of the interval: two intervals of margin reach back to the
-        // last step the previous refresh evaluated.
-        let activity_range = known_until.map_or(window.length, |t| {
-            (now - t + window.interval * 2).clamp(window.interval, window.length)
-        });
-        let q_gr = queries::window_query(fields::GR_ENGINE_ACTIVE, &scheme, window, activity_range);
-        let q_util = queries::window_query(fields::GPU_UTIL, &scheme, window, activity_range);
-        let q_fb = queries::memory_query(&scheme, window);
-        // Each answer is grouped as soon as it is decoded, so only one answer's rows (a row per
-        // statistic, each with its full label set) are alive at a time.
-        let grouped = |q: String| {
-            let scheme = &scheme;
-            async move {
-                let rows = self.instant_with(token, &q, now, None).await?;
-                Ok::<_, PromError>(group_rows(rows, scheme))
-            }
-        };
-        let (gr, util, fb) = tokio::try_join!(grouped(q_gr), grouped(q_util), grouped(q_fb))?;
-        stats.queries += 3;
-        let devices = reduce_groups(gr, util, fb, &scheme, window, now);
-        stats.duration = started.elapsed();
-        Ok((devices, stats))
-    }
 }
 
 /// `PromQL` builders (pure; their text is unit-tested).
 pub mod queries {
-    use super::{FIELD_LABEL, HAS_LABEL, LabelScheme, STAT_LABEL, Window, fields};
-    use crate::usage::series::{GPU_INSTANCE_LABEL, GPU_PROFILE_LABEL, POD_UID_LABEL};
+    use super::{FIELD_LABEL, LabelScheme, STAT_LABEL};
+    use crate::ledger::usage::{Window, fields};
 
     /// A `PromQL` duration in milliseconds (at least 1 ms).
     pub fn duration(d: chrono::Duration) -> String {
@@ -534,22 +422,17 @@ pub mod queries {
         format!("{}ms", (d.num_milliseconds() - 1).max(1))
     }
 
-    /// Labels identifying a device and describing it.
-    pub fn device_labels(scheme: &LabelScheme) -> String {
-        format!(
-            "{}, {GPU_INSTANCE_LABEL}, {GPU_PROFILE_LABEL}, {}, modelName",
-            scheme.uuid, scheme.hostname
-        )
-    }
-
-    /// Device labels plus the workload labels: one row per device and holder.
-    pub fn series_labels(scheme: &LabelScheme) -> String {
-        format!(
-            "{}, {}, {}, {POD_UID_LABEL}",
-            device_labels(scheme),
-            scheme.pod,
-            scheme.namespace
-        )
+    /// `template` applied to every accepted spelling of `field` (`DCGM_FI_DEV_GPU_UTIL`,
+    /// `dcgm_fi_dev_gpu_util`, `dcgm_gpu_utilization`), joined with `or`. One selector with a
+    /// `__name__` regex would not do: functions drop the name, and two spellings of one device
+    /// would then collide as equal label sets.
+    fn each_spelling(field: &str, template: impl Fn(&str) -> String) -> String {
+        let parts: Vec<String> = fields::SPELLINGS
+            .iter()
+            .filter(|(_, f)| *f == field)
+            .map(|(spelling, _)| template(spelling))
+            .collect();
+        format!("({})", parts.join(" or "))
     }
 
     fn stat(name: &str, by: &str, expr: &str) -> String {
@@ -563,84 +446,6 @@ pub mod queries {
         } else {
             window.idle_threshold
         }
-    }
-
-    /// Label keys present on DCGM utilisation series in the window (one row per key found).
-    pub fn detection_query(window: &Window) -> String {
-        let sel = format!(
-            "{{__name__=~\"{}|{}|{}\"",
-            fields::GR_ENGINE_ACTIVE,
-            fields::GPU_UTIL,
-            fields::FB_USED
-        );
-        let w = duration(window.length);
-        ["exported_pod", "exported_namespace", "pod", "namespace", "Hostname", "hostname", "UUID", "uuid"]
-            .iter()
-            .map(|l| format!("label_replace(count(last_over_time({sel},{l}!=\"\"}}[{w}])), \"{HAS_LABEL}\", \"{l}\", \"\", \"\")"))
-            .collect::<Vec<_>>()
-            .join(" or ")
-    }
-
-    /// Window statistics of one utilisation field, one row per (device, holder, statistic):
-    /// `peak`, `count`, `nan` (NaN samples, no coverage), `last`, `ts`/`ts_sub` (newest sample time, at
-    /// `now` and by subquery), `active`/`active_sub` (newest sample at or above the threshold).
-    ///
-    /// The subqueries cost one evaluation per step and GPU. `ts_sub` scans the whole window: the
-    /// newest sample also decides a device's current holders, as in the offline reduction, even
-    /// when it is stale. `active_sub` scans only `activity_range` (the whole window, or since the
-    /// previous refresh when the caller keeps an idle history that already holds older
-    /// activity).
-    pub fn window_query(
-        field: &str,
-        scheme: &LabelScheme,
-        window: &Window,
-        activity_range: chrono::Duration,
-    ) -> String {
-        let by = series_labels(scheme);
-        let w = open_range(window.length);
-        let step = duration(window.interval);
-        let sub = format!("{}:{step}", duration(window.length));
-        let active_sub = format!("{}:{step}", duration(activity_range.min(window.length)));
-        let thr = threshold(field, window);
-        let f = field;
-        // NaN samples, counted per step: each step sees only the samples of its own interval.
-        let fresh = format!("last_over_time({f}[{}])", open_range(window.interval));
-        let nan_sub = format!("{w}:{step}");
-        [
-            stat("peak", &by, &format!("max_over_time({f}[{w}])")),
-            stat("count", &by, &format!("count_over_time({f}[{w}])")),
-            stat(
-                "nan",
-                &by,
-                &format!("count_over_time(({fresh} != {fresh})[{nan_sub}])"),
-            ),
-            stat("last", &by, &format!("last_over_time({f}[{w}])")),
-            stat("ts", &by, &format!("timestamp({f})")),
-            stat(
-                "ts_sub",
-                &by,
-                &format!("max_over_time(timestamp({f})[{sub}])"),
-            ),
-            stat("active", &by, &format!("timestamp({f}) and {f} >= {thr}")),
-            stat(
-                "active_sub",
-                &by,
-                &format!("max_over_time((timestamp({f}) and {f} >= {thr})[{active_sub}])"),
-            ),
-        ]
-        .join(" or ")
-    }
-
-    /// Latest framebuffer use (MiB) per (device, holder) within the staleness bound, and its time.
-    pub fn memory_query(scheme: &LabelScheme, window: &Window) -> String {
-        let by = series_labels(scheme);
-        let f = fields::FB_USED;
-        let s = duration(window.max_staleness);
-        [
-            stat("last", &by, &format!("last_over_time({f}[{s}])")),
-            stat("ts", &by, &format!("timestamp({f})")),
-        ]
-        .join(" or ")
     }
 
     /// Width of the start-up query's buckets: about 288 over the lookback (5 min for 24 h), at
@@ -658,14 +463,15 @@ pub mod queries {
     /// step), `count`, and `gap_end` (end of the newest bucket below `min_coverage` of its
     /// expected samples, or of the first bucket with data after an empty one). Bucket ends err
     /// late: activity and gaps are placed up to one bucket later than they happened, so idle time
-    /// is under- never over-estimated.
+    /// is under- never over-estimated. Devices are keyed by UUID and GPU instance only: the host
+    /// label may name the exporter pod, which changes when the exporter restarts.
     pub fn bootstrap_query(
         scheme: &LabelScheme,
         window: &Window,
         lookback: chrono::Duration,
         min_coverage: f64,
     ) -> String {
-        let by = format!("{}, {GPU_INSTANCE_LABEL}, {}", scheme.uuid, scheme.hostname);
+        let by = format!("{}, {}", scheme.uuid, scheme.gpu_instance);
         let l = duration(lookback);
         let bucket = bootstrap_bucket(window, lookback);
         let b = open_range(bucket);
@@ -674,61 +480,29 @@ pub mod queries {
             / window.interval.num_milliseconds().max(1) as f64
             * min_coverage;
         let mut parts = Vec::new();
-        for (f, name) in [(fields::GR_ENGINE_ACTIVE, "gr"), (fields::GPU_UTIL, "util")] {
-            let thr = threshold(f, window);
-            let field = |stat_expr: String| {
-                format!("label_replace({stat_expr}, \"{FIELD_LABEL}\", \"{name}\", \"\", \"\")")
+        for (field, name) in [(fields::GR_ENGINE_ACTIVE, "gr"), (fields::GPU_UTIL, "util")] {
+            let thr = threshold(field, window);
+            let tag = |stat_name: &str, template: &dyn Fn(&str) -> String| {
+                let expr = stat(stat_name, &by, &each_spelling(field, template));
+                format!("label_replace({expr}, \"{FIELD_LABEL}\", \"{name}\", \"\", \"\")")
             };
-            parts.push(field(stat(
-                "active",
-                &by,
-                &format!("max_over_time(timestamp(max_over_time({f}[{b}]) >= {thr})[{sub}])"),
-            )));
-            parts.push(field(stat(
-                "active_now",
-                &by,
-                &format!("timestamp({f}) and {f} >= {thr}"),
-            )));
-            parts.push(field(stat(
-                "first",
-                &by,
-                &format!("min_over_time(timestamp({f})[{sub}])"),
-            )));
-            parts.push(field(stat(
-                "count",
-                &by,
-                &format!("count_over_time({f}[{}])", open_range(lookback)),
-            )));
-            parts.push(field(stat(
-                "gap_end",
-                &by,
-                &format!("max_over_time((timestamp(count_over_time({f}[{b}]) < {expected}) or timestamp(count_over_time({f}[{b}]) unless count_over_time({f}[{b}] offset {})))[{sub}])", duration(bucket)),
-            )));
+            parts.push(tag("active", &|f| {
+                format!("max_over_time(timestamp(max_over_time({f}[{b}]) >= {thr})[{sub}])")
+            }));
+            parts.push(tag("active_now", &|f| {
+                format!("timestamp({f}) and {f} >= {thr}")
+            }));
+            parts.push(tag("first", &|f| {
+                format!("min_over_time(timestamp({f})[{sub}])")
+            }));
+            parts.push(tag("count", &|f| {
+                format!("count_over_time({f}[{}])", open_range(lookback))
+            }));
+            parts.push(tag("gap_end", &|f| {
+                format!("max_over_time((timestamp(count_over_time({f}[{b}]) < {expected}) or timestamp(count_over_time({f}[{b}]) unless count_over_time({f}[{b}] offset {})))[{sub}])", duration(bucket))
+            }));
         }
         parts.join(" or ")
-    }
-}
-
-/// Statistics of one (device, holder) row group.
-#[derive(Debug, Default, Clone)]
-struct Group {
-    labels: Labels,
-    stats: BTreeMap<String, f64>,
-}
-
-impl Group {
-    fn get(&self, stat: &str) -> Option<f64> {
-        self.stats.get(stat).copied()
-    }
-    /// Newest sample time in ms (instant and subquery views).
-    fn newest_ms(&self) -> Option<i64> {
-        let a = self.get("ts");
-        let b = self.get("ts_sub");
-        let t = match (a, b) {
-            (Some(a), Some(b)) => a.max(b),
-            (x, y) => x.or(y)?,
-        };
-        Some(secs_to_ms(t))
     }
 }
 
@@ -736,188 +510,10 @@ fn secs_to_ms(s: f64) -> i64 {
     (s * 1000.0).round() as i64
 }
 
-fn workload(labels: &Labels, scheme: &LabelScheme) -> Option<Workload> {
-    super::series::workload_of(labels, scheme)
-}
-
-/// Groups answer rows by their labels without `stat`, then by device.
-fn group_rows(rows: Vec<Sample>, scheme: &LabelScheme) -> BTreeMap<DeviceKey, Vec<Group>> {
-    // Rows are consumed: each label set is kept once per group, not once per statistic.
-    let mut groups: BTreeMap<Labels, BTreeMap<String, f64>> = BTreeMap::new();
-    for s in rows {
-        let mut labels = s.labels;
-        let Some(stat) = labels.remove(STAT_LABEL) else {
-            continue;
-        };
-        groups.entry(labels).or_default().insert(stat, s.value);
-    }
-    let mut by_device: BTreeMap<DeviceKey, Vec<Group>> = BTreeMap::new();
-    for (labels, stats) in groups {
-        let g = Group { labels, stats };
-        let Some(uuid) = g.labels.get(scheme.uuid) else {
-            continue;
-        };
-        let key = DeviceKey {
-            uuid: uuid.clone(),
-            gpu_instance: g.labels.get(GPU_INSTANCE_LABEL).cloned(),
-        };
-        by_device.entry(key).or_default().push(g);
-    }
-    by_device
-}
-
-/// Splits per-process groups (pod-labelled with `pod_uid` beside a pod-less device group).
-fn split_per_process(list: &[Group], scheme: &LabelScheme) -> (Vec<Group>, Vec<Group>) {
-    let has_device_level = list.iter().any(|g| workload(&g.labels, scheme).is_none());
-    list.iter().cloned().partition(|g| {
-        !(has_device_level
-            && g.labels.contains_key(POD_UID_LABEL)
-            && workload(&g.labels, scheme).is_some())
-    })
-}
-
-fn to_time(ms: i64) -> Option<DateTime<Utc>> {
-    DateTime::from_timestamp_millis(ms)
-}
-
-/// Reduces the three answers to per-device usage (same meaning as the offline reduction).
-fn reduce_groups(
-    mut gr: BTreeMap<DeviceKey, Vec<Group>>,
-    mut util: BTreeMap<DeviceKey, Vec<Group>>,
-    mut fb: BTreeMap<DeviceKey, Vec<Group>>,
-    scheme: &LabelScheme,
-    window: &Window,
-    now: DateTime<Utc>,
-) -> Vec<DeviceUsage> {
-    let keys: BTreeSet<DeviceKey> = gr
-        .keys()
-        .chain(util.keys())
-        .chain(fb.keys())
-        .cloned()
-        .collect();
-    keys.into_iter()
-        .map(|key| {
-            let g = gr.remove(&key).unwrap_or_default();
-            let u = util.remove(&key).unwrap_or_default();
-            let f = fb.remove(&key).unwrap_or_default();
-            reduce_device(key, &g, &u, &f, scheme, window, now)
-        })
-        .collect()
-}
-
-fn reduce_device(
-    key: DeviceKey,
-    gr: &[Group],
-    util: &[Group],
-    fb: &[Group],
-    scheme: &LabelScheme,
-    window: &Window,
-    now: DateTime<Utc>,
-) -> DeviceUsage {
-    let now_ms = now.timestamp_millis();
-    let (util_device, util_per_pod) = split_per_process(util, scheme);
-    let (fb_device, _) = split_per_process(fb, scheme);
-    let (signal, chosen, scale) = if gr.is_empty() {
-        (Signal::GpuUtil, util_device, 0.01)
-    } else {
-        (Signal::GrEngineActive, gr.to_vec(), 1.0)
-    };
-    let fresh = |t: i64| now_ms - t <= window.max_staleness.num_milliseconds();
-    let newest = chosen
-        .iter()
-        .filter_map(Group::newest_ms)
-        .filter(|t| *t <= now_ms)
-        .max();
-    let utilization = newest.filter(|t| fresh(*t)).and_then(|t| {
-        let vals: Vec<f64> = chosen
-            .iter()
-            .filter(|g| g.newest_ms() == Some(t))
-            .filter_map(|g| g.get("last"))
-            .collect();
-        if vals.iter().any(|v| !usable(*v)) {
-            return None;
-        }
-        vals.into_iter().reduce(f64::max).map(|v| v * scale)
-    });
-    let peak = chosen
-        .iter()
-        .filter_map(|g| g.get("peak"))
-        .filter(|v| usable(*v))
-        .reduce(f64::max)
-        .map(|v| v * scale);
-    let count = chosen
-        .iter()
-        .filter_map(|g| {
-            let c = g.get("count")?;
-            Some((c - g.get("nan").unwrap_or(0.0)).max(0.0))
-        })
-        .fold(0.0, f64::max);
-    // A window of nothing but NaN proves nothing.
-    let coverage = if peak.is_some() {
-        (count / window.expected_samples()).min(1.0)
-    } else {
-        0.0
-    };
-    let last_active_at = chosen
-        .iter()
-        .flat_map(|g| [g.get("active"), g.get("active_sub")])
-        .flatten()
-        .map(secs_to_ms)
-        .filter(|t| *t <= now_ms)
-        .max()
-        .and_then(to_time);
-    let mut workloads = BTreeSet::new();
-    for g in chosen.iter().chain(fb_device.iter()) {
-        if newest.is_some()
-            && g.newest_ms() == newest
-            && let Some(w) = workload(&g.labels, scheme)
-        {
-            workloads.insert(w);
-        }
-    }
-    let mut per_pod_utilization: Vec<(Workload, f64)> = util_per_pod
-        .iter()
-        .filter_map(|g| {
-            let t = g.newest_ms()?;
-            let v = g.get("last").filter(|v| usable(*v))?;
-            (fresh(t) && t <= now_ms).then(|| workload(&g.labels, scheme).map(|w| (w, v * 0.01)))?
-        })
-        .collect();
-    per_pod_utilization.sort_by(|a, b| a.0.cmp(&b.0));
-    let memory_used_bytes = fb_device
-        .iter()
-        .filter_map(|g| {
-            Some((
-                g.get("ts").map_or(now_ms, secs_to_ms),
-                g.get("last").filter(|v| usable(*v))?,
-            ))
-        })
-        .filter(|(t, _)| *t <= now_ms && fresh(*t))
-        .max_by_key(|(t, _)| *t)
-        .map(|(_, mib)| mib * MIB);
-    let any = chosen.first().or(fb.first()).or(util.first());
-    let label = |name: &str| any.and_then(|g| g.labels.get(name).cloned());
-    DeviceUsage {
-        key,
-        hostname: label(scheme.hostname),
-        model: label("modelName"),
-        mig_profile: label(GPU_PROFILE_LABEL),
-        workloads: workloads.into_iter().collect(),
-        per_pod_utilization,
-        signal: (!chosen.is_empty()).then_some(signal),
-        utilization,
-        peak,
-        coverage,
-        last_sample_at: newest.and_then(to_time),
-        memory_used_bytes,
-        last_active_at,
-        covered_since: None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::usage::Window;
 
     fn window() -> Window {
         Window {
@@ -929,55 +525,7 @@ mod tests {
     }
 
     #[test]
-    fn window_query_text() {
-        let q = queries::window_query(
-            fields::GPU_UTIL,
-            &LabelScheme::new(true, true, false),
-            &window(),
-            window().length,
-        );
-        assert!(q.starts_with(
-            "label_replace(max by (UUID, GPU_I_ID, GPU_I_PROFILE, hostname, modelName, exported_pod, exported_namespace, pod_uid) (max_over_time(DCGM_FI_DEV_GPU_UTIL[599999ms])), \"stat\", \"peak\", \"\", \"\") or "
-        ), "{q}");
-        assert!(
-            q.contains("count_over_time(DCGM_FI_DEV_GPU_UTIL[599999ms])"),
-            "{q}"
-        );
-        assert!(
-            q.contains(
-                "(timestamp(DCGM_FI_DEV_GPU_UTIL) and DCGM_FI_DEV_GPU_UTIL >= 5)[600000ms:30000ms]"
-            ),
-            "{q}"
-        );
-        assert!(
-            q.contains("max_over_time(timestamp(DCGM_FI_DEV_GPU_UTIL)[600000ms:30000ms])"),
-            "newest sample over the whole window (it names the holders); {q}"
-        );
-        assert_eq!(q.matches(" or ").count(), 7);
-        let q = queries::window_query(
-            fields::GR_ENGINE_ACTIVE,
-            &LabelScheme::default(),
-            &window(),
-            chrono::Duration::seconds(90),
-        );
-        assert!(
-            q.contains("(timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE) and DCGM_FI_PROF_GR_ENGINE_ACTIVE >= 0.05)[90000ms:30000ms]"),
-            "activity since the previous refresh; {q}"
-        );
-        assert!(q.contains("DCGM_FI_PROF_GR_ENGINE_ACTIVE >= 0.05"), "{q}");
-        assert!(q.contains("max by (UUID, GPU_I_ID, GPU_I_PROFILE, Hostname, modelName, pod, namespace, pod_uid)"), "{q}");
-    }
-
-    #[test]
-    fn detection_and_memory_and_bootstrap_text() {
-        let q = queries::detection_query(&window());
-        assert!(q.starts_with("label_replace(count(last_over_time({__name__=~\"DCGM_FI_PROF_GR_ENGINE_ACTIVE|DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_FB_USED\",exported_pod!=\"\"}[600000ms])), \"has\", \"exported_pod\", \"\", \"\")"), "{q}");
-        assert_eq!(q.matches(" or ").count(), 7);
-        let q = queries::memory_query(&LabelScheme::default(), &window());
-        assert!(
-            q.contains("last_over_time(DCGM_FI_DEV_FB_USED[120000ms])"),
-            "{q}"
-        );
+    fn bootstrap_text() {
         let q = queries::bootstrap_query(
             &LabelScheme::default(),
             &window(),
@@ -1028,67 +576,5 @@ mod tests {
         .expect("error");
         assert_eq!(r.error_type.as_deref(), Some("bad_data"));
         assert_eq!(PromError::Timeout.kind(), "timeout");
-    }
-
-    fn row(labels: &[(&str, &str)], stat: &str, v: f64) -> Sample {
-        let mut l: Labels = labels
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-            .collect();
-        l.insert(STAT_LABEL.into(), stat.into());
-        Sample {
-            labels: l,
-            time: 1_700_000_000.0,
-            value: v,
-        }
-    }
-
-    #[test]
-    fn reduces_rows_like_series() {
-        let now = DateTime::from_timestamp(1_700_000_000, 0).expect("time");
-        let t = 1_700_000_000.0;
-        let dev = [("UUID", "GPU-t"), ("Hostname", "h")];
-        let pa = [
-            ("UUID", "GPU-t"),
-            ("Hostname", "h"),
-            ("pod", "a"),
-            ("namespace", "x"),
-            ("pod_uid", "u1"),
-        ];
-        let util = vec![
-            row(&dev, "last", 63.0),
-            row(&dev, "ts", t),
-            row(&dev, "peak", 80.0),
-            row(&dev, "count", 20.0),
-            row(&dev, "active", t),
-            row(&pa, "last", 58.0),
-            row(&pa, "ts", t),
-            row(&pa, "count", 20.0),
-        ];
-        let gr = vec![
-            row(&[("UUID", "GPU-g"), ("GPU_I_ID", "1")], "last", f64::NAN),
-            row(&[("UUID", "GPU-g"), ("GPU_I_ID", "1")], "ts", t),
-        ];
-        let scheme = LabelScheme::default();
-        let d = reduce_groups(
-            group_rows(gr, &scheme),
-            group_rows(util, &scheme),
-            BTreeMap::new(),
-            &scheme,
-            &window(),
-            now,
-        );
-        assert_eq!(d.len(), 2);
-        assert_eq!(d[0].key.gpu_instance.as_deref(), Some("1"));
-        assert_eq!(d[0].utilization, None);
-        assert_eq!(d[0].signal, Some(Signal::GrEngineActive));
-        assert_eq!(d[1].signal, Some(Signal::GpuUtil));
-        assert_eq!(d[1].utilization, Some(0.63));
-        assert_eq!(d[1].peak, Some(0.8));
-        assert!((d[1].coverage - 1.0).abs() < 1e-9);
-        assert!(d[1].workloads.is_empty());
-        assert_eq!(d[1].per_pod_utilization.len(), 1);
-        assert!((d[1].per_pod_utilization[0].1 - 0.58).abs() < 1e-9);
-        assert_eq!(d[1].last_active_at, Some(now));
     }
 }

@@ -1,7 +1,15 @@
-//! Reduction of raw DCGM samples (offline dumps) to per-device usage over a window.
+//! The one reduction of raw DCGM samples to per-device usage over a window.
 //!
-//! The live path asks Prometheus for the same statistics with PromQL (`prom`); both produce
-//! [`DeviceUsage`] with identical meaning, which the tests check against each other.
+//! Every path feeds it the same thing — series of raw samples with their own timestamps: the
+//! live service (samples fetched from Prometheus with [`super::prom::PromClient::range_series`]
+//! and kept for the window), the offline report (an exposition dump), and the pre-stop re-check.
+//! So live and offline conclusions cannot drift apart.
+//!
+//! Evidence rules: a sample counts only when it is a possible reading (finite, not a DCGM blank
+//! sentinel, within the field's range: 0..1 for `GR_ENGINE_ACTIVE`, 0..100 for `GPU_UTIL`, ≥ 0
+//! for `FB_USED`); anything else is unknown and gives no coverage. A device's peak is the highest
+//! reading on ANY utilisation signal it reports and its coverage the LOWEST over them, so
+//! conflicting signals (GPU_UTIL 90 % while GR_ENGINE_ACTIVE reads 0) never make it idle.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,12 +29,10 @@ pub struct Series {
     pub samples: Vec<(i64, f64)>,
 }
 
-/// MIG GPU instance id label (same spelling in every scheme dcgm-exporter emits).
-pub const GPU_INSTANCE_LABEL: &str = "GPU_I_ID";
-/// MIG profile label.
-pub const GPU_PROFILE_LABEL: &str = "GPU_I_PROFILE";
 /// Pod UID label; on `GPU_UTIL`/`FB_USED` next to a pod-less device series it marks per-process values.
 pub const POD_UID_LABEL: &str = "pod_uid";
+/// Scrape target address, added by Prometheus.
+pub const INSTANCE_LABEL: &str = "instance";
 /// Values above this are DCGM "blank" sentinels printed by old exporters, not readings.
 pub(crate) const SENTINEL_FLOOR: f64 = 9.0e15;
 /// Bytes per MiB (DCGM reports framebuffer in MiB).
@@ -35,6 +41,17 @@ pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 /// A reading: finite and not a DCGM blank sentinel.
 pub(crate) fn usable(v: f64) -> bool {
     v.is_finite() && v.abs() < SENTINEL_FLOOR
+}
+
+/// A possible reading of `field` (in the field's own unit), or unknown.
+fn valid(field: &str, v: f64) -> bool {
+    usable(v)
+        && v >= 0.0
+        && match field {
+            fields::GR_ENGINE_ACTIVE => v <= 1.0,
+            fields::GPU_UTIL => v <= 100.0,
+            _ => true,
+        }
 }
 
 /// The workload a series names under `scheme`, if both pod and namespace are set.
@@ -47,50 +64,68 @@ pub fn workload_of(labels: &Labels, scheme: &LabelScheme) -> Option<Workload> {
     })
 }
 
+/// The exporter pod named by the scrape's target labels, when the workload labels are elsewhere.
+fn exporter_of(labels: &Labels, scheme: &LabelScheme) -> Option<Workload> {
+    if !scheme.exporter_labels {
+        return None;
+    }
+    Some(Workload {
+        namespace: labels.get("namespace")?.clone(),
+        pod: labels.get("pod")?.clone(),
+    })
+}
+
 fn key_of(labels: &Labels, scheme: &LabelScheme) -> Option<DeviceKey> {
     let uuid = labels.get(scheme.uuid)?;
     Some(DeviceKey {
         uuid: uuid.clone(),
-        gpu_instance: labels.get(GPU_INSTANCE_LABEL).cloned(),
+        gpu_instance: labels.get(scheme.gpu_instance).cloned(),
     })
 }
 
+/// The series of one device, by field.
 #[derive(Default)]
 struct DeviceSeries<'a> {
+    gr: Vec<&'a Series>,
     util: Vec<&'a Series>,
-    gpu_util: Vec<&'a Series>,
     fb: Vec<&'a Series>,
 }
 
-/// Reduces raw series to one [`DeviceUsage`] per device, as seen at `now`.
-pub fn reduce(
-    series: &[Series],
+/// Reduces raw series to one [`DeviceUsage`] per device (sorted by key), as seen at `now`.
+/// Series of other metrics, and series without a device UUID, are ignored.
+pub fn reduce<'a, I>(
+    series: I,
     scheme: &LabelScheme,
     window: &Window,
     now: DateTime<Utc>,
-) -> Vec<DeviceUsage> {
+) -> Vec<DeviceUsage>
+where
+    I: IntoIterator<Item = &'a Series>,
+{
     let mut by_device: BTreeMap<DeviceKey, DeviceSeries<'_>> = BTreeMap::new();
     for s in series {
+        let Some(field) = fields::canonical(&s.name) else {
+            continue;
+        };
         let Some(key) = key_of(&s.labels, scheme) else {
             continue;
         };
         let entry = by_device.entry(key).or_default();
-        match s.name.as_str() {
-            fields::GR_ENGINE_ACTIVE => entry.util.push(s),
-            fields::GPU_UTIL => entry.gpu_util.push(s),
-            fields::FB_USED => entry.fb.push(s),
-            _ => {}
+        match field {
+            fields::GR_ENGINE_ACTIVE => entry.gr.push(s),
+            fields::GPU_UTIL => entry.util.push(s),
+            _ => entry.fb.push(s),
         }
     }
     let now_ms = now.timestamp_millis();
-    let start_ms = now_ms - window.length.num_milliseconds();
     by_device
         .into_iter()
-        .map(|(key, dev)| reduce_device(key, &dev, scheme, window, now_ms, start_ms))
+        .map(|(key, dev)| reduce_device(key, &dev, scheme, window, now_ms))
         .collect()
 }
 
-/// Splits per-process series (pod-labelled with `pod_uid` beside a pod-less device series).
+/// Splits per-process series (pod-labelled with `pod_uid` beside a pod-less device series) from
+/// the device-level ones.
 fn split_per_process<'a>(
     list: &[&'a Series],
     scheme: &LabelScheme,
@@ -107,7 +142,7 @@ fn split_per_process<'a>(
 
 /// Walks back from the newest sample while gaps stay within two sample intervals.
 fn covered_since(merged: &BTreeMap<i64, f64>, window: &Window) -> Option<i64> {
-    let max_gap = 2 * window.interval.num_milliseconds();
+    let max_gap = window.interval.num_milliseconds().saturating_mul(2);
     let mut times = merged.keys().rev();
     let mut start = *times.next()?;
     for &t in times {
@@ -119,105 +154,177 @@ fn covered_since(merged: &BTreeMap<i64, f64>, window: &Window) -> Option<i64> {
     Some(start)
 }
 
+/// One utilisation signal of a device: its valid samples merged over every series (time-slice
+/// copies, label changes) by time, scaled to 0..1.
+struct SignalSamples {
+    signal: Signal,
+    merged: BTreeMap<i64, f64>,
+}
+
+impl SignalSamples {
+    fn new(signal: Signal, field: &str, scale: f64, list: &[&Series], now_ms: i64) -> Option<Self> {
+        if list.is_empty() {
+            return None;
+        }
+        let mut merged: BTreeMap<i64, f64> = BTreeMap::new();
+        for s in list {
+            for &(t, v) in &s.samples {
+                if t > now_ms || !valid(field, v) {
+                    continue;
+                }
+                let v = v * scale;
+                merged.entry(t).and_modify(|m| *m = m.max(v)).or_insert(v);
+            }
+        }
+        Some(SignalSamples { signal, merged })
+    }
+
+    fn in_window(&self, start_ms: i64, now_ms: i64) -> impl Iterator<Item = f64> + '_ {
+        self.merged.range(start_ms + 1..=now_ms).map(|(_, v)| *v)
+    }
+}
+
+/// The newest sample at or before `now_ms` of a series that is a possible reading of `field`.
+fn newest_valid(s: &Series, field: &str, now_ms: i64) -> Option<(i64, f64)> {
+    s.samples
+        .iter()
+        .rev()
+        .find(|(t, v)| *t <= now_ms && valid(field, *v))
+        .copied()
+}
+
 fn reduce_device(
     key: DeviceKey,
     dev: &DeviceSeries<'_>,
     scheme: &LabelScheme,
     window: &Window,
     now_ms: i64,
-    start_ms: i64,
 ) -> DeviceUsage {
-    let (gpu_util_device, gpu_util_per_pod) = split_per_process(&dev.gpu_util, scheme);
-    let (fb_device, _fb_per_pod) = split_per_process(&dev.fb, scheme);
-    let (signal, chosen, scale) = if dev.util.is_empty() {
-        (Signal::GpuUtil, gpu_util_device, 0.01)
-    } else {
-        (Signal::GrEngineActive, dev.util.clone(), 1.0)
-    };
-    // Merge samples of every series of the device (time-slice copies, label changes) by time.
-    let mut merged: BTreeMap<i64, f64> = BTreeMap::new();
-    for s in &chosen {
-        for &(t, v) in &s.samples {
-            if t > now_ms || !usable(v) {
-                continue;
-            }
-            let v = v * scale;
-            merged.entry(t).and_modify(|m| *m = m.max(v)).or_insert(v);
-        }
-    }
-    let in_window: Vec<(i64, f64)> = merged
-        .range(start_ms + 1..=now_ms)
-        .map(|(t, v)| (*t, *v))
-        .collect();
-    let last = merged.iter().next_back().map(|(t, v)| (*t, *v));
+    let start_ms = now_ms.saturating_sub(window.length.num_milliseconds());
     let fresh = |t: i64| now_ms - t <= window.max_staleness.num_milliseconds();
-    let last_sample_at = last.and_then(|(t, _)| DateTime::from_timestamp_millis(t));
+    let (util_device, util_per_pod) = split_per_process(&dev.util, scheme);
+    let (fb_device, _fb_per_pod) = split_per_process(&dev.fb, scheme);
+    // Preferred signal first: GR_ENGINE_ACTIVE where present (it also works per MIG instance).
+    let signals: Vec<SignalSamples> = [
+        SignalSamples::new(
+            Signal::GrEngineActive,
+            fields::GR_ENGINE_ACTIVE,
+            1.0,
+            &dev.gr,
+            now_ms,
+        ),
+        SignalSamples::new(
+            Signal::GpuUtil,
+            fields::GPU_UTIL,
+            0.01,
+            &util_device,
+            now_ms,
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let preferred = signals.first();
+    let last = preferred.and_then(|s| s.merged.iter().next_back().map(|(t, v)| (*t, *v)));
     let utilization = last.filter(|(t, _)| fresh(*t)).map(|(_, v)| v);
-    let peak = in_window
+    let peak = signals
         .iter()
-        .map(|(_, v)| *v)
+        .flat_map(|s| s.in_window(start_ms, now_ms))
         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
-    let coverage = (in_window.len() as f64 / window.expected_samples()).min(1.0);
-    let last_active_at = merged
+    let coverage = signals
         .iter()
-        .rev()
-        .find(|(_, v)| **v >= window.idle_threshold)
-        .and_then(|(t, _)| DateTime::from_timestamp_millis(*t));
-    let covered_since = covered_since(&merged, window).and_then(DateTime::from_timestamp_millis);
-    // Current holders: workloads on series whose newest sample is the device's newest sample.
-    let newest = last.map(|(t, _)| t);
+        .map(|s| {
+            (s.in_window(start_ms, now_ms).count() as f64 / window.expected_samples()).min(1.0)
+        })
+        .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))))
+        .unwrap_or(0.0);
+    let last_active_at = signals
+        .iter()
+        .filter_map(|s| {
+            s.merged
+                .iter()
+                .rev()
+                .find(|(_, v)| **v >= window.idle_threshold)
+                .map(|(t, _)| *t)
+        })
+        .max()
+        .and_then(DateTime::from_timestamp_millis);
+    // The covered run of the device is where every signal's run overlaps: the latest start.
+    let covered_since = signals
+        .iter()
+        .map(|s| covered_since(&s.merged, window))
+        .try_fold(None, |m: Option<i64>, c| {
+            c.map(|c| Some(m.map_or(c, |m| m.max(c))))
+        })
+        .flatten()
+        .and_then(DateTime::from_timestamp_millis);
+
+    // Current holders: workloads on the series whose newest sample is the device's newest sample
+    // over every field, so a pod named only by some fields (FB_USED on MIG without profiling
+    // metrics) is still the holder.
+    let holder_series: Vec<(&Series, &str)> = dev
+        .gr
+        .iter()
+        .map(|s| (*s, fields::GR_ENGINE_ACTIVE))
+        .chain(util_device.iter().map(|s| (*s, fields::GPU_UTIL)))
+        .chain(fb_device.iter().map(|s| (*s, fields::FB_USED)))
+        .collect();
+    let newest_of: Vec<Option<i64>> = holder_series
+        .iter()
+        .map(|(s, f)| newest_valid(s, f, now_ms).map(|(t, _)| t))
+        .collect();
+    let newest = newest_of.iter().flatten().max().copied();
     let mut workloads = BTreeSet::new();
-    for s in chosen.iter().chain(fb_device.iter()) {
-        // Each series' newest usable sample at or before `now` (later ones are the future).
-        let series_newest = s
-            .samples
-            .iter()
-            .rev()
-            .find(|(t, v)| *t <= now_ms && usable(*v))
-            .map(|(t, _)| *t);
-        if series_newest == newest
+    for ((s, _), t) in holder_series.iter().zip(&newest_of) {
+        if newest.is_some()
+            && *t == newest
             && let Some(w) = workload_of(&s.labels, scheme)
         {
             workloads.insert(w);
         }
     }
-    let per_pod_utilization = gpu_util_per_pod
+    let mut per_pod_utilization: Vec<(Workload, f64)> = util_per_pod
         .iter()
         .filter_map(|s| {
-            let (t, v) = *s
-                .samples
-                .iter()
-                .rev()
-                .find(|(t, v)| *t <= now_ms && usable(*v))?;
+            let (t, v) = newest_valid(s, fields::GPU_UTIL, now_ms)?;
             (fresh(t)).then(|| workload_of(&s.labels, scheme).map(|w| (w, v * 0.01)))?
         })
         .collect();
+    per_pod_utilization.sort_by(|a, b| a.0.cmp(&b.0));
     let memory_used_bytes = fb_device
         .iter()
-        .filter_map(|s| {
-            s.samples
-                .iter()
-                .rev()
-                .find(|(t, v)| *t <= now_ms && usable(*v))
-                .copied()
-        })
+        .filter_map(|s| newest_valid(s, fields::FB_USED, now_ms))
         .max_by_key(|(t, _)| *t)
         .filter(|(t, _)| fresh(*t))
         .map(|(_, mib)| mib * MIB);
-    let any = chosen.first().or(dev.fb.first()).or(dev.gpu_util.first());
-    let label = |name: &str| any.and_then(|s| s.labels.get(name).cloned());
+    // Descriptive labels from the newest series (identity labels can change over the window).
+    let describing = holder_series
+        .iter()
+        .zip(&newest_of)
+        .max_by_key(|(_, t)| **t)
+        .map(|((s, _), _)| *s)
+        .or_else(|| {
+            dev.gr
+                .first()
+                .or(dev.util.first())
+                .or(dev.fb.first())
+                .copied()
+        });
+    let label = |name: &str| describing.and_then(|s| s.labels.get(name).cloned());
     DeviceUsage {
         key,
         hostname: label(scheme.hostname),
-        model: label("modelName"),
-        mig_profile: label(GPU_PROFILE_LABEL),
+        exporter: describing.and_then(|s| exporter_of(&s.labels, scheme)),
+        instance: label(INSTANCE_LABEL),
+        model: label(scheme.model),
+        mig_profile: label(scheme.gpu_profile),
         workloads: workloads.into_iter().collect(),
         per_pod_utilization,
-        signal: (!chosen.is_empty()).then_some(signal),
+        signal: preferred.map(|s| s.signal),
         utilization,
         peak,
         coverage,
-        last_sample_at,
+        last_sample_at: newest.and_then(DateTime::from_timestamp_millis),
         memory_used_bytes,
         last_active_at,
         covered_since,
@@ -399,6 +506,112 @@ DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=
         assert_eq!(
             d[0].covered_since.map(|t| t.timestamp_millis()),
             Some(T0 - 30 * 60_000)
+        );
+    }
+
+    #[test]
+    fn conflicting_signals_never_make_a_device_idle() {
+        // GPU_UTIL says 90 % while GR_ENGINE_ACTIVE reads 0: the device is busy.
+        let labels = [("UUID", "GPU-c"), ("pod", "p"), ("namespace", "ns")];
+        let s = vec![
+            series(fields::GR_ENGINE_ACTIVE, &labels, &every_30s(10, 0.0)),
+            series(fields::GPU_UTIL, &labels, &every_30s(10, 90.0)),
+        ];
+        let d = reduce(&s, &LabelScheme::default(), &window(), now());
+        assert_eq!(d[0].signal, Some(Signal::GrEngineActive));
+        assert_eq!(d[0].utilization, Some(0.0), "shown: the preferred signal");
+        assert_eq!(d[0].peak, Some(0.9), "judged: every signal");
+        assert_eq!(d[0].last_active_at.map(|t| t.timestamp_millis()), Some(T0));
+        // A second signal with thin coverage thins the device's coverage.
+        let sparse: Vec<(i64, f64)> = every_30s(10, 0.0).into_iter().step_by(4).collect();
+        let s = vec![
+            series(fields::GR_ENGINE_ACTIVE, &labels, &every_30s(10, 0.0)),
+            series(fields::GPU_UTIL, &labels, &sparse),
+        ];
+        let d = reduce(&s, &LabelScheme::default(), &window(), now());
+        assert!(d[0].coverage < 0.5, "{}", d[0].coverage);
+    }
+
+    #[test]
+    fn impossible_values_are_unknown() {
+        let labels = [("UUID", "GPU-n")];
+        let mut samples = every_30s(10, 0.0);
+        for s in samples.iter_mut().skip(1).step_by(2) {
+            s.1 = -1.0;
+        }
+        let s = vec![
+            series(fields::GR_ENGINE_ACTIVE, &labels, &samples),
+            series(
+                fields::GPU_UTIL,
+                &[("UUID", "GPU-m")],
+                &every_30s(10, 250.0),
+            ),
+            series(fields::FB_USED, &[("UUID", "GPU-m")], &[(T0, -5.0)]),
+        ];
+        let d = reduce(&s, &LabelScheme::default(), &window(), now());
+        let m = &d[0];
+        assert_eq!(m.key.uuid, "GPU-m");
+        assert_eq!((m.utilization, m.peak, m.coverage), (None, None, 0.0));
+        assert_eq!(m.memory_used_bytes, None);
+        let n = &d[1];
+        assert!(
+            (n.coverage - 0.5).abs() < 0.06,
+            "negative readings give no coverage: {}",
+            n.coverage
+        );
+        assert_eq!(n.peak, Some(0.0));
+    }
+
+    #[test]
+    fn a_pod_named_only_by_framebuffer_series_holds_the_device() {
+        // MIG without profiling metrics: no utilisation field, FB_USED names the pod.
+        let text = "DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"7\",Hostname=\"h\",pod=\"nb-0\",namespace=\"ns\"} 4096\n\
+DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"7\",Hostname=\"h\",pod=\"nb-0\",namespace=\"ns\"} 5632\n";
+        let p = exposition::parse(text, &[fields::FB_USED], now());
+        let d = reduce(&p.series, &LabelScheme::default(), &window(), now());
+        assert_eq!(d.len(), 1);
+        assert_eq!(
+            d[0].workloads,
+            vec![Workload {
+                namespace: "ns".into(),
+                pod: "nb-0".into()
+            }]
+        );
+        assert_eq!(d[0].signal, None);
+        assert_eq!(d[0].utilization, None);
+        assert_eq!(d[0].memory_used_bytes, Some(4096.0 * MIB));
+    }
+
+    #[test]
+    fn legacy_and_lowercase_spellings_reduce_like_the_current_ones() {
+        let text = "dcgm_fi_prof_gr_engine_active{gpu=\"0\",uuid=\"GPU-l\",gpu_i_id=\"3\",gpu_i_profile=\"3g.40gb\",modelname=\"NVIDIA A100-SXM4-80GB\",pod_name=\"w-0\",pod_namespace=\"ml\",container_name=\"main\",pod=\"dcgm-exporter-abcde\",namespace=\"gpu-operator\"} 0.5\n";
+        let keep: Vec<&str> = fields::all_spellings().collect();
+        let p = exposition::parse(text, &keep, now());
+        let scheme = LabelScheme::detect(
+            crate::usage::scheme::SchemeChoice::Auto,
+            p.series
+                .iter()
+                .flat_map(|s| s.labels.keys().map(String::as_str)),
+        );
+        let d = reduce(&p.series, &scheme, &window(), now());
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].key.gpu_instance.as_deref(), Some("3"));
+        assert_eq!(d[0].mig_profile.as_deref(), Some("3g.40gb"));
+        assert_eq!(d[0].model.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
+        assert_eq!(d[0].utilization, Some(0.5));
+        assert_eq!(
+            d[0].workloads,
+            vec![Workload {
+                namespace: "ml".into(),
+                pod: "w-0".into()
+            }]
+        );
+        assert_eq!(
+            d[0].exporter,
+            Some(Workload {
+                namespace: "gpu-operator".into(),
+                pod: "dcgm-exporter-abcde".into()
+            })
         );
     }
 }
