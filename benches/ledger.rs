@@ -30,6 +30,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
             allocatable: [("nvidia.com/gpu".to_string(), 8)].into(),
             replicas: 1,
             product: Some("NVIDIA-H100-80GB-HBM3".into()),
+            gpu_labels: BTreeMap::new(),
         });
         for g in 0..8 {
             let ns = format!("team-{}", (n * 8 + g) % 200);
@@ -61,6 +62,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 mig_profile: None,
                 workloads: vec![Workload { namespace: ns, pod }],
                 per_pod_utilization: vec![],
+                per_pod_memory_bytes: Vec::new(),
                 signal: Some(Signal::GrEngineActive),
                 utilization: Some(util),
                 peak: Some(util),

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::ledger::Policy;
-use crate::ledger::claims::ResourceNames;
+use crate::ledger::claims::{ResourceNames, SliceTable};
 use crate::usage::scheme::SchemeChoice;
 
 /// Joins Kubernetes GPU claims with DCGM utilisation: who holds each GPU, is it used, and
@@ -55,34 +55,38 @@ pub struct LedgerArgs {
     /// Skip TLS verification towards Prometheus (testing only).
     #[arg(long, env = "GPU_LEDGER_PROMETHEUS_INSECURE_SKIP_VERIFY")]
     pub prometheus_insecure_skip_verify: bool,
+    /// Extra label matchers for every DCGM selector, e.g. `cluster="prod"` or
+    /// `job="dcgm-exporter"` (a Prometheus or Thanos shared by several clusters or exporters).
+    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_SELECTOR", value_name = "MATCHERS")]
+    pub prometheus_selector: Option<crate::usage::prom::Selector>,
     /// Timeout of one PromQL query.
-    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_TIMEOUT", default_value = "20s", value_parser = duration)]
+    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_TIMEOUT", default_value = "20s", value_parser = positive_duration)]
     pub prometheus_timeout: chrono::Duration,
     /// Where dcgm-exporter's workload labels are: `exported_pod`… (scraped without honor_labels),
     /// `pod`… (honor_labels), or detect.
     #[arg(long, env = "GPU_LEDGER_LABEL_SCHEME", default_value = "auto")]
     pub label_scheme: SchemeChoice,
     /// Window over which a GPU must stay below the threshold to count as idle.
-    #[arg(long, env = "GPU_LEDGER_WINDOW", default_value = "10m", value_parser = duration)]
+    #[arg(long, env = "GPU_LEDGER_WINDOW", default_value = "10m", value_parser = positive_duration)]
     pub window: chrono::Duration,
     /// Expected spacing of DCGM samples in Prometheus (the scrape interval); offline, inferred
     /// from the dump when not given.
-    #[arg(long, env = "GPU_LEDGER_SCRAPE_INTERVAL", value_parser = duration)]
+    #[arg(long, env = "GPU_LEDGER_SCRAPE_INTERVAL", value_parser = positive_duration)]
     pub scrape_interval: Option<chrono::Duration>,
     /// Utilisation (0..1) below which a GPU counts as idle.
     #[arg(long, env = "GPU_LEDGER_IDLE_THRESHOLD", default_value_t = 0.05, value_parser = ratio)]
     pub idle_threshold: f64,
     /// Share of expected samples in the window needed before anything is called idle.
-    #[arg(long, env = "GPU_LEDGER_MIN_COVERAGE", default_value_t = 0.9, value_parser = ratio)]
+    #[arg(long, env = "GPU_LEDGER_MIN_COVERAGE", default_value_t = 0.9, value_parser = positive_ratio)]
     pub min_coverage: f64,
     /// Samples older than this are not a current reading.
-    #[arg(long, env = "GPU_LEDGER_MAX_STALENESS", default_value = "2m", value_parser = duration)]
+    #[arg(long, env = "GPU_LEDGER_MAX_STALENESS", default_value = "2m", value_parser = positive_duration)]
     pub max_staleness: chrono::Duration,
     /// A terminating pod this long past its deletion deadline is stuck.
     #[arg(long, env = "GPU_LEDGER_STUCK_AFTER", default_value = "5m", value_parser = duration)]
     pub stuck_after: chrono::Duration,
     /// How far back idle history is read from Prometheus at start-up.
-    #[arg(long, env = "GPU_LEDGER_HISTORY_LOOKBACK", default_value = "24h", value_parser = duration)]
+    #[arg(long, env = "GPU_LEDGER_HISTORY_LOOKBACK", default_value = "24h", value_parser = positive_duration)]
     pub history_lookback: chrono::Duration,
     /// Extra resource names counted as whole GPUs (comma-separated).
     #[arg(long, env = "GPU_LEDGER_EXTRA_GPU_RESOURCES", value_delimiter = ',')]
@@ -90,6 +94,11 @@ pub struct LedgerArgs {
     /// Namespaces to watch (comma-separated); empty means all.
     #[arg(long, env = "GPU_LEDGER_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
+    /// Compute slices of MIG-capable GPUs, as `PRODUCT=SLICES` (comma-separated; PRODUCT is
+    /// matched as a substring of the node's `nvidia.com/gpu.product`). Built in: A30=4, all
+    /// others 7.
+    #[arg(long, env = "GPU_LEDGER_MIG_COMPUTE_SLICES", value_delimiter = ',', value_parser = product_slices)]
+    pub mig_compute_slices: Vec<(String, u8)>,
 }
 
 impl LedgerArgs {
@@ -97,6 +106,9 @@ impl LedgerArgs {
         Policy {
             names: ResourceNames {
                 extra: self.extra_gpu_resources.clone(),
+            },
+            slices: SliceTable {
+                overrides: self.mig_compute_slices.clone(),
             },
             idle_threshold: self.idle_threshold,
             min_coverage: self.min_coverage,
@@ -115,7 +127,7 @@ pub struct ServeArgs {
     #[arg(long, env = "GPU_LEDGER_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
     /// How often to query Prometheus and rebuild the ledger.
-    #[arg(long, env = "GPU_LEDGER_REFRESH_INTERVAL", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "GPU_LEDGER_REFRESH_INTERVAL", default_value = "30s", value_parser = positive_duration)]
     pub refresh_interval: chrono::Duration,
     /// This replica's shard (0-based); it owns nodes whose name hashes to it, and their pods.
     #[arg(long, env = "GPU_LEDGER_SHARD", default_value_t = 0)]
@@ -134,7 +146,7 @@ pub struct CullArgs {
     #[arg(long = "cull", env = "GPU_LEDGER_CULL", value_enum, ignore_case = true, default_value_t = CullModeFlag::Off)]
     pub mode: CullModeFlag,
     /// A notebook's GPUs must be proven idle this long before it is stopped.
-    #[arg(long, env = "GPU_LEDGER_CULL_IDLE_AFTER", default_value = "2h", value_parser = duration)]
+    #[arg(long, env = "GPU_LEDGER_CULL_IDLE_AFTER", default_value = "2h", value_parser = positive_duration)]
     pub cull_idle_after: chrono::Duration,
     /// Minimum time Running+Ready since the later of pod start and our last stop.
     #[arg(long, env = "GPU_LEDGER_CULL_MIN_RUNTIME", default_value = "1h", value_parser = duration)]
@@ -274,21 +286,68 @@ pub struct ReportArgs {
     pub cull: CullArgs,
 }
 
-/// Parses `10m`, `2h`, `30s` (humantime).
+/// Longest duration any flag accepts: times are computed from now plus or minus these, and a
+/// year is far beyond any window, lookback or grace that makes sense.
+pub const MAX_DURATION_DAYS: i64 = 366;
+
+/// Parses `10m`, `2h`, `30s` (humantime), from 0 up to [`MAX_DURATION_DAYS`].
 pub fn duration(s: &str) -> Result<chrono::Duration, String> {
     let d = humantime::parse_duration(s)
         .map_err(|e| format!("{s:?} is not a duration like 30s, 10m or 2h: {e}"))?;
-    chrono::Duration::from_std(d).map_err(|e| format!("{s:?} is too long: {e}"))
+    let d = chrono::Duration::from_std(d).map_err(|e| format!("{s:?} is too long: {e}"))?;
+    if d > chrono::Duration::days(MAX_DURATION_DAYS) {
+        return Err(format!(
+            "{s:?} is too long (at most {MAX_DURATION_DAYS} days)"
+        ));
+    }
+    Ok(d)
+}
+
+/// A [`duration`] that must be more than zero (windows, intervals, timeouts).
+pub fn positive_duration(s: &str) -> Result<chrono::Duration, String> {
+    let d = duration(s)?;
+    if d <= chrono::Duration::zero() {
+        return Err(format!("{s:?} must be longer than zero"));
+    }
+    Ok(d)
+}
+
+/// Parses `PRODUCT=SLICES` with SLICES in 1..=8.
+pub fn product_slices(s: &str) -> Result<(String, u8), String> {
+    let (product, slices) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not PRODUCT=SLICES (e.g. A30=4)"))?;
+    let product = product.trim();
+    let slices: u8 = slices
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: {slices:?} is not a number of compute slices"))?;
+    if product.is_empty() || !(1..=8).contains(&slices) {
+        return Err(format!(
+            "{s:?}: expected a product name and 1 to 8 compute slices"
+        ));
+    }
+    Ok((product.to_string(), slices))
 }
 
 /// Parses a ratio in 0..=1.
 pub fn ratio(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    // NaN fails the range check too.
     if (0.0..=1.0).contains(&v) {
         Ok(v)
     } else {
         Err(format!("{s} is outside 0..1"))
     }
+}
+
+/// A [`ratio`] that must be more than zero (a coverage of 0 would call a GPU with no data idle).
+pub fn positive_ratio(s: &str) -> Result<f64, String> {
+    let v = ratio(s)?;
+    if v <= 0.0 {
+        return Err(format!("{s} must be above 0"));
+    }
+    Ok(v)
 }
 
 /// Parses an RFC 3339 instant.
@@ -335,6 +394,57 @@ mod tests {
         let err = Cli::try_parse_from(["gpu-ledger", "report", "--from", "x", "--at", "nope"])
             .expect_err("bad --at");
         assert!(err.to_string().contains("RFC 3339"), "{err}");
+    }
+
+    #[test]
+    fn impossible_durations_ratios_and_slices_are_rejected() {
+        for flag in [
+            "--window",
+            "--scrape-interval",
+            "--max-staleness",
+            "--history-lookback",
+            "--prometheus-timeout",
+        ] {
+            for bad in ["0s", "0", "400d"] {
+                let err = Cli::try_parse_from(["gpu-ledger", "report", "--from", "x", flag, bad])
+                    .expect_err(bad);
+                assert!(
+                    err.to_string().contains("zero") || err.to_string().contains("too long"),
+                    "{flag} {bad}: {err}"
+                );
+            }
+        }
+        for bad in ["0s", "-1s"] {
+            assert!(
+                Cli::try_parse_from(["gpu-ledger", "serve", "--refresh-interval", bad]).is_err()
+            );
+        }
+        assert!(
+            Cli::try_parse_from(["gpu-ledger", "report", "--from", "x", "--stuck-after", "0s"])
+                .is_ok()
+        );
+        for bad in ["0", "NaN", "-0.1", "1.5"] {
+            assert!(
+                Cli::try_parse_from(["gpu-ledger", "report", "--from", "x", "--min-coverage", bad])
+                    .is_err(),
+                "{bad}"
+            );
+        }
+        assert!(
+            Cli::try_parse_from([
+                "gpu-ledger",
+                "report",
+                "--from",
+                "x",
+                "--idle-threshold",
+                "NaN"
+            ])
+            .is_err()
+        );
+        assert_eq!(product_slices("A30=4"), Ok(("A30".into(), 4)));
+        for bad in ["A30", "=4", "A30=0", "A30=9", "A30=x"] {
+            assert!(product_slices(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -67,6 +67,7 @@ fn pod(i: usize, ns: &str, name: &str, extra: &str) -> PodRow {
         },
         gpus: 1.0,
         resources: [("nvidia.com/gpu".to_string(), 1)].into(),
+        gpus_by_resource: vec![("nvidia.com/gpu".to_string(), 1.0)],
         attribution: Attribution::Exclusive,
         utilization: Some(0.25),
         memory_used_bytes: None,
@@ -84,7 +85,6 @@ fn pod(i: usize, ns: &str, name: &str, extra: &str) -> PodRow {
         pending_reason: pending.then(|| format!("reason {extra}")),
         evidence: Evidence {
             uid: format!("uid-{i}"),
-            replicas: 1,
             ..Evidence::default()
         },
     }
@@ -121,7 +121,7 @@ fn ledger() -> Ledger {
     let unclaimed_busy = names
         .iter()
         .map(|h| UnclaimedBusy {
-            node: format!("node-{h}"),
+            node: Some(format!("node-{h}")),
             uuid: format!("GPU-{h}"),
             gpu_instance: Some(h.clone()),
             utilization: 0.9,

@@ -121,6 +121,7 @@ async fn start(om: &Om) -> (Prometheus, PromClient) {
         ca_file: None,
         insecure_skip_verify: false,
         timeout: Duration::from_secs(60),
+        selector: None,
     })
     .expect("client");
     (prom, client)
@@ -831,6 +832,7 @@ async fn errors_are_typed() {
         ca_file: None,
         insecure_skip_verify: false,
         timeout: Duration::from_secs(5),
+        selector: None,
     })
     .expect("client");
     let err = dead

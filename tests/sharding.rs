@@ -37,6 +37,7 @@ fn device(node: &str, g: u32, holder: Option<(&str, &str)>, util: Option<f64>) -
             .into_iter()
             .collect(),
         per_pod_utilization: vec![],
+        per_pod_memory_bytes: Vec::new(),
         signal: util.map(|_| Signal::GrEngineActive),
         utilization: util,
         peak: util,
@@ -92,6 +93,7 @@ fn cluster() -> (Claims, Usage) {
             allocatable: [("nvidia.com/gpu".to_string(), 8 * u64::from(replicas))].into(),
             replicas,
             product: Some("NVIDIA-H100-80GB-HBM3".into()),
+            gpu_labels: BTreeMap::new(),
         });
         let mut g = 0;
         for (k, size) in [4u64, 2, 1].into_iter().enumerate() {

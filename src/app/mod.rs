@@ -95,6 +95,7 @@ fn prom_client(args: &LedgerArgs) -> Result<Option<Arc<PromClient>>, AppError> {
             .prometheus_timeout
             .to_std()
             .map_err(|e| AppError::Config(format!("--prometheus-timeout: {e}")))?,
+        selector: args.prometheus_selector.clone(),
     };
     PromClient::new(cfg)
         .map(|c| Some(Arc::new(c)))

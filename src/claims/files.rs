@@ -195,6 +195,8 @@ pub fn load(paths: &DumpPaths, names: &ResourceNames) -> Result<Claims, FileErro
     for p in &pods {
         if let Some(c) = project::pod(names, p).map_err(q(&paths.pods))? {
             claims.pods.push(c);
+        } else if let Some(d) = project::daemon_pod(p) {
+            claims.daemon_pods.push(d);
         }
     }
     for n in &nodes {

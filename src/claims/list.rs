@@ -49,7 +49,7 @@ pub async fn list_claims(
         for p in pods.list(&lp).await.map_err(failed("pods"))? {
             match project::pod(names, &p) {
                 Ok(Some(c)) => claims.pods.push(c),
-                Ok(None) => {}
+                Ok(None) => claims.daemon_pods.extend(project::daemon_pod(&p)),
                 Err(e) => warn!(error = &e as &dyn std::error::Error, "ignoring pod"),
             }
         }

@@ -10,9 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::quantity::{QuantityError, parse_units};
 use crate::ledger::claims::{
-    CULL_OPT_OUT_ANNOTATION, Deletion, NodeInfo, NotebookInfo, OwnerRef, PRODUCT_LABEL, PodClaim,
-    PodPhase, QuotaInfo, REPLICAS_LABEL, ResourceNames, SNOOZE_ANNOTATION, STOP_ANNOTATION,
-    STOPPED_AT_ANNOTATION, StatefulSetInfo,
+    CULL_OPT_OUT_ANNOTATION, DaemonPod, Deletion, GFD_LABEL_PREFIX, NodeInfo, NotebookInfo,
+    OwnerRef, PRODUCT_LABEL, PodClaim, PodPhase, QuotaInfo, REPLICAS_LABEL, ResourceNames,
+    SNOOZE_ANNOTATION, STOP_ANNOTATION, STOPPED_AT_ANNOTATION, StatefulSetInfo,
 };
 
 /// A quantity that cannot be a GPU count, with where it was found.
@@ -218,11 +218,44 @@ pub fn node(names: &ResourceNames, node: &Node) -> Result<NodeInfo, ProjectError
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|r| *r >= 1)
         .unwrap_or(1);
+    // GFD labels only (the GPU math reads a handful), bounded: a node's labels are untrusted.
+    let gpu_labels = labels
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| k.starts_with(GFD_LABEL_PREFIX) && v.len() <= MAX_GFD_LABEL_VALUE)
+        .take(MAX_GFD_LABELS)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     Ok(NodeInfo {
         name: meta.name.clone().unwrap_or_default(),
         allocatable,
         replicas,
         product: labels.and_then(|l| l.get(PRODUCT_LABEL)).cloned(),
+        gpu_labels,
+    })
+}
+
+/// GFD labels kept per node (GFD publishes about 20).
+const MAX_GFD_LABELS: usize = 64;
+/// Longest GFD label value kept (label values are at most 63 characters in Kubernetes).
+const MAX_GFD_LABEL_VALUE: usize = 63;
+
+/// Label the DaemonSet controller puts on every pod it creates (and no other controller does).
+pub const DAEMONSET_POD_LABEL: &str = "pod-template-generation";
+
+/// A bound pod controlled by a DaemonSet (where a device's exporter runs), else `None`.
+pub fn daemon_pod(pod: &Pod) -> Option<DaemonPod> {
+    let meta = &pod.metadata;
+    let controller = controller_of(meta)?;
+    if controller.kind != "DaemonSet" || controller.group != "apps" {
+        return None;
+    }
+    let node = pod.spec.as_ref()?.node_name.clone()?;
+    Some(DaemonPod {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        node,
+        ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
     })
 }
 

@@ -22,7 +22,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::project;
 use crate::ledger::claims::{
-    Claims, NodeInfo, NotebookInfo, PodClaim, QuotaInfo, ResourceNames, StatefulSetInfo,
+    Claims, DaemonPod, NodeInfo, NotebookInfo, PodClaim, QuotaInfo, ResourceNames, StatefulSetInfo,
 };
 
 /// Errors setting up watches.
@@ -51,6 +51,8 @@ pub struct Stores {
     pub notebooks: Arc<DashMap<String, NotebookInfo>>,
     /// StatefulSets fetched on demand (by uid) to verify notebook ownership.
     pub statefulsets: Arc<DashMap<String, StatefulSetInfo>>,
+    /// DaemonSet pods (dcgm-exporter's among them), to resolve a device's node.
+    pub daemon_pods: Arc<DashMap<String, DaemonPod>>,
     pub notebooks_enabled: Arc<AtomicBool>,
     synced: Arc<DashMap<&'static str, bool>>,
     /// Bumped on every applied watch event, so the serve loop can rebuild the ledger from
@@ -66,6 +68,7 @@ impl Stores {
             quotas: Arc::default(),
             notebooks: Arc::default(),
             statefulsets: Arc::default(),
+            daemon_pods: Arc::default(),
             notebooks_enabled: Arc::new(AtomicBool::new(false)),
             synced: Arc::default(),
             generation: Arc::default(),
@@ -104,6 +107,7 @@ impl Stores {
                 .iter()
                 .map(|e| e.value().clone())
                 .collect(),
+            daemon_pods: self.daemon_pods.iter().map(|e| e.value().clone()).collect(),
             notebooks_enabled: self.notebooks_enabled.load(Ordering::Relaxed),
         }
     }
@@ -191,6 +195,7 @@ pub async fn start(
             &stores,
             leak_label("pods", i),
             api,
+            watcher::Config::default(),
             on_restart.clone(),
             move |pod: &Pod| match project::pod(&names, pod) {
                 Ok(claim) => claim,
@@ -210,12 +215,28 @@ pub async fn start(
             &stores,
             leak_label("resourcequotas", i),
             api,
+            watcher::Config::default(),
             on_restart.clone(),
             move |q: &ResourceQuota| project::quota(&names, q).ok().flatten(),
             stores.quotas.clone(),
             quota_key,
         );
     }
+    // DaemonSet pods only (the label is set by the DaemonSet controller alone), cluster-wide:
+    // the exporter usually runs outside the watched namespaces.
+    let api: Api<Pod> = Api::all(client.clone());
+    spawn_watch(
+        tracker,
+        &cancel,
+        &stores,
+        "daemonset-pods",
+        api,
+        watcher::Config::default().labels(project::DAEMONSET_POD_LABEL),
+        on_restart.clone(),
+        |pod: &Pod| project::daemon_pod(pod),
+        stores.daemon_pods.clone(),
+        pod_key,
+    );
     let api: Api<Node> = Api::all(client.clone());
     let names_n = config.names.clone();
     spawn_watch(
@@ -224,6 +245,7 @@ pub async fn start(
         &stores,
         "nodes",
         api,
+        watcher::Config::default(),
         on_restart.clone(),
         move |n: &Node| project::node(&names_n, n).ok(),
         stores.nodes.clone(),
@@ -245,6 +267,7 @@ pub async fn start(
                     &stores,
                     leak_label("notebooks", i),
                     api,
+                    watcher::Config::default(),
                     on_restart.clone(),
                     |o: &DynamicObject| Some(project::notebook(&o.metadata)),
                     stores.notebooks.clone(),
@@ -305,6 +328,7 @@ fn spawn_watch<K, V, P, F>(
     stores: &Stores,
     label: &'static str,
     api: Api<K>,
+    config: watcher::Config,
     on_restart: RestartHook,
     project: P,
     store: Arc<DashMap<String, V>>,
@@ -322,7 +346,7 @@ fn spawn_watch<K, V, P, F>(
     let span = info_span!("watch", resource = label);
     tracker.spawn(
         async move {
-            let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+            let stream = watcher::watcher(api, config).default_backoff();
             futures::pin_mut!(stream);
             let mut relist: Option<HashSet<String>> = None;
             loop {

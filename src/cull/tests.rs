@@ -18,6 +18,7 @@ fn idle_pod() -> PodRow {
         state: PodState::Running,
         gpus: 1.0,
         resources: std::collections::BTreeMap::new(),
+        gpus_by_resource: Vec::new(),
         attribution: Attribution::Exclusive,
         utilization: Some(0.0),
         memory_used_bytes: None,

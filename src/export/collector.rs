@@ -412,16 +412,13 @@ pub fn text(snapshot: &Snapshot, names: &crate::ledger::claims::ResourceNames) -
     out
 }
 
-fn emit(snapshot: &Snapshot, names: &crate::ledger::claims::ResourceNames, out: &mut impl Sink) {
+fn emit(snapshot: &Snapshot, _names: &crate::ledger::claims::ResourceNames, out: &mut impl Sink) {
     let l = &snapshot.ledger;
     for p in &l.pods {
         let node = p.node.as_deref().unwrap_or("");
         let ident = [p.namespace.as_str(), p.pod.as_str(), node];
-        for (resource, units) in &p.resources {
-            let unit_gpus = names
-                .classify(resource)
-                .map_or(0.0, |k| k.gpus_per_unit(p.evidence.replicas));
-            let value = unit_gpus * *units as f64;
+        for (resource, value) in &p.gpus_by_resource {
+            let value = *value;
             out.push(
                 idx::POD_GPUS,
                 &[
@@ -498,7 +495,11 @@ fn emit(snapshot: &Snapshot, names: &crate::ledger::claims::ResourceNames, out: 
     for d in &l.unclaimed_busy {
         out.push(
             idx::UNCLAIMED_BUSY,
-            &[&d.node, &d.uuid, d.gpu_instance.as_deref().unwrap_or("")],
+            &[
+                d.node.as_deref().unwrap_or(""),
+                &d.uuid,
+                d.gpu_instance.as_deref().unwrap_or(""),
+            ],
             d.utilization,
         );
     }

@@ -24,6 +24,7 @@ fn pod(ns: &str, name: &str) -> PodRow {
         state: PodState::Running,
         gpus: 1.0,
         resources: [("nvidia.com/gpu".to_string(), 1)].into(),
+        gpus_by_resource: vec![("nvidia.com/gpu".to_string(), 1.0)],
         attribution: Attribution::Exclusive,
         utilization: Some(0.25),
         memory_used_bytes: None,
@@ -39,10 +40,7 @@ fn pod(ns: &str, name: &str) -> PodRow {
         }),
         devices: vec![],
         pending_reason: None,
-        evidence: Evidence {
-            replicas: 1,
-            ..Evidence::default()
-        },
+        evidence: Evidence::default(),
     }
 }
 
@@ -167,6 +165,10 @@ fn busy_snapshot() -> Snapshot {
         ("nvidia.com/mig-1g.10gb".to_string(), 3),
     ]
     .into();
+    a.gpus_by_resource = vec![
+        ("nvidia.com/gpu".to_string(), 2.0),
+        ("nvidia.com/mig-1g.10gb".to_string(), 3.0 / 7.0),
+    ];
     a.memory_used_bytes = Some(2.5e9);
     a.idle_seconds = Some(1234.5);
     a.notebook = Some("nb\\x".into());
@@ -190,7 +192,7 @@ fn busy_snapshot() -> Snapshot {
         gpu_quota_keys: [("requests.nvidia.com/gpu".to_string(), 4)].into(),
     });
     l.unclaimed_busy.push(crate::ledger::UnclaimedBusy {
-        node: "n1".into(),
+        node: Some("n1".into()),
         uuid: "GPU-1".into(),
         gpu_instance: None,
         utilization: 0.9,

@@ -7,9 +7,9 @@ use foldhash::HashMap;
 use foldhash::fast::RandomState;
 use serde::Serialize;
 
-use super::claims::{GpuResourceKind, PodClaim};
+use super::claims::{Claims, GpuResourceKind, PodClaim, PodPhase};
 use super::usage::{DeviceUsage, Usage, Workload};
-use super::{PodRow, Policy, seconds};
+use super::{PodRow, Policy, UnclaimedBusy, seconds};
 
 /// How confidently a pod's utilisation is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -39,22 +39,107 @@ impl Attribution {
     }
 }
 
-/// Devices by the workloads they name and by host.
+/// Where pods and devices are: real node names, and the DaemonSet pods (dcgm-exporter runs as
+/// one) by name and by IP, to resolve a device's node from the exporter that reported it.
+pub(super) struct Locator<'a> {
+    nodes: foldhash::HashSet<&'a str>,
+    by_pod: HashMap<(&'a str, &'a str), &'a str>,
+    /// Daemon pod name → node, for names that are unique across namespaces (`None` otherwise).
+    by_name: HashMap<&'a str, Option<&'a str>>,
+    by_ip: HashMap<&'a str, &'a str>,
+}
+
+impl<'a> Locator<'a> {
+    pub(super) fn new(claims: &'a Claims) -> Self {
+        let nodes = claims.nodes.iter().map(|n| n.name.as_str()).collect();
+        let mut by_pod = HashMap::default();
+        let mut by_name: HashMap<&str, Option<&str>> = HashMap::default();
+        let mut by_ip = HashMap::default();
+        for d in &claims.daemon_pods {
+            by_pod.insert((d.namespace.as_str(), d.name.as_str()), d.node.as_str());
+            by_name
+                .entry(d.name.as_str())
+                .and_modify(|n| {
+                    if *n != Some(d.node.as_str()) {
+                        *n = None;
+                    }
+                })
+                .or_insert(Some(d.node.as_str()));
+            if let Some(ip) = d.ip.as_deref() {
+                by_ip.insert(ip, d.node.as_str());
+            }
+        }
+        Locator {
+            nodes,
+            by_pod,
+            by_name,
+            by_ip,
+        }
+    }
+
+    /// Whether a workload label names a DaemonSet pod — the exporter itself, e.g. its target
+    /// labels kept under `honor_labels` on a device no pod holds: never a GPU holder.
+    fn is_daemon(&self, w: &Workload) -> bool {
+        self.by_pod
+            .contains_key(&(w.namespace.as_str(), w.pod.as_str()))
+    }
+
+    /// The node of a device, from what is reliable first: the exporter pod (target labels, or a
+    /// workload label naming it), the scrape address (`instance` → pod IP), then `Hostname` when
+    /// it names a real node or a DaemonSet pod (dcgm-exporter without `NODE_NAME` reports its
+    /// own pod name, dcgm-exporter#188). `None` rather than a name that is no node.
+    pub(super) fn node_of(&self, d: &DeviceUsage) -> Option<&'a str> {
+        let exporter = d.exporter.iter().chain(&d.workloads).find_map(|w| {
+            self.by_pod
+                .get(&(w.namespace.as_str(), w.pod.as_str()))
+                .copied()
+        });
+        let by_address = || {
+            let instance = d.instance.as_deref()?;
+            let host = instance
+                .rsplit_once(':')
+                .map_or(instance, |(h, _)| h)
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            self.by_ip.get(host).copied()
+        };
+        let by_hostname = || {
+            let h = d.hostname.as_deref()?;
+            self.nodes
+                .get(h)
+                .copied()
+                .or_else(|| self.by_name.get(h).copied().flatten())
+        };
+        exporter
+            .or_else(by_address)
+            .or_else(by_hostname)
+            .filter(|n| self.nodes.contains(n))
+    }
+}
+
+/// Devices by the workloads they name and by the node they are on.
 pub(super) struct DeviceIndex<'a> {
     by_workload: HashMap<(&'a str, &'a str), Vec<usize>>,
-    by_host: HashMap<&'a str, Vec<usize>>,
+    by_node: HashMap<&'a str, Vec<usize>>,
+    /// The resolved node of each device.
+    node_of: Vec<Option<&'a str>>,
+    /// Pods each device names (DaemonSet pods left out).
+    holders: Vec<usize>,
 }
 
 impl<'a> DeviceIndex<'a> {
-    pub(super) fn new(usage: &'a Usage) -> Self {
+    pub(super) fn new(usage: &'a Usage, locator: &Locator<'a>) -> Self {
+        let n = usage.devices.len();
         let mut by_workload: HashMap<(&str, &str), Vec<usize>> =
-            HashMap::with_capacity_and_hasher(usage.devices.len(), RandomState::default());
-        let mut by_host: HashMap<&str, Vec<usize>> = HashMap::default();
+            HashMap::with_capacity_and_hasher(n, RandomState::default());
+        let mut by_node: HashMap<&str, Vec<usize>> = HashMap::default();
+        let mut node_of = Vec::with_capacity(n);
+        let mut holders = Vec::with_capacity(n);
         for (i, d) in usage.devices.iter().enumerate() {
             let per_pod = d.per_pod_utilization.iter().map(|(w, _)| w);
             let mut seen: Vec<&Workload> = Vec::new();
             for w in d.workloads.iter().chain(per_pod) {
-                if !seen.contains(&w) {
+                if !seen.contains(&w) && !locator.is_daemon(w) {
                     seen.push(w);
                     by_workload
                         .entry((w.namespace.as_str(), w.pod.as_str()))
@@ -62,20 +147,20 @@ impl<'a> DeviceIndex<'a> {
                         .push(i);
                 }
             }
-            if let Some(h) = &d.hostname {
-                by_host.entry(h.as_str()).or_default().push(i);
+            holders.push(d.workloads.iter().filter(|w| !locator.is_daemon(w)).count());
+            let node = locator.node_of(d);
+            if let Some(n) = node {
+                by_node.entry(n).or_default().push(i);
             }
+            node_of.push(node);
         }
         DeviceIndex {
             by_workload,
-            by_host,
+            by_node,
+            node_of,
+            holders,
         }
     }
-}
-
-/// The node a device is on: its host label (dcgm-exporter sets it from `NODE_NAME`).
-pub(super) fn node_of(d: &DeviceUsage) -> Option<String> {
-    d.hostname.clone()
 }
 
 /// Devices a pod's claim implies: whole units for whole GPUs, one per MIG unit; 0 when unknown.
@@ -113,17 +198,35 @@ fn verdict(devs: &[&DeviceUsage], policy: &Policy, now: DateTime<Utc>) -> Option
 }
 
 /// Fills attribution, utilisation, memory, idle and evidence of a pod that holds GPUs.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn attribute(
     row: &mut PodRow,
     p: &PodClaim,
     index: &DeviceIndex<'_>,
     usage: &Usage,
-    time_sliced: bool,
     now: DateTime<Utc>,
     policy: &Policy,
     claimed: &mut [bool],
 ) {
+    attribute_devices(row, p, index, usage, now, policy, claimed);
+    // A pod whose node stopped reporting (phase Unknown) may be gone or running anything: its
+    // GPUs are unknown, never idle.
+    if p.phase == PodPhase::Unknown && row.idle == Some(true) {
+        row.idle = None;
+        row.idle_seconds = None;
+        row.evidence.idle_since = None;
+    }
+}
+
+fn attribute_devices(
+    row: &mut PodRow,
+    p: &PodClaim,
+    index: &DeviceIndex<'_>,
+    usage: &Usage,
+    now: DateTime<Utc>,
+    policy: &Policy,
+    claimed: &mut [bool],
+) {
+    let time_sliced = row.evidence.time_sliced;
     row.evidence.devices_expected = expected_devices(p, policy);
     if !usage.available {
         row.attribution = Attribution::Unattributed;
@@ -141,14 +244,19 @@ pub(super) fn attribute(
     row.evidence.devices_found = devs.len();
 
     if devs.is_empty() {
-        // A time-sliced sharer that no series pins: idle only when every GPU on its node is idle.
-        let host_devs: Vec<&DeviceUsage> = p
+        // A time-sliced sharer that no series pins (the exporter's default labels one pod per
+        // GPU, or none): it may be on any GPU of its node, so those GPUs are claimed, and it is
+        // idle only when every one of them is idle.
+        let host_ids: &[usize] = p
             .node
             .as_deref()
-            .and_then(|n| index.by_host.get(n))
-            .map(|ids| ids.iter().map(|&i| &usage.devices[i]).collect())
-            .unwrap_or_default();
+            .and_then(|n| index.by_node.get(n))
+            .map_or(&[], Vec::as_slice);
+        let host_devs: Vec<&DeviceUsage> = host_ids.iter().map(|&i| &usage.devices[i]).collect();
         if time_sliced && !host_devs.is_empty() {
+            for &i in host_ids {
+                claimed[i] = true;
+            }
             row.attribution = Attribution::Shared;
             if verdict(&host_devs, policy, now) == Some(true) {
                 row.idle = Some(true);
@@ -161,7 +269,7 @@ pub(super) fn attribute(
     }
 
     let mig = devs.iter().any(|d| d.key.gpu_instance.is_some());
-    let crowded = devs.iter().any(|d| d.workloads.len() > 1);
+    let crowded = ids.iter().any(|&i| index.holders[i] > 1);
     row.attribution = if mig {
         Attribution::Mig
     } else if time_sliced || crowded || devs.iter().any(|d| !d.per_pod_utilization.is_empty()) {
@@ -210,6 +318,18 @@ pub(super) fn attribute(
                 .collect();
             row.utilization = (!own.is_empty() && own.len() == devs.len())
                 .then(|| own.iter().sum::<f64>() / own.len() as f64);
+            // Memory: the pod's own per-process framebuffer, never the device's.
+            let own_mem: Vec<f64> = devs
+                .iter()
+                .filter_map(|d| {
+                    d.per_pod_memory_bytes
+                        .iter()
+                        .find(|(w, _)| *w == me)
+                        .map(|(_, v)| *v)
+                })
+                .collect();
+            row.memory_used_bytes =
+                (!own_mem.is_empty() && own_mem.len() == devs.len()).then(|| own_mem.iter().sum());
             // An idle device proves every sharer idle; a busy one proves nothing about this pod
             // unless its own per-process reading is busy.
             row.idle = match verdict(&devs, policy, now) {
@@ -237,4 +357,46 @@ fn set_idle_since(row: &mut PodRow, devs: &[&DeviceUsage], now: DateTime<Utc>) {
     }
     row.evidence.idle_since = since;
     row.idle_seconds = since.map(|s| seconds(now - s).max(0.0));
+}
+
+/// Busy devices that no claim on their node could own: not named by a holder, not pinned to
+/// time-sliced sharers by node, and on a node (or, unresolved, in a cluster) where every holder's
+/// devices are accounted for. Such a GPU is working outside the scheduler's books.
+pub(super) fn unclaimed_busy(
+    usage: &Usage,
+    index: &DeviceIndex<'_>,
+    claimed: &[bool],
+    pods: &[PodRow],
+    policy: &Policy,
+) -> Vec<UnclaimedBusy> {
+    // Nodes with a holder whose claim names more devices than were found for it: an unlabelled
+    // busy device there may well be that holder's.
+    let mut open_claims: foldhash::HashSet<&str> = foldhash::HashSet::default();
+    for p in pods.iter().filter(|p| p.state.holds()) {
+        if p.evidence.devices_found < p.evidence.devices_expected
+            || p.attribution == Attribution::Unattributed
+        {
+            open_claims.insert(p.node.as_deref().unwrap_or(""));
+        }
+    }
+    let mut out: Vec<UnclaimedBusy> = usage
+        .devices
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| !claimed[*i] && d.utilization.is_some_and(|u| u >= policy.idle_threshold))
+        .filter(|(i, _)| match index.node_of[*i] {
+            Some(node) => !open_claims.contains(node),
+            None => open_claims.is_empty(),
+        })
+        .map(|(i, d)| UnclaimedBusy {
+            node: index.node_of[i].map(str::to_string),
+            uuid: d.key.uuid.clone(),
+            gpu_instance: d.key.gpu_instance.clone(),
+            utilization: d.utilization.unwrap_or_default(),
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (&a.node, &a.uuid, &a.gpu_instance).cmp(&(&b.node, &b.uuid, &b.gpu_instance))
+    });
+    out
 }

@@ -23,8 +23,13 @@ pub const STOPPED_BY_ANNOTATION: &str = "gpu-ledger.io/stopped-by";
 pub const STOP_REASON_ANNOTATION: &str = "gpu-ledger.io/stop-reason";
 /// Node label set by GPU Feature Discovery for time-sliced GPUs.
 pub const REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
-/// Node label with the GPU model.
+/// Node label with the GPU model (`NVIDIA-H100-80GB-HBM3`; under the MIG single strategy the
+/// MIG device, `NVIDIA-H100-80GB-HBM3-MIG-1g.10gb`; time-sliced, with a `-SHARED` suffix).
 pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// Node label with the MIG strategy of the device plugin (`single`, `mixed`, `none`).
+pub const MIG_STRATEGY_LABEL: &str = "nvidia.com/mig.strategy";
+/// Prefix of the GFD labels kept on [`NodeInfo::gpu_labels`].
+pub const GFD_LABEL_PREFIX: &str = "nvidia.com/";
 
 /// Everything the ledger needs from the Kubernetes API at one instant.
 #[derive(Debug, Clone, Default)]
@@ -34,8 +39,21 @@ pub struct Claims {
     pub quotas: Vec<QuotaInfo>,
     pub notebooks: Vec<NotebookInfo>,
     pub statefulsets: Vec<StatefulSetInfo>,
+    /// DaemonSet pods bound to a node (dcgm-exporter runs as one): a device's node is resolved
+    /// through the exporter pod that reported it.
+    pub daemon_pods: Vec<DaemonPod>,
     /// False when the Notebook CRD is not served (notebook ownership is then off).
     pub notebooks_enabled: bool,
+}
+
+/// A pod of a DaemonSet, reduced to where it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonPod {
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+    /// `status.podIP`, to match a scrape target's `instance` address.
+    pub ip: Option<String>,
 }
 
 /// Lifecycle phase as the API reports it.
@@ -123,6 +141,9 @@ pub struct NodeInfo {
     /// Time-slicing replica factor from `nvidia.com/gpu.replicas` (1 when absent).
     pub replicas: u32,
     pub product: Option<String>,
+    /// GPU Feature Discovery's labels (`nvidia.com/…`): the MIG strategy, counts and per-profile
+    /// replicas the GPU math reads.
+    pub gpu_labels: BTreeMap<String, String>,
 }
 
 /// A ResourceQuota that names a GPU resource.
@@ -169,20 +190,173 @@ pub enum GpuResourceKind {
     Whole,
     /// `nvidia.com/gpu.shared`: a time-slice replica (device plugin `renameByDefault`).
     Shared,
-    /// `nvidia.com/mig-<g>g.<mem>gb`: g sevenths of a GPU.
+    /// `nvidia.com/mig-<g>g.<mem>gb`: g slices of a GPU with S compute slices (7, or 4 on the A30).
     Mig { slices: u8 },
     /// A configured extra resource name counted as whole GPUs.
     Extra,
 }
 
-impl GpuResourceKind {
-    /// GPU equivalents of one unit on a node with the given time-slicing replica factor.
-    pub fn gpus_per_unit(self, replicas: u32) -> f64 {
-        let replicas = f64::from(replicas.max(1));
-        match self {
-            Self::Whole | Self::Extra | Self::Shared => 1.0 / replicas,
-            Self::Mig { slices } => f64::from(slices) / 7.0,
+/// Compute slices of MIG-capable GPUs whose count is not the usual 7 (A100, H100, H200, B200,
+/// GB200: 7). Matched case-insensitively against the node's product label. Source: NVIDIA's MIG
+/// user guide, "Supported MIG Profiles" (A30: 4 slices, profiles 1g.6gb, 2g.12gb, 4g.24gb).
+pub const DEFAULT_SLICE_TABLE: &[(&str, u8)] = &[("A30", 4)];
+/// Compute slices assumed when the product is unknown or not in the table.
+pub const DEFAULT_COMPUTE_SLICES: u8 = 7;
+/// MIG profiles that exist only on 4-slice parts (the A30), for pods not yet on a node.
+const FOUR_SLICE_PROFILES: &[&str] = &["1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"];
+
+/// Compute slices per GPU product: the built-in table, then `--mig-compute-slices` overrides.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SliceTable {
+    /// `(product substring, slices)`, checked before the built-in table.
+    pub overrides: Vec<(String, u8)>,
+}
+
+impl SliceTable {
+    /// Compute slices of the parent GPU for a node product label (with or without the
+    /// `-MIG-<profile>` and `-SHARED` suffixes).
+    pub fn slices_of(&self, product: Option<&str>) -> u8 {
+        let Some(product) = product else {
+            return DEFAULT_COMPUTE_SLICES;
+        };
+        let base = product
+            .split("-MIG-")
+            .next()
+            .unwrap_or(product)
+            .to_ascii_lowercase();
+        self.overrides
+            .iter()
+            .map(|(p, n)| (p.as_str(), *n))
+            .chain(DEFAULT_SLICE_TABLE.iter().copied())
+            .find(|(p, _)| base.contains(&p.to_ascii_lowercase()))
+            .map_or(DEFAULT_COMPUTE_SLICES, |(_, n)| n.max(1))
+    }
+}
+
+/// The GPU slices `g` of a MIG profile `<g>g.<mem>gb[+me…]`, if it is one (1..=7).
+pub fn profile_slices(profile: &str) -> Option<u8> {
+    let g = profile
+        .split_once('g')
+        .and_then(|(g, _)| g.parse::<u8>().ok())?;
+    (1..=7).contains(&g).then_some(g)
+}
+
+/// How units of GPU resources convert to physical GPUs on one node, or for a pod that is not
+/// on a node yet.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeShape<'a> {
+    node: Option<&'a NodeInfo>,
+    table: Option<&'a SliceTable>,
+    compute_slices: u8,
+    /// Under the MIG single strategy: the slices of every advertised `nvidia.com/gpu` unit.
+    single_mig_slices: Option<u8>,
+}
+
+impl<'a> NodeShape<'a> {
+    /// The shape of `node` (its product, MIG strategy and replica labels).
+    pub fn of(node: &'a NodeInfo, slices: &'a SliceTable) -> Self {
+        let compute_slices = slices.slices_of(node.product.as_deref());
+        let single = node
+            .gpu_labels
+            .get(MIG_STRATEGY_LABEL)
+            .is_some_and(|s| s == "single");
+        let single_mig_slices = single
+            .then(|| {
+                let from_product = node
+                    .product
+                    .as_deref()
+                    .and_then(|p| p.split_once("-MIG-"))
+                    .map(|(_, profile)| profile.trim_end_matches("-SHARED"))
+                    .and_then(profile_slices);
+                from_product.or_else(|| {
+                    node.gpu_labels
+                        .get("nvidia.com/gpu.slices.gi")
+                        .and_then(|v| v.parse::<u8>().ok())
+                        .filter(|g| (1..=7).contains(g))
+                })
+            })
+            .flatten();
+        NodeShape {
+            node: Some(node),
+            table: Some(slices),
+            compute_slices,
+            single_mig_slices,
         }
+    }
+
+    fn table_slices(&self, product: &str) -> u8 {
+        self.table
+            .map_or(DEFAULT_COMPUTE_SLICES, |t| t.slices_of(Some(product)))
+    }
+
+    /// A pod with no node (pending): no time-slicing, parent slices from the profile name.
+    pub fn unplaced() -> Self {
+        NodeShape {
+            node: None,
+            table: None,
+            compute_slices: DEFAULT_COMPUTE_SLICES,
+            single_mig_slices: None,
+        }
+    }
+
+    /// The time-slicing replica factor of `resource` on this node: `nvidia.com/gpu.replicas` for
+    /// `nvidia.com/gpu` (and its renamed `.shared`), `nvidia.com/mig-<p>.replicas` for a MIG
+    /// profile (GFD publishes one per shared resource); 1 when absent or off a node.
+    pub fn replicas_of(&self, resource: &str) -> u32 {
+        let Some(node) = self.node else { return 1 };
+        let base = resource.strip_suffix(".shared").unwrap_or(resource);
+        if base == "nvidia.com/gpu" {
+            return node.replicas.max(1);
+        }
+        node.gpu_labels
+            .get(&format!("{base}.replicas"))
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|r| *r >= 1)
+            .unwrap_or(1)
+    }
+
+    /// Physical GPUs of one unit of `resource` (of `kind`).
+    pub fn gpus_per_unit(&self, resource: &str, kind: GpuResourceKind) -> f64 {
+        let replicas = f64::from(self.replicas_of(resource));
+        let slice = |g: u8, parent: u8| f64::from(g) / f64::from(parent.max(1));
+        let whole = match kind {
+            GpuResourceKind::Whole => self
+                .single_mig_slices
+                .map_or(1.0, |g| slice(g, self.compute_slices)),
+            GpuResourceKind::Extra | GpuResourceKind::Shared => 1.0,
+            GpuResourceKind::Mig { slices } => {
+                let parent = if let Some(node) = self.node {
+                    // On a node with GPUs of several models, the parent of a MIG profile is
+                    // named by its own product label (`nvidia.com/mig-1g.6gb.product`, GFD),
+                    // while `nvidia.com/gpu.product` names the full GPUs.
+                    node.gpu_labels
+                        .get(&format!("{resource}.product"))
+                        .map_or(self.compute_slices, |p| self.table_slices(p))
+                } else {
+                    let profile = resource.strip_prefix("nvidia.com/mig-").unwrap_or("");
+                    if FOUR_SLICE_PROFILES.contains(&profile) {
+                        4
+                    } else {
+                        DEFAULT_COMPUTE_SLICES
+                    }
+                };
+                slice(slices.min(parent), parent)
+            }
+        };
+        whole / replicas
+    }
+
+    /// Whether any of `resources` is time-sliced here (a shared resource, or replicas > 1).
+    pub fn time_sliced<'r>(
+        &self,
+        names: &ResourceNames,
+        resources: impl IntoIterator<Item = &'r String>,
+    ) -> bool {
+        resources.into_iter().any(|r| match names.classify(r) {
+            Some(GpuResourceKind::Shared) => true,
+            Some(_) => self.replicas_of(r) > 1,
+            None => false,
+        })
     }
 }
 
@@ -199,12 +373,7 @@ impl ResourceNames {
             "nvidia.com/gpu.shared" => Some(GpuResourceKind::Shared),
             _ => {
                 if let Some(profile) = name.strip_prefix("nvidia.com/mig-") {
-                    let slices = profile
-                        .split_once('g')
-                        .and_then(|(g, _)| g.parse::<u8>().ok())?;
-                    return (1..=7)
-                        .contains(&slices)
-                        .then_some(GpuResourceKind::Mig { slices });
+                    return profile_slices(profile).map(|slices| GpuResourceKind::Mig { slices });
                 }
                 self.extra
                     .iter()
@@ -223,15 +392,23 @@ impl ResourceNames {
         self.classify(name).map(|_| name)
     }
 
-    /// GPU equivalents for a map of resource units on a node with `replicas`.
-    pub fn gpus(&self, resources: &BTreeMap<String, u64>, replicas: u32) -> f64 {
-        resources
-            .iter()
-            .filter_map(|(name, units)| {
-                self.classify(name)
-                    .map(|k| k.gpus_per_unit(replicas) * *units as f64)
-            })
+    /// GPU equivalents for a map of resource units on a node of `shape`.
+    pub fn gpus(&self, resources: &BTreeMap<String, u64>, shape: &NodeShape<'_>) -> f64 {
+        self.gpus_by_resource(resources, shape)
+            .map(|(_, g)| g)
             .sum()
+    }
+
+    /// GPU equivalents per recognised resource of `resources`.
+    pub fn gpus_by_resource<'r>(
+        &'r self,
+        resources: &'r BTreeMap<String, u64>,
+        shape: &'r NodeShape<'_>,
+    ) -> impl Iterator<Item = (&'r str, f64)> + 'r {
+        resources.iter().filter_map(move |(name, units)| {
+            self.classify(name)
+                .map(|k| (name.as_str(), shape.gpus_per_unit(name, k) * *units as f64))
+        })
     }
 }
 
@@ -320,17 +497,131 @@ mod tests {
         assert_eq!(names.quota_key_resource("limits.cpu"), None);
     }
 
+    fn node_with(labels: &[(&str, &str)], product: Option<&str>, replicas: u32) -> NodeInfo {
+        NodeInfo {
+            name: "n".into(),
+            allocatable: BTreeMap::new(),
+            replicas,
+            product: product.map(str::to_string),
+            gpu_labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+        }
+    }
+
     #[test]
     fn gpu_equivalents_follow_design() {
         let names = ResourceNames::default();
+        let table = SliceTable::default();
         let mut r = BTreeMap::new();
         r.insert("nvidia.com/gpu".to_string(), 2);
-        assert!((names.gpus(&r, 1) - 2.0).abs() < 1e-9);
-        assert!((names.gpus(&r, 4) - 0.5).abs() < 1e-9);
+        let plain = node_with(&[], Some("NVIDIA-H100-80GB-HBM3"), 1);
+        assert!((names.gpus(&r, &NodeShape::of(&plain, &table)) - 2.0).abs() < 1e-9);
+        let sliced = node_with(&[], Some("Tesla-T4-SHARED"), 4);
+        assert!((names.gpus(&r, &NodeShape::of(&sliced, &table)) - 0.5).abs() < 1e-9);
         let mut m = BTreeMap::new();
         m.insert("nvidia.com/mig-3g.40gb".to_string(), 1);
         m.insert("nvidia.com/mig-1g.10gb".to_string(), 2);
-        assert!((names.gpus(&m, 1) - 5.0 / 7.0).abs() < 1e-9);
+        let h100 = node_with(
+            &[(MIG_STRATEGY_LABEL, "mixed")],
+            Some("NVIDIA-H100-80GB-HBM3"),
+            1,
+        );
+        assert!((names.gpus(&m, &NodeShape::of(&h100, &table)) - 5.0 / 7.0).abs() < 1e-9);
+        assert!((names.gpus(&m, &NodeShape::unplaced()) - 5.0 / 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn mig_single_strategy_counts_slices_not_gpus() {
+        // GFD on an H100 cut into seven 1g.10gb under the single strategy (gpu-operator docs,
+        // "MIG Manager" configuration check).
+        let names = ResourceNames::default();
+        let table = SliceTable::default();
+        let n = node_with(
+            &[
+                (MIG_STRATEGY_LABEL, "single"),
+                ("nvidia.com/gpu.count", "7"),
+                ("nvidia.com/gpu.slices.gi", "1"),
+            ],
+            Some("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"),
+            1,
+        );
+        let mut alloc = BTreeMap::new();
+        alloc.insert("nvidia.com/gpu".to_string(), 7);
+        let shape = NodeShape::of(&n, &table);
+        assert!(
+            (names.gpus(&alloc, &shape) - 1.0).abs() < 1e-9,
+            "seven slices are one GPU"
+        );
+        let mut one = BTreeMap::new();
+        one.insert("nvidia.com/gpu".to_string(), 1);
+        assert!((names.gpus(&one, &shape) - 1.0 / 7.0).abs() < 1e-9);
+        // 3g.40gb under single strategy, product label only.
+        let n = node_with(
+            &[(MIG_STRATEGY_LABEL, "single")],
+            Some("NVIDIA-A100-SXM4-80GB-MIG-3g.40gb"),
+            1,
+        );
+        assert!((names.gpus(&one, &NodeShape::of(&n, &table)) - 3.0 / 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a30_has_four_slices_and_the_table_can_be_overridden() {
+        let names = ResourceNames::default();
+        let table = SliceTable::default();
+        let a30 = node_with(&[(MIG_STRATEGY_LABEL, "mixed")], Some("NVIDIA-A30"), 1);
+        let shape = NodeShape::of(&a30, &table);
+        let mut m = BTreeMap::new();
+        m.insert("nvidia.com/mig-1g.6gb".to_string(), 1);
+        assert!((names.gpus(&m, &shape) - 0.25).abs() < 1e-9);
+        let mut m2 = BTreeMap::new();
+        m2.insert("nvidia.com/mig-2g.12gb".to_string(), 1);
+        assert!((names.gpus(&m2, &shape) - 0.5).abs() < 1e-9);
+        // Not yet on a node: the A30-only profile still converts with 4 slices.
+        assert!((names.gpus(&m, &NodeShape::unplaced()) - 0.25).abs() < 1e-9);
+        let custom = SliceTable {
+            overrides: vec![("H100".into(), 4)],
+        };
+        let h100 = node_with(&[], Some("NVIDIA-H100-80GB-HBM3"), 1);
+        let mut g = BTreeMap::new();
+        g.insert("nvidia.com/mig-1g.10gb".to_string(), 1);
+        assert!((names.gpus(&g, &NodeShape::of(&h100, &custom)) - 0.25).abs() < 1e-9);
+        assert_eq!(table.slices_of(Some("NVIDIA-A30-MIG-1g.6gb-SHARED")), 4);
+        // A mixed-model node: the full GPUs' product is another card; the profile's own
+        // product label names the A30 (GFD, NVIDIA/dcgm-exporter#736's node).
+        let mixed = node_with(
+            &[
+                (MIG_STRATEGY_LABEL, "mixed"),
+                ("nvidia.com/mig-1g.6gb.product", "NVIDIA-A30-MIG-1g.6gb"),
+            ],
+            Some("NVIDIA-RTX-2000-Ada-Generation"),
+            1,
+        );
+        assert!((names.gpus(&m, &NodeShape::of(&mixed, &table)) - 0.25).abs() < 1e-9);
+        assert_eq!(table.slices_of(None), 7);
+    }
+
+    #[test]
+    fn time_sliced_mig_profiles_use_their_own_replicas() {
+        let names = ResourceNames::default();
+        let n = node_with(
+            &[
+                (MIG_STRATEGY_LABEL, "mixed"),
+                ("nvidia.com/mig-1g.10gb.replicas", "2"),
+            ],
+            Some("NVIDIA-H100-80GB-HBM3"),
+            1,
+        );
+        let table = SliceTable::default();
+        let shape = NodeShape::of(&n, &table);
+        let mut m = BTreeMap::new();
+        m.insert("nvidia.com/mig-1g.10gb".to_string(), 1);
+        assert!((names.gpus(&m, &shape) - 1.0 / 14.0).abs() < 1e-9);
+        assert!(shape.time_sliced(&names, m.keys()));
+        let mut g = BTreeMap::new();
+        g.insert("nvidia.com/gpu".to_string(), 1);
+        assert!(!shape.time_sliced(&names, g.keys()));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use claims::{Claims, GpuResourceKind, NotebookInfo, PodClaim, ResourceNames};
+use claims::{Claims, NodeShape, NotebookInfo, PodClaim, ResourceNames, SliceTable};
 use usage::{DeviceKey, Usage};
 
 pub use attribution::Attribution;
@@ -21,6 +21,8 @@ pub use attribution::Attribution;
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub names: ResourceNames,
+    /// Compute slices per GPU product (MIG profile `<g>g` = g / slices).
+    pub slices: SliceTable,
     /// Utilisation (0..1) below which a device counts as idle.
     pub idle_threshold: f64,
     /// Share of expected samples in the window required to call anything idle.
@@ -35,6 +37,7 @@ impl Default for Policy {
     fn default() -> Self {
         Policy {
             names: ResourceNames::default(),
+            slices: SliceTable::default(),
             idle_threshold: 0.05,
             min_coverage: 0.9,
             max_staleness: Duration::minutes(2),
@@ -96,8 +99,8 @@ pub struct Evidence {
     /// Devices found for the pod versus devices its claim implies.
     pub devices_found: usize,
     pub devices_expected: usize,
-    /// Time-slicing replica factor of the pod's node (1 when not shared or unknown).
-    pub replicas: u32,
+    /// Whether the pod's GPUs are time-sliced on its node (a shared resource or replicas > 1).
+    pub time_sliced: bool,
 }
 
 /// One GPU pod.
@@ -110,6 +113,9 @@ pub struct PodRow {
     /// Claim in physical GPU equivalents.
     pub gpus: f64,
     pub resources: BTreeMap<String, u64>,
+    /// Physical GPU equivalents per resource of `resources` (the metrics' `resource` label).
+    #[serde(skip)]
+    pub gpus_by_resource: Vec<(String, f64)>,
     pub attribution: Attribution,
     pub utilization: Option<f64>,
     pub memory_used_bytes: Option<f64>,
@@ -153,10 +159,12 @@ pub struct NamespaceRow {
     pub gpu_quota_keys: BTreeMap<String, u64>,
 }
 
-/// A device above the idle threshold that no GPU pod claims.
+/// A device above the idle threshold that no claim on its node could own.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct UnclaimedBusy {
-    pub node: String,
+    /// The node the device is on, when it can be resolved to a real node (see
+    /// [`attribution::Locator`]); never a name that is not a node.
+    pub node: Option<String>,
     pub uuid: String,
     pub gpu_instance: Option<String>,
     pub utilization: f64,
@@ -197,11 +205,7 @@ impl Ledger {
             return;
         }
         self.unclaimed_busy.retain(|d| {
-            let owner = if d.node.is_empty() {
-                0
-            } else {
-                claims::shard_of(&d.node, total)
-            };
+            let owner = d.node.as_deref().map_or(0, |n| claims::shard_of(n, total));
             owner == shard
         });
     }
@@ -226,12 +230,13 @@ fn state_of(p: &PodClaim) -> Option<PodState> {
 
 /// Joins claims with usage at `now`.
 pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy) -> Ledger {
-    let replicas: foldhash::HashMap<&str, u32> = claims
+    let shapes: foldhash::HashMap<&str, NodeShape<'_>> = claims
         .nodes
         .iter()
-        .map(|n| (n.name.as_str(), n.replicas))
+        .map(|n| (n.name.as_str(), NodeShape::of(n, &policy.slices)))
         .collect();
-    let index = attribution::DeviceIndex::new(usage);
+    let locator = attribution::Locator::new(claims);
+    let index = attribution::DeviceIndex::new(usage, &locator);
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     // Rows come out sorted by (namespace, pod): sort references to the claims (8-byte moves)
     // rather than the finished rows (several hundred bytes each).
@@ -241,13 +246,18 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     let mut pods = Vec::with_capacity(order.len());
     for p in order {
         let Some(state) = state_of(p) else { continue };
-        let node_replicas = p
+        let shape = p
             .node
             .as_deref()
-            .and_then(|n| replicas.get(n))
+            .and_then(|n| shapes.get(n))
             .copied()
-            .unwrap_or(1);
-        let gpus = policy.names.gpus(&p.resources, node_replicas);
+            .unwrap_or_else(NodeShape::unplaced);
+        let gpus_by_resource: Vec<(String, f64)> = policy
+            .names
+            .gpus_by_resource(&p.resources, &shape)
+            .map(|(r, g)| (r.to_string(), g))
+            .collect();
+        let gpus = gpus_by_resource.iter().map(|(_, g)| g).sum();
         let mut row = PodRow {
             namespace: p.namespace.clone(),
             pod: p.name.clone(),
@@ -255,6 +265,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             state,
             gpus,
             resources: p.resources.clone(),
+            gpus_by_resource,
             attribution: Attribution::None,
             utilization: None,
             memory_used_bytes: None,
@@ -280,7 +291,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 uid: p.uid.clone(),
                 started_at: p.started_at.or(p.created_at),
                 ready_since: p.ready_since,
-                replicas: node_replicas,
+                time_sliced: shape.time_sliced(&policy.names, p.resources.keys()),
                 ..Evidence::default()
             },
         };
@@ -289,16 +300,11 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             row.evidence.notebook = Some((nb.clone(), verified));
         }
         if state.holds() {
-            let time_sliced = node_replicas > 1
-                || p.resources
-                    .keys()
-                    .any(|r| policy.names.classify(r) == Some(GpuResourceKind::Shared));
             attribution::attribute(
                 &mut row,
                 p,
                 &index,
                 usage,
-                time_sliced,
                 now,
                 policy,
                 &mut claimed_devices,
@@ -307,25 +313,10 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         pods.push(row);
     }
 
-    let nodes = node_rows(claims, &pods, policy);
+    let nodes = node_rows(claims, &shapes, &pods, policy);
     let namespaces = namespace_rows(claims, &pods, policy);
-    let mut unclaimed_busy: Vec<UnclaimedBusy> = usage
-        .devices
-        .iter()
-        .zip(&claimed_devices)
-        .filter(|(d, claimed)| {
-            !**claimed && d.utilization.is_some_and(|u| u >= policy.idle_threshold)
-        })
-        .map(|(d, _)| UnclaimedBusy {
-            node: attribution::node_of(d).unwrap_or_default(),
-            uuid: d.key.uuid.clone(),
-            gpu_instance: d.key.gpu_instance.clone(),
-            utilization: d.utilization.unwrap_or_default(),
-        })
-        .collect();
-    unclaimed_busy.sort_by(|a, b| {
-        (&a.node, &a.uuid, &a.gpu_instance).cmp(&(&b.node, &b.uuid, &b.gpu_instance))
-    });
+    let unclaimed_busy =
+        attribution::unclaimed_busy(usage, &index, &claimed_devices, &pods, policy);
     Ledger {
         generated_at: now,
         pods,
@@ -374,10 +365,19 @@ fn notebook_of<'a>(claims: &'a Claims, p: &PodClaim) -> Option<(&'a NotebookInfo
     }
 }
 
-fn node_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<NodeRow> {
+fn node_rows(
+    claims: &Claims,
+    shapes: &foldhash::HashMap<&str, NodeShape<'_>>,
+    pods: &[PodRow],
+    policy: &Policy,
+) -> Vec<NodeRow> {
     let mut rows: BTreeMap<String, NodeRow> = BTreeMap::new();
     for n in &claims.nodes {
-        let alloc = policy.names.gpus(&n.allocatable, n.replicas);
+        let shape = shapes
+            .get(n.name.as_str())
+            .copied()
+            .unwrap_or_else(NodeShape::unplaced);
+        let alloc = policy.names.gpus(&n.allocatable, &shape);
         if alloc > 0.0 {
             rows.insert(
                 n.name.clone(),
@@ -430,12 +430,13 @@ fn namespace_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<Name
         for (key, hard) in &q.gpu_hard {
             let e = r.gpu_quota_keys.entry(key.clone()).or_insert(*hard);
             *e = (*e).min(*hard);
-            if let Some(kind) = policy
+            if let Some((name, kind)) = policy
                 .names
                 .quota_key_resource(key)
-                .and_then(|name| policy.names.classify(name))
+                .and_then(|name| policy.names.classify(name).map(|k| (name, k)))
             {
-                let gpus = kind.gpus_per_unit(1) * *hard as f64;
+                // A quota is not on a node: whole units, MIG profiles by their name.
+                let gpus = NodeShape::unplaced().gpus_per_unit(name, kind) * *hard as f64;
                 r.gpu_quota = Some(r.gpu_quota.map_or(gpus, |g: f64| g.min(gpus)));
             }
         }

@@ -81,6 +81,7 @@ fn node(name: &str, gpus: u64) -> NodeInfo {
         allocatable: [("nvidia.com/gpu".to_string(), gpus)].into(),
         replicas: 1,
         product: None,
+        gpu_labels: BTreeMap::new(),
     }
 }
 
@@ -100,6 +101,7 @@ impl DevB {
             mig_profile: None,
             workloads: Vec::new(),
             per_pod_utilization: Vec::new(),
+            per_pod_memory_bytes: Vec::new(),
             signal: Some(Signal::GrEngineActive),
             utilization: Some(0.0),
             peak: Some(0.0),
@@ -310,8 +312,24 @@ fn pod_without_series_is_unattributed_and_unknown() {
         (p.attribution, p.idle, p.utilization),
         (Attribution::Unattributed, None, None)
     );
-    assert_eq!(l.unclaimed_busy.len(), 1, "the busy device names no pod");
-    assert_eq!(l.unclaimed_busy[0].uuid, "GPU-1");
+    assert!(
+        l.unclaimed_busy.is_empty(),
+        "the unattributed holder on n1 may own the busy device: {:?}",
+        l.unclaimed_busy
+    );
+    // The same busy device on a node where every claim is accounted for is unclaimed.
+    let c = claims(
+        vec![PodB::new("a", "p").on_node("n1").gpu(1).build()],
+        vec![node("n1", 1), node("n2", 1)],
+    );
+    let u = usage(vec![
+        DevB::new("GPU-1", "n1").held_by("a", "p").build(),
+        DevB::new("GPU-2", "n2").util(0.7, 0.7).build(),
+    ]);
+    let l = build(&c, &u, now(), &Policy::default());
+    assert_eq!(l.unclaimed_busy.len(), 1, "{:?}", l.unclaimed_busy);
+    assert_eq!(l.unclaimed_busy[0].uuid, "GPU-2");
+    assert_eq!(l.unclaimed_busy[0].node.as_deref(), Some("n2"));
 }
 
 #[test]
@@ -339,6 +357,7 @@ fn mig_pods_use_instance_series_and_sevenths() {
             allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(),
             replicas: 1,
             product: None,
+            gpu_labels: BTreeMap::new(),
         }],
     );
     let u = usage(vec![
@@ -440,7 +459,11 @@ fn unpinned_sharer_idle_only_when_whole_node_idle() {
     ]);
     let l = build(&c, &busy_node, now(), &Policy::default());
     assert_eq!(pod(&l, "s").idle, None);
-    assert_eq!(l.unclaimed_busy.len(), 1, "no series names a pod on GPU-2");
+    assert!(
+        l.unclaimed_busy.is_empty(),
+        "a GPU attributed to time-sliced sharers by node is claimed: {:?}",
+        l.unclaimed_busy
+    );
 }
 
 #[test]

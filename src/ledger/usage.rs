@@ -82,6 +82,8 @@ pub struct DeviceUsage {
     pub workloads: Vec<Workload>,
     /// Per-pod utilisation from per-process series (time-slicing, dcgm-exporter ≥ 4.5.3), 0..1.
     pub per_pod_utilization: Vec<(Workload, f64)>,
+    /// Per-pod framebuffer use from per-process series (bytes).
+    pub per_pod_memory_bytes: Vec<(Workload, f64)>,
     pub signal: Option<Signal>,
     /// Latest utilisation of the preferred signal, 0..1.
     pub utilization: Option<f64>,

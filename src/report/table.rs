@@ -140,11 +140,7 @@ fn unclaimed_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
         ("UTIL", Align::Right),
     ]);
     for u in &ledger.unclaimed_busy {
-        let node = if u.node.is_empty() {
-            "-".into()
-        } else {
-            u.node.clone()
-        };
+        let node = u.node.clone().unwrap_or_else(|| "-".into());
         let instance = u.gpu_instance.clone().unwrap_or_else(|| "-".into());
         t.row(vec![node, u.uuid.clone(), instance, percent(u.utilization)]);
     }

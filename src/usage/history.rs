@@ -69,7 +69,7 @@ pub async fn bootstrap(
 ) -> Result<History, PromError> {
     let rows = client
         .instant_with_timeout(
-            &queries::bootstrap_query(scheme, window, lookback, min_coverage),
+            &queries::bootstrap_query(scheme, window, lookback, min_coverage, client.matchers()),
             now,
             BOOTSTRAP_TIMEOUT,
         )
@@ -284,6 +284,7 @@ mod tests {
             mig_profile: None,
             workloads: vec![],
             per_pod_utilization: vec![],
+            per_pod_memory_bytes: Vec::new(),
             signal: None,
             utilization: Some(0.0),
             peak: Some(0.0),

@@ -41,6 +41,78 @@ pub struct PromConfig {
     pub insecure_skip_verify: bool,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// Extra label matchers on every DCGM selector (`--prometheus-selector`), e.g. one
+    /// cluster's or one job's series in a shared Prometheus or Thanos.
+    pub selector: Option<Selector>,
+}
+
+/// A validated list of label matchers (`cluster="prod",job=~"dcgm.*"`), safe to splice into a
+/// selector: each is `name op "value"` with a Prometheus label name, one of `=`, `!=`, `=~`,
+/// `!~`, and a double-quoted value with `\`-escapes only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selector(String);
+
+impl Selector {
+    /// The matchers, comma-separated, as given (whitespace around them trimmed).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for Selector {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut rest = s.trim();
+        let mut out = Vec::new();
+        while !rest.is_empty() {
+            let name_len = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let name = &rest[..name_len];
+            if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+                return Err(format!("{s:?}: expected a label name at {rest:?}"));
+            }
+            let after = rest[name_len..].trim_start();
+            let op = ["=~", "!~", "!=", "="]
+                .into_iter()
+                .find(|op| after.starts_with(op))
+                .ok_or_else(|| format!("{s:?}: expected =, !=, =~ or !~ after {name}"))?;
+            let value = after[op.len()..].trim_start();
+            let body = value
+                .strip_prefix('"')
+                .ok_or_else(|| format!("{s:?}: the value of {name} must be double-quoted"))?;
+            let mut end = None;
+            let mut escaped = false;
+            for (i, c) in body.char_indices() {
+                match (escaped, c) {
+                    (true, _) => escaped = false,
+                    (false, '\\') => escaped = true,
+                    (false, '"') => {
+                        end = Some(i);
+                        break;
+                    }
+                    (false, '\n') => break,
+                    _ => {}
+                }
+            }
+            let end = end.ok_or_else(|| format!("{s:?}: unterminated value of {name}"))?;
+            out.push(format!("{name}{op}\"{}\"", &body[..end]));
+            rest = body[end + 1..].trim_start();
+            if let Some(r) = rest.strip_prefix(',') {
+                rest = r.trim_start();
+                if rest.is_empty() {
+                    return Err(format!("{s:?}: trailing comma"));
+                }
+            } else if !rest.is_empty() {
+                return Err(format!("{s:?}: expected a comma before {rest:?}"));
+            }
+        }
+        if out.is_empty() {
+            return Err("empty selector".into());
+        }
+        Ok(Selector(out.join(",")))
+    }
 }
 
 /// A failed query.
@@ -227,6 +299,8 @@ pub struct PromClient {
     http: reqwest::Client,
     query_url: reqwest::Url,
     token_file: Option<PathBuf>,
+    /// `,matchers` appended inside every DCGM selector (empty without `--prometheus-selector`).
+    matchers: String,
 }
 
 impl PromClient {
@@ -259,7 +333,16 @@ impl PromClient {
             http,
             query_url,
             token_file: cfg.bearer_token_file,
+            matchers: cfg
+                .selector
+                .map(|s| format!(",{}", s.as_str()))
+                .unwrap_or_default(),
         })
+    }
+
+    /// The extra matchers of every DCGM selector, `,`-prefixed (empty when none).
+    pub fn matchers(&self) -> &str {
+        &self.matchers
     }
 
     /// Reads the bearer token (once per batch of requests). Never logged.
@@ -396,7 +479,11 @@ impl PromClient {
     ) -> Result<Vec<Series>, PromError> {
         let token = self.token()?;
         let names = fields.join("|");
-        let query = format!("{{__name__=~\"{names}\"}}[{}]", queries::duration(range));
+        let query = format!(
+            "{{__name__=~\"{names}\"{}}}[{}]",
+            self.matchers,
+            queries::duration(range)
+        );
         let data = self.query_data(token.as_deref(), &query, at, None).await?;
         let QueryData::Matrix(rows) = data else {
             return Err(PromError::Decode(
@@ -426,11 +513,17 @@ pub mod queries {
     /// `dcgm_fi_dev_gpu_util`, `dcgm_gpu_utilization`), joined with `or`. One selector with a
     /// `__name__` regex would not do: functions drop the name, and two spellings of one device
     /// would then collide as equal label sets.
-    fn each_spelling(field: &str, template: impl Fn(&str) -> String) -> String {
+    fn each_spelling(field: &str, matchers: &str, template: impl Fn(&str) -> String) -> String {
         let parts: Vec<String> = fields::SPELLINGS
             .iter()
             .filter(|(_, f)| *f == field)
-            .map(|(spelling, _)| template(spelling))
+            .map(|(spelling, _)| {
+                if matchers.is_empty() {
+                    template(spelling)
+                } else {
+                    template(&format!("{spelling}{{{}}}", &matchers[1..]))
+                }
+            })
             .collect();
         format!("({})", parts.join(" or "))
     }
@@ -465,11 +558,13 @@ pub mod queries {
     /// late: activity and gaps are placed up to one bucket later than they happened, so idle time
     /// is under- never over-estimated. Devices are keyed by UUID and GPU instance only: the host
     /// label may name the exporter pod, which changes when the exporter restarts.
+    /// `matchers` (`,`-prefixed, or empty) narrows every selector (`--prometheus-selector`).
     pub fn bootstrap_query(
         scheme: &LabelScheme,
         window: &Window,
         lookback: chrono::Duration,
         min_coverage: f64,
+        matchers: &str,
     ) -> String {
         let by = format!("{}, {}", scheme.uuid, scheme.gpu_instance);
         let l = duration(lookback);
@@ -483,7 +578,7 @@ pub mod queries {
         for (field, name) in [(fields::GR_ENGINE_ACTIVE, "gr"), (fields::GPU_UTIL, "util")] {
             let thr = threshold(field, window);
             let tag = |stat_name: &str, template: &dyn Fn(&str) -> String| {
-                let expr = stat(stat_name, &by, &each_spelling(field, template));
+                let expr = stat(stat_name, &by, &each_spelling(field, matchers, template));
                 format!("label_replace({expr}, \"{FIELD_LABEL}\", \"{name}\", \"\", \"\")")
             };
             parts.push(tag("active", &|f| {
@@ -531,6 +626,7 @@ mod tests {
             &window(),
             chrono::Duration::hours(24),
             0.9,
+            "",
         );
         // 24 h in 5-minute buckets; 10 scrapes of 30 s per bucket, 9 needed.
         assert!(q.contains("max_over_time(timestamp(max_over_time(DCGM_FI_DEV_GPU_UTIL[299999ms]) >= 5)[86400000ms:300000ms])"), "{q}");
@@ -576,5 +672,41 @@ mod tests {
         .expect("error");
         assert_eq!(r.error_type.as_deref(), Some("bad_data"));
         assert_eq!(PromError::Timeout.kind(), "timeout");
+    }
+
+    #[test]
+    fn selectors_are_validated_and_spliced_into_every_query() {
+        let sel: Selector = r#" cluster="prod" , job=~"dcgm.*",env!="a\"b" "#
+            .parse()
+            .expect("valid");
+        assert_eq!(sel.as_str(), r#"cluster="prod",job=~"dcgm.*",env!="a\"b""#);
+        for bad in [
+            "",
+            "cluster",
+            "cluster=prod",
+            r#"cluster="prod"}"#,
+            r#"cluster="prod""#.trim_end_matches('"'),
+            r#"cluster="a",,job="b""#,
+            r#"1x="a""#,
+            r#"cluster="a" job="b""#,
+            r#"cluster="a"} or vector(1) or {x="b""#,
+        ] {
+            assert!(bad.parse::<Selector>().is_err(), "{bad:?}");
+        }
+        let q = queries::bootstrap_query(
+            &LabelScheme::default(),
+            &window(),
+            chrono::Duration::hours(1),
+            0.9,
+            r#",cluster="prod""#,
+        );
+        assert!(
+            q.contains(r#"timestamp(DCGM_FI_DEV_GPU_UTIL{cluster="prod"}) and DCGM_FI_DEV_GPU_UTIL{cluster="prod"} >= 5"#),
+            "{q}"
+        );
+        assert!(
+            q.contains(r#"dcgm_gpu_utilization{cluster="prod"}"#),
+            "every spelling: {q}"
+        );
     }
 }

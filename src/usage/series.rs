@@ -203,7 +203,7 @@ fn reduce_device(
     let start_ms = now_ms.saturating_sub(window.length.num_milliseconds());
     let fresh = |t: i64| now_ms - t <= window.max_staleness.num_milliseconds();
     let (util_device, util_per_pod) = split_per_process(&dev.util, scheme);
-    let (fb_device, _fb_per_pod) = split_per_process(&dev.fb, scheme);
+    let (fb_device, fb_per_pod) = split_per_process(&dev.fb, scheme);
     // Preferred signal first: GR_ENGINE_ACTIVE where present (it also works per MIG instance).
     let signals: Vec<SignalSamples> = [
         SignalSamples::new(
@@ -291,6 +291,14 @@ fn reduce_device(
         })
         .collect();
     per_pod_utilization.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut per_pod_memory_bytes: Vec<(Workload, f64)> = fb_per_pod
+        .iter()
+        .filter_map(|s| {
+            let (t, v) = newest_valid(s, fields::FB_USED, now_ms)?;
+            (fresh(t)).then(|| workload_of(&s.labels, scheme).map(|w| (w, v * MIB)))?
+        })
+        .collect();
+    per_pod_memory_bytes.sort_by(|a, b| a.0.cmp(&b.0));
     let memory_used_bytes = fb_device
         .iter()
         .filter_map(|s| newest_valid(s, fields::FB_USED, now_ms))
@@ -320,6 +328,7 @@ fn reduce_device(
         mig_profile: label(scheme.gpu_profile),
         workloads: workloads.into_iter().collect(),
         per_pod_utilization,
+        per_pod_memory_bytes,
         signal: preferred.map(|s| s.signal),
         utilization,
         peak,

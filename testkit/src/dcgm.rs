@@ -84,6 +84,55 @@ impl Drop for FakeDcgmExporter {
     }
 }
 
+/// **Test double** for dcgm-exporter replaying ONE recorded scrape on every request: the lines
+/// of a real exporter's `/metrics` (the corpus under `tests/fixtures/dcgm-real/`, each citing its
+/// source) served verbatim, as dcgm-exporter serves them (`text/plain; charset=utf-8`, no
+/// timestamps, so Prometheus stamps each scrape itself). It binds 127.0.0.1 only.
+pub struct ReplayExporter {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReplayExporter {
+    /// Serves `scrape` on a free loopback port.
+    pub async fn start(scrape: String) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding replay dcgm exporter")?;
+        let addr = listener.local_addr()?;
+        let body = Arc::new(scrape);
+        let task = tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = [0u8; 4096];
+                    let _ = sock.read(&mut buf).await;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = sock.write_all(head.as_bytes()).await;
+                    let _ = sock.write_all(body.as_bytes()).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        Ok(ReplayExporter { addr, task })
+    }
+
+    /// `host:port` to put in a Prometheus scrape config.
+    pub fn target(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for ReplayExporter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 fn gpu_units(pod: &Pod) -> u32 {
     let spec = match &pod.spec {
         Some(s) => s,

@@ -24,6 +24,6 @@ pub mod util;
 
 pub use bins::{Bins, binaries, binary, cache_root};
 pub use control_plane::{ControlPlane, Tier, TierBOptions, USERS};
-pub use dcgm::FakeDcgmExporter;
+pub use dcgm::{FakeDcgmExporter, ReplayExporter};
 pub use nodes::GpuNode;
 pub use prometheus::Prometheus;

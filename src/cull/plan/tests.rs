@@ -39,6 +39,7 @@ fn idle_row(ns: &str, name: &str, idle_h: i64) -> PodRow {
         state: PodState::Running,
         gpus: 1.0,
         resources: BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
+        gpus_by_resource: vec![("nvidia.com/gpu".to_string(), 1.0)],
         attribution: Attribution::Exclusive,
         utilization: Some(0.0),
         memory_used_bytes: Some(0.0),
