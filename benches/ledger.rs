@@ -48,6 +48,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 resources: BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
                 controller: None,
                 unschedulable_message: None,
+                labels: BTreeMap::new(),
             });
             let util = if g % 3 == 0 { 0.0 } else { 0.7 };
             devices.push(DeviceUsage {

@@ -94,6 +94,10 @@ pub struct LedgerArgs {
     /// Namespaces to watch (comma-separated); empty means all.
     #[arg(long, env = "GPU_LEDGER_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
+    /// Namespaces where dcgm-exporter runs (comma-separated); their DaemonSet pods locate each
+    /// device's node. Empty means all namespaces.
+    #[arg(long, env = "GPU_LEDGER_EXPORTER_NAMESPACES", value_delimiter = ',')]
+    pub exporter_namespaces: Vec<String>,
     /// Compute slices of MIG-capable GPUs, as `PRODUCT=SLICES` (comma-separated; PRODUCT is
     /// matched as a substring of the node's `nvidia.com/gpu.product`). Built in: A30=4, all
     /// others 7.

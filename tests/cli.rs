@@ -209,3 +209,24 @@ fn help_documents_every_subcommand() {
         "{text}"
     );
 }
+
+#[test]
+fn impossible_durations_exit_2_without_a_panic() {
+    // `--window 0s` used to panic (exit 101) in the window arithmetic.
+    for args in [
+        ["--window", "0s"],
+        ["--scrape-interval", "0s"],
+        ["--history-lookback", "0s"],
+        ["--window", "9999d"],
+        ["--min-coverage", "0"],
+    ] {
+        let out = gpu_ledger()
+            .args(["report", "--from", &homelab()])
+            .args(args)
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(args[0]), "{args:?} names the flag: {err}");
+    }
+}

@@ -75,6 +75,7 @@ fn pod(ns: &str, name: &str, node: Option<&str>, gpus: u64, i: usize) -> PodClai
         unschedulable_message: node
             .is_none()
             .then(|| "0/400 nodes are available: 400 Insufficient nvidia.com/gpu".into()),
+        labels: BTreeMap::new(),
     }
 }
 

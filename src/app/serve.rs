@@ -167,6 +167,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         client.clone(),
         watch::WatchConfig {
             namespaces: args.ledger.namespaces.clone(),
+            exporter_namespaces: args.ledger.exporter_namespaces.clone(),
             names: policy.names.clone(),
         },
         &tasks.tracker,

@@ -10,9 +10,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::quantity::{QuantityError, parse_units};
 use crate::ledger::claims::{
-    CULL_OPT_OUT_ANNOTATION, DaemonPod, Deletion, GFD_LABEL_PREFIX, NodeInfo, NotebookInfo,
-    OwnerRef, PRODUCT_LABEL, PodClaim, PodPhase, QuotaInfo, REPLICAS_LABEL, ResourceNames,
-    SNOOZE_ANNOTATION, STOP_ANNOTATION, STOPPED_AT_ANNOTATION, StatefulSetInfo,
+    CULL_OPT_OUT_ANNOTATION, DaemonPod, Deletion, GFD_LABEL_PREFIX, LabelSelector, NodeInfo,
+    NotebookInfo, OwnerRef, PRODUCT_LABEL, PodClaim, PodPhase, QuotaInfo, REPLICAS_LABEL,
+    ResourceNames, SNOOZE_ANNOTATION, STOP_ANNOTATION, STOPPED_AT_ANNOTATION, SelectorOp,
+    SelectorRequirement, StatefulSetInfo,
 };
 
 /// A quantity that cannot be a GPU count, with where it was found.
@@ -172,6 +173,7 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
                 .or_else(|| c.reason.clone())
                 .unwrap_or_default()
         });
+    let controller = controller_of(meta);
     Ok(Some(PodClaim {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
@@ -185,10 +187,30 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
             deadline: to_chrono(t.0),
             grace_seconds: meta.deletion_grace_period_seconds.unwrap_or(0),
         }),
+        labels: if controller
+            .as_ref()
+            .is_some_and(|c| c.kind == "StatefulSet" && c.group == "apps")
+        {
+            bounded_labels(meta)
+        } else {
+            BTreeMap::new()
+        },
         resources,
-        controller: controller_of(meta),
+        controller,
         unschedulable_message,
     }))
+}
+
+/// Labels kept on a pod (a StatefulSet's selector is checked against them), bounded: a pod's
+/// labels are untrusted.
+fn bounded_labels(meta: &ObjectMeta) -> BTreeMap<String, String> {
+    const MAX_LABELS: usize = 64;
+    meta.labels
+        .iter()
+        .flatten()
+        .take(MAX_LABELS)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 fn is_sidecar(c: &Container) -> bool {
@@ -316,6 +338,29 @@ pub fn statefulset(sts: &StatefulSet) -> StatefulSetInfo {
         name: meta.name.clone().unwrap_or_default(),
         uid: meta.uid.clone().unwrap_or_default(),
         controller: controller_of(meta),
+        selector: sts.spec.as_ref().map(|s| selector(&s.selector)),
+    }
+}
+
+fn selector(s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector) -> LabelSelector {
+    LabelSelector {
+        match_labels: s.match_labels.clone().unwrap_or_default(),
+        match_expressions: s
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|r| SelectorRequirement {
+                key: r.key.clone(),
+                operator: match r.operator.as_str() {
+                    "In" => SelectorOp::In,
+                    "NotIn" => SelectorOp::NotIn,
+                    "Exists" => SelectorOp::Exists,
+                    "DoesNotExist" => SelectorOp::DoesNotExist,
+                    _ => SelectorOp::Unknown,
+                },
+                values: r.values.clone().unwrap_or_default(),
+            })
+            .collect(),
     }
 }
 

@@ -166,6 +166,8 @@ impl Stores {
 pub struct WatchConfig {
     /// Namespaces to watch pods and quotas in; empty = all.
     pub namespaces: Vec<String>,
+    /// Namespaces to watch DaemonSet pods in (where dcgm-exporter runs); empty = all.
+    pub exporter_namespaces: Vec<String>,
     pub names: ResourceNames,
 }
 
@@ -222,21 +224,33 @@ pub async fn start(
             quota_key,
         );
     }
-    // DaemonSet pods only (the label is set by the DaemonSet controller alone), cluster-wide:
-    // the exporter usually runs outside the watched namespaces.
-    let api: Api<Pod> = Api::all(client.clone());
-    spawn_watch(
-        tracker,
-        &cancel,
-        &stores,
-        "daemonset-pods",
-        api,
-        watcher::Config::default().labels(project::DAEMONSET_POD_LABEL),
-        on_restart.clone(),
-        |pod: &Pod| project::daemon_pod(pod),
-        stores.daemon_pods.clone(),
-        pod_key,
-    );
+    // DaemonSet pods only (the label is set by the DaemonSet controller alone), in the
+    // exporter's namespaces: it usually runs outside the watched ones.
+    let exporter_scopes: Vec<Option<String>> = if config.exporter_namespaces.is_empty() {
+        vec![None]
+    } else {
+        config
+            .exporter_namespaces
+            .iter()
+            .cloned()
+            .map(Some)
+            .collect()
+    };
+    for (i, ns) in exporter_scopes.iter().enumerate() {
+        let api: Api<Pod> = scoped(&client, ns.as_deref());
+        spawn_watch(
+            tracker,
+            &cancel,
+            &stores,
+            leak_label("daemonset-pods", i),
+            api,
+            watcher::Config::default().labels(project::DAEMONSET_POD_LABEL),
+            on_restart.clone(),
+            |pod: &Pod| project::daemon_pod(pod),
+            stores.daemon_pods.clone(),
+            pod_key,
+        );
+    }
     let api: Api<Node> = Api::all(client.clone());
     let names_n = config.names.clone();
     spawn_watch(

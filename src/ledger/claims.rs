@@ -103,9 +103,21 @@ pub struct Deletion {
 }
 
 impl Deletion {
-    /// When deletion was requested: the deadline minus the grace period.
+    /// When deletion was requested: the deadline minus the grace period. An impossible grace
+    /// period (one that would reach before the calendar's start, an API value is untrusted) is
+    /// not subtracted: the deadline itself is then the earliest provable request.
     pub fn requested_at(&self) -> DateTime<Utc> {
-        self.deadline - chrono::Duration::seconds(self.grace_seconds)
+        chrono::Duration::try_seconds(self.grace_seconds.max(0))
+            .and_then(|g| self.deadline.checked_sub_signed(g))
+            .unwrap_or(self.deadline)
+    }
+
+    /// Whether `now` is past the deadline by more than `slack` (no overflow near the calendar's
+    /// end: a deadline that far away is never passed).
+    pub fn stuck(&self, now: DateTime<Utc>, slack: chrono::Duration) -> bool {
+        self.deadline
+            .checked_add_signed(slack)
+            .is_some_and(|t| now > t)
     }
 }
 
@@ -130,6 +142,8 @@ pub struct PodClaim {
     pub controller: Option<OwnerRef>,
     /// Message of `PodScheduled=False` (e.g. "0/3 nodes are available: 3 Insufficient nvidia.com/gpu").
     pub unschedulable_message: Option<String>,
+    /// Labels, kept only for pods a StatefulSet controls (to check its selector).
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A node's GPU capacity.
@@ -158,7 +172,7 @@ pub struct QuotaInfo {
 }
 
 /// A Kubeflow Notebook, reduced to what reporting and culling read.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct NotebookInfo {
     pub namespace: String,
     pub name: String,
@@ -181,6 +195,53 @@ pub struct StatefulSetInfo {
     pub name: String,
     pub uid: String,
     pub controller: Option<OwnerRef>,
+    /// `spec.selector`; `None` when absent (no pod is then taken as its own).
+    pub selector: Option<LabelSelector>,
+}
+
+/// A Kubernetes label selector (`matchLabels` and `matchExpressions`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LabelSelector {
+    pub match_labels: BTreeMap<String, String>,
+    pub match_expressions: Vec<SelectorRequirement>,
+}
+
+/// One `matchExpressions` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectorRequirement {
+    pub key: String,
+    pub operator: SelectorOp,
+    pub values: Vec<String>,
+}
+
+/// A `matchExpressions` operator; anything else never matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelectorOp {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+    Unknown,
+}
+
+impl LabelSelector {
+    /// Whether `labels` satisfy every requirement (an empty selector matches everything, as in
+    /// Kubernetes; an unknown operator matches nothing).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self.match_expressions.iter().all(|r| {
+                let value = labels.get(&r.key);
+                match r.operator {
+                    SelectorOp::In => value.is_some_and(|v| r.values.contains(v)),
+                    SelectorOp::NotIn => value.is_none_or(|v| !r.values.contains(v)),
+                    SelectorOp::Exists => value.is_some(),
+                    SelectorOp::DoesNotExist => value.is_none(),
+                    SelectorOp::Unknown => false,
+                }
+            })
+    }
 }
 
 /// How a resource name maps to physical GPUs.
@@ -633,5 +694,56 @@ mod tests {
             grace_seconds: 30,
         };
         assert_eq!(d.requested_at().to_rfc3339(), "2026-01-01T00:00:00+00:00");
+        // deletionGracePeriodSeconds of 1e13 (a crafted or broken object) must not panic.
+        let absurd = Deletion {
+            deadline: d.deadline,
+            grace_seconds: 10_000_000_000_000,
+        };
+        assert_eq!(absurd.requested_at(), d.deadline);
+        let negative = Deletion {
+            deadline: d.deadline,
+            grace_seconds: -5,
+        };
+        assert_eq!(negative.requested_at(), d.deadline);
+        let end = Deletion {
+            deadline: DateTime::<Utc>::MAX_UTC,
+            grace_seconds: 0,
+        };
+        assert!(!end.stuck(DateTime::<Utc>::MAX_UTC, chrono::Duration::minutes(5)));
+        assert!(d.stuck(
+            d.deadline + chrono::Duration::minutes(6),
+            chrono::Duration::minutes(5)
+        ));
+    }
+
+    #[test]
+    fn selectors_match_like_kubernetes() {
+        let labels: BTreeMap<String, String> = [("statefulset", "nb"), ("tier", "gpu")]
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        let by_label = LabelSelector {
+            match_labels: [("statefulset".to_string(), "nb".to_string())].into(),
+            match_expressions: vec![],
+        };
+        assert!(by_label.matches(&labels));
+        let other = LabelSelector {
+            match_labels: [("statefulset".to_string(), "scratch".to_string())].into(),
+            match_expressions: vec![],
+        };
+        assert!(!other.matches(&labels));
+        let req = |op, values: &[&str]| LabelSelector {
+            match_labels: BTreeMap::new(),
+            match_expressions: vec![SelectorRequirement {
+                key: "tier".into(),
+                operator: op,
+                values: values.iter().map(|v| (*v).to_string()).collect(),
+            }],
+        };
+        assert!(req(SelectorOp::In, &["gpu", "cpu"]).matches(&labels));
+        assert!(!req(SelectorOp::NotIn, &["gpu"]).matches(&labels));
+        assert!(req(SelectorOp::Exists, &[]).matches(&labels));
+        assert!(!req(SelectorOp::DoesNotExist, &[]).matches(&labels));
+        assert!(!req(SelectorOp::Unknown, &[]).matches(&labels));
     }
 }

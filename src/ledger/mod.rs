@@ -272,9 +272,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             idle: None,
             idle_seconds: None,
             terminating_seconds: p.deletion.map(|d| seconds(now - d.requested_at()).max(0.0)),
-            stuck: p
-                .deletion
-                .is_some_and(|d| now > d.deadline + policy.stuck_after),
+            stuck: p.deletion.is_some_and(|d| d.stuck(now, policy.stuck_after)),
             pending_seconds: (state == PodState::Pending)
                 .then(|| p.created_at.map(|c| seconds(now - c).max(0.0)))
                 .flatten(),
@@ -328,6 +326,11 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
 }
 
 /// Notebook of a pod: verified through StatefulSet uid when StatefulSets are known, else by name.
+///
+/// A pod counts as the StatefulSet's only when it is one of its ordinal pods: named
+/// `<statefulset>-<ordinal>` and matching its selector. An ownerReference alone can be written by
+/// anyone who can create pods (a `scratch-pod` carrying the StatefulSet's uid must not speak for
+/// `alice-nb`).
 fn notebook_of<'a>(claims: &'a Claims, p: &PodClaim) -> Option<(&'a NotebookInfo, bool)> {
     if !claims.notebooks_enabled {
         return None;
@@ -336,12 +339,20 @@ fn notebook_of<'a>(claims: &'a Claims, p: &PodClaim) -> Option<(&'a NotebookInfo
         .controller
         .as_ref()
         .filter(|o| o.kind == "StatefulSet" && o.group == "apps")?;
+    if !is_ordinal_pod(&p.name, &sts_ref.name) {
+        return None;
+    }
     let sts = claims
         .statefulsets
         .iter()
         .find(|s| s.uid == sts_ref.uid && s.namespace == p.namespace);
     match sts {
         Some(sts) => {
+            if sts.name != sts_ref.name
+                || !sts.selector.as_ref().is_some_and(|s| s.matches(&p.labels))
+            {
+                return None;
+            }
             let nb_ref = sts
                 .controller
                 .as_ref()
@@ -363,6 +374,13 @@ fn notebook_of<'a>(claims: &'a Claims, p: &PodClaim) -> Option<(&'a NotebookInfo
             .find(|n| n.namespace == p.namespace && n.name == sts_ref.name)
             .map(|n| (n, false)),
     }
+}
+
+/// `pod` is `<set>-<ordinal>`, the name a StatefulSet gives its pods.
+fn is_ordinal_pod(pod: &str, set: &str) -> bool {
+    pod.strip_prefix(set)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn node_rows(

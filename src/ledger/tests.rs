@@ -33,6 +33,7 @@ impl PodB {
             resources: BTreeMap::new(),
             controller: None,
             unschedulable_message: None,
+            labels: BTreeMap::new(),
         })
     }
     fn on_node(mut self, n: &str) -> Self {
@@ -534,7 +535,18 @@ fn quotas_and_notebooks() {
             name: "nb".into(),
             uid: "nb-uid".into(),
         }),
+        selector: Some(super::claims::LabelSelector {
+            match_labels: [("statefulset".to_string(), "nb".to_string())].into(),
+            match_expressions: vec![],
+        }),
     }];
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    assert_eq!(
+        pod(&l, "nb-0").evidence.notebook,
+        None,
+        "a pod outside the StatefulSet's selector is not its pod"
+    );
+    c.pods[0].labels = [("statefulset".to_string(), "nb".to_string())].into();
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
     assert_eq!(
         pod(&l, "nb-0").evidence.notebook.as_ref().map(|(_, v)| *v),
@@ -550,4 +562,94 @@ fn quotas_and_notebooks() {
         .map(|n| (n.namespace.as_str(), n.gpu_quota))
         .collect();
     assert_eq!(names, vec![("a", None), ("b", Some(4.0))]);
+}
+
+#[test]
+fn a_pod_carrying_the_statefulsets_uid_is_not_the_notebooks_pod_unless_it_is_an_ordinal_pod() {
+    // offline, a `scratch-pod` with the StatefulSet's uid in its ownerReference, idle, beside the
+    // notebook's real pod `alice-nb-0`, busy: only `alice-nb-0` speaks for the notebook.
+    let selector = super::claims::LabelSelector {
+        match_labels: [("statefulset".to_string(), "alice-nb".to_string())].into(),
+        match_expressions: vec![],
+    };
+    let labelled = |mut p: PodClaim| {
+        p.labels = [("statefulset".to_string(), "alice-nb".to_string())].into();
+        p
+    };
+    let mut c = claims(
+        vec![
+            labelled(
+                PodB::new("team-ml", "alice-nb-0")
+                    .on_node("n1")
+                    .gpu(1)
+                    .owned_by_sts("alice-nb", "sts-uid")
+                    .build(),
+            ),
+            labelled(
+                PodB::new("team-ml", "scratch-pod")
+                    .on_node("n1")
+                    .gpu(1)
+                    .owned_by_sts("alice-nb", "sts-uid")
+                    .build(),
+            ),
+            labelled(
+                PodB::new("team-ml", "alice-nb-x")
+                    .on_node("n1")
+                    .gpu(1)
+                    .owned_by_sts("alice-nb", "sts-uid")
+                    .build(),
+            ),
+        ],
+        vec![node("n1", 3)],
+    );
+    c.notebooks = vec![NotebookInfo {
+        namespace: "team-ml".into(),
+        name: "alice-nb".into(),
+        uid: "nb-uid".into(),
+        ..NotebookInfo::default()
+    }];
+    c.notebooks_enabled = true;
+    c.statefulsets = vec![StatefulSetInfo {
+        namespace: "team-ml".into(),
+        name: "alice-nb".into(),
+        uid: "sts-uid".into(),
+        controller: Some(OwnerRef {
+            group: "kubeflow.org".into(),
+            kind: "Notebook".into(),
+            name: "alice-nb".into(),
+            uid: "nb-uid".into(),
+        }),
+        selector: Some(selector),
+    }];
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    assert_eq!(pod(&l, "alice-nb-0").notebook.as_deref(), Some("alice-nb"));
+    assert_eq!(pod(&l, "scratch-pod").notebook, None);
+    assert_eq!(pod(&l, "alice-nb-x").notebook, None, "not an ordinal");
+    // Without StatefulSets (unverified) the name rule still holds.
+    c.statefulsets.clear();
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    assert_eq!(pod(&l, "scratch-pod").notebook, None);
+    assert_eq!(pod(&l, "alice-nb-0").notebook.as_deref(), Some("alice-nb"));
+}
+
+#[test]
+fn unknown_phase_is_never_idle() {
+    let c = claims(
+        vec![
+            PodB::new("a", "lost")
+                .on_node("n1")
+                .gpu(1)
+                .phase(PodPhase::Unknown)
+                .build(),
+        ],
+        vec![node("n1", 1)],
+    );
+    let u = usage(vec![DevB::new("GPU-1", "n1").held_by("a", "lost").build()]);
+    let l = build(&c, &u, now(), &Policy::default());
+    let p = pod(&l, "lost");
+    assert_eq!(
+        (p.state, p.attribution),
+        (PodState::Running, Attribution::Exclusive)
+    );
+    assert_eq!(p.idle, None, "a pod its node no longer reports is unknown");
 }
