@@ -125,7 +125,8 @@ if [ -z "$ready" ]; then tail -20 "$TMP/prometheus.log"; fail "prometheus did no
 ok "prometheus ready on $URL (pid $PROM_PID)"
 # wait until the recording rules have been evaluated at least once
 for _ in $(seq 1 60); do
-  if curl -fsS "$URL/api/v1/query" --data-urlencode 'query=cluster:gpu_ledger_gpus_used:sum' | grep -q '"value"'; then break; fi
+  if curl -fsS "$URL/api/v1/query" --data-urlencode 'query=cluster:gpu_ledger_gpus_used:sum' | grep -q '"value"' \
+     && curl -fsS "$URL/api/v1/query" --data-urlencode 'query=uuid_xid:dcgm_xid_events:new10m' | grep -q '"value"'; then break; fi
   sleep 0.5
 done
 
@@ -136,6 +137,14 @@ else
   grep -v '^ok' "$TMP/queries.log"
   fail "panel queries"
 fi
+# Absent is absent (a GPU without clock-event reasons or power gets no line, never a 0) and the
+# hardware panels show the synthetic XID events and unschedulable GPUs.
+if python3 scripts/dashboards/check_absent.py "$URL" dashboards/gpu-ledger.json >"$TMP/absent.log" 2>&1; then
+  ok "hardware panels: $(tail -1 "$TMP/absent.log")"
+else
+  cat "$TMP/absent.log"; fail "hardware panels / absent stays absent"
+fi
+
 q_line=$(tail -1 "$TMP/queries.log")
 qp=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' <<<"$q_line")
 qf=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' <<<"$q_line")
