@@ -7,7 +7,8 @@
 #  3. every panel query and variable query runs against a real Prometheus (Debian 2.42) loaded
 #     with SYNTHETIC OpenMetrics history (scripts/dashboards/synth_openmetrics.py: gpu-ledger
 #     families per docs/metrics.md + dcgm-exporter series; a later Rust test may feed real
-#     gpu-ledger output instead) and with alerts/gpu-ledger.rules.yaml as rule file.
+#     gpu-ledger output instead) and with alerts/gpu-ledger.rules.yaml as rule file; the hardware
+#     panels keep fields a GPU does not report absent (scripts/dashboards/check_absent.py).
 # Needs: promtool + prometheus (apt-get install prometheus), node + npm (apt-get install nodejs
 # npm), python3. npm packages go to ${XDG_CACHE_HOME:-$HOME/.cache}/gpu-ledger/node, never
 # into the repository. Prints "dashboards: N passed, M failed".
