@@ -7,7 +7,8 @@
 #  3. every panel query and variable query runs against a real Prometheus (Debian 2.42) loaded
 #     with SYNTHETIC OpenMetrics history (scripts/dashboards/synth_openmetrics.py: gpu-ledger
 #     families per docs/metrics.md + dcgm-exporter series; a later Rust test may feed real
-#     gpu-ledger output instead) and with alerts/gpu-ledger.rules.yaml as rule file.
+#     gpu-ledger output instead) and with alerts/gpu-ledger.rules.yaml as rule file; the hardware
+#     panels keep fields a GPU does not report absent (scripts/dashboards/check_absent.py).
 # Needs: promtool + prometheus (apt-get install prometheus), node + npm (apt-get install nodejs
 # npm), python3. npm packages go to ${XDG_CACHE_HOME:-$HOME/.cache}/gpu-ledger/node, never
 # into the repository. Prints "dashboards: N passed, M failed".
@@ -125,7 +126,8 @@ if [ -z "$ready" ]; then tail -20 "$TMP/prometheus.log"; fail "prometheus did no
 ok "prometheus ready on $URL (pid $PROM_PID)"
 # wait until the recording rules have been evaluated at least once
 for _ in $(seq 1 60); do
-  if curl -fsS "$URL/api/v1/query" --data-urlencode 'query=cluster:gpu_ledger_gpus_used:sum' | grep -q '"value"'; then break; fi
+  if curl -fsS "$URL/api/v1/query" --data-urlencode 'query=cluster:gpu_ledger_gpus_used:sum' | grep -q '"value"' \
+     && curl -fsS "$URL/api/v1/query" --data-urlencode 'query=uuid_xid:dcgm_xid_events:new10m' | grep -q '"value"'; then break; fi
   sleep 0.5
 done
 
@@ -136,6 +138,14 @@ else
   grep -v '^ok' "$TMP/queries.log"
   fail "panel queries"
 fi
+# Absent is absent (a GPU without clock-event reasons or power gets no line, never a 0) and the
+# hardware panels show the synthetic XID events and unschedulable GPUs.
+if python3 scripts/dashboards/check_absent.py "$URL" dashboards/gpu-ledger.json >"$TMP/absent.log" 2>&1; then
+  ok "hardware panels: $(tail -1 "$TMP/absent.log")"
+else
+  cat "$TMP/absent.log"; fail "hardware panels / absent stays absent"
+fi
+
 q_line=$(tail -1 "$TMP/queries.log")
 qp=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' <<<"$q_line")
 qf=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' <<<"$q_line")

@@ -158,11 +158,12 @@ def panels():
 
     add(table(
         "Allocatable vs claimed vs free by node",
-        "Where did the free cards go? Per node: allocatable GPU equivalents, claimed by running and terminating pods, and free (what the scheduler sees).",
+        "Where did the free cards go? Per node: allocatable GPU equivalents, claimed by running and terminating pods, free (what the scheduler sees), and unschedulable physical GPUs (present per GFD labels or DCGM, not offered by allocatable; empty when gpu-ledger does not export it).",
         [target("A", 'node:gpu_ledger_gpus_allocatable:sum{%s}' % NODE, instant=True, fmt="table"),
          target("B", 'node:gpu_ledger_gpus_claimed:sum{%s}' % NODE, instant=True, fmt="table"),
-         target("C", 'node:gpu_ledger_gpus_free:sum{%s}' % NODE, instant=True, fmt="table")],
-        {"Value #A": "allocatable", "Value #B": "claimed", "Value #C": "free"}, sort="free"), 12, 8)
+         target("C", 'node:gpu_ledger_gpus_free:sum{%s}' % NODE, instant=True, fmt="table"),
+         target("D", 'node:gpu_ledger_gpus_unschedulable:sum{%s}' % NODE, instant=True, fmt="table")],
+        {"Value #A": "allocatable", "Value #B": "claimed", "Value #C": "free", "Value #D": "unschedulable"}, sort="free"), 12, 8)
     add(timeseries(
         "Cluster GPUs: allocatable, claimed, free, idle, pending",
         "How has cluster GPU capacity been used over time, and was there pending demand while claimed GPUs sat idle?",
@@ -171,6 +172,18 @@ def panels():
          target("C", "cluster:gpu_ledger_gpus_free:sum", "free"),
          target("D", "cluster:gpu_ledger_gpus_idle:sum", "idle"),
          target("E", "cluster:gpu_ledger_gpus_pending:sum", "pending")], decimals=2), 12, 8)
+
+    add(table(
+        "GPUs present but not schedulable",
+        "Which nodes have physical GPUs that no pod can be scheduled on? GPUs the node's GPU Feature Discovery labels (nvidia.com/gpu.count, MIG and time-slicing taken into account) or DCGM report, minus what its allocatable GPU resources offer: device plugin down or marking devices unhealthy, a stuck driver or MIG rollout, a card fallen off the bus. Only nodes with at least one; see runbook GpuLedgerGpusUnschedulable.",
+        [target("A", 'node:gpu_ledger_gpus_unschedulable:sum{%s} > 0' % NODE, instant=True, fmt="table"),
+         target("B", 'node:gpu_ledger_gpus_allocatable:sum{%s} and on (node) (node:gpu_ledger_gpus_unschedulable:sum{%s} > 0)' % (NODE, NODE), instant=True, fmt="table")],
+        {"Value #A": "unschedulable GPUs", "Value #B": "allocatable"}, sort="unschedulable GPUs"), 12, 8)
+    add(table(
+        "Unclaimed busy GPUs",
+        "Which GPUs are busy although no pod claims them (work outside the scheduler)? Devices above the idle threshold with no GPU pod; see runbook GpuLedgerUnclaimedBusyGpu.",
+        [target("A", 'max by (node, uuid, gpu_instance) (gpu_ledger_unclaimed_busy_gpu_utilization_ratio{%s})' % NODE, instant=True, fmt="table")],
+        {"Value #A": "utilisation"}, units={"utilisation": "percentunit"}, sort="utilisation"), 12, 8)
 
     stuck = 'and on (namespace, pod) (max by (namespace, pod) (gpu_ledger_pod_stuck_terminating) == 1)'
     add(table(
@@ -186,20 +199,22 @@ def panels():
          target("B", 'sum by (namespace, pod) (max by (namespace, pod, resource) (gpu_ledger_pod_gpus{state="pending", %s}))' % NS, instant=True, fmt="table")],
         {"Value #A": "pending for", "Value #B": "GPUs requested"}, units={"pending for": "s"}, sort="pending for"), 12, 8)
 
+    xid = 'uuid_xid:dcgm_xid_events:new10m'
+    xidkey = DEV + ", modelName, xid, xid_class"
     add(table(
-        "Unclaimed busy GPUs",
-        "Which GPUs are busy although no pod claims them (work outside the scheduler)? Devices above the idle threshold with no GPU pod; see runbook GpuLedgerUnclaimedBusyGpu.",
-        [target("A", 'max by (node, uuid, gpu_instance) (gpu_ledger_unclaimed_busy_gpu_utilization_ratio{%s})' % NODE, instant=True, fmt="table")],
-        {"Value #A": "utilisation"}, units={"utilisation": "percentunit"}, sort="utilisation"), 12, 8)
-    add(table(
-        "GPUs with an XID error",
-        "Which GPUs reported an XID error (last XID code, 0 = none)? The DCGM Hostname label may be the exporter pod name rather than the node, so the node filter does not apply.",
-        [target("A", 'max by (%s, modelName) (DCGM_FI_DEV_XID_ERRORS) > 0' % DEV, instant=True, fmt="table")],
-        {"Value #A": "last XID"}), 12, 8)
+        "XID events (dashboard range)",
+        "Which GPUs had new XID errors in the selected range, of which class (hardware, memory, application, other; see docs/runbooks/dcgm-xid-classes.md)? From the recording rule uuid_xid:dcgm_xid_events:new10m: new events only, never the sticky last code of DCGM_FI_DEV_XID_ERRORS. Events: the most counted in one 10-minute window (1 where only the last-code gauge exists). Not filtered by node: DCGM's Hostname may be the exporter pod name.",
+        [target("A", 'max by (%s) (max_over_time(%s[$__range]))' % (xidkey, xid), instant=True, fmt="table")],
+        {"Value #A": "events", "xid_class": "class"}, sort="events"), 12, 8)
+    add(timeseries(
+        "GPU thermal slowdown",
+        "Which GPUs does the driver slow down for heat? 1 while the software (0x20) or hardware (0x40) thermal-slowdown bit of the clock-event reasons is set (DCGM_FI_DEV_CLOCKS_EVENT_REASONS or DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, per physical GPU); DcgmGpuThermalSlowdown fires when it recurs for 10m. GPUs whose exporter does not report the reasons have no line here (absent, not 0): see GPU temperature.",
+        [target("A", 'uuid:dcgm_thermal_slowdown:active', "{{Hostname}}{{hostname}} gpu {{gpu}}")],
+        decimals=0, maxv=1), 12, 8)
 
     add(timeseries(
         "GPU temperature",
-        "Which GPUs run hot? Core temperature per physical GPU (max over MIG instances, never summed); the alert DcgmGpuHot fires above 85 °C for 5m. Not filtered by node: DCGM's Hostname may be the exporter pod name.",
+        "Which GPUs run hot? Core temperature per physical GPU (max over MIG instances, never summed). For GPUs that report no clock-event reasons, DcgmGpuHot fires above 85 °C for 5m; the others alert on thermal slowdown itself. Not filtered by node: DCGM's Hostname may be the exporter pod name.",
         [target("A", 'max by (%s) (DCGM_FI_DEV_GPU_TEMP)' % DEV, "{{Hostname}}{{hostname}} gpu {{gpu}}")],
         unit="celsius", minv=None), 8, 8)
     fbkey = DEV + ", GPU_I_ID"

@@ -7,7 +7,13 @@ A later Rust test may replace this with real gpu-ledger output fed from the test
 
 Scenario (namespace team-a on gpu-node-1 has a bit of everything, so concrete variable values
 return data too): running pods with known and unknown utilisation, an idle notebook, a
-stuck-Terminating pod, pending pods, an unclaimed busy device, counters increasing, MIG.
+stuck-Terminating pod, pending pods, an unclaimed busy device, counters increasing, MIG, one GPU
+of gpu-node-1 not schedulable (device plugin marked it unhealthy), gpu-node-3 with three RTX
+A1000s per GFD and DCGM but nothing allocatable. DCGM: clock-event reasons under both field names
+(one GPU in SW thermal slowdown), power on the H100s only (the A1000s report none, and no
+reasons), and XID events in the last minutes that the recording rules, evaluated only from
+Prometheus start, can see: DCGM_EXP_XID_ERRORS_COUNT (application XID 43 on GPU-1-3) and
+DCGM_EXP_XID_ERRORS_TOTAL (hardware XID 79 on GPU-2-0, series new 3 minutes ago).
 
 usage: synth_openmetrics.py OUT_FILE [NOW_UNIX_SECONDS]
 """
@@ -59,10 +65,11 @@ def main():
             s("gpu_ledger_pod_stuck_terminating", "gauge", labels, const(1))
 
     # ---- per node / namespace ------------------------------------------------------------
-    for node, alloc, claimed in (("gpu-node-1", 8, 4 + 3 / 7), ("gpu-node-2", 8, 5)):
+    for node, alloc, claimed, unsched in (("gpu-node-1", 7, 4 + 3 / 7, 1), ("gpu-node-2", 8, 5, 0), ("gpu-node-3", 0, 0, 3)):
         s("gpu_ledger_node_gpus_allocatable", "gauge", dict(node=node), const(alloc))
         s("gpu_ledger_node_gpus_claimed", "gauge", dict(node=node), const(claimed))
         s("gpu_ledger_node_gpus_free", "gauge", dict(node=node), const(alloc - claimed))
+        s("gpu_ledger_node_gpus_unschedulable", "gauge", dict(node=node), const(unsched))
     for ns, claimed, idle, pending in (("team-a", 4 + 3 / 7, 2, 1), ("team-b", 5, 0, 0), ("team-c", 0, 0, 2)):
         s("gpu_ledger_namespace_gpus_claimed", "gauge", dict(namespace=ns), const(claimed))
         s("gpu_ledger_namespace_gpus_idle", "gauge", dict(namespace=ns), const(idle))
@@ -86,18 +93,24 @@ def main():
 
     # ---- dcgm-exporter (scraped without honor_labels: workload in exported_*) ----------
     exporter = dict(job="dcgm-exporter", namespace="gpu-operator", container="exporter")
+    last = len(ts) - 1
+    recent = lambda i, minutes: i >= last - minutes * 60 // STEP  # sample within the last N minutes
+    H100, A1000 = "NVIDIA H100 80GB HBM3", "NVIDIA RTX A1000"
     devices = [
-        # Hostname, gpu, UUID, extra, (exported_ns, exported_pod), temp, fb_used, fb_free, xid, active
-        ("gpu-node-1", "0", "GPU-1-0", {}, ("team-a", "train-0"), 71, 52000, 29000, 0, 0.6),
-        ("gpu-node-1", "1", "GPU-1-1", {}, ("team-a", "train-0"), 88, 79000, 2000, 0, 0.6),
-        ("gpu-node-1", "2", "GPU-1-2", {}, ("team-a", "nb-alice-0"), 40, 1000, 80000, 0, 0.0),
-        ("gpu-node-1", "3", "GPU-1-3", {}, ("team-a", "stuck-0"), 38, 500, 80500, 43, 0.0),
-        ("gpu-node-1", "4", "GPU-1-4", {"GPU_I_ID": "1", "GPU_I_PROFILE": "3g.40gb"}, ("team-a", "mig-0"), 55, 30000, 10000, 0, 0.8),
-        ("gpu-node-1", "4", "GPU-1-4", {"GPU_I_ID": "2", "GPU_I_PROFILE": "3g.40gb"}, None, 55, 0, 40000, 0, 0.0),
-        ("gpu-node-1", "7", "GPU-1-7", {}, None, 66, 20000, 61000, 0, 0.7),
-    ] + [("gpu-node-2", str(g), "GPU-2-%d" % g, {}, ("team-b", "llm-0"), 75, 70000, 11000, 0, 0.9) for g in range(4)]
-    for host, gpu, uuid, extra, wl, temp, used, free, xid, active in devices:
-        base = dict(gpu=gpu, UUID=uuid, device="nvidia" + gpu, modelName="NVIDIA H100 80GB HBM3", Hostname=host, **extra)
+        # Hostname, gpu, UUID, model, extra, (exported_ns, exported_pod), temp, fb_used, fb_free, xid, active, reasons
+        # reasons: (field name, mask) or None when the exporter does not report them
+        ("gpu-node-1", "0", "GPU-1-0", H100, {}, ("team-a", "train-0"), 71, 52000, 29000, 0, 0.6, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0)),
+        ("gpu-node-1", "1", "GPU-1-1", H100, {}, ("team-a", "train-0"), 88, 79000, 2000, 0, 0.6, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0x20)),
+        ("gpu-node-1", "2", "GPU-1-2", H100, {}, ("team-a", "nb-alice-0"), 40, 1000, 80000, 0, 0.0, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0x1)),
+        ("gpu-node-1", "3", "GPU-1-3", H100, {}, ("team-a", "stuck-0"), 38, 500, 80500, 43, 0.0, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0x1)),
+        ("gpu-node-1", "4", "GPU-1-4", H100, {"GPU_I_ID": "1", "GPU_I_PROFILE": "3g.40gb"}, ("team-a", "mig-0"), 55, 30000, 10000, 0, 0.8, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0)),
+        ("gpu-node-1", "4", "GPU-1-4", H100, {"GPU_I_ID": "2", "GPU_I_PROFILE": "3g.40gb"}, None, 55, 0, 40000, 0, 0.0, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0)),
+        ("gpu-node-1", "7", "GPU-1-7", H100, {}, None, 66, 20000, 61000, 0, 0.7, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0)),
+    ] + [("gpu-node-2", str(g), "GPU-2-%d" % g, H100, {}, ("team-b", "llm-0"), 75, 70000, 11000, 79 if g == 0 else 0, 0.9,
+          ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 0x4)) for g in range(4)
+    ] + [("gpu-node-3", str(g), "GPU-3-%d" % g, A1000, {}, None, 84 + g, 400, 7600, 0, 0.0, None) for g in range(3)]
+    for host, gpu, uuid, model, extra, wl, temp, used, free, xid, active, reasons in devices:
+        base = dict(gpu=gpu, UUID=uuid, device="nvidia" + gpu, modelName=model, Hostname=host, **extra)
         base["pod"] = "nvidia-dcgm-exporter-" + host[-1]
         base.update(exporter)
         if wl:
@@ -105,8 +118,24 @@ def main():
         s("DCGM_FI_DEV_GPU_TEMP", "gauge", base, lambda i, t, v=temp: v + (i % 4))
         s("DCGM_FI_DEV_FB_USED", "gauge", base, const(used))
         s("DCGM_FI_DEV_FB_FREE", "gauge", base, const(free))
-        s("DCGM_FI_DEV_XID_ERRORS", "gauge", base, const(xid))
+        s("DCGM_FI_DEV_XID_ERRORS", "gauge", dict(base, err_code=str(xid)), const(xid))
         s("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", base, const(active))
+        if model == H100:  # the A1000s under passthrough report no power draw
+            s("DCGM_FI_DEV_POWER_USAGE", "gauge", base, lambda i, t, a=active: 80 + 500 * a)
+        if reasons:
+            s(reasons[0], "gauge", base, const(reasons[1]))
+        if host == "gpu-node-1":
+            # COUNT, 5-minute window: GPU-1-3's XID 43 in the last 4 minutes, the others none
+            win = dict(base, window_size_in_ms="300000")
+            if uuid == "GPU-1-3":
+                s("DCGM_EXP_XID_ERRORS_COUNT", "gauge", dict(win, xid="43"), lambda i, t: 1 if recent(i, 4) else None)
+                s("DCGM_EXP_XID_ERRORS_COUNT", "gauge", win, lambda i, t: None if recent(i, 4) else 0)
+            else:
+                s("DCGM_EXP_XID_ERRORS_COUNT", "gauge", win, const(0))
+        if uuid == "GPU-2-0":
+            # TOTAL: created by the first XID 79, 3 minutes ago. A counter in dcgm-exporter; typed
+            # "unknown" here because OpenMetrics would append "_total" to a counter's samples.
+            s("DCGM_EXP_XID_ERRORS_TOTAL", "unknown", dict(base, xid="79"), lambda i, t: 1 if recent(i, 3) else None)
 
     # up for both jobs
     s("up", "gauge", dict(job="gpu-ledger", instance="10.0.0.10:8080"), const(1))
@@ -123,7 +152,10 @@ def main():
             for labels, fn in series:
                 ls = fmt_labels(labels)
                 for i, t in enumerate(ts):
-                    f.write("%s%s%s %s %d\n" % (name, suffix, ls, repr(float(fn(i, t))), t))
+                    v = fn(i, t)
+                    if v is None:  # no sample: the exporter did not emit this series then
+                        continue
+                    f.write("%s%s%s %s %d\n" % (name, suffix, ls, repr(float(v)), t))
         f.write("# EOF\n")
 
 
