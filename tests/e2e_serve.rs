@@ -39,9 +39,15 @@ async fn ledger_row(gl: &GpuLedgerProcess, pod: &str) -> Option<Value> {
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_end_to_end_with_prometheus_outage() {
-    let mut stack = Stack::start(&[GpuNode::new("gpu-1", 1), GpuNode::new("gpu-2", 1)])
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    // `broken`: GFD says three GPUs, the device plugin advertises none ("three GPUs, zero
+    // schedulable").
+    let mut stack = Stack::start(&[
+        GpuNode::new("gpu-1", 1),
+        GpuNode::new("gpu-2", 1),
+        GpuNode::new("broken", 0).label("nvidia.com/gpu.count", "3"),
+    ])
+    .await
+    .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
     let admin = stack.admin();
     stack
         .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
@@ -146,6 +152,27 @@ async fn serve_end_to_end_with_prometheus_outage() {
     assert_eq!(
         metric_value(&text, "gpu_ledger_source_up", &[("source", "prometheus")]),
         Some(1.0)
+    );
+    for (node, lost) in [("broken", 3.0), ("gpu-1", 0.0), ("gpu-2", 0.0)] {
+        assert_eq!(
+            metric_value(
+                &text,
+                "gpu_ledger_node_gpus_unschedulable",
+                &[("node", node)]
+            ),
+            Some(lost),
+            "unschedulable GPUs of {node} in:\n{text}"
+        );
+    }
+    let ledger = gl.ledger_json().await.expect("ledger");
+    let broken = ledger["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["node"] == "broken"))
+        .unwrap_or_else(|| panic!("node broken listed: {ledger}"));
+    assert_eq!(
+        (&broken["gpus_allocatable"], &broken["gpus_unschedulable"]),
+        (&serde_json::json!(0.0), &serde_json::json!(3.0)),
+        "{broken}"
     );
     let (code, out) = promtool_check_metrics(text.as_bytes());
     match code {

@@ -105,6 +105,7 @@ fn ledger() -> Ledger {
             gpus_allocatable: 2.0,
             gpus_claimed: 1.0,
             gpus_free: 1.0,
+            gpus_unschedulable: 0.0,
         })
         .collect();
     let namespaces = names

@@ -186,8 +186,14 @@ const FAMILIES: &[Family] = &[
     },
     Family {
         name: "gpu_ledger_unclaimed_busy_gpu_utilization_ratio",
-        help: "Utilisation of a GPU above the idle threshold that no GPU pod claims (from the last refresh).",
+        help: "Utilisation of a GPU above the idle threshold that no claim on its node could own (from the last refresh).",
         labels: &["node", "uuid", "gpu_instance"],
+        counter: false,
+    },
+    Family {
+        name: "gpu_ledger_node_gpus_unschedulable",
+        help: "GPU equivalents the node's hardware has (GFD labels, or DCGM where it advertises none) that its allocatable does not offer (from the last refresh).",
+        labels: &["node"],
         counter: false,
     },
 ];
@@ -328,6 +334,7 @@ mod idx {
     pub const SECONDS_CLAIMED: usize = 16;
     pub const SECONDS_IDLE: usize = 17;
     pub const UNCLAIMED_BUSY: usize = 18;
+    pub const NODE_UNSCHEDULABLE: usize = 19;
 }
 
 /// Builds every ledger family from one snapshot as proto families (the `Collector` path).
@@ -375,7 +382,10 @@ pub fn text_blocks(
                 String::with_capacity(match i {
                     idx::POD_GPUS => pods * 170,
                     idx::POD_UTIL | idx::POD_MEM | idx::POD_IDLE | idx::POD_OWNER => pods * 110,
-                    idx::NODE_ALLOC | idx::NODE_CLAIMED | idx::NODE_FREE => l.nodes.len() * 60,
+                    idx::NODE_ALLOC
+                    | idx::NODE_CLAIMED
+                    | idx::NODE_FREE
+                    | idx::NODE_UNSCHEDULABLE => l.nodes.len() * 60,
                     _ => 256,
                 })
             })
@@ -470,6 +480,7 @@ fn emit(snapshot: &Snapshot, _names: &crate::ledger::claims::ResourceNames, out:
         out.push(idx::NODE_ALLOC, &[&n.node], n.gpus_allocatable);
         out.push(idx::NODE_CLAIMED, &[&n.node], n.gpus_claimed);
         out.push(idx::NODE_FREE, &[&n.node], n.gpus_free);
+        out.push(idx::NODE_UNSCHEDULABLE, &[&n.node], n.gpus_unschedulable);
     }
     for ns in &l.namespaces {
         let name = [ns.namespace.as_str()];

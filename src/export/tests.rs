@@ -53,6 +53,7 @@ fn ledger(pods: Vec<PodRow>) -> Ledger {
             gpus_allocatable: 2.0,
             gpus_claimed: 1.0,
             gpus_free: 1.0,
+            gpus_unschedulable: 0.0,
         }],
         namespaces: vec![NamespaceRow {
             namespace: "a".into(),

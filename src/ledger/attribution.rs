@@ -163,6 +163,22 @@ impl<'a> DeviceIndex<'a> {
     }
 }
 
+impl DeviceIndex<'_> {
+    /// Physical GPUs (distinct UUIDs, MIG instances folded) DCGM reports on `node`.
+    pub(super) fn physical_gpus_on(&self, node: &str, usage: &Usage) -> usize {
+        let mut uuids: Vec<&str> = self
+            .by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .map(|&i| usage.devices[i].key.uuid.as_str())
+            .collect();
+        uuids.sort_unstable();
+        uuids.dedup();
+        uuids.len()
+    }
+}
+
 /// Devices a pod's claim implies: whole units for whole GPUs, one per MIG unit; 0 when unknown.
 fn expected_devices(p: &PodClaim, policy: &Policy) -> usize {
     p.resources

@@ -4,6 +4,7 @@
 //! live service, the offline report and the tests all call it; culling reads its output.
 
 mod attribution;
+pub mod capacity;
 pub mod claims;
 pub mod usage;
 
@@ -141,6 +142,9 @@ pub struct NodeRow {
     pub gpus_allocatable: f64,
     pub gpus_claimed: f64,
     pub gpus_free: f64,
+    /// GPUs the node has (GFD labels, or DCGM where the node advertises none) that its
+    /// allocatable does not offer: the device plugin is down, a card fell off the bus, ….
+    pub gpus_unschedulable: f64,
 }
 
 /// GPU claims of one namespace.
@@ -311,7 +315,9 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         pods.push(row);
     }
 
-    let nodes = node_rows(claims, &shapes, &pods, policy);
+    let nodes = node_rows(claims, &shapes, &pods, policy, &|n| {
+        index.physical_gpus_on(n, usage)
+    });
     let namespaces = namespace_rows(claims, &pods, policy);
     let unclaimed_busy =
         attribution::unclaimed_busy(usage, &index, &claimed_devices, &pods, policy);
@@ -388,7 +394,15 @@ fn node_rows(
     shapes: &foldhash::HashMap<&str, NodeShape<'_>>,
     pods: &[PodRow],
     policy: &Policy,
+    dcgm_gpus_on: &dyn Fn(&str) -> usize,
 ) -> Vec<NodeRow> {
+    let empty = |node: &str| NodeRow {
+        node: node.to_string(),
+        gpus_allocatable: 0.0,
+        gpus_claimed: 0.0,
+        gpus_free: 0.0,
+        gpus_unschedulable: 0.0,
+    };
     let mut rows: BTreeMap<String, NodeRow> = BTreeMap::new();
     for n in &claims.nodes {
         let shape = shapes
@@ -396,26 +410,18 @@ fn node_rows(
             .copied()
             .unwrap_or_else(NodeShape::unplaced);
         let alloc = policy.names.gpus(&n.allocatable, &shape);
-        if alloc > 0.0 {
-            rows.insert(
-                n.name.clone(),
-                NodeRow {
-                    node: n.name.clone(),
-                    gpus_allocatable: alloc,
-                    gpus_claimed: 0.0,
-                    gpus_free: 0.0,
-                },
-            );
+        let unschedulable =
+            capacity::unschedulable(n, &shape, &policy.names, dcgm_gpus_on(&n.name));
+        if alloc > 0.0 || unschedulable.is_some_and(|u| u > 0.0) {
+            let mut row = empty(&n.name);
+            row.gpus_allocatable = alloc;
+            row.gpus_unschedulable = unschedulable.unwrap_or(0.0);
+            rows.insert(n.name.clone(), row);
         }
     }
     for p in pods.iter().filter(|p| p.state.holds()) {
         let Some(node) = &p.node else { continue };
-        let row = rows.entry(node.clone()).or_insert_with(|| NodeRow {
-            node: node.clone(),
-            gpus_allocatable: 0.0,
-            gpus_claimed: 0.0,
-            gpus_free: 0.0,
-        });
+        let row = rows.entry(node.clone()).or_insert_with(|| empty(node));
         row.gpus_claimed += p.gpus;
     }
     rows.into_values()

@@ -211,7 +211,8 @@ fn states_and_node_free_count_terminating_pods() {
             node: "n1".into(),
             gpus_allocatable: 4.0,
             gpus_claimed: 2.0,
-            gpus_free: 2.0
+            gpus_free: 2.0,
+            gpus_unschedulable: 0.0
         }]
     );
     let ns = &l.namespaces[0];

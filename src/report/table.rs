@@ -76,26 +76,48 @@ fn nodes_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
     if ledger.nodes.is_empty() {
         writeln!(out, "  (no node offers a GPU)")?;
     } else {
-        let mut t = Table::new(&[
+        // The column appears only when some node has GPUs the scheduler cannot use.
+        let unschedulable_any = ledger.nodes.iter().any(|n| n.gpus_unschedulable > 0.0);
+        let mut columns = vec![
             ("NODE", Align::Left),
             ("ALLOCATABLE", Align::Right),
             ("CLAIMED", Align::Right),
             ("FREE", Align::Right),
-        ]);
-        let (mut alloc, mut claimed, mut free) = (0.0, 0.0, 0.0);
+        ];
+        if unschedulable_any {
+            columns.push(("UNSCHEDULABLE", Align::Right));
+        }
+        let mut t = Table::new(&columns);
+        let (mut alloc, mut claimed, mut free, mut lost) = (0.0, 0.0, 0.0, 0.0);
         for n in &ledger.nodes {
-            t.row(vec![
+            let mut row = vec![
                 n.node.clone(),
                 gpus(n.gpus_allocatable),
                 gpus(n.gpus_claimed),
                 gpus(n.gpus_free),
-            ]);
+            ];
+            if unschedulable_any {
+                row.push(gpus(n.gpus_unschedulable));
+            }
+            t.row(row);
             alloc += n.gpus_allocatable;
             claimed += n.gpus_claimed;
             free += n.gpus_free;
+            lost += n.gpus_unschedulable;
         }
-        t.row(vec!["TOTAL".into(), gpus(alloc), gpus(claimed), gpus(free)]);
+        let mut total = vec!["TOTAL".into(), gpus(alloc), gpus(claimed), gpus(free)];
+        if unschedulable_any {
+            total.push(gpus(lost));
+        }
+        t.row(total);
         t.write(out)?;
+        if unschedulable_any {
+            writeln!(
+                out,
+                "  {} GPU(s) present but not schedulable: see docs/runbooks/GpuLedgerGpusUnschedulable.md",
+                gpus(lost)
+            )?;
+        }
     }
     Ok(())
 }
