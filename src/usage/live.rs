@@ -45,10 +45,22 @@ pub struct Fetched {
 }
 
 /// The raw samples of the window: one series per metric name and label set (labels cut to
-/// those the reduction reads), samples in time order.
+/// those the reduction reads), samples in time order. The reduction reads the held series in
+/// place: a refresh copies only the samples Prometheus sent since the previous one.
 #[derive(Debug, Default)]
 pub struct SampleWindow {
-    series: HashMap<(String, Labels), Vec<(i64, f64)>>,
+    series: Vec<Series>,
+    /// Hash of (name, labels) → positions in `series` with that hash.
+    index: HashMap<u64, Vec<usize>>,
+}
+
+fn identity_hash(name: &str, labels: &Labels) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    // A fixed seed: the index lives as long as the window, and equal identities must collide.
+    let mut h = foldhash::fast::FixedState::with_seed(0x6770_755f_6c65_6467).build_hasher();
+    name.hash(&mut h);
+    labels.hash(&mut h);
+    h.finish()
 }
 
 impl SampleWindow {
@@ -58,7 +70,22 @@ impl SampleWindow {
         for s in fresh {
             let mut labels = s.labels;
             labels.retain(|k, _| READ_LABELS.contains(&k.as_str()));
-            let held = self.series.entry((s.name, labels)).or_default();
+            let h = identity_hash(&s.name, &labels);
+            let slots = self.index.entry(h).or_default();
+            let found = slots
+                .iter()
+                .copied()
+                .find(|&i| self.series[i].name == s.name && self.series[i].labels == labels);
+            let i = found.unwrap_or_else(|| {
+                self.series.push(Series {
+                    name: s.name,
+                    labels,
+                    samples: Vec::new(),
+                });
+                slots.push(self.series.len() - 1);
+                self.series.len() - 1
+            });
+            let held = &mut self.series[i].samples;
             let newest = held.last().map(|(t, _)| *t);
             held.extend(
                 s.samples
@@ -66,30 +93,34 @@ impl SampleWindow {
                     .filter(|(t, _)| newest.is_none_or(|n| *t > n)),
             );
         }
-        for samples in self.series.values_mut() {
-            let cut = samples.partition_point(|(t, _)| *t <= keep_after);
-            samples.drain(..cut);
+        let mut emptied = false;
+        for s in &mut self.series {
+            let cut = s.samples.partition_point(|(t, _)| *t <= keep_after);
+            s.samples.drain(..cut);
+            emptied |= s.samples.is_empty();
         }
-        self.series.retain(|_, samples| !samples.is_empty());
+        if emptied {
+            self.series.retain(|s| !s.samples.is_empty());
+            self.index.clear();
+            for (i, s) in self.series.iter().enumerate() {
+                self.index
+                    .entry(identity_hash(&s.name, &s.labels))
+                    .or_default()
+                    .push(i);
+            }
+        }
     }
 
     /// The held series, for [`series::reduce`].
-    pub fn series(&self) -> Vec<Series> {
-        self.series
-            .iter()
-            .map(|((name, labels), samples)| Series {
-                name: name.clone(),
-                labels: labels.clone(),
-                samples: samples.clone(),
-            })
-            .collect()
+    pub fn series(&self) -> &[Series] {
+        &self.series
     }
 
     /// Label names present on the held series (for scheme detection).
     fn label_names(&self) -> impl Iterator<Item = &str> {
         self.series
-            .keys()
-            .flat_map(|(_, l)| l.keys().map(String::as_str))
+            .iter()
+            .flat_map(|s| s.labels.keys().map(String::as_str))
     }
 
     pub fn len(&self) -> usize {
@@ -285,8 +316,7 @@ impl LiveUsage {
                 self.samples.absorb(fresh, keep_after);
                 self.fetched_at = Some(now);
                 let scheme = LabelScheme::detect(self.settings.scheme, self.samples.label_names());
-                let held = self.samples.series();
-                let mut devices = series::reduce(&held, &scheme, &window, now);
+                let mut devices = series::reduce(self.samples.series(), &scheme, &window, now);
                 if let Some(h) = self.history.as_mut() {
                     h.merge(&mut devices, &window, self.settings.min_coverage, now);
                 }
@@ -311,5 +341,63 @@ impl LiveUsage {
                 error: Some(e),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(name: &str, labels: &[(&str, &str)], samples: &[(i64, f64)]) -> Series {
+        Series {
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+            samples: samples.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_window_appends_only_new_samples_and_forgets_old_ones() {
+        let mut w = SampleWindow::default();
+        let labels = [("UUID", "GPU-a"), ("job", "dcgm"), ("pod", "p")];
+        w.absorb(
+            vec![series(
+                fields::GPU_UTIL,
+                &labels,
+                &[(1_000, 1.0), (2_000, 2.0)],
+            )],
+            0,
+        );
+        // Overlapping fetch (ingestion lag margin): 2_000 again, then 3_000.
+        w.absorb(
+            vec![
+                series(fields::GPU_UTIL, &labels, &[(2_000, 2.0), (3_000, 3.0)]),
+                series(fields::FB_USED, &[("UUID", "GPU-a")], &[(3_000, 10.0)]),
+            ],
+            1_500,
+        );
+        assert_eq!(w.len(), 2);
+        let util = &w.series()[0];
+        assert_eq!(util.samples, vec![(2_000, 2.0), (3_000, 3.0)]);
+        assert!(
+            !util.labels.contains_key("job"),
+            "labels the reduction never reads are cut"
+        );
+        // Everything ages out: the series go, and the index stays consistent for new ones.
+        w.absorb(vec![], 5_000);
+        assert!(w.is_empty());
+        w.absorb(
+            vec![series(fields::GPU_UTIL, &labels, &[(6_000, 6.0)])],
+            5_000,
+        );
+        w.absorb(
+            vec![series(fields::GPU_UTIL, &labels, &[(7_000, 7.0)])],
+            5_000,
+        );
+        assert_eq!(w.len(), 1);
+        assert_eq!(w.series()[0].samples, vec![(6_000, 6.0), (7_000, 7.0)]);
     }
 }

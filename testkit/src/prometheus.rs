@@ -123,11 +123,29 @@ impl Prometheus {
     }
 
     async fn start_in(dir: tempfile::TempDir, config_yaml: &str) -> Result<Self> {
-        let bin = prometheus_bin()?;
         let config = dir.path().join("prometheus.yml");
         std::fs::write(&config, config_yaml)?;
         let tsdb = dir.path().join("tsdb");
         std::fs::create_dir_all(&tsdb)?;
+        // A free port can be taken by a parallel test between our probe and Prometheus' bind:
+        // try again on another port when that is why it exited.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::spawn_on_free_port(&dir, &config, &tsdb).await {
+                Err(e) if attempt < 4 && format!("{e:#}").contains("address already in use") => {}
+                Err(e) => return Err(e),
+                Ok((guard, url)) => return Ok(Self { guard, url, dir }),
+            }
+        }
+    }
+
+    async fn spawn_on_free_port(
+        dir: &tempfile::TempDir,
+        config: &Path,
+        tsdb: &Path,
+    ) -> Result<(ChildGuard, String)> {
+        let bin = prometheus_bin()?;
         let port = free_port()?;
         let mut cmd = Command::new(bin);
         cmd.arg(format!("--config.file={}", config.display()))
@@ -162,7 +180,7 @@ impl Prometheus {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok(Self { guard, url, dir })
+        Ok((guard, url))
     }
 
     /// `http://127.0.0.1:<port>`.
