@@ -132,7 +132,14 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
         .await
         .expect("statefulset");
     let mut nb_pod = gpu_pod("alice-nb-0", 1, Some("gpu-1"));
-    nb_pod.metadata.labels = Some([("notebook-name".to_string(), "alice-nb".to_string())].into());
+    // The labels the StatefulSet controller gives its pods (the selector's), as on a real cluster.
+    nb_pod.metadata.labels = Some(
+        [
+            ("notebook-name".to_string(), "alice-nb".to_string()),
+            ("statefulset".to_string(), "alice-nb".to_string()),
+        ]
+        .into(),
+    );
     nb_pod.metadata.owner_references = Some(vec![
         serde_json::from_value(json!({"apiVersion": "apps/v1",
         "kind": "StatefulSet", "name": "alice-nb", "uid": sts.metadata.uid, "controller": true}))
