@@ -286,8 +286,10 @@ impl Page<'_> {
         self.browser.call(Some(&self.session), method, params)
     }
 
-    /// Loads `url` and waits for its `load` event.
+    /// Loads `url` and waits for its `load` event (load events of earlier documents, still
+    /// buffered, are dropped first) and a complete document.
     pub fn navigate(&self, url: &str) -> Result<()> {
+        let _ = self.take_events("Page.loadEventFired");
         let nav = self.call("Page.navigate", json!({"url": url}))?;
         if let Some(e) = nav["errorText"].as_str().filter(|e| !e.is_empty()) {
             bail!("navigating to {url}: {e}");
@@ -295,7 +297,7 @@ impl Page<'_> {
         self.browser
             .wait_event(&self.session, "Page.loadEventFired", CALL_TIMEOUT)
             .with_context(|| format!("loading {url}"))?;
-        Ok(())
+        self.wait_for("document.readyState === 'complete'", CALL_TIMEOUT)
     }
 
     /// The value of a JavaScript expression (evaluated by DevTools, so it works with page scripts
