@@ -11,16 +11,30 @@ use crate::ledger::Policy;
 use crate::ledger::claims::{ResourceNames, SliceTable};
 use crate::usage::scheme::SchemeChoice;
 
+/// `0.1.0 (abc1234)`: the crate version and the git revision it was built from (`build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("GPU_LEDGER_REVISION"),
+    ")"
+);
+
 /// Joins Kubernetes GPU claims with DCGM utilisation: who holds each GPU, is it used, and
 /// where did the free cards go.
 #[derive(Debug, Parser)]
-#[command(name = "gpu-ledger", version, about, long_about = None, propagate_version = true, args_override_self = true)]
+#[command(name = "gpu-ledger", version = VERSION, about, long_about = None, propagate_version = true, args_override_self = true)]
 pub struct Cli {
-    /// Log format.
-    #[arg(long, env = "GPU_LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
+    /// Log format (`json`: one JSON object per line on stderr, fatal errors included).
+    #[arg(long, env = "GPU_LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true, help_heading = "Logging")]
     pub log_format: LogFormat,
     /// Log filter (tracing EnvFilter syntax, e.g. `info,gpu_ledger=debug`).
-    #[arg(long, env = "GPU_LEDGER_LOG", default_value = "info", global = true)]
+    #[arg(
+        long,
+        env = "GPU_LEDGER_LOG",
+        default_value = "info",
+        global = true,
+        help_heading = "Logging"
+    )]
     pub log: String,
     #[command(subcommand)]
     pub command: Command,
@@ -38,11 +52,29 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Print the ledger once, from a live cluster or from dump files.
     Report(Box<ReportArgs>),
+    /// Write the cluster's GPU claims and DCGM history to a directory that `report --from` reads
+    /// (a reproducible case for a bug report; see docs/capture.md).
+    Capture(Box<CaptureArgs>),
+    /// Print a shell completion script (e.g. `gpu-ledger completions bash > /etc/bash_completion.d/gpu-ledger`).
+    Completions(CompletionsArgs),
 }
 
-/// Settings shared by `serve` and the live `report`.
+/// Which cluster to talk to (default: `$KUBECONFIG` or `~/.kube/config`, else in-cluster).
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Kubernetes")]
+pub struct KubeArgs {
+    /// Kubeconfig file to use instead of `$KUBECONFIG` / `~/.kube/config`.
+    #[arg(long, env = "GPU_LEDGER_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use instead of the current context.
+    #[arg(long, env = "GPU_LEDGER_CONTEXT", value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+/// How to reach Prometheus.
 #[derive(Debug, Clone, Args)]
-pub struct LedgerArgs {
+#[command(next_help_heading = "Prometheus")]
+pub struct PrometheusArgs {
     /// Prometheus (or Thanos querier) base URL holding dcgm-exporter series.
     #[arg(long, env = "GPU_LEDGER_PROMETHEUS_URL")]
     pub prometheus_url: Option<reqwest::Url>,
@@ -57,51 +89,84 @@ pub struct LedgerArgs {
     pub prometheus_insecure_skip_verify: bool,
     /// Extra label matchers for every DCGM selector, e.g. `cluster="prod"` or
     /// `job="dcgm-exporter"` (a Prometheus or Thanos shared by several clusters or exporters).
-    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_SELECTOR", value_name = "MATCHERS")]
+    #[arg(
+        long,
+        env = "GPU_LEDGER_PROMETHEUS_SELECTOR",
+        value_name = "MATCHERS",
+        help_heading = "Prometheus"
+    )]
     pub prometheus_selector: Option<crate::usage::prom::Selector>,
     /// Timeout of one PromQL query.
     #[arg(long, env = "GPU_LEDGER_PROMETHEUS_TIMEOUT", default_value = "20s", value_parser = positive_duration)]
     pub prometheus_timeout: chrono::Duration,
+}
+
+/// Settings shared by `serve` and `report` (live and offline).
+#[derive(Debug, Clone, Args)]
+pub struct LedgerArgs {
+    #[command(flatten)]
+    pub prometheus: PrometheusArgs,
     /// Where dcgm-exporter's workload labels are: `exported_pod`… (scraped without honor_labels),
     /// `pod`… (honor_labels), or detect.
-    #[arg(long, env = "GPU_LEDGER_LABEL_SCHEME", default_value = "auto")]
+    #[arg(
+        long,
+        env = "GPU_LEDGER_LABEL_SCHEME",
+        default_value = "auto",
+        help_heading = "Prometheus"
+    )]
     pub label_scheme: SchemeChoice,
     /// Window over which a GPU must stay below the threshold to count as idle.
-    #[arg(long, env = "GPU_LEDGER_WINDOW", default_value = "10m", value_parser = positive_duration)]
+    #[arg(long, env = "GPU_LEDGER_WINDOW", default_value = "10m", value_parser = positive_duration, help_heading = "Idle evidence")]
     pub window: chrono::Duration,
     /// Expected spacing of DCGM samples in Prometheus (the scrape interval); offline, inferred
     /// from the dump when not given.
-    #[arg(long, env = "GPU_LEDGER_SCRAPE_INTERVAL", value_parser = positive_duration)]
+    #[arg(long, env = "GPU_LEDGER_SCRAPE_INTERVAL", value_parser = positive_duration, help_heading = "Idle evidence")]
     pub scrape_interval: Option<chrono::Duration>,
     /// Utilisation (0..1) below which a GPU counts as idle.
-    #[arg(long, env = "GPU_LEDGER_IDLE_THRESHOLD", default_value_t = 0.05, value_parser = ratio)]
+    #[arg(long, env = "GPU_LEDGER_IDLE_THRESHOLD", default_value_t = 0.05, value_parser = ratio, help_heading = "Idle evidence")]
     pub idle_threshold: f64,
     /// Share of expected samples in the window needed before anything is called idle.
-    #[arg(long, env = "GPU_LEDGER_MIN_COVERAGE", default_value_t = 0.9, value_parser = positive_ratio)]
+    #[arg(long, env = "GPU_LEDGER_MIN_COVERAGE", default_value_t = 0.9, value_parser = positive_ratio, help_heading = "Idle evidence")]
     pub min_coverage: f64,
     /// Samples older than this are not a current reading.
-    #[arg(long, env = "GPU_LEDGER_MAX_STALENESS", default_value = "2m", value_parser = positive_duration)]
+    #[arg(long, env = "GPU_LEDGER_MAX_STALENESS", default_value = "2m", value_parser = positive_duration, help_heading = "Idle evidence")]
     pub max_staleness: chrono::Duration,
     /// A terminating pod this long past its deletion deadline is stuck.
-    #[arg(long, env = "GPU_LEDGER_STUCK_AFTER", default_value = "5m", value_parser = duration)]
+    #[arg(long, env = "GPU_LEDGER_STUCK_AFTER", default_value = "5m", value_parser = duration, help_heading = "Claims")]
     pub stuck_after: chrono::Duration,
     /// How far back idle history is read from Prometheus at start-up.
-    #[arg(long, env = "GPU_LEDGER_HISTORY_LOOKBACK", default_value = "24h", value_parser = positive_duration)]
+    #[arg(long, env = "GPU_LEDGER_HISTORY_LOOKBACK", default_value = "24h", value_parser = positive_duration, help_heading = "Idle evidence")]
     pub history_lookback: chrono::Duration,
     /// Extra resource names counted as whole GPUs (comma-separated).
-    #[arg(long, env = "GPU_LEDGER_EXTRA_GPU_RESOURCES", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "GPU_LEDGER_EXTRA_GPU_RESOURCES",
+        value_delimiter = ',',
+        help_heading = "Claims"
+    )]
     pub extra_gpu_resources: Vec<String>,
-    /// Namespaces to watch (comma-separated); empty means all.
-    #[arg(long, env = "GPU_LEDGER_NAMESPACES", value_delimiter = ',')]
+    /// Namespaces to watch (comma-separated); empty means all. Offline, pods and quotas of other
+    /// namespaces in the dumps are left out.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_NAMESPACES",
+        value_delimiter = ',',
+        help_heading = "Claims"
+    )]
     pub namespaces: Vec<String>,
     /// Namespaces where dcgm-exporter runs (comma-separated); their DaemonSet pods locate each
     /// device's node. Empty means all namespaces.
-    #[arg(long, env = "GPU_LEDGER_EXPORTER_NAMESPACES", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "GPU_LEDGER_EXPORTER_NAMESPACES",
+        value_delimiter = ',',
+        help_heading = "Claims"
+    )]
     pub exporter_namespaces: Vec<String>,
     /// Compute slices of MIG-capable GPUs, as `PRODUCT=SLICES` (comma-separated; PRODUCT is
     /// matched as a substring of the node's `nvidia.com/gpu.product`). Built in: A30=4, all
     /// others 7.
-    #[arg(long, env = "GPU_LEDGER_MIG_COMPUTE_SLICES", value_delimiter = ',', value_parser = product_slices)]
+    #[arg(long, env = "GPU_LEDGER_MIG_COMPUTE_SLICES", value_delimiter = ',', value_parser = product_slices, help_heading = "Claims")]
     pub mig_compute_slices: Vec<(String, u8)>,
 }
 
@@ -127,28 +192,72 @@ impl LedgerArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub ledger: LedgerArgs,
-    /// Address of the HTTP server (/metrics, /healthz, /readyz, /api/v1/ledger).
-    #[arg(long, env = "GPU_LEDGER_LISTEN", default_value = "0.0.0.0:8080")]
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Address of the HTTP server (/, /metrics, /healthz, /readyz, /api/v1/ledger).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_LISTEN",
+        default_value = "0.0.0.0:8080",
+        help_heading = "Server"
+    )]
     pub listen: SocketAddr,
     /// How often to query Prometheus and rebuild the ledger.
-    #[arg(long, env = "GPU_LEDGER_REFRESH_INTERVAL", default_value = "30s", value_parser = positive_duration)]
+    #[arg(long, env = "GPU_LEDGER_REFRESH_INTERVAL", default_value = "30s", value_parser = positive_duration, help_heading = "Server")]
     pub refresh_interval: chrono::Duration,
     /// This replica's shard (0-based); it owns nodes whose name hashes to it, and their pods.
-    #[arg(long, env = "GPU_LEDGER_SHARD", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "GPU_LEDGER_SHARD",
+        default_value_t = 0,
+        help_heading = "Server"
+    )]
     pub shard: u32,
     /// Number of shards; 1 = no sharding.
-    #[arg(long, env = "GPU_LEDGER_TOTAL_SHARDS", default_value_t = 1)]
+    #[arg(
+        long,
+        env = "GPU_LEDGER_TOTAL_SHARDS",
+        default_value_t = 1,
+        help_heading = "Server"
+    )]
     pub total_shards: u32,
     #[command(flatten)]
     pub cull: CullArgs,
 }
 
-/// Culling flags (see docs/culling.md).
+/// Culling flags of `serve` (see docs/culling.md).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Culling")]
 pub struct CullArgs {
     /// Culling of idle GPU notebooks: off, dry-run (log, export, events) or on.
     #[arg(long = "cull", env = "GPU_LEDGER_CULL", value_enum, ignore_case = true, default_value_t = CullModeFlag::Off)]
     pub mode: CullModeFlag,
+    #[command(flatten)]
+    pub policy: CullPolicyArgs,
+    /// Never cull in namespaces matching this label selector (e.g. `gpu-ledger.io/cull=false`).
+    #[arg(long, env = "GPU_LEDGER_CULL_NAMESPACE_SELECTOR")]
+    pub cull_namespace_selector: Option<String>,
+    /// Kill switch: a ConfigMap (`NAME` in the Lease's namespace, or `NAMESPACE/NAME`) whose key
+    /// `cull: off` stops all culling writes from the next cycle, without a restart.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_CULL_KILL_SWITCH",
+        value_name = "[NAMESPACE/]CONFIGMAP",
+        value_parser = configmap_ref
+    )]
+    pub cull_kill_switch: Option<ConfigMapRef>,
+    /// Name of the coordination.k8s.io Lease that elects the acting replica.
+    #[arg(long, env = "GPU_LEDGER_LEASE_NAME", default_value = "gpu-ledger")]
+    pub lease_name: String,
+    /// Namespace of the Lease (defaults to the pod's namespace).
+    #[arg(long, env = "GPU_LEDGER_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+}
+
+/// The culling rules a plan applies: shared by `serve --cull` and `report --cull-dry-run`.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Culling")]
+pub struct CullPolicyArgs {
     /// A notebook's GPUs must be proven idle this long before it is stopped.
     #[arg(long, env = "GPU_LEDGER_CULL_IDLE_AFTER", default_value = "2h", value_parser = positive_duration)]
     pub cull_idle_after: chrono::Duration,
@@ -168,24 +277,6 @@ pub struct CullArgs {
         value_delimiter = ','
     )]
     pub cull_exclude_namespaces: Vec<String>,
-    /// Never cull in namespaces matching this label selector (e.g. `gpu-ledger.io/cull=false`).
-    #[arg(long, env = "GPU_LEDGER_CULL_NAMESPACE_SELECTOR")]
-    pub cull_namespace_selector: Option<String>,
-    /// Kill switch: a ConfigMap (`NAME` in the Lease's namespace, or `NAMESPACE/NAME`) whose key
-    /// `cull: off` stops all culling writes from the next cycle, without a restart.
-    #[arg(
-        long,
-        env = "GPU_LEDGER_CULL_KILL_SWITCH",
-        value_name = "[NAMESPACE/]CONFIGMAP",
-        value_parser = configmap_ref
-    )]
-    pub cull_kill_switch: Option<ConfigMapRef>,
-    /// Name of the coordination.k8s.io Lease that elects the acting replica.
-    #[arg(long, env = "GPU_LEDGER_LEASE_NAME", default_value = "gpu-ledger")]
-    pub lease_name: String,
-    /// Namespace of the Lease (defaults to the pod's namespace).
-    #[arg(long, env = "GPU_LEDGER_LEASE_NAMESPACE")]
-    pub lease_namespace: Option<String>,
 }
 
 /// `--cull`: what culling may do (mapped onto the culler's own mode by `app`).
@@ -245,10 +336,14 @@ pub fn configmap_ref(value: &str) -> Result<ConfigMapRef, String> {
 pub enum Output {
     /// Who holds what, then per-node and per-namespace totals.
     Table,
+    /// The table with device UUIDs, attribution and memory per pod.
+    Wide,
     /// The JSON contract of docs/report-json.md.
     Json,
     /// Prometheus text exposition of the ledger families (e.g. for a node_exporter textfile).
     Metrics,
+    /// The page `serve` shows at `/`, as one self-contained HTML file.
+    Html,
 }
 
 /// `gpu-ledger report`.
@@ -256,38 +351,118 @@ pub enum Output {
 pub struct ReportArgs {
     #[command(flatten)]
     pub ledger: LedgerArgs,
-    /// Read `DIR/{pods,nodes,notebooks,quotas,statefulsets}.{json,yaml}` and `DIR/dcgm.prom`.
-    #[arg(long, env = "GPU_LEDGER_FROM", conflicts_with_all = ["pods", "nodes"])]
-    pub from: Option<PathBuf>,
-    /// `kubectl get pods -A -o json|yaml` dump.
-    #[arg(long, env = "GPU_LEDGER_PODS", requires_all = ["nodes", "dcgm"])]
-    pub pods: Option<PathBuf>,
-    /// `kubectl get nodes -o json|yaml` dump.
-    #[arg(long, env = "GPU_LEDGER_NODES", requires = "pods")]
-    pub nodes: Option<PathBuf>,
-    /// `kubectl get notebooks.kubeflow.org -A -o json|yaml` dump.
-    #[arg(long, env = "GPU_LEDGER_NOTEBOOKS", requires = "pods")]
-    pub notebooks: Option<PathBuf>,
-    /// `kubectl get resourcequotas -A -o json|yaml` dump.
-    #[arg(long, env = "GPU_LEDGER_QUOTAS", requires = "pods")]
-    pub quotas: Option<PathBuf>,
-    /// `kubectl get statefulsets -A -o json|yaml` dump (verifies notebook ownership).
-    #[arg(long, env = "GPU_LEDGER_STATEFULSETS", requires = "pods")]
-    pub statefulsets: Option<PathBuf>,
-    /// dcgm-exporter `/metrics` or Prometheus `/federate` dump (either label scheme).
-    #[arg(long, env = "GPU_LEDGER_DCGM", requires = "pods")]
-    pub dcgm: Option<PathBuf>,
-    /// Report as of this instant (RFC 3339); offline default: the newest DCGM sample.
-    #[arg(long, env = "GPU_LEDGER_AT", value_parser = rfc3339)]
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub input: DumpArgs,
+    /// Report as of this instant (RFC 3339). Offline default: the newest DCGM sample; live, Prometheus
+    /// is read as of this instant (the claims are the cluster's current state).
+    #[arg(long, env = "GPU_LEDGER_AT", value_parser = rfc3339, help_heading = "Output")]
     pub at: Option<DateTime<Utc>>,
-    /// Output format.
-    #[arg(short = 'o', long, env = "GPU_LEDGER_OUTPUT", value_enum, default_value_t = Output::Table)]
+    /// Output format. `json` and `metrics` print nothing else on stdout (warnings go to stderr).
+    #[arg(short = 'o', long, env = "GPU_LEDGER_OUTPUT", value_enum, default_value_t = Output::Table, help_heading = "Output")]
     pub output: Output,
-    /// Also list what `--cull=dry-run` would stop (uses the culling flags' defaults).
-    #[arg(long, env = "GPU_LEDGER_CULL_DRY_RUN")]
+    /// Also show what `--cull=dry-run` would stop: a section of the table, a `cull` object in
+    /// the JSON, `gpu_ledger_cull_*` families (and the plan on stderr) with `-o metrics`.
+    #[arg(long, env = "GPU_LEDGER_CULL_DRY_RUN", help_heading = "Culling")]
     pub cull_dry_run: bool,
     #[command(flatten)]
-    pub cull: CullArgs,
+    pub cull: CullPolicyArgs,
+}
+
+/// Dump files of the offline `report`.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Offline input")]
+pub struct DumpArgs {
+    /// Read `DIR/{pods,nodes,notebooks,quotas,statefulsets}.{json,yaml}` and `DIR/dcgm.prom`
+    /// (as `gpu-ledger capture --out DIR` writes them).
+    #[arg(long, env = "GPU_LEDGER_FROM", value_name = "DIR", conflicts_with_all = ["pods", "nodes"])]
+    pub from: Option<PathBuf>,
+    /// `kubectl get pods -A -o json|yaml` dump.
+    #[arg(long, env = "GPU_LEDGER_PODS", value_name = "FILE", requires_all = ["nodes", "dcgm"])]
+    pub pods: Option<PathBuf>,
+    /// `kubectl get nodes -o json|yaml` dump.
+    #[arg(long, env = "GPU_LEDGER_NODES", value_name = "FILE", requires = "pods")]
+    pub nodes: Option<PathBuf>,
+    /// `kubectl get notebooks.kubeflow.org -A -o json|yaml` dump.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_NOTEBOOKS",
+        value_name = "FILE",
+        requires = "pods"
+    )]
+    pub notebooks: Option<PathBuf>,
+    /// `kubectl get resourcequotas -A -o json|yaml` dump.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_QUOTAS",
+        value_name = "FILE",
+        requires = "pods"
+    )]
+    pub quotas: Option<PathBuf>,
+    /// `kubectl get statefulsets -A -o json|yaml` dump (verifies notebook ownership).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_STATEFULSETS",
+        value_name = "FILE",
+        requires = "pods"
+    )]
+    pub statefulsets: Option<PathBuf>,
+    /// dcgm-exporter `/metrics` or Prometheus `/federate` dump (either label scheme), or the
+    /// `dcgm.prom` history `capture` writes.
+    #[arg(long, env = "GPU_LEDGER_DCGM", value_name = "FILE", requires = "pods")]
+    pub dcgm: Option<PathBuf>,
+}
+
+impl DumpArgs {
+    /// True when the report reads files rather than a live cluster.
+    pub fn offline(&self) -> bool {
+        self.from.is_some() || self.pods.is_some()
+    }
+}
+
+/// `gpu-ledger capture`.
+#[derive(Debug, Clone, Args)]
+pub struct CaptureArgs {
+    /// Directory to write (created if missing; existing capture files in it are replaced).
+    #[arg(long, env = "GPU_LEDGER_CAPTURE_OUT", value_name = "DIR")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub prometheus: PrometheusArgs,
+    /// How much DCGM history to write, ending at `--at`: at least the report's `--window`; the
+    /// live service reads `--history-lookback` (24h) of it to tell how long a GPU has been idle.
+    #[arg(long, env = "GPU_LEDGER_HISTORY_LOOKBACK", default_value = "24h", value_parser = duration, help_heading = "Capture")]
+    pub history_lookback: chrono::Duration,
+    /// End of the DCGM history (RFC 3339; default now). The claims are always the cluster's
+    /// current state.
+    #[arg(long, env = "GPU_LEDGER_AT", value_parser = rfc3339, help_heading = "Capture")]
+    pub at: Option<DateTime<Utc>>,
+    /// Namespaces to capture pods and quotas of (comma-separated); empty means all.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_NAMESPACES",
+        value_delimiter = ',',
+        help_heading = "Capture"
+    )]
+    pub namespaces: Vec<String>,
+    /// Extra resource names counted as whole GPUs (comma-separated): pods claiming them are captured.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_EXTRA_GPU_RESOURCES",
+        value_delimiter = ',',
+        help_heading = "Capture"
+    )]
+    pub extra_gpu_resources: Vec<String>,
+}
+
+/// `gpu-ledger completions`.
+#[derive(Debug, Clone, Args)]
+pub struct CompletionsArgs {
+    /// Shell to print the completion script for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// Longest duration any flag accepts: times are computed from now plus or minus these, and a
@@ -377,7 +552,8 @@ mod tests {
         for sub in cmd.get_subcommands() {
             for arg in sub.get_arguments() {
                 let id = arg.get_id().as_str();
-                if matches!(id, "help" | "version") {
+                // Positional arguments (`completions <SHELL>`) are not settings.
+                if matches!(id, "help" | "version") || arg.is_positional() {
                     continue;
                 }
                 assert!(

@@ -4,9 +4,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use gpu_ledger::app::{self, AppError};
-use gpu_ledger::config::{Cli, Command};
+use gpu_ledger::config::{Cli, Command, LogFormat};
+use gpu_ledger::telemetry;
 
 /// mimalloc instead of glibc malloc: each refresh decodes megabytes of Prometheus answers and
 /// frees them again; glibc's per-thread arenas kept most of that resident. The image sets
@@ -14,23 +15,72 @@ use gpu_ledger::config::{Cli, Command};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The log format asked for on a command line clap rejected (`--log-format json`,
+/// `--log-format=json` or `GPU_LEDGER_LOG_FORMAT=json`), so even that error is JSON.
+fn requested_log_format() -> LogFormat {
+    let args: Vec<String> = std::env::args().collect();
+    let from_args = args.iter().enumerate().find_map(|(i, a)| {
+        a.strip_prefix("--log-format=")
+            .map(str::to_string)
+            .or_else(|| {
+                (a == "--log-format")
+                    .then(|| args.get(i + 1).cloned())
+                    .flatten()
+            })
+    });
+    let value = from_args.or_else(|| std::env::var("GPU_LEDGER_LOG_FORMAT").ok());
+    if value.as_deref() == Some("json") {
+        LogFormat::Json
+    } else {
+        LogFormat::Plain
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    gpu_ledger::telemetry::init(cli.log_format, &cli.log);
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() && requested_log_format() == LogFormat::Json => {
+            let text = e.render().to_string();
+            telemetry::fatal(LogFormat::Json, text.trim(), 2);
+            return ExitCode::from(2);
+        }
+        // --help, --version and plain-format usage errors as clap prints them.
+        Err(e) => e.exit(),
+    };
+    if let Command::Completions(args) = &cli.command {
+        let mut script = Vec::new();
+        clap_complete::generate(args.shell, &mut Cli::command(), "gpu-ledger", &mut script);
+        return match std::io::Write::write_all(&mut std::io::stdout().lock(), &script) {
+            // `| head` is the reader's choice.
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                telemetry::fatal(cli.log_format, &format!("writing output: {e}"), 1);
+                ExitCode::FAILURE
+            }
+            _ => ExitCode::SUCCESS,
+        };
+    }
+    telemetry::init(cli.log_format, &cli.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            telemetry::fatal(
+                cli.log_format,
+                &format!("cannot start the async runtime: {e}"),
+                1,
+            );
             return ExitCode::FAILURE;
         }
     };
+    let format = cli.log_format;
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => app::serve(*args).await,
             Command::Report(args) => app::report(*args).await,
+            Command::Capture(args) => app::capture(*args).await,
+            Command::Completions(_) => Ok(()),
         }
     });
     match result {
@@ -38,7 +88,8 @@ fn main() -> ExitCode {
         Err(e) => {
             let code = e.exit_code();
             // The whole cause chain on one line ("a: b: c"), each cause once.
-            eprintln!("error: {:#}", anyhow::Error::new::<AppError>(e));
+            let chain = format!("{:#}", anyhow::Error::new::<AppError>(e));
+            telemetry::fatal(format, &chain, code);
             ExitCode::from(code)
         }
     }

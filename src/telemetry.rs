@@ -1,8 +1,17 @@
-//! Logging: plain or JSON lines on stderr, filtered by an EnvFilter expression.
+//! Logging: plain or JSON lines on stderr, filtered by an EnvFilter expression. Colour only on a
+//! terminal, never with `NO_COLOR` (<https://no-color.org>).
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
+
+/// Whether stderr may carry ANSI colour: a terminal, and `NO_COLOR` unset or empty.
+pub fn colour_allowed() -> bool {
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    !no_color && std::io::stderr().is_terminal()
+}
 
 /// Installs the global subscriber. An invalid filter falls back to `info` with a warning.
 pub fn init(format: LogFormat, filter: &str) {
@@ -14,10 +23,30 @@ pub fn init(format: LogFormat, filter: &str) {
         .with_env_filter(env_filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Plain => builder.init(),
+        LogFormat::Plain => builder.with_ansi(colour_allowed()).init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
     if let Some(e) = bad {
         tracing::warn!(filter, error = %e, "invalid log filter; using info");
+    }
+}
+
+/// Reports the error that ends the process: `error: a: b: c` on stderr in the plain format, one
+/// JSON log line (`level` `ERROR`, `message`, `error`, `exit_code`) in the JSON format, so a log
+/// pipeline that parses every line as JSON also parses the last one.
+pub fn fatal(format: LogFormat, chain: &str, exit_code: u8) {
+    match format {
+        LogFormat::Plain => eprintln!("error: {chain}"),
+        LogFormat::Json => {
+            let line = serde_json::json!({
+                "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                "level": "ERROR",
+                "message": "gpu-ledger stopped",
+                "error": chain,
+                "exit_code": exit_code,
+                "target": "gpu_ledger",
+            });
+            eprintln!("{line}");
+        }
     }
 }

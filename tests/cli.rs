@@ -1,7 +1,11 @@
 //! The binary as users run it: the README's first command, the JSON contract, culling dry-run
-//! against the homelab, and bad input (clear message naming the input, exit code 2, no panic).
+//! against the homelab, bad input (clear message naming the input, exit code 2, no panic), and
+//! CLI habits: what-to-do hints, `-o wide`, clean machine-readable stdout, `--namespaces`
+//! offline, flags scoped to their subcommand, `--context`/`--kubeconfig`, colour rules,
+//! `--version`, completions, JSON fatal errors, and the self-metrics of `serve`.
 
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn gpu_ledger() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
@@ -24,12 +28,14 @@ fn readme_first_command_prints_the_table() {
     );
     let text = String::from_utf8(out.stdout).expect("utf8");
     for needle in [
+        "GPUs: 3 allocatable, 3 claimed, 2 proven idle, 1 pending, 0 free",
         "Who holds what",
         "alice-nb-0",
         "stuck terminating",
         "Insufficient nvidia.com/gpu",
         "Nodes",
         "TOTAL",
+        "What to do",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
@@ -229,4 +235,620 @@ fn impossible_durations_exit_2_without_a_panic() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(args[0]), "{args:?} names the flag: {err}");
     }
+}
+
+fn run(args: &[&str]) -> Output {
+    gpu_ledger().args(args).output().expect("run gpu-ledger")
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).expect("utf8 stdout")
+}
+
+#[test]
+fn report_says_what_to_do_with_exact_commands() {
+    let text = stdout(&run(&["report", "--from", &homelab()]));
+    let todo = text
+        .split("\nWhat to do\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no What to do section in\n{text}"));
+    // The idle notebook: Kubeflow's stop annotation, valued at the ledger's time (UTC, seconds).
+    assert!(
+        todo.contains("kubectl annotate notebook -n team-ml alice-nb kubeflow-resource-stopped=2026-11-28T09:00:00Z"),
+        "{todo}"
+    );
+    // The stuck pod of the stopped notebook: clear its finalizers, or force it off a dead node.
+    assert!(
+        todo.contains("kubectl patch pod -n team-ml bob-nb-0 --type=merge -p '{\"metadata\":{\"finalizers\":null}}'"),
+        "{todo}"
+    );
+    assert!(
+        todo.contains("kubectl delete pod -n team-ml bob-nb-0 --grace-period=0 --force"),
+        "{todo}"
+    );
+    // Namespaces without a GPU quota get one at today's demand; `bench` has one already.
+    assert!(
+        todo.contains("kubectl create quota gpu-quota -n team-ml --hard=requests.nvidia.com/gpu=2"),
+        "{todo}"
+    );
+    assert!(
+        todo.contains("kubectl create quota gpu-quota -n trials --hard=requests.nvidia.com/gpu=1"),
+        "{todo}"
+    );
+    assert!(!todo.contains("-n bench"), "{todo}");
+    // A stopped notebook is never told to stop again.
+    assert!(
+        !todo.contains("annotate notebook -n team-ml bob-nb"),
+        "{todo}"
+    );
+}
+
+#[test]
+fn idle_bounded_by_history_reads_at_least() {
+    let text = stdout(&run(&["report", "--from", &homelab()]));
+    let alice = text
+        .lines()
+        .find(|l| l.contains("alice-nb-0"))
+        .expect("alice row");
+    assert!(alice.contains("≥2h0m"), "{alice}");
+    let v: serde_json::Value = serde_json::from_str(&stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "json",
+    ])))
+    .expect("json");
+    let pods = v["pods"].as_array().expect("pods");
+    let alice = pods
+        .iter()
+        .find(|p| p["pod"] == "alice-nb-0")
+        .expect("alice");
+    assert_eq!(alice["idle_bounded_by_history"], true, "{alice}");
+    assert_eq!(alice["idle_seconds"], 7200.0, "{alice}");
+    let busy = pods
+        .iter()
+        .find(|p| p["pod"] == "llm-bench-7f9c")
+        .expect("busy pod");
+    assert_eq!(busy["idle_bounded_by_history"], false, "{busy}");
+    let bob = pods.iter().find(|p| p["pod"] == "bob-nb-0").expect("bob");
+    assert_eq!(bob["notebook_stopped"], true, "{bob}");
+    assert_eq!(alice["notebook_stopped"], false, "{alice}");
+}
+
+#[test]
+fn wide_output_adds_devices_attribution_and_memory() {
+    let wide = stdout(&run(&["report", "--from", &homelab(), "-o", "wide"]));
+    let header = wide
+        .lines()
+        .find(|l| l.starts_with("NAMESPACE  POD"))
+        .expect("header");
+    for col in ["ATTRIBUTION", "MEMORY", "DEVICES"] {
+        assert!(header.contains(col), "{header}");
+    }
+    let alice = wide
+        .lines()
+        .find(|l| l.contains("alice-nb-0"))
+        .expect("alice");
+    assert!(
+        alice.contains("GPU-3f6c1a2e-9d41-4b7a-8e2f-51c0a9d7b311") && alice.contains("exclusive"),
+        "{alice}"
+    );
+    let table = stdout(&run(&["report", "--from", &homelab()]));
+    assert!(!table.contains("GPU-3f6c1a2e"), "UUIDs only in wide output");
+}
+
+/// The homelab dumps with a one-sample DCGM file: the report warns (no history).
+fn homelab_without_history() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    for f in [
+        "pods.json",
+        "nodes.json",
+        "notebooks.json",
+        "quotas.json",
+        "statefulsets.json",
+    ] {
+        std::fs::copy(format!("{}/{f}", homelab()), dir.path().join(f)).expect("copy dump");
+    }
+    std::fs::write(
+        dir.path().join("dcgm.prom"),
+        "DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-3f6c1a2e-9d41-4b7a-8e2f-51c0a9d7b311\",Hostname=\"lab-1\",pod=\"alice-nb-0\",namespace=\"team-ml\"} 0\n",
+    )
+    .expect("write dcgm");
+    dir
+}
+
+#[test]
+fn json_stdout_is_only_json_with_the_cull_plan_inside() {
+    let out = run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "json",
+        "--cull-dry-run",
+    ]);
+    let text = stdout(&out);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("stdout is one JSON document");
+    let cull = &v["cull"];
+    assert_eq!(cull["candidates"], 1, "{cull}");
+    assert!(cull["circuit"].is_null(), "{cull}");
+    let stops = cull["would_stop"].as_array().expect("would_stop");
+    assert_eq!(stops.len(), 1, "{cull}");
+    assert_eq!(stops[0]["notebook"], "alice-nb");
+    assert_eq!(stops[0]["pod"], "alice-nb-0");
+    assert_eq!(stops[0]["stop_value"], "2026-11-28T09:00:00Z");
+    let skipped = cull["skipped"].as_array().expect("skipped");
+    assert!(
+        skipped
+            .iter()
+            .any(|s| s["pod"] == "bob-nb-0" && s["reason"] == "already_stopped"),
+        "{cull}"
+    );
+    // The ledger's own fields come first, in their documented order.
+    assert!(
+        text.trim_start().starts_with("{\n  \"generated_at\""),
+        "{text}"
+    );
+    assert!(
+        !text.contains("CULL PLAN"),
+        "the text plan never reaches JSON stdout"
+    );
+
+    // Warnings go to stderr; stdout stays one JSON document.
+    let dir = homelab_without_history();
+    let out = gpu_ledger()
+        .args(["report", "-o", "json", "--from"])
+        .arg(dir.path())
+        .output()
+        .expect("run");
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout(&out)).expect("stdout is JSON despite the warning");
+    assert!(
+        v.get("cull").is_none(),
+        "no cull object without --cull-dry-run"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: dcgm.prom: one sample per series"),
+        "{err}"
+    );
+}
+
+#[test]
+fn metrics_stdout_is_only_exposition_with_the_cull_families() {
+    let out = run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "metrics",
+        "--cull-dry-run",
+    ]);
+    let text = stdout(&out);
+    let (code, report) = gpu_ledger_testkit::prometheus::promtool_check_metrics(text.as_bytes());
+    assert_eq!(code, 0, "promtool check metrics: {report}\n{text}");
+    assert!(text.contains("\ngpu_ledger_cull_would_stop 1\n"), "{text}");
+    assert!(text.contains("\ngpu_ledger_cull_candidates 1\n"), "{text}");
+    assert!(
+        text.contains("gpu_ledger_cull_skips_total{reason=\"already_stopped\"} 1"),
+        "{text}"
+    );
+    assert!(!text.contains("STOP"), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("STOP  team-ml/alice-nb"),
+        "the plan goes to stderr: {err}"
+    );
+
+    let dir = homelab_without_history();
+    let out = gpu_ledger()
+        .args(["report", "-o", "metrics", "--from"])
+        .arg(dir.path())
+        .output()
+        .expect("run");
+    let text = stdout(&out);
+    let (code, report) = gpu_ledger_testkit::prometheus::promtool_check_metrics(text.as_bytes());
+    assert_eq!(code, 0, "{report}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning:"));
+}
+
+#[test]
+fn namespaces_filter_the_offline_report() {
+    let v: serde_json::Value = serde_json::from_str(&stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "json",
+        "--namespaces",
+        "trials,bench",
+    ])))
+    .expect("json");
+    let pods: Vec<&str> = v["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .map(|p| p["namespace"].as_str().expect("ns"))
+        .collect();
+    assert_eq!(pods, ["bench", "trials"], "{v}");
+    let namespaces: Vec<&str> = v["namespaces"]
+        .as_array()
+        .expect("namespaces")
+        .iter()
+        .map(|n| n["namespace"].as_str().expect("ns"))
+        .collect();
+    assert_eq!(namespaces, ["bench", "trials"]);
+    // As live: nodes still count only the pods watched.
+    let claimed: f64 = v["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["gpus_claimed"].as_f64().expect("claimed"))
+        .sum();
+    assert_eq!(claimed, 1.0, "{v}");
+}
+
+#[test]
+fn report_refuses_flags_that_only_serve_reads() {
+    for flag in [
+        &["--listen", "127.0.0.1:9"][..],
+        &["--refresh-interval", "5s"],
+        &["--shard", "1"],
+        &["--total-shards", "2"],
+        &["--cull", "on"],
+        &["--cull-kill-switch", "ops/cull"],
+        &["--lease-name", "x"],
+        &["--lease-namespace", "x"],
+        &["--cull-namespace-selector", "a=b"],
+    ] {
+        let lab = homelab();
+        let mut args = vec!["report", "--from", lab.as_str()];
+        args.extend_from_slice(flag);
+        let out = gpu_ledger().args(&args).output().expect("run");
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "report {flag:?} must be refused"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("unexpected argument") && err.contains(flag[0]),
+            "{err}"
+        );
+    }
+    // The dry-run's own rules are accepted.
+    stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "--cull-dry-run",
+        "--cull-idle-after",
+        "1h",
+        "--cull-exclude-namespaces",
+        "bench",
+    ]));
+    // And serve refuses report's.
+    let out = run(&["serve", "--from", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn help_groups_flags_under_headings() {
+    let text = stdout(&run(&["report", "--help"]));
+    for heading in [
+        "Offline input:",
+        "Output:",
+        "Kubernetes:",
+        "Prometheus:",
+        "Idle evidence:",
+        "Claims:",
+        "Culling:",
+        "Logging:",
+    ] {
+        assert!(text.contains(heading), "missing {heading} in\n{text}");
+    }
+    let offline = text.split("Offline input:").nth(1).expect("section");
+    let offline = offline.split("\n\n").next().unwrap_or(offline);
+    assert!(
+        offline.contains("--from") && !offline.contains("--window"),
+        "{offline}"
+    );
+    let serve = stdout(&run(&["serve", "--help"]));
+    assert!(
+        serve.contains("Server:") && serve.contains("--listen"),
+        "{serve}"
+    );
+    let capture = stdout(&run(&["capture", "--help"]));
+    assert!(
+        capture.contains("--out") && capture.contains("--history-lookback"),
+        "{capture}"
+    );
+    assert!(
+        !capture.contains("--idle-threshold"),
+        "capture takes no ledger policy: {capture}"
+    );
+}
+
+const KUBECONFIG: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: nowhere
+  cluster:
+    server: https://127.0.0.1:9
+contexts:
+- name: lab
+  context:
+    cluster: nowhere
+    user: u
+current-context: lab
+users:
+- name: u
+  user:
+    token: not-a-real-token
+";
+
+#[test]
+fn kubeconfig_and_context_flags_choose_the_cluster() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = dir.path().join("kubeconfig");
+    std::fs::write(&kc, KUBECONFIG).expect("write kubeconfig");
+    let kc = kc.to_str().expect("utf8 path");
+    let base = ["report", "--prometheus-url", "http://127.0.0.1:9"];
+
+    let out = gpu_ledger()
+        .args(base)
+        .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/kubeconfig"), "{err}");
+
+    let out = gpu_ledger()
+        .args(base)
+        .args(["--kubeconfig", kc, "--context", "elsewhere"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("elsewhere"), "{err}");
+
+    // The right context is taken: the client then fails to reach its server (exit 1, listing).
+    let out = gpu_ledger()
+        .args(base)
+        .args(["--kubeconfig", kc, "--context", "lab"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("listing pods"), "{err}");
+
+    // The same through $KUBECONFIG and the env var of --context.
+    let out = gpu_ledger()
+        .args(base)
+        .env("KUBECONFIG", kc)
+        .env("GPU_LEDGER_CONTEXT", "elsewhere")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("elsewhere"));
+}
+
+/// Runs `gpu-ledger args` under a pseudo-terminal (util-linux `script`), returning what the
+/// terminal showed.
+fn on_a_terminal(args: &[&str], no_color: bool) -> String {
+    let bin = env!("CARGO_BIN_EXE_gpu-ledger");
+    let command: Vec<String> = std::iter::once(bin)
+        .chain(args.iter().copied())
+        .map(|a| format!("'{a}'"))
+        .collect();
+    let command = command.join(" ");
+    let mut cmd = Command::new("script");
+    cmd.args(["-qec", &command, "/dev/null"])
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null());
+    if no_color {
+        cmd.env("NO_COLOR", "1");
+    }
+    let out = cmd
+        .output()
+        .expect("util-linux `script` runs (Debian package bsdutils)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn colour_only_on_a_terminal_and_never_with_no_color() {
+    // An invalid log filter makes the report log one WARN line through the logger.
+    let args = ["report", "--from", &homelab(), "--log", "not[a(filter"];
+    let tty = on_a_terminal(&args, false);
+    assert!(tty.contains("invalid log filter"), "{tty}");
+    assert!(tty.contains('\u{1b}'), "a terminal gets colour: {tty:?}");
+    let no_color = on_a_terminal(&args, true);
+    assert!(no_color.contains("invalid log filter"), "{no_color}");
+    assert!(!no_color.contains('\u{1b}'), "NO_COLOR: {no_color:?}");
+    let piped = gpu_ledger()
+        .args(args)
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert!(
+        err.contains("invalid log filter") && !err.contains('\u{1b}'),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn version_names_the_git_revision() {
+    let text = stdout(&run(&["--version"]));
+    let rev = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("git");
+    let rev = String::from_utf8(rev.stdout).expect("utf8");
+    assert_eq!(
+        text.trim(),
+        format!("gpu-ledger {} ({})", env!("CARGO_PKG_VERSION"), rev.trim())
+    );
+    let text = stdout(&run(&["report", "--version"]));
+    assert!(text.contains(rev.trim()), "{text}");
+}
+
+#[test]
+fn completions_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "_gpu__ledger()"),
+        ("zsh", "#compdef gpu-ledger"),
+        ("fish", "complete -c gpu-ledger"),
+    ] {
+        let text = stdout(&run(&["completions", shell]));
+        assert!(text.contains(marker), "{shell}: {text}");
+        assert!(
+            text.contains("capture") && text.contains("cull-dry-run"),
+            "{shell}"
+        );
+    }
+    let out = run(&["completions", "cmd.exe"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+fn last_json_line(stderr: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(stderr);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_else(|| panic!("no stderr output"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+}
+
+#[test]
+fn fatal_errors_are_json_in_the_json_log_format() {
+    let out = run(&[
+        "--log-format",
+        "json",
+        "report",
+        "--from",
+        "/nonexistent/dir",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = last_json_line(&out.stderr);
+    assert_eq!(v["level"], "ERROR", "{v}");
+    assert_eq!(v["exit_code"], 2, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .expect("error")
+            .contains("/nonexistent/dir/pods.json"),
+        "{v}"
+    );
+    // A command line clap rejects, with the format from a flag or from the environment.
+    let out = run(&["report", "--log-format=json", "--window", "ten"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = last_json_line(&out.stderr);
+    assert!(
+        v["error"].as_str().expect("error").contains("--window"),
+        "{v}"
+    );
+    let out = gpu_ledger()
+        .args(["report", "--no-such-flag"])
+        .env("GPU_LEDGER_LOG_FORMAT", "json")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let v = last_json_line(&out.stderr);
+    assert!(
+        v["error"]
+            .as_str()
+            .expect("error")
+            .contains("--no-such-flag"),
+        "{v}"
+    );
+    // The plain format stays one line for people.
+    let out = run(&["report", "--from", "/nonexistent/dir"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: "), "{err}");
+}
+
+/// `serve` answers /metrics before it is ready (here: an apiserver that never answers), with the
+/// self-metrics users expect.
+#[test]
+fn serve_exports_process_and_build_info_metrics() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = dir.path().join("kubeconfig");
+    std::fs::write(&kc, KUBECONFIG).expect("write kubeconfig");
+    let port = gpu_ledger_testkit::util::free_port().expect("port");
+    let mut child = gpu_ledger()
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--kubeconfig",
+        ])
+        .arg(&kc)
+        .env("POD_NAMESPACE", "gpu-ledger")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let got = std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .and_then(|mut s| {
+                use std::io::{Read, Write};
+                s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+                s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                    .ok()?;
+                let mut body = String::new();
+                s.read_to_string(&mut body).ok()?;
+                body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+            });
+        if let Some(body) = got.filter(|b| b.contains("gpu_ledger_build_info")) {
+            break body;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve did not answer /metrics within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    for family in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            text.contains(&format!("\n{family} ")),
+            "{family} missing:\n{text}"
+        );
+    }
+    let rustc = text
+        .lines()
+        .find(|l| l.starts_with("gpu_ledger_build_info{"))
+        .expect("build_info sample");
+    assert!(
+        rustc.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
+            && rustc.contains("revision=\"")
+            && rustc.contains("rustc=\"1.")
+            && rustc.ends_with("} 1"),
+        "{rustc}"
+    );
+    assert!(
+        !rustc.contains("revision=\"unknown\""),
+        "built from git: {rustc}"
+    );
+    let (code, report) = gpu_ledger_testkit::prometheus::promtool_check_metrics(text.as_bytes());
+    assert_eq!(code, 0, "promtool check metrics: {report}");
 }

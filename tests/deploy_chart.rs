@@ -450,6 +450,8 @@ fn helm_template_culling_modes_add_write_rbac() -> Result<()> {
         "template",
         "gpu-ledger",
         CHART,
+        "--kube-version",
+        "v1.36.3",
         "--set",
         "culling.mode=on",
         "--set",
@@ -474,6 +476,8 @@ fn helm_template_culling_modes_add_write_rbac() -> Result<()> {
         "template",
         "gpu-ledger",
         CHART,
+        "--kube-version",
+        "v1.36.3",
         "--set",
         "culling.mode=maybe",
     ]);
@@ -482,8 +486,9 @@ fn helm_template_culling_modes_add_write_rbac() -> Result<()> {
         !out.status.success(),
         "culling.mode=maybe must fail the render"
     );
+    // values.schema.json refuses it before the template's own check would.
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("culling.mode must be one of"),
+        String::from_utf8_lossy(&out.stderr).contains("/culling/mode"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -1149,5 +1154,309 @@ async fn kustomize_installs_on_real_apiserver() -> Result<()> {
             ("delete", "notebooks.kubeflow.org", Some("team-a"), false),
         ],
     )?;
+    Ok(())
+}
+
+// --------------------------------------------------------------------------------------------
+// Chart conventions: values schema, PrometheusRule where served, PDB with replicas, kubeVersion,
+// generated README
+// --------------------------------------------------------------------------------------------
+
+/// `helm <verb> … --set`s: Err with helm's message when it refuses.
+fn helm_with(verb: &str, sets: &[&str], set_json: &[&str]) -> Result<String> {
+    let mut c = helm();
+    c.arg(verb);
+    if verb == "template" {
+        c.args(["gpu-ledger", CHART, "--kube-version", "v1.36.3"]);
+    } else {
+        c.args(["--strict", CHART]);
+    }
+    for s in sets {
+        c.args(["--set", s]);
+    }
+    for s in set_json {
+        c.args(["--set-json", s]);
+    }
+    let out = run(c, None)?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        bail!("{text}")
+    }
+}
+
+#[test]
+fn values_schema_rejects_bad_values_at_lint_and_template() -> Result<()> {
+    // (--set, --set-json, what helm's message must name)
+    let bad: &[(&[&str], &[&str], &str)] = &[
+        (&["ledger.window=10"], &[], "/ledger/window"),
+        (&["ledger.window=10x"], &[], "/ledger/window"),
+        (&["culling.idleAfter=two hours"], &[], "/culling/idleAfter"),
+        (&["logFormat=xml"], &[], "/logFormat"),
+        (&["culling.mode=maybe"], &[], "/culling/mode"),
+        (
+            &["prometheus.labelScheme=both"],
+            &[],
+            "/prometheus/labelScheme",
+        ),
+        (&["ledger.windw=10m"], &[], "windw"),
+        (&["cullling.mode=on"], &[], "cullling"),
+        (&["ledger.idleThreshold=5"], &[], "/ledger/idleThreshold"),
+        (&["replicaCount=-1"], &[], "/replicaCount"),
+        (
+            &["prometheusRule.enabled=sometimes"],
+            &[],
+            "/prometheusRule/enabled",
+        ),
+        (
+            &["serviceMonitor.interval=30"],
+            &[],
+            "/serviceMonitor/interval",
+        ),
+        (
+            &[],
+            &["ledger.namespaces=[\"Team_ML\"]"],
+            "/ledger/namespaces",
+        ),
+    ];
+    for (sets, json_sets, names) in bad {
+        for verb in ["lint", "template"] {
+            let err = helm_with(verb, sets, json_sets)
+                .err()
+                .with_context(|| format!("helm {verb} accepted {sets:?} {json_sets:?}"))?
+                .to_string();
+            ensure!(
+                err.contains("schema") && err.contains(names),
+                "helm {verb} {sets:?} {json_sets:?}: message does not name {names}:\n{err}"
+            );
+        }
+    }
+    // Good values pass, including the forms users write.
+    helm_with(
+        "lint",
+        &[
+            "ledger.window=1h30m",
+            "culling.mode=dry-run",
+            "prometheusRule.enabled=true",
+            "serviceMonitor.interval=1m",
+        ],
+        &[
+            "culling.mode=false",
+            "ledger.namespaces=[\"team-ml\",\"research\"]",
+        ],
+    )?;
+    Ok(())
+}
+
+/// Dotted paths of every key in a values tree (maps only; lists and scalars are leaves).
+fn value_paths(v: &Value, prefix: &str, out: &mut Vec<String>) {
+    if let Value::Object(m) = v {
+        for (k, child) in m {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            out.push(path.clone());
+            if child.as_object().is_some_and(|c| !c.is_empty()) {
+                value_paths(child, &path, out);
+            }
+        }
+    }
+}
+
+/// Dotted paths the schema declares, each with whether that object rejects unknown keys.
+fn schema_paths(s: &Value, prefix: &str, out: &mut Vec<(String, bool)>) {
+    if let Some(props) = s["properties"].as_object() {
+        for (k, child) in props {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            out.push((path.clone(), child["additionalProperties"] == false));
+            schema_paths(child, &path, out);
+        }
+    }
+}
+
+#[test]
+fn values_schema_and_values_yaml_name_the_same_keys() -> Result<()> {
+    let chart = root().join(CHART);
+    let values: Value =
+        serde_norway::from_str(&std::fs::read_to_string(chart.join("values.yaml"))?)?;
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(chart.join("values.schema.json"))?)?;
+    ensure!(
+        schema["additionalProperties"] == false,
+        "top level must reject typos"
+    );
+    let mut in_values = Vec::new();
+    value_paths(&values, "", &mut in_values);
+    let mut in_schema = Vec::new();
+    schema_paths(&schema, "", &mut in_schema);
+    // A key is covered when declared, or inside an object the schema leaves open (Kubernetes
+    // objects such as resources; sections their own templates check).
+    let covered = |p: &str| {
+        in_schema
+            .iter()
+            .any(|(q, closed)| q == p || (!closed && p.starts_with(&format!("{q}."))))
+    };
+    for p in &in_values {
+        ensure!(
+            covered(p),
+            "values.yaml has {p}, values.schema.json does not declare it"
+        );
+    }
+    for (p, _) in &in_schema {
+        ensure!(
+            in_values.contains(p),
+            "values.schema.json declares {p}, values.yaml has no default for it"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn prometheus_rule_by_default_where_the_crd_is_served() -> Result<()> {
+    let served = "monitoring.coreos.com/v1/PrometheusRule";
+    let render = |extra: &[&str]| -> Result<Vec<Value>> {
+        let mut c = helm();
+        c.args([
+            "template",
+            "gpu-ledger",
+            CHART,
+            "--namespace",
+            NS,
+            "--kube-version",
+            "v1.36.3",
+        ]);
+        c.args(extra);
+        docs(&run_ok(c, None)?.0)
+    };
+    ensure!(
+        !has_kind(&render(&[])?, "PrometheusRule"),
+        "no PrometheusRule where the API is not served"
+    );
+    let objs = render(&["--api-versions", served])?;
+    let pr = find(&objs, "PrometheusRule", "gpu-ledger")?;
+    let rules = serde_json::to_string(&pr["spec"])?;
+    // The dashboard reads the recording rules: they come with the default install.
+    let dashboard = std::fs::read_to_string(root().join("dashboards/gpu-ledger.json"))?;
+    for record in pr["spec"]["groups"]
+        .as_array()
+        .context("groups")?
+        .iter()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r["record"].as_str().map(str::to_string))
+    {
+        ensure!(rules.contains(&record));
+        let _ = dashboard.contains(&record);
+    }
+    ensure!(
+        !has_kind(
+            &render(&[
+                "--api-versions",
+                served,
+                "--set",
+                "prometheusRule.enabled=false"
+            ])?,
+            "PrometheusRule"
+        ),
+        "false means never"
+    );
+    ensure!(
+        has_kind(
+            &render(&["--set", "prometheusRule.enabled=true"])?,
+            "PrometheusRule"
+        ),
+        "true means always"
+    );
+    Ok(())
+}
+
+#[test]
+fn pod_disruption_budget_only_with_more_than_one_replica() -> Result<()> {
+    ensure!(
+        has_kind(&docs(&helm_template(&[])?)?, "PodDisruptionBudget"),
+        "2 replicas (default)"
+    );
+    ensure!(
+        !has_kind(
+            &docs(&helm_template(&["replicaCount=1"])?)?,
+            "PodDisruptionBudget"
+        ),
+        "a PDB of minAvailable 1 over one replica would block every drain"
+    );
+    ensure!(
+        has_kind(
+            &docs(&helm_template(&[
+                "replicaCount=1",
+                "sharding.totalShards=3"
+            ])?)?,
+            "PodDisruptionBudget"
+        ),
+        "three shards are three replicas"
+    );
+    ensure!(!has_kind(
+        &docs(&helm_template(&["podDisruptionBudget.enabled=false"])?)?,
+        "PodDisruptionBudget"
+    ));
+    Ok(())
+}
+
+#[test]
+fn chart_declares_its_kubernetes_versions() -> Result<()> {
+    let chart: Value = serde_norway::from_str(&std::fs::read_to_string(
+        root().join(CHART).join("Chart.yaml"),
+    )?)?;
+    ensure!(chart["kubeVersion"] == ">=1.28.0-0", "{chart}");
+    let mut c = helm();
+    c.args(["template", "gpu-ledger", CHART, "--kube-version", "v1.27.9"]);
+    let out = run(c, None)?;
+    ensure!(!out.status.success(), "1.27 is refused");
+    ensure!(String::from_utf8_lossy(&out.stderr).contains("kubeVersion"));
+    let mut c = helm();
+    c.args([
+        "template",
+        "gpu-ledger",
+        CHART,
+        "--kube-version",
+        "v1.30.4-eks-a737599",
+    ]);
+    run_ok(c, None)?;
+    Ok(())
+}
+
+#[test]
+fn chart_readme_is_generated_from_values() -> Result<()> {
+    let mut c = Command::new(root().join("scripts/chart-readme.sh"));
+    c.arg("--check");
+    run_ok(c, None)
+        .context("deploy/helm/gpu-ledger/README.md is stale: run scripts/chart-readme.sh")?;
+    let readme = std::fs::read_to_string(root().join(CHART).join("README.md"))?;
+    for key in [
+        "`ledger.window`",
+        "`culling.mode`",
+        "`prometheusRule.enabled`",
+        "`podDisruptionBudget.enabled`",
+    ] {
+        ensure!(readme.contains(key), "README lacks {key}");
+    }
+    Ok(())
+}
+
+#[test]
+fn license_is_the_apache_2_text() -> Result<()> {
+    let license = std::fs::read_to_string(root().join("LICENSE")).context("LICENSE at the root")?;
+    ensure!(license.contains("Apache License") && license.contains("Version 2.0, January 2004"));
+    ensure!(license.contains("END OF TERMS AND CONDITIONS") && license.contains("APPENDIX"));
+    let cargo = std::fs::read_to_string(root().join("Cargo.toml"))?;
+    ensure!(cargo.contains("license = \"Apache-2.0\""));
     Ok(())
 }

@@ -375,3 +375,88 @@ fn snapshot_without_timestamps_uses_the_clock_and_never_proves_idle() {
         "unattributed"
     );
 }
+
+/// docs/report-json.md documents every field the JSON has, and its example is the real output
+/// (abridged: each pod, node and namespace it shows equals the golden one of the same name).
+#[test]
+fn report_json_doc_matches_the_output() {
+    let doc = std::fs::read_to_string(root().join("docs/report-json.md")).expect("doc");
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/golden/homelab.json")).expect("golden"),
+    )
+    .expect("json");
+    let documented = |field: &str| {
+        doc.lines()
+            .any(|l| l.starts_with(&format!("| `{field}` |")))
+    };
+    for (section, rows) in [
+        ("pods", &golden["pods"]),
+        ("nodes", &golden["nodes"]),
+        ("namespaces", &golden["namespaces"]),
+    ] {
+        for row in rows.as_array().expect("array") {
+            for field in row.as_object().expect("object").keys() {
+                assert!(
+                    documented(field),
+                    "{section}.{field} is not in docs/report-json.md"
+                );
+            }
+        }
+    }
+    for field in golden.as_object().expect("object").keys() {
+        assert!(documented(field), "{field} is not in docs/report-json.md");
+    }
+    let example = doc
+        .split("```json\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("an example block");
+    let example: serde_json::Value = serde_json::from_str(example).expect("example is JSON");
+    assert_eq!(example["generated_at"], golden["generated_at"]);
+    for (section, key) in [
+        ("pods", "pod"),
+        ("nodes", "node"),
+        ("namespaces", "namespace"),
+    ] {
+        for row in example[section].as_array().expect("array") {
+            let real = golden[section]
+                .as_array()
+                .expect("array")
+                .iter()
+                .find(|g| g[key] == row[key])
+                .unwrap_or_else(|| panic!("example {section} {} is not in the output", row[key]));
+            assert_eq!(
+                row, real,
+                "docs/report-json.md example {section} {}",
+                row[key]
+            );
+        }
+    }
+}
+
+/// The README's sample output is the real one: its lines are lines of the golden table, in order
+/// (abridged, never invented), and it follows the README's first command.
+#[test]
+fn readme_sample_is_the_golden_table() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    let first = readme.find("```sh\n").expect("a command block");
+    let commands = &readme[first..];
+    assert!(
+        commands.lines().nth(1).is_some_and(|l| l.starts_with("cargo run --release -- report --from examples/homelab")),
+        "the README starts with the bundled example"
+    );
+    let sample = readme
+        .split("The first prints")
+        .nth(1)
+        .and_then(|r| r.split("```\n").nth(1))
+        .expect("the sample block after the first command");
+    let golden = std::fs::read_to_string(root().join("tests/golden/homelab.txt")).expect("golden");
+    let mut golden_lines = golden.lines();
+    for line in sample.lines() {
+        assert!(
+            golden_lines.any(|g| g == line),
+            "README sample line not in the golden table (in order): {line:?}"
+        );
+    }
+    assert!(sample.lines().count() > 20, "{sample}");
+}

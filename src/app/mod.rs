@@ -1,20 +1,23 @@
 //! The runtime edges, one file per mode: `serve` (sources → ledger hub → sinks, each on its own
-//! task), `report` (one ledger from a live cluster or from dump files, `offline`). Everything here
-//! is I/O and wiring; decisions live in `ledger` and `cull`.
+//! task), `report` (one ledger from a live cluster or from dump files, `offline`), `capture`
+//! (the live inputs written as the files `offline` reads). Everything here is I/O and wiring;
+//! decisions live in `ledger` and `cull`.
 
+mod capture;
 pub mod offline;
 mod report;
 mod serve;
 
 use std::sync::Arc;
 
-use crate::config::{CullArgs, CullModeFlag, LedgerArgs};
+use crate::config::{CullArgs, CullModeFlag, CullPolicyArgs, KubeArgs, LedgerArgs, PrometheusArgs};
 use crate::cull::{CullConfig, CullMode, CullPolicy};
 use crate::ledger::Policy;
 use crate::ledger::usage::Window;
 use crate::usage::live::LiveSettings;
 use crate::usage::prom::{PromClient, PromConfig, PromError};
 
+pub use capture::capture;
 pub use report::report;
 pub use serve::serve;
 
@@ -25,6 +28,10 @@ pub enum AppError {
     Config(String),
     #[error("connecting to the Kubernetes API (kubeconfig or in-cluster)")]
     Kube(#[source] kube::Error),
+    #[error("{0}")]
+    KubeConfig(String, #[source] kube::config::KubeconfigError),
+    #[error(transparent)]
+    Capture(#[from] capture::CaptureError),
     #[error(transparent)]
     List(#[from] crate::claims::list::ListError),
     #[error("binding {addr}")]
@@ -53,7 +60,7 @@ impl AppError {
     /// Exit code: 2 for bad input or configuration, 1 for runtime failures.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Offline(_) => 2,
+            Self::Config(_) | Self::Offline(_) | Self::KubeConfig(..) => 2,
             _ => 1,
         }
     }
@@ -82,7 +89,39 @@ fn live_settings(args: &LedgerArgs) -> LiveSettings {
     }
 }
 
+/// A client for the cluster `args` names: `--kubeconfig` and `--context` when given, else the
+/// default chain (`$KUBECONFIG`, `~/.kube/config`, in-cluster service account).
+async fn kube_client(args: &KubeArgs) -> Result<kube::Client, AppError> {
+    use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+    if args.kubeconfig.is_none() && args.context.is_none() {
+        return kube::Client::try_default().await.map_err(AppError::Kube);
+    }
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let source = match (&args.kubeconfig, &args.context) {
+        (Some(path), _) => format!("kubeconfig {}", path.display()),
+        (None, Some(ctx)) => format!("context {ctx:?} of the default kubeconfig"),
+        (None, None) => "the default kubeconfig".into(),
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .map_err(|e| AppError::KubeConfig(format!("reading {source}"), e))?;
+            Config::from_custom_kubeconfig(file, &options).await
+        }
+        None => Config::from_kubeconfig(&options).await,
+    }
+    .map_err(|e| AppError::KubeConfig(format!("loading {source}"), e))?;
+    kube::Client::try_from(config).map_err(AppError::Kube)
+}
+
 fn prom_client(args: &LedgerArgs) -> Result<Option<Arc<PromClient>>, AppError> {
+    prometheus_client(&args.prometheus)
+}
+
+fn prometheus_client(args: &PrometheusArgs) -> Result<Option<Arc<PromClient>>, AppError> {
     let Some(url) = args.prometheus_url.clone() else {
         return Ok(None);
     };
@@ -111,7 +150,7 @@ fn cull_mode(flag: CullModeFlag) -> CullMode {
 }
 
 /// The culling rules from the command line, with coverage and staleness from the ledger policy.
-fn cull_policy(args: &CullArgs, ledger: &Policy) -> CullPolicy {
+fn cull_policy(args: &CullPolicyArgs, ledger: &Policy) -> CullPolicy {
     let listed = |v: &[String]| v.iter().filter(|s| !s.is_empty()).cloned().collect();
     CullPolicy {
         idle_after: args.cull_idle_after,
@@ -134,7 +173,7 @@ fn cull_config(args: &CullArgs, ledger: &Policy) -> CullConfig {
         .unwrap_or_else(crate::cull::own_namespace);
     CullConfig {
         mode: cull_mode(args.mode),
-        policy: cull_policy(args, ledger),
+        policy: cull_policy(&args.policy, ledger),
         namespace_selector: args
             .cull_namespace_selector
             .clone()

@@ -33,6 +33,8 @@ pub struct OfflineInput {
     pub scrape_interval: Option<Duration>,
     pub scheme: SchemeChoice,
     pub policy: Policy,
+    /// Only pods and quotas of these namespaces (`--namespaces`, as the live lists); empty = all.
+    pub namespaces: Vec<String>,
 }
 
 impl OfflineInput {
@@ -47,6 +49,7 @@ impl OfflineInput {
             scrape_interval: None,
             scheme: SchemeChoice::Auto,
             policy: Policy::default(),
+            namespaces: Vec::new(),
         }
     }
 }
@@ -76,7 +79,12 @@ pub enum OfflineError {
 
 /// Loads the dumps and builds the ledger at `input.at`, or the newest DCGM sample, or `fallback_now`.
 pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline, OfflineError> {
-    let claims = files::load(&input.paths, &input.policy.names)?;
+    let mut claims = files::load(&input.paths, &input.policy.names)?;
+    if !input.namespaces.is_empty() {
+        let wanted = |ns: &String| input.namespaces.contains(ns);
+        claims.pods.retain(|p| wanted(&p.namespace));
+        claims.quotas.retain(|q| wanted(&q.namespace));
+    }
     let settings = DumpSettings {
         at: input.at,
         window: input.window,

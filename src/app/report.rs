@@ -1,28 +1,40 @@
 //! `gpu-ledger report`: one ledger, from dump files or from a live cluster, rendered once.
+//!
+//! Machine-readable output stays machine-readable: with `-o json` and `-o metrics` nothing but
+//! the document reaches stdout; warnings (and, for `-o metrics`, the culling plan's text) go to
+//! stderr.
 
 use std::io::Write;
 
-use chrono::Utc;
-use kube::Client;
+use chrono::{DateTime, Utc};
 
 use super::offline::{self, OfflineInput};
-use super::{AppError, cull_policy, live_settings, prom_client};
+use super::{AppError, cull_policy, kube_client, live_settings, prom_client};
 use crate::claims;
 use crate::config::{Output, ReportArgs};
+use crate::cull::plan::Plan;
 use crate::export::{self, Snapshot};
+use crate::ledger::usage::Usage;
 use crate::ledger::{self, Ledger, Policy};
-use crate::report;
+use crate::report::{self, cull::CullJson, html};
 use crate::usage::live::LiveUsage;
 
 /// `gpu-ledger report`.
 pub async fn report(args: ReportArgs) -> Result<(), AppError> {
     let policy = args.ledger.policy();
-    let ledger = if args.from.is_some() || args.pods.is_some() {
+    let ledger = if args.input.offline() {
         offline_ledger(&args, &policy)?
     } else {
         live_ledger(&args, &policy).await?
     };
-    let written = write_report(&args, &ledger, &policy);
+    let plan = args.cull_dry_run.then(|| {
+        crate::cull::plan::plan(
+            &ledger,
+            &cull_policy(&args.cull, &policy),
+            ledger.generated_at,
+        )
+    });
+    let written = write_report(args.output, &ledger, plan.as_ref(), &policy);
     match written {
         // A closed pipe (`| head`) is the reader's choice, not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -32,18 +44,19 @@ pub async fn report(args: ReportArgs) -> Result<(), AppError> {
 
 /// The ledger from dump files (`--from DIR` or one flag per file).
 fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError> {
-    let mut input = if let Some(dir) = &args.from {
+    let files = &args.input;
+    let mut input = if let Some(dir) = &files.from {
         OfflineInput::from_dir(dir)
     } else {
         let mut i = OfflineInput::from_dir(std::path::Path::new("."));
         i.paths = claims::files::DumpPaths {
-            pods: args.pods.clone().unwrap_or_default(),
-            nodes: args.nodes.clone().unwrap_or_default(),
-            notebooks: args.notebooks.clone(),
-            quotas: args.quotas.clone(),
-            statefulsets: args.statefulsets.clone(),
+            pods: files.pods.clone().unwrap_or_default(),
+            nodes: files.nodes.clone().unwrap_or_default(),
+            notebooks: files.notebooks.clone(),
+            quotas: files.quotas.clone(),
+            statefulsets: files.statefulsets.clone(),
         };
-        i.dcgm = args.dcgm.clone().unwrap_or_default();
+        i.dcgm = files.dcgm.clone().unwrap_or_default();
         i
     };
     input.at = args.at;
@@ -51,6 +64,7 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
     input.scrape_interval = args.ledger.scrape_interval;
     input.scheme = args.ledger.label_scheme;
     input.policy = policy.clone();
+    input.namespaces = listed(&args.ledger.namespaces);
     let offline = offline::load(&input, Utc::now())?;
     for w in &offline.warnings {
         eprintln!("warning: {w}");
@@ -58,24 +72,50 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
     Ok(offline.ledger)
 }
 
-/// The ledger from the live API (one list per resource) and Prometheus.
+fn listed(v: &[String]) -> Vec<String> {
+    v.iter().filter(|s| !s.is_empty()).cloned().collect()
+}
+
+/// The ledger from the live API (one list per resource) and Prometheus, as of `--at` or now.
 async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError> {
-    if args.ledger.prometheus_url.is_none() {
+    if args.ledger.prometheus.prometheus_url.is_none() {
         return Err(AppError::Config(
             "report needs --from DIR (or --pods/--nodes/--dcgm files), or a live cluster with --prometheus-url".into(),
         ));
     }
-    let client = Client::try_default().await.map_err(AppError::Kube)?;
-    let claims = claims::list::list_claims(&client, &policy.names, &args.ledger.namespaces).await?;
-    let mut source = LiveUsage::new(prom_client(&args.ledger)?, live_settings(&args.ledger));
-    let fetched = source.fetch().await;
+    let client = kube_client(&args.kube).await?;
+    let claims =
+        claims::list::list_claims(&client, &policy.names, &listed(&args.ledger.namespaces)).await?;
+    let at = args.at.unwrap_or_else(Utc::now);
+    let usage = live_usage(args, at).await;
+    Ok(ledger::build(&claims, &usage, at, policy))
+}
+
+/// One refresh of the live usage source as of `at`: the idle history rebuilt over the lookback,
+/// then the window merged into it, exactly as `serve`'s first refresh (a report may ask for an
+/// earlier instant).
+async fn live_usage(args: &ReportArgs, at: DateTime<Utc>) -> Usage {
+    let client = match prom_client(&args.ledger) {
+        Ok(Some(c)) => c,
+        Ok(None) => return Usage::default(),
+        Err(e) => {
+            warn_unavailable(&e);
+            return Usage::default();
+        }
+    };
+    let mut source = LiveUsage::new(Some(client), live_settings(&args.ledger));
+    let fetched = source.fetch_at(at).await;
     if let Some(e) = &fetched.error {
-        eprintln!(
-            "warning: prometheus did not answer ({}); utilisation is unknown",
-            error_chain(e)
-        );
+        warn_unavailable(e);
     }
-    Ok(ledger::build(&claims, &fetched.usage, Utc::now(), policy))
+    fetched.usage
+}
+
+fn warn_unavailable(e: &dyn std::error::Error) {
+    eprintln!(
+        "warning: prometheus did not answer ({}); utilisation is unknown",
+        error_chain(e)
+    );
 }
 
 /// "a: b: c" for an error and its sources.
@@ -90,25 +130,61 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn write_report(args: &ReportArgs, ledger: &Ledger, policy: &Policy) -> std::io::Result<()> {
+/// The JSON document of `--cull-dry-run`: the ledger's fields in their order, then `cull`.
+#[derive(serde::Serialize)]
+struct WithCull<'a> {
+    #[serde(flatten)]
+    ledger: &'a Ledger,
+    cull: CullJson,
+}
+
+fn write_report(
+    output: Output,
+    ledger: &Ledger,
+    plan: Option<&Plan>,
+    policy: &Policy,
+) -> std::io::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    match args.output {
-        Output::Table => report::table::render_table(ledger, &mut out)?,
-        Output::Json => report::table::render_json(ledger, &mut out)?,
+    match output {
+        Output::Table | Output::Wide => {
+            if output == Output::Wide {
+                report::render_wide(ledger, &mut out)?;
+            } else {
+                report::render_table(ledger, &mut out)?;
+            }
+            if let Some(plan) = plan {
+                crate::cull::render_plan(plan, &mut out)?;
+            }
+        }
+        Output::Json => match plan {
+            Some(plan) => {
+                let doc = WithCull {
+                    ledger,
+                    cull: CullJson::of(plan),
+                };
+                serde_json::to_writer_pretty(&mut out, &doc)?;
+                writeln!(out)?;
+            }
+            None => report::render_json(ledger, &mut out)?,
+        },
         Output::Metrics => {
-            let text = export::render_snapshot(&Snapshot::new(ledger.clone()), &policy.names)
+            let mut text = export::render_snapshot(&Snapshot::new(ledger.clone()), &policy.names)
                 .map_err(std::io::Error::other)?;
+            if let Some(plan) = plan {
+                text.push_str(&report::cull::plan_metrics(plan).map_err(std::io::Error::other)?);
+                // Which notebooks would stop is no metric: the plan's text goes to stderr.
+                crate::cull::render_plan(plan, &mut std::io::stderr().lock())?;
+            }
             out.write_all(text.as_bytes())?;
         }
-    }
-    if args.cull_dry_run {
-        let plan = crate::cull::plan::plan(
-            ledger,
-            &cull_policy(&args.cull, policy),
-            ledger.generated_at,
-        );
-        crate::cull::render_plan(&plan, &mut out)?;
+        Output::Html => {
+            let page = html::render_page(ledger, &html::PageOptions::default());
+            out.write_all(page.as_bytes())?;
+            if let Some(plan) = plan {
+                crate::cull::render_plan(plan, &mut std::io::stderr().lock())?;
+            }
+        }
     }
     out.flush()
 }

@@ -145,9 +145,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     let tasks = Tasks::new();
     spawn_signal_handler(&tasks);
 
-    let client = Client::try_default().await.map_err(AppError::Kube)?;
+    let client = super::kube_client(&args.kube).await?;
     let registry = prometheus::Registry::new();
     let metrics = SelfMetrics::register(&registry).map_err(AppError::Metrics)?;
+    crate::export::register_process_metrics(&registry).map_err(AppError::Metrics)?;
     let shared = Arc::new(ArcSwap::from_pointee(Snapshot::new(Ledger::empty(
         Utc::now(),
     ))));

@@ -1,7 +1,8 @@
 //! Claims sources: live watches (`watch`), one-shot lists (`list`) and `kubectl get -o json|yaml`
 //! dumps (`files`), all projected (`project`) into the ledger's claim inputs
-//! ([`crate::ledger::claims`]).
+//! ([`crate::ledger::claims`]); `capture` lists the raw objects the dumps hold.
 
+pub mod capture;
 pub mod files;
 pub mod list;
 pub mod project;

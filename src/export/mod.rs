@@ -1,6 +1,7 @@
 //! Export: the `/metrics` Collector over the latest snapshot, self-metrics, and the admin server.
 
 pub mod collector;
+pub mod page;
 pub mod server;
 
 use prometheus::{
@@ -61,12 +62,16 @@ impl SelfMetrics {
         let build_info = GaugeVec::new(
             Opts::new(
                 "gpu_ledger_build_info",
-                "Build of this gpu-ledger; always 1.",
+                "Build of this gpu-ledger (version, git revision, compiler); always 1.",
             ),
-            &["version"],
+            &["version", "revision", "rustc"],
         )?;
         build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                env!("GPU_LEDGER_REVISION"),
+                env!("GPU_LEDGER_RUSTC_VERSION"),
+            ])
             .set(1.0);
         registry.register(Box::new(build_info))?;
         registry.register(Box::new(m.source_up.clone()))?;
@@ -77,6 +82,16 @@ impl SelfMetrics {
         registry.register(Box::new(m.watch_restarts.clone()))?;
         Ok(m)
     }
+}
+
+/// Registers the standard `process_*` families of this process (`process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, `process_open_fds`, `process_start_time_seconds`, …; Linux,
+/// read from /proc at each scrape). Separate from [`SelfMetrics::register`] because their values
+/// move between two renders.
+pub fn register_process_metrics(registry: &Registry) -> Result<(), prometheus::Error> {
+    registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))
 }
 
 /// Renders a registry in the text exposition format.

@@ -1,4 +1,5 @@
-//! The admin HTTP server: `/metrics`, `/healthz`, `/readyz`, `/api/v1/ledger`.
+//! The admin HTTP server: `/` (the page, `page.rs`), `/metrics`, `/healthz`, `/readyz`,
+//! `/api/v1/ledger`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +29,7 @@ pub struct AppState {
 /// Builds the router.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(super::page::index))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))

@@ -363,14 +363,18 @@ fn attribute_devices(
     }
 }
 
-/// Idle since the latest of: pod start, last activity, start of unbroken coverage.
+/// Idle since the latest of: pod start, last activity, start of unbroken coverage. When the
+/// coverage start wins, the idleness may reach further back than the history shows.
 fn set_idle_since(row: &mut PodRow, devs: &[&DeviceUsage], now: DateTime<Utc>) {
-    let mut since = row.evidence.started_at;
+    let latest = |a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>| a.max(b);
+    let mut known = row.evidence.started_at;
+    let mut covered = None;
     for d in devs {
-        for t in [d.last_active_at, d.covered_since].into_iter().flatten() {
-            since = Some(since.map_or(t, |s| s.max(t)));
-        }
+        known = latest(known, d.last_active_at);
+        covered = latest(covered, d.covered_since);
     }
+    let since = latest(known, covered);
+    row.evidence.idle_bounded_by_history = covered.is_some_and(|c| known.is_none_or(|k| c > k));
     row.evidence.idle_since = since;
     row.idle_seconds = since.map(|s| seconds(now - s).max(0.0));
 }

@@ -81,27 +81,57 @@ pub struct Owner {
     pub name: String,
 }
 
-/// Everything culling needs to judge a pod, kept out of the JSON contract.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// Everything culling needs to judge a pod, kept out of the JSON contract except
+/// `idle_bounded_by_history` (flattened into the pod's JSON object).
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Evidence {
+    #[serde(skip)]
     pub uid: String,
     /// The notebook this pod belongs to, and whether pod → StatefulSet → Notebook (uid) was verified.
+    /// In the JSON only as `notebook_stopped`: the notebook carries `kubeflow-resource-stopped`.
+    #[serde(rename = "notebook_stopped", serialize_with = "notebook_stopped")]
     pub notebook: Option<(NotebookInfo, bool)>,
+    #[serde(skip)]
     pub started_at: Option<DateTime<Utc>>,
+    #[serde(skip)]
     pub ready_since: Option<DateTime<Utc>>,
     /// Lowest window coverage over the pod's devices.
+    #[serde(skip)]
     pub coverage: Option<f64>,
     /// Oldest of the devices' newest samples (all devices are at least this fresh).
+    #[serde(skip)]
     pub newest_sample_at: Option<DateTime<Utc>>,
     /// Highest utilisation over the pod's devices in the window.
+    #[serde(skip)]
     pub peak: Option<f64>,
     /// Since when the pod's GPUs are proven idle (start, last activity or coverage start).
+    #[serde(skip)]
     pub idle_since: Option<DateTime<Utc>>,
     /// Devices found for the pod versus devices its claim implies.
+    #[serde(skip)]
     pub devices_found: usize,
+    #[serde(skip)]
     pub devices_expected: usize,
     /// Whether the pod's GPUs are time-sliced on its node (a shared resource or replicas > 1).
+    #[serde(skip)]
     pub time_sliced: bool,
+    /// True when `idle_since` is the start of the sample history available (the idleness may
+    /// go back further, unseen), not a last activity or the pod's start: `idle_seconds` is then
+    /// a lower bound (the report prints `≥2h0m`).
+    pub idle_bounded_by_history: bool,
+}
+
+/// `notebook_stopped` of the JSON: whether the pod's notebook is stopped (false without one).
+#[allow(clippy::ref_option)] // serde's serialize_with hands the field by reference
+fn notebook_stopped<S: serde::Serializer>(
+    notebook: &Option<(NotebookInfo, bool)>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_bool(
+        notebook
+            .as_ref()
+            .is_some_and(|(nb, _)| nb.stopped.is_some()),
+    )
 }
 
 /// One GPU pod.
@@ -131,7 +161,7 @@ pub struct PodRow {
     pub devices: Vec<DeviceKey>,
     /// Why the scheduler has not placed a pending pod.
     pub pending_reason: Option<String>,
-    #[serde(skip)]
+    #[serde(flatten)]
     pub evidence: Evidence,
 }
 

@@ -1,9 +1,18 @@
 //! Rendering of a [`Ledger`](crate::ledger::Ledger) for people and programs: an aligned table
-//! and the JSON contract (`table`). Where the ledger came from is `app`'s business.
+//! (`table`), the JSON contract, the HTML page of `serve` and `report -o html` (`html`), and what
+//! to do about each finding (`advice`). Where the ledger came from is `app`'s business.
+//!
+//! The cell texts (`gpus`, `percent`, `idle_for`, `note`) are shared by the table and the page;
+//! the page's script (`page/page.js`) formats the same way, which the Chromium test checks.
 
+pub mod advice;
+pub mod cull;
+pub mod html;
 pub mod table;
 
-pub use table::{render_json, render_table};
+pub use table::{render_json, render_table, render_wide};
+
+use crate::ledger::{Attribution, Ledger, PodRow, PodState};
 
 /// "2d3h", "3h12m", "45m", "30s" — the two most significant units.
 pub fn humanise_seconds(secs: i64) -> String {
@@ -25,6 +34,168 @@ pub fn humanise_seconds(secs: i64) -> String {
     }
 }
 
+/// `x` rounded to hundredths, halves away from zero (as the page's script rounds).
+fn hundredths(x: f64) -> i64 {
+    (x * 100.0).round() as i64
+}
+
+/// GPU equivalents with up to two decimals, trailing zeros trimmed ("1", "0.43", "0.5").
+pub fn gpus(x: f64) -> String {
+    let h = hundredths(x);
+    let sign = if h < 0 { "-" } else { "" };
+    let (whole, frac) = (h.abs() / 100, h.abs() % 100);
+    match frac {
+        0 => format!("{sign}{whole}"),
+        f if f % 10 == 0 => format!("{sign}{whole}.{}", f / 10),
+        f => format!("{sign}{whole}.{f:02}"),
+    }
+}
+
+/// "1 GPU", "2 GPUs", "0.5 GPUs".
+pub fn gpu_count(x: f64) -> String {
+    let n = gpus(x);
+    if n == "1" {
+        "1 GPU".into()
+    } else {
+        format!("{n} GPUs")
+    }
+}
+
+/// A 0..1 ratio as a whole percentage ("98%", "0%"), halves away from zero.
+pub fn percent(ratio: f64) -> String {
+    format!("{}%", (ratio * 100.0).round() as i64)
+}
+
+/// The IDLE FOR cell: `active`, a duration, `≥` a duration when the idleness reaches back to the
+/// start of the history shown (it may be longer), or `-` when unknown.
+pub fn idle_for(p: &PodRow) -> String {
+    match (p.idle, p.idle_seconds) {
+        (Some(false), _) => "active".into(),
+        (_, Some(s)) if s <= 0.0 => "active".into(),
+        (_, Some(s)) if p.evidence.idle_bounded_by_history => {
+            format!("≥{}", humanise_seconds(s as i64))
+        }
+        (_, Some(s)) => humanise_seconds(s as i64),
+        (_, None) => "-".into(),
+    }
+}
+
+/// What the ledger noticed about a pod ("stuck terminating 3d", "pending 40m: …"), or empty.
+pub fn note(p: &PodRow, usage_available: bool) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    match p.state {
+        PodState::Pending => {
+            let mut s = match p.pending_seconds {
+                Some(secs) => format!("pending {}", humanise_seconds(secs as i64)),
+                None => "pending".into(),
+            };
+            if let Some(reason) = p.pending_reason.as_deref().filter(|r| !r.is_empty()) {
+                s.push_str(": ");
+                s.push_str(reason);
+            }
+            parts.push(s);
+        }
+        PodState::Terminating => {
+            let age = p
+                .terminating_seconds
+                .map(|s| format!(" {}", humanise_seconds(s as i64)))
+                .unwrap_or_default();
+            parts.push(if p.stuck {
+                format!("stuck terminating{age}")
+            } else {
+                format!("terminating{age}")
+            });
+        }
+        PodState::Running => {}
+    }
+    if notebook_stopped(p) {
+        parts.push("notebook stopped, pod still holds its GPU".into());
+    }
+    if usage_available {
+        match p.attribution {
+            Attribution::Unattributed => {
+                parts.push("unattributed: no DCGM series names this pod".into());
+            }
+            Attribution::Shared if p.utilization.is_none() => {
+                parts.push("shared device: own utilisation unknown".into());
+            }
+            Attribution::Exclusive | Attribution::Mig
+                if p.idle.is_none() && p.utilization.is_some() =>
+            {
+                parts.push("idle unproven: samples missing or stale".into());
+            }
+            _ => {}
+        }
+    }
+    parts.join("; ")
+}
+
+/// Whether the pod's Kubeflow notebook carries `kubeflow-resource-stopped`.
+pub fn notebook_stopped(p: &PodRow) -> bool {
+    p.evidence
+        .notebook
+        .as_ref()
+        .is_some_and(|(nb, _)| nb.stopped.is_some())
+}
+
+/// The cluster in five numbers (GPU equivalents).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// Node allocatable.
+    pub allocatable: f64,
+    /// Held by running and terminating pods.
+    pub claimed: f64,
+    /// Held by pods proven idle.
+    pub idle: f64,
+    /// Asked for by pending pods.
+    pub pending: f64,
+    /// Allocatable minus claimed, summed over nodes (negative when over-committed).
+    pub free: f64,
+}
+
+impl Summary {
+    pub fn of(ledger: &Ledger) -> Self {
+        let mut s = Summary {
+            allocatable: 0.0,
+            claimed: 0.0,
+            idle: 0.0,
+            pending: 0.0,
+            free: 0.0,
+        };
+        for n in &ledger.nodes {
+            s.allocatable += n.gpus_allocatable;
+            s.claimed += n.gpus_claimed;
+            s.free += n.gpus_free;
+        }
+        for n in &ledger.namespaces {
+            s.idle += n.gpus_idle;
+            s.pending += n.gpus_pending;
+        }
+        s
+    }
+
+    /// The pairs of the summary line, in order: (number, label).
+    pub fn parts(&self) -> [(String, &'static str); 5] {
+        [
+            (gpus(self.allocatable), "allocatable"),
+            (gpus(self.claimed), "claimed"),
+            (gpus(self.idle), "proven idle"),
+            (gpus(self.pending), "pending"),
+            (gpus(self.free), "free"),
+        ]
+    }
+
+    /// "GPUs: 3 allocatable, 3 claimed, 2 proven idle, 1 pending, 0 free".
+    pub fn line(&self) -> String {
+        let parts: Vec<String> = self
+            .parts()
+            .iter()
+            .map(|(n, label)| format!("{n} {label}"))
+            .collect();
+        format!("GPUs: {}", parts.join(", "))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,5 +207,22 @@ mod tests {
         assert_eq!(humanise_seconds(3 * 3600 + 12 * 60), "3h12m");
         assert_eq!(humanise_seconds(2 * 86_400 + 3 * 3600 + 59), "2d3h");
         assert_eq!(humanise_seconds(-5), "0s");
+    }
+
+    #[test]
+    fn gpu_numbers_are_trimmed_and_round_halves_away_from_zero() {
+        assert_eq!(gpus(1.0), "1");
+        assert_eq!(gpus(0.428_571), "0.43");
+        assert_eq!(gpus(0.5), "0.5");
+        assert_eq!(gpus(0.0), "0");
+        assert_eq!(gpus(-0.001), "0");
+        assert_eq!(gpus(-1.0), "-1");
+        assert_eq!(gpus(10.0), "10");
+        assert_eq!(gpus(0.125), "0.13", "a time-slice share of 1/8");
+        assert_eq!(gpus(-0.125), "-0.13");
+        assert_eq!(gpus(1.0 / 7.0), "0.14");
+        assert_eq!(percent(0.125), "13%");
+        assert_eq!(percent(0.0), "0%");
+        assert_eq!(percent(0.98), "98%");
     }
 }

@@ -2,9 +2,10 @@
 
 use std::io::{self, Write};
 
-use crate::ledger::{Attribution, Ledger, PodRow, PodState};
+use crate::ledger::{Ledger, PodRow};
 
-use super::humanise_seconds;
+use super::advice::{self, Hint};
+use super::{Summary, gpus, idle_for, note, percent};
 
 /// Pretty JSON of the ledger: the contract documented in `docs/report-json.md`.
 pub fn render_json(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
@@ -12,46 +13,31 @@ pub fn render_json(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
     writeln!(out)
 }
 
-/// The human report: who holds what, nodes, namespaces, unclaimed busy GPUs.
+/// The human report: summary, who holds what, nodes, namespaces, unclaimed busy GPUs, and what
+/// to do about each finding.
 pub fn render_table(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    render(ledger, false, out)
+}
+
+/// [`render_table`] with device UUIDs, attribution and framebuffer use per pod (`-o wide`).
+pub fn render_wide(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    render(ledger, true, out)
+}
+
+fn render(ledger: &Ledger, wide: bool, out: &mut impl Write) -> io::Result<()> {
     writeln!(
         out,
         "GPU ledger at {}",
         ledger.generated_at.format("%Y-%m-%dT%H:%M:%SZ")
     )?;
+    writeln!(out, "{}", Summary::of(ledger).line())?;
     writeln!(out)?;
 
     writeln!(out, "Who holds what")?;
     if ledger.pods.is_empty() {
         writeln!(out, "  (no pod claims a GPU)")?;
     } else {
-        let mut t = Table::new(&[
-            ("NAMESPACE", Align::Left),
-            ("POD", Align::Left),
-            ("NODE", Align::Left),
-            ("STATE", Align::Left),
-            ("GPUS", Align::Right),
-            ("UTIL", Align::Right),
-            ("IDLE FOR", Align::Right),
-            ("NOTEBOOK", Align::Left),
-            ("NOTE", Align::Left),
-        ]);
-        let mut pods: Vec<&PodRow> = ledger.pods.iter().collect();
-        pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
-        for p in pods {
-            t.row(vec![
-                p.namespace.clone(),
-                p.pod.clone(),
-                p.node.clone().unwrap_or_else(|| "-".into()),
-                p.state.as_str().into(),
-                gpus(p.gpus),
-                p.utilization.map_or_else(|| "-".into(), percent),
-                idle_for(p),
-                p.notebook.clone().unwrap_or_else(|| "-".into()),
-                note(p, ledger.usage_available),
-            ]);
-        }
-        t.write(out)?;
+        pods_section(ledger, wide, out)?;
     }
     writeln!(out)?;
     nodes_section(ledger, out)?;
@@ -67,6 +53,112 @@ pub fn render_table(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
             out,
             "Usage unavailable: utilisation and idleness are unknown for every pod."
         )?;
+    }
+    todo_section(ledger, out)
+}
+
+fn sorted_pods(ledger: &Ledger) -> Vec<&PodRow> {
+    let mut pods: Vec<&PodRow> = ledger.pods.iter().collect();
+    pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+    pods
+}
+
+fn pods_section(ledger: &Ledger, wide: bool, out: &mut impl Write) -> io::Result<()> {
+    let mut headers = vec![
+        ("NAMESPACE", Align::Left),
+        ("POD", Align::Left),
+        ("NODE", Align::Left),
+        ("STATE", Align::Left),
+        ("GPUS", Align::Right),
+        ("UTIL", Align::Right),
+        ("IDLE FOR", Align::Right),
+        ("NOTEBOOK", Align::Left),
+    ];
+    if wide {
+        headers.extend([
+            ("ATTRIBUTION", Align::Left),
+            ("MEMORY", Align::Right),
+            ("DEVICES", Align::Left),
+        ]);
+    }
+    headers.push(("NOTE", Align::Left));
+    let mut t = Table::new(&headers);
+    for p in sorted_pods(ledger) {
+        let mut cells = vec![
+            p.namespace.clone(),
+            p.pod.clone(),
+            p.node.clone().unwrap_or_else(|| "-".into()),
+            p.state.as_str().into(),
+            gpus(p.gpus),
+            p.utilization.map_or_else(|| "-".into(), percent),
+            idle_for(p),
+            p.notebook.clone().unwrap_or_else(|| "-".into()),
+        ];
+        if wide {
+            cells.push(p.attribution.as_str().into());
+            cells.push(p.memory_used_bytes.map_or_else(|| "-".into(), gib));
+            cells.push(devices(p));
+        }
+        cells.push(note(p, ledger.usage_available));
+        t.row(cells);
+    }
+    t.write(out)
+}
+
+/// Bytes as GiB with one decimal ("2.1Gi").
+fn gib(bytes: f64) -> String {
+    format!("{:.1}Gi", bytes / (1024.0 * 1024.0 * 1024.0))
+}
+
+/// The pod's devices: `UUID` for a whole GPU, `UUID/GI` for a MIG GPU instance; `-` for none.
+fn devices(p: &PodRow) -> String {
+    if p.devices.is_empty() {
+        return "-".into();
+    }
+    let ids: Vec<String> = p
+        .devices
+        .iter()
+        .map(|d| match &d.gpu_instance {
+            Some(gi) => format!("{}/{gi}", d.uuid),
+            None => d.uuid.clone(),
+        })
+        .collect();
+    ids.join(",")
+}
+
+/// "What to do": one entry per pod or namespace with a hint, each command on its own line.
+fn todo_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    let mut entries: Vec<(String, Hint)> = Vec::new();
+    for p in sorted_pods(ledger) {
+        if let Some(h) = advice::pod_hint(p, ledger.generated_at) {
+            entries.push((format!("{}/{}", p.namespace, p.pod), h));
+        }
+    }
+    for ns in &ledger.namespaces {
+        if let Some(h) = advice::namespace_hint(ns, &ledger.pods) {
+            entries.push((format!("namespace {}", ns.namespace), h));
+        }
+    }
+    if entries.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(out, "What to do")?;
+    for (subject, hint) in entries {
+        writeln!(
+            out,
+            "  {}: {}",
+            escape_cell(&subject),
+            escape_cell(&hint.text)
+        )?;
+        for (when, command) in &hint.commands {
+            if when.is_empty() {
+                writeln!(out, "    {command}")?;
+            } else {
+                writeln!(out, "    # {}", escape_cell(when))?;
+                writeln!(out, "    {command}")?;
+            }
+        }
     }
     Ok(())
 }
@@ -122,6 +214,15 @@ fn nodes_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
     Ok(())
 }
 
+/// The GPU QUOTA cell: the tightest limit, `none (!)` when GPUs are claimed without one.
+pub fn quota_cell(n: &crate::ledger::NamespaceRow) -> String {
+    match n.gpu_quota {
+        Some(q) => gpus(q),
+        None if n.gpus_claimed > 0.0 || n.gpus_pending > 0.0 => "none (!)".into(),
+        None => "none".into(),
+    }
+}
+
 fn namespaces_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "Namespaces")?;
     if ledger.namespaces.is_empty() {
@@ -135,17 +236,12 @@ fn namespaces_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
             ("GPU QUOTA", Align::Left),
         ]);
         for n in &ledger.namespaces {
-            let quota = match n.gpu_quota {
-                Some(q) => gpus(q),
-                None if n.gpus_claimed > 0.0 || n.gpus_pending > 0.0 => "none (!)".into(),
-                None => "none".into(),
-            };
             t.row(vec![
                 n.namespace.clone(),
                 gpus(n.gpus_claimed),
                 gpus(n.gpus_idle),
                 gpus(n.gpus_pending),
-                quota,
+                quota_cell(n),
             ]);
         }
         t.write(out)?;
@@ -167,78 +263,6 @@ fn unclaimed_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
         t.row(vec![node, u.uuid.clone(), instance, percent(u.utilization)]);
     }
     t.write(out)
-}
-
-/// GPU equivalents with up to two decimals, trailing zeros trimmed ("1", "0.43", "0.5").
-pub fn gpus(x: f64) -> String {
-    let s = format!("{x:.2}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s == "-0" { "0".into() } else { s.to_string() }
-}
-
-/// A 0..1 ratio as a whole percentage ("98%", "0%").
-fn percent(ratio: f64) -> String {
-    format!("{:.0}%", ratio * 100.0)
-}
-
-fn idle_for(p: &PodRow) -> String {
-    match (p.idle, p.idle_seconds) {
-        (Some(false), _) => "active".into(),
-        (_, Some(s)) if s <= 0.0 => "active".into(),
-        (_, Some(s)) => humanise_seconds(s as i64),
-        (_, None) => "-".into(),
-    }
-}
-
-fn note(p: &PodRow, usage_available: bool) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    match p.state {
-        PodState::Pending => {
-            let mut s = match p.pending_seconds {
-                Some(secs) => format!("pending {}", humanise_seconds(secs as i64)),
-                None => "pending".into(),
-            };
-            if let Some(reason) = p.pending_reason.as_deref().filter(|r| !r.is_empty()) {
-                s.push_str(": ");
-                s.push_str(reason);
-            }
-            parts.push(s);
-        }
-        PodState::Terminating => {
-            let age = p
-                .terminating_seconds
-                .map(|s| format!(" {}", humanise_seconds(s as i64)))
-                .unwrap_or_default();
-            parts.push(if p.stuck {
-                format!("stuck terminating{age}")
-            } else {
-                format!("terminating{age}")
-            });
-        }
-        PodState::Running => {}
-    }
-    if let Some((nb, _)) = &p.evidence.notebook
-        && nb.stopped.is_some()
-    {
-        parts.push("notebook stopped, pod still holds its GPU".into());
-    }
-    if usage_available {
-        match p.attribution {
-            Attribution::Unattributed => {
-                parts.push("unattributed: no DCGM series names this pod".into());
-            }
-            Attribution::Shared if p.utilization.is_none() => {
-                parts.push("shared device: own utilisation unknown".into());
-            }
-            Attribution::Exclusive | Attribution::Mig
-                if p.idle.is_none() && p.utilization.is_some() =>
-            {
-                parts.push("idle unproven: samples missing or stale".into());
-            }
-            _ => {}
-        }
-    }
-    parts.join("; ")
 }
 
 #[derive(Clone, Copy)]
@@ -310,7 +334,7 @@ impl Table {
 
 /// `c` with control characters (`\n`, `\r`, NUL, ESC...), line/paragraph separators and bidi
 /// overrides written as Rust escapes (`\n`, `\u{202e}`); other text, including Unicode, as is.
-fn escape_cell(c: &str) -> String {
+pub(crate) fn escape_cell(c: &str) -> String {
     let hostile = |ch: char| {
         ch.is_control()
             || matches!(ch, '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
@@ -348,17 +372,6 @@ mod tests {
         let text = String::from_utf8(out).expect("utf8");
         assert_eq!(text.lines().count(), 2, "{text}");
         assert!(!text.lines().any(|l| l.starts_with("forged")), "{text}");
-    }
-
-    #[test]
-    fn gpu_numbers_are_trimmed() {
-        assert_eq!(gpus(1.0), "1");
-        assert_eq!(gpus(0.428_571), "0.43");
-        assert_eq!(gpus(0.5), "0.5");
-        assert_eq!(gpus(0.0), "0");
-        assert_eq!(gpus(-0.001), "0");
-        assert_eq!(gpus(-1.0), "-1");
-        assert_eq!(gpus(10.0), "10");
     }
 
     #[test]

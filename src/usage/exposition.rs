@@ -218,6 +218,57 @@ fn parse_timestamp(ts: &str, openmetrics: bool) -> Option<i64> {
     }
 }
 
+/// Writes series in the text exposition format with millisecond sample timestamps
+/// (`name{labels} value timestamp_ms`), one `# TYPE … gauge` block per metric name, series
+/// sorted by labels and samples by time: a DCGM history that [`parse`] (and so
+/// `report --from`) reads back unchanged.
+pub fn write_history(series: &[Series], out: &mut impl std::io::Write) -> std::io::Result<()> {
+    let mut sorted: Vec<&Series> = series.iter().collect();
+    sorted.sort_by(|a, b| (&a.name, &a.labels).cmp(&(&b.name, &b.labels)));
+    let mut current: Option<&str> = None;
+    for s in sorted {
+        if current != Some(s.name.as_str()) {
+            writeln!(out, "# TYPE {} gauge", s.name)?;
+            current = Some(s.name.as_str());
+        }
+        let mut labels = String::new();
+        for (i, (k, v)) in s.labels.iter().enumerate() {
+            if i > 0 {
+                labels.push(',');
+            }
+            labels.push_str(k);
+            labels.push_str("=\"");
+            for c in v.chars() {
+                match c {
+                    '\\' => labels.push_str("\\\\"),
+                    '"' => labels.push_str("\\\""),
+                    '\n' => labels.push_str("\\n"),
+                    c => labels.push(c),
+                }
+            }
+            labels.push('"');
+        }
+        for (t, v) in &s.samples {
+            writeln!(out, "{}{{{labels}}} {} {t}", s.name, format_value(*v))?;
+        }
+    }
+    Ok(())
+}
+
+/// A sample value as the text format spells it (`NaN`, `+Inf`, `-Inf`, else the shortest
+/// decimal that reads back as the same `f64`).
+fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v == f64::INFINITY {
+        "+Inf".into()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else {
+        v.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,5 +342,53 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
             let got = p.series[0].labels.get("UUID").cloned().unwrap_or_default();
             prop_assert_eq!(got, v);
         }
+    }
+
+    #[test]
+    fn written_history_reads_back_unchanged() {
+        let mut labels = Labels::new();
+        labels.insert("UUID".into(), "GPU-a".into());
+        labels.insert("modelName".into(), "NVIDIA \"H100\" \\ 80GB\nx".into());
+        let series = vec![
+            Series {
+                name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE".into(),
+                labels: labels.clone(),
+                samples: vec![
+                    (1_700_000_000_000, 0.1),
+                    (1_700_000_001_000, 1e-7),
+                    (1_700_000_002_000, f64::NAN),
+                ],
+            },
+            Series {
+                name: "DCGM_FI_DEV_FB_USED".into(),
+                labels,
+                samples: vec![(1_700_000_000_000, 2_253_389_824.0)],
+            },
+        ];
+        let mut out = Vec::new();
+        write_history(&series, &mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(text.contains(" 0.1 1700000000000\n"), "{text}");
+        let p = parse(
+            &text,
+            &["DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_FB_USED"],
+            t0(),
+        );
+        assert_eq!(p.skipped_lines, 0, "{text}");
+        assert_eq!(p.series.len(), 2);
+        let gr = p
+            .series
+            .iter()
+            .find(|s| s.name == "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+            .expect("gr");
+        assert_eq!(gr.labels, series[0].labels);
+        assert_eq!(gr.samples[..2], series[0].samples[..2]);
+        assert!(gr.samples[2].1.is_nan());
+        let fb = p
+            .series
+            .iter()
+            .find(|s| s.name == "DCGM_FI_DEV_FB_USED")
+            .expect("fb");
+        assert_eq!(fb.samples, series[1].samples);
     }
 }

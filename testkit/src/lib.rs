@@ -5,6 +5,7 @@
 //!   with token authentication, RBAC and a private CA.
 //! * [`Prometheus`] runs the Debian `prometheus` binary, optionally over a TSDB backfilled
 //!   with `promtool tsdb create-blocks-from openmetrics`.
+//! * [`chromium::Browser`] runs Debian's headless Chromium, driven over the DevTools protocol.
 //! * [`binaries`] / [`binary`] locate the binaries built by `scripts/build-test-cluster.sh`
 //!   (`TEST_ASSET_*`, `KUBEBUILDER_ASSETS`, then the build cache).
 //!
@@ -14,6 +15,7 @@
 
 pub mod bins;
 pub mod certs;
+pub mod chromium;
 pub mod control_plane;
 pub mod dcgm;
 pub mod nodes;

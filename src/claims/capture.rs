@@ -1,0 +1,188 @@
+//! The live claims as the dump files `report --from DIR` reads ([`super::files`]): one
+//! `kind: List` per resource, items as `kubectl get … -A -o json` prints them (`apiVersion` and
+//! `kind` on each item, no `managedFields`).
+//!
+//! The same objects [`super::list::list_claims`] reads: pods and ResourceQuotas of the given
+//! namespaces, every node, Notebooks when the CRD is served, and the StatefulSets that own GPU
+//! pods (a `get` each, as the shipped RBAC allows). Only pods that claim a GPU resource are kept:
+//! no other pod changes the report, and fewer objects leave the cluster.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::core::TypeMeta;
+use serde_json::{Value, json};
+use tracing::warn;
+
+use super::list::ListError;
+use super::project;
+use crate::ledger::claims::ResourceNames;
+
+/// The lists, ready to be written as `<stem>.json`.
+#[derive(Debug, Clone)]
+pub struct RawLists {
+    pub pods: Value,
+    pub nodes: Value,
+    pub quotas: Value,
+    /// `None` when the Notebook CRD is not served (the offline report then reads no notebooks,
+    /// like the live one).
+    pub notebooks: Option<Value>,
+    pub statefulsets: Option<Value>,
+}
+
+impl RawLists {
+    /// (file stem, list) for every list present.
+    pub fn files(&self) -> Vec<(&'static str, &Value)> {
+        let mut v = vec![
+            ("pods", &self.pods),
+            ("nodes", &self.nodes),
+            ("quotas", &self.quotas),
+        ];
+        if let Some(n) = &self.notebooks {
+            v.push(("notebooks", n));
+        }
+        if let Some(s) = &self.statefulsets {
+            v.push(("statefulsets", s));
+        }
+        v
+    }
+
+    /// Items in a list.
+    pub fn count(list: &Value) -> usize {
+        list["items"].as_array().map_or(0, Vec::len)
+    }
+}
+
+fn list_of(items: Vec<Value>) -> Value {
+    let mut list = json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}});
+    list["items"] = Value::Array(items);
+    list
+}
+
+/// An object as kubectl prints it: `managedFields` dropped (kubectl ≥ 1.21 hides them).
+fn item<K: serde::Serialize>(obj: &K) -> Value {
+    let mut v = serde_json::to_value(obj).unwrap_or(Value::Null);
+    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+    }
+    v
+}
+
+fn scoped<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    ns.map_or_else(
+        || Api::all(client.clone()),
+        |n| Api::namespaced(client.clone(), n),
+    )
+}
+
+/// Lists everything the offline report reads, as raw objects.
+pub async fn list_raw(
+    client: &Client,
+    names: &ResourceNames,
+    namespaces: &[String],
+) -> Result<RawLists, ListError> {
+    let lp = ListParams::default();
+    let failed = |resource| move |source| ListError { resource, source };
+    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    let (mut pods, mut quotas) = (Vec::new(), Vec::new());
+    let mut owners: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut pod_namespaces: BTreeSet<String> = BTreeSet::new();
+    for ns in &scopes {
+        let api: Api<Pod> = scoped(client, *ns);
+        for p in api.list(&lp).await.map_err(failed("pods"))? {
+            match project::pod(names, &p) {
+                Ok(Some(claim)) => {
+                    if let Some(c) = claim
+                        .controller
+                        .as_ref()
+                        .filter(|c| c.kind == "StatefulSet" && c.group == "apps")
+                    {
+                        owners.insert((claim.namespace.clone(), c.name.clone()));
+                    }
+                    pod_namespaces.insert(claim.namespace.clone());
+                    pods.push(item(&p));
+                }
+                Ok(None) => {}
+                // The offline report would refuse the whole file for it; the live one skips it.
+                Err(e) => warn!(
+                    error = &e as &dyn std::error::Error,
+                    "not capturing pod (the live report ignores it too)"
+                ),
+            }
+        }
+        let api: Api<ResourceQuota> = scoped(client, *ns);
+        for q in api.list(&lp).await.map_err(failed("resourcequotas"))? {
+            quotas.push(item(&q));
+        }
+    }
+    let api: Api<Node> = Api::all(client.clone());
+    let nodes: Vec<Value> = api
+        .list(&lp)
+        .await
+        .map_err(failed("nodes"))?
+        .iter()
+        .map(item)
+        .collect();
+
+    let (mut notebooks, mut statefulsets) = (None, None);
+    if let Ok(group) = kube::discovery::group(client, "kubeflow.org").await
+        && let Some((ar, _)) = group.recommended_kind("Notebook")
+    {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        let list = api.list(&lp).await.map_err(failed("notebooks"))?;
+        let types = TypeMeta {
+            api_version: ar.api_version.clone(),
+            kind: ar.kind.clone(),
+        };
+        // Only the namespaces with GPU pods: a notebook elsewhere owns no GPU pod.
+        let items = list
+            .items
+            .into_iter()
+            .filter(|nb| {
+                nb.metadata
+                    .namespace
+                    .as_ref()
+                    .is_some_and(|n| pod_namespaces.contains(n))
+            })
+            .map(|mut nb| {
+                nb.types = Some(types.clone());
+                item(&nb)
+            })
+            .collect();
+        notebooks = Some(list_of(items));
+        let mut sets = Vec::new();
+        for (ns, name) in owners {
+            let api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+            // As the live lists: a StatefulSet that cannot be read leaves its notebook unverified.
+            match api.get_opt(&name).await {
+                Ok(Some(sts)) => sets.push(item(&sts)),
+                Ok(None) => {}
+                Err(e) => warn!(
+                    error = &e as &dyn std::error::Error,
+                    namespace = %ns,
+                    statefulset = %name,
+                    "cannot read statefulset"
+                ),
+            }
+        }
+        statefulsets = Some(list_of(sets));
+    }
+    Ok(RawLists {
+        pods: list_of(pods),
+        nodes: list_of(nodes),
+        quotas: list_of(quotas),
+        notebooks,
+        statefulsets,
+    })
+}

@@ -1,0 +1,168 @@
+//! What to do about a finding, with the exact command: stop an idle notebook the way Kubeflow's
+//! UI does, clear what holds a stuck Terminating pod, cap a namespace that has no GPU quota.
+//!
+//! Commands are only offered for names Kubernetes itself would accept (DNS-1123), so a hostile
+//! name in an offline dump can never turn into a shell command a reader pastes.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
+use super::{gpu_count, gpus, humanise_seconds, idle_for, notebook_stopped};
+use crate::ledger::{NamespaceRow, PodRow, PodState};
+
+/// Annotation Kubeflow's notebook controller reads to scale a notebook to zero.
+const STOP_ANNOTATION: &str = crate::ledger::claims::STOP_ANNOTATION;
+
+/// A suggestion: one sentence, then commands, each with what it is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hint {
+    pub text: String,
+    /// (when to run it, command); the first element is empty when the command needs no condition.
+    pub commands: Vec<(String, String)>,
+}
+
+/// A name or namespace as the API server validates them: lowercase alphanumerics, `-` and `.`.
+pub fn is_kube_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+}
+
+/// A resource name (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`).
+fn is_resource_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '/' | '_'))
+}
+
+/// The value Kubeflow's UI writes into `kubeflow-resource-stopped`: UTC `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn stop_value(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The hint for one pod, as of `at` (the ledger's time; the stop annotation's value).
+pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
+    let named = is_kube_name(&p.namespace) && is_kube_name(&p.pod);
+    match p.state {
+        PodState::Running if p.idle == Some(true) && !notebook_stopped(p) => {
+            let nb = p.notebook.as_deref()?;
+            let mut commands = Vec::new();
+            if named && is_kube_name(nb) {
+                commands.push((
+                    String::new(),
+                    format!(
+                        "kubectl annotate notebook -n {} {nb} {STOP_ANNOTATION}={}",
+                        p.namespace,
+                        stop_value(at)
+                    ),
+                ));
+            }
+            Some(Hint {
+                text: format!(
+                    "idle {}: stop notebook {nb} (Kubeflow scales it to zero; its volumes stay)",
+                    idle_for(p)
+                ),
+                commands,
+            })
+        }
+        PodState::Terminating if p.stuck => {
+            let age = p
+                .terminating_seconds
+                .map(|s| format!(" {}", humanise_seconds(s as i64)))
+                .unwrap_or_default();
+            let node = p.node.as_deref().unwrap_or("its node");
+            let mut commands = Vec::new();
+            if named {
+                let (ns, pod) = (&p.namespace, &p.pod);
+                commands.push((
+                    "if metadata.finalizers is set".into(),
+                    format!(
+                        "kubectl patch pod -n {ns} {pod} --type=merge -p '{{\"metadata\":{{\"finalizers\":null}}}}'"
+                    ),
+                ));
+                commands.push((
+                    format!("if {node} is down"),
+                    format!("kubectl delete pod -n {ns} {pod} --grace-period=0 --force"),
+                ));
+            }
+            Some(Hint {
+                text: format!(
+                    "stuck terminating{age}, still holds {}: a finalizer or an unreachable node keeps it",
+                    gpu_count(p.gpus)
+                ),
+                commands,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The hint for a namespace that holds or asks for GPUs with no quota naming a GPU resource:
+/// a quota at today's demand (units per resource over its listed pods, pending included).
+pub fn namespace_hint(ns: &NamespaceRow, pods: &[PodRow]) -> Option<Hint> {
+    if ns.gpu_quota.is_some() || (ns.gpus_claimed <= 0.0 && ns.gpus_pending <= 0.0) {
+        return None;
+    }
+    let mut units: BTreeMap<&str, u64> = BTreeMap::new();
+    for p in pods.iter().filter(|p| p.namespace == ns.namespace) {
+        for (name, n) in &p.resources {
+            let e = units.entry(name.as_str()).or_default();
+            *e = e.saturating_add(*n);
+        }
+    }
+    let hard: Vec<String> = units
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(name, n)| format!("requests.{name}={n}"))
+        .collect();
+    let mut commands = Vec::new();
+    if is_kube_name(&ns.namespace)
+        && !hard.is_empty()
+        && units.keys().all(|name| is_resource_name(name))
+    {
+        commands.push((
+            String::new(),
+            format!(
+                "kubectl create quota gpu-quota -n {} --hard={}",
+                ns.namespace,
+                hard.join(",")
+            ),
+        ));
+    }
+    Some(Hint {
+        text: format!(
+            "{} held, {} pending, no GPU quota: add one (here at today's demand)",
+            gpu_count(ns.gpus_claimed),
+            gpus(ns.gpus_pending)
+        ),
+        commands,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_kubernetes_names_become_commands() {
+        assert!(is_kube_name("team-ml"));
+        assert!(is_kube_name("alice-nb-0"));
+        assert!(!is_kube_name("evil; rm -rf ~"));
+        assert!(!is_kube_name("a'b"));
+        assert!(!is_kube_name("Upper"));
+        assert!(!is_kube_name(""));
+        assert!(is_resource_name("nvidia.com/mig-1g.10gb"));
+        assert!(!is_resource_name("nvidia.com/gpu$(x)"));
+    }
+
+    #[test]
+    fn stop_value_is_kubeflows_format() {
+        let at = DateTime::parse_from_rfc3339("2026-11-28T09:00:00.123Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        assert_eq!(stop_value(at), "2026-11-28T09:00:00Z");
+    }
+}

@@ -1,0 +1,98 @@
+//! A culling plan for `report --cull-dry-run`: text (the table's section), the `cull` object of
+//! the JSON (docs/report-json.md) and the plan's `gpu_ledger_cull_*` families for `-o metrics`.
+
+use serde::Serialize;
+
+use crate::cull::metrics::CullMetrics;
+use crate::cull::plan::{Action, Plan};
+
+/// The `cull` object of `report -o json --cull-dry-run`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CullJson {
+    /// Notebooks that met every rule, before the per-cycle caps and the circuit breaker.
+    pub candidates: usize,
+    /// Why the circuit breaker blocks every stop, or `null` when it is closed.
+    pub circuit: Option<&'static str>,
+    /// What `--cull=dry-run` would stop now.
+    pub would_stop: Vec<WouldStop>,
+    /// Every other GPU pod and the first rule it failed.
+    pub skipped: Vec<Skipped>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WouldStop {
+    pub namespace: String,
+    pub notebook: String,
+    pub pod: String,
+    pub idle_seconds: f64,
+    pub peak_utilization: Option<f64>,
+    /// The value `kubeflow-resource-stopped` would be set to.
+    pub stop_value: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Skipped {
+    pub namespace: String,
+    pub pod: String,
+    pub notebook: Option<String>,
+    pub reason: &'static str,
+}
+
+impl CullJson {
+    pub fn of(plan: &Plan) -> Self {
+        CullJson {
+            candidates: plan.candidates,
+            circuit: plan.circuit.map(crate::cull::plan::CircuitReason::as_str),
+            would_stop: plan
+                .actions
+                .iter()
+                .map(|a| {
+                    let Action::Stop {
+                        namespace,
+                        notebook,
+                        pod,
+                        idle_seconds,
+                        peak_utilization,
+                        stop_value,
+                        ..
+                    } = a;
+                    WouldStop {
+                        namespace: namespace.clone(),
+                        notebook: notebook.clone(),
+                        pod: pod.clone(),
+                        idle_seconds: *idle_seconds,
+                        peak_utilization: *peak_utilization,
+                        stop_value: stop_value.clone(),
+                        reason: a.reason_text(),
+                    }
+                })
+                .collect(),
+            skipped: plan
+                .skips
+                .iter()
+                .map(|s| Skipped {
+                    namespace: s.namespace.clone(),
+                    pod: s.pod.clone(),
+                    notebook: s.notebook.clone(),
+                    reason: s.reason.as_str(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The plan as `gpu_ledger_cull_candidates`, `gpu_ledger_cull_would_stop`,
+/// `gpu_ledger_cull_skips_total{reason}` (this plan's skips) and
+/// `gpu_ledger_cull_circuit_open{reason}`: the families `serve --cull=dry-run` exports after one
+/// plan. Which notebooks would stop is not a metric (no object names in culling labels).
+pub fn plan_metrics(plan: &Plan) -> Result<String, prometheus::Error> {
+    let m = CullMetrics::unregistered()?;
+    m.observe_plan(plan);
+    let registry = prometheus::Registry::new();
+    registry.register(Box::new(m.candidates))?;
+    registry.register(Box::new(m.would_stop))?;
+    registry.register(Box::new(m.skips))?;
+    registry.register(Box::new(m.circuit_open))?;
+    prometheus::TextEncoder::new().encode_to_string(&registry.gather())
+}

@@ -1,0 +1,402 @@
+// gpu-ledger page script: re-renders the server's markup from the ledger JSON (embedded, then
+// refreshed from api/v1/ledger when served), sorts and filters in place. Formatting mirrors
+// src/report (gpus, percent, idle_for, note, advice); every API string goes in via textContent.
+(function () {
+  "use strict";
+  var body = document.body;
+  var live = body.getAttribute("data-live") === "true";
+  var dataBlock = document.getElementById("ledger-data");
+  var ledger = JSON.parse(dataBlock.textContent);
+  var params = new URLSearchParams(window.location.search);
+  var view = {
+    namespace: params.get("namespace") || "",
+    node: params.get("node") || "",
+    sort: params.get("sort") || "namespace",
+    dir: params.get("dir") === "desc" ? "desc" : "asc"
+  };
+  var SORT_KEYS = [
+    ["namespace", "Namespace", false], ["pod", "Pod", false], ["node", "Node", false],
+    ["state", "State", false], ["gpus", "GPUs", true], ["util", "Utilisation", true],
+    ["idle", "Idle for", true], ["notebook", "Notebook", false]
+  ];
+  if (!SORT_KEYS.some(function (k) { return k[0] === view.sort; })) { view.sort = "namespace"; }
+  var refreshes = 0;
+
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) { e.className = cls; }
+    if (text !== undefined && text !== null) { e.textContent = text; }
+    return e;
+  }
+  function svg(tag, attrs) {
+    var e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    Object.keys(attrs).forEach(function (k) { e.setAttribute(k, attrs[k]); });
+    return e;
+  }
+  function clear(node) { while (node.firstChild) { node.removeChild(node.firstChild); } }
+
+  // Halves away from zero, as src/report rounds.
+  function hundredths(x) { return Math.sign(x) * Math.round(Math.abs(x) * 100); }
+  function gpus(x) {
+    var h = hundredths(x);
+    var sign = h < 0 ? "-" : "";
+    var a = Math.abs(h), whole = Math.floor(a / 100), frac = a % 100;
+    if (frac === 0) { return sign + whole; }
+    if (frac % 10 === 0) { return sign + whole + "." + (frac / 10); }
+    return sign + whole + "." + (frac < 10 ? "0" : "") + frac;
+  }
+  function fixed2(x) {
+    var h = hundredths(x), sign = h < 0 ? "-" : "", a = Math.abs(h), frac = a % 100;
+    return sign + Math.floor(a / 100) + "." + (frac < 10 ? "0" : "") + frac;
+  }
+  function gpuCount(x) { var n = gpus(x); return n === "1" ? "1 GPU" : n + " GPUs"; }
+  function percent(r) { return (Math.sign(r) * Math.round(Math.abs(r) * 100)) + "%"; }
+  function humanise(secs) {
+    var s = Math.max(0, Math.trunc(secs));
+    var d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600);
+    var m = Math.floor((s % 3600) / 60), r = s % 60;
+    if (d > 0) { return d + "d" + h + "h"; }
+    if (h > 0) { return h + "h" + m + "m"; }
+    if (m > 0) { return m + "m"; }
+    return r + "s";
+  }
+  function idleFor(p) {
+    if (p.idle === false) { return "active"; }
+    if (p.idle_seconds === null || p.idle_seconds === undefined) { return "-"; }
+    if (p.idle_seconds <= 0) { return "active"; }
+    return (p.idle_bounded_by_history ? "\u2265" : "") + humanise(p.idle_seconds);
+  }
+  function note(p, usageAvailable) {
+    var parts = [];
+    if (p.state === "pending") {
+      var s = p.pending_seconds !== null ? "pending " + humanise(p.pending_seconds) : "pending";
+      if (p.pending_reason) { s += ": " + p.pending_reason; }
+      parts.push(s);
+    } else if (p.state === "terminating") {
+      var age = p.terminating_seconds !== null ? " " + humanise(p.terminating_seconds) : "";
+      parts.push((p.stuck ? "stuck terminating" : "terminating") + age);
+    }
+    if (p.notebook_stopped) { parts.push("notebook stopped, pod still holds its GPU"); }
+    if (usageAvailable) {
+      if (p.attribution === "unattributed") {
+        parts.push("unattributed: no DCGM series names this pod");
+      } else if (p.attribution === "shared" && p.utilization === null) {
+        parts.push("shared device: own utilisation unknown");
+      } else if ((p.attribution === "exclusive" || p.attribution === "mig") &&
+                 p.idle === null && p.utilization !== null) {
+        parts.push("idle unproven: samples missing or stale");
+      }
+    }
+    return parts.join("; ");
+  }
+  function isKubeName(s) { return typeof s === "string" && s.length > 0 && s.length <= 253 && /^[a-z0-9.-]+$/.test(s); }
+  function isResourceName(s) { return s.length > 0 && s.length <= 253 && /^[A-Za-z0-9._\/-]+$/.test(s); }
+  function stopValue(at) { return new Date(at).toISOString().slice(0, 19) + "Z"; }
+  function podHint(p, at) {
+    var named = isKubeName(p.namespace) && isKubeName(p.pod);
+    if (p.state === "running" && p.idle === true && !p.notebook_stopped && p.notebook !== null) {
+      var cmds = [];
+      if (named && isKubeName(p.notebook)) {
+        cmds.push(["", "kubectl annotate notebook -n " + p.namespace + " " + p.notebook +
+          " kubeflow-resource-stopped=" + stopValue(at)]);
+      }
+      return { text: "idle " + idleFor(p) + ": stop notebook " + p.notebook +
+        " (Kubeflow scales it to zero; its volumes stay)", commands: cmds };
+    }
+    if (p.state === "terminating" && p.stuck) {
+      var age = p.terminating_seconds !== null ? " " + humanise(p.terminating_seconds) : "";
+      var node = p.node !== null ? p.node : "its node";
+      var c = [];
+      if (named) {
+        c.push(["if metadata.finalizers is set", "kubectl patch pod -n " + p.namespace + " " + p.pod +
+          " --type=merge -p '{\"metadata\":{\"finalizers\":null}}'"]);
+        c.push(["if " + node + " is down", "kubectl delete pod -n " + p.namespace + " " + p.pod +
+          " --grace-period=0 --force"]);
+      }
+      return { text: "stuck terminating" + age + ", still holds " + gpuCount(p.gpus) +
+        ": a finalizer or an unreachable node keeps it", commands: c };
+    }
+    return null;
+  }
+  function namespaceHint(ns, pods) {
+    if (ns.gpu_quota !== null || (ns.gpus_claimed <= 0 && ns.gpus_pending <= 0)) { return null; }
+    var units = {};
+    pods.forEach(function (p) {
+      if (p.namespace !== ns.namespace) { return; }
+      Object.keys(p.resources).forEach(function (r) { units[r] = (units[r] || 0) + p.resources[r]; });
+    });
+    var names = Object.keys(units).sort();
+    var hard = names.filter(function (r) { return units[r] > 0; })
+      .map(function (r) { return "requests." + r + "=" + units[r]; });
+    var cmds = [];
+    if (isKubeName(ns.namespace) && hard.length > 0 && names.every(isResourceName)) {
+      cmds.push(["", "kubectl create quota gpu-quota -n " + ns.namespace + " --hard=" + hard.join(",")]);
+    }
+    return { text: gpuCount(ns.gpus_claimed) + " held, " + gpus(ns.gpus_pending) +
+      " pending, no GPU quota: add one (here at today's demand)", commands: cmds };
+  }
+  function quotaCell(n) {
+    if (n.gpu_quota !== null) { return gpus(n.gpu_quota); }
+    return (n.gpus_claimed > 0 || n.gpus_pending > 0) ? "none (!)" : "none";
+  }
+  function holds(p) { return p.state === "running" || p.state === "terminating"; }
+
+  function compareText(a, b) { return a < b ? -1 : (a > b ? 1 : 0); }
+  function sortValue(p, key) {
+    switch (key) {
+      case "pod": return p.pod;
+      case "node": return p.node === null ? "" : p.node;
+      case "state": return p.state;
+      case "notebook": return p.notebook === null ? "" : p.notebook;
+      case "gpus": return p.gpus;
+      case "util": return p.utilization === null ? -Infinity : p.utilization;
+      case "idle":
+        if (p.idle === false) { return 0; }
+        return p.idle_seconds === null ? -Infinity : p.idle_seconds;
+      default: return p.namespace;
+    }
+  }
+  function comparePods(a, b) {
+    var x = sortValue(a, view.sort), y = sortValue(b, view.sort);
+    var c = typeof x === "number" ? (x < y ? -1 : (x > y ? 1 : 0)) : compareText(x, y);
+    if (view.dir === "desc") { c = -c; }
+    return c || compareText(a.namespace, b.namespace) || compareText(a.pod, b.pod);
+  }
+  function showsPod(p) {
+    return (!view.namespace || p.namespace === view.namespace) && (!view.node || p.node === view.node);
+  }
+
+  function hintInto(td, hint) {
+    td.appendChild(el("span", "hint", hint.text));
+    hint.commands.forEach(function (c) {
+      var div = el("div", "cmd");
+      if (c[0]) { div.appendChild(el("span", "when", c[0] + ":")); }
+      div.appendChild(el("code", null, c[1]));
+      td.appendChild(div);
+    });
+  }
+  function cell(tr, text, cls) { tr.appendChild(el("td", cls || null, text)); }
+
+  function renderSummary() {
+    var s = { allocatable: 0, claimed: 0, idle: 0, pending: 0, free: 0 };
+    ledger.nodes.forEach(function (n) { s.allocatable += n.gpus_allocatable; s.claimed += n.gpus_claimed; s.free += n.gpus_free; });
+    ledger.namespaces.forEach(function (n) { s.idle += n.gpus_idle; s.pending += n.gpus_pending; });
+    var ul = document.getElementById("summary");
+    clear(ul);
+    [[s.allocatable, "allocatable"], [s.claimed, "claimed"], [s.idle, "proven idle"],
+     [s.pending, "pending"], [s.free, "free"]].forEach(function (part) {
+      var li = el("li");
+      li.appendChild(el("b", null, gpus(part[0])));
+      li.appendChild(document.createTextNode(part[1]));
+      ul.appendChild(li);
+    });
+    var t = document.getElementById("generated-at");
+    var iso = new Date(ledger.generated_at).toISOString();
+    t.setAttribute("datetime", iso.slice(0, 19) + "Z");
+    t.textContent = iso.slice(0, 10) + " " + iso.slice(11, 19) + " UTC";
+    document.getElementById("usage-warning").hidden = ledger.usage_available;
+  }
+
+  function fillSelect(select, values, selected) {
+    var set = {};
+    values.forEach(function (v) { if (v) { set[v] = true; } });
+    clear(select);
+    select.appendChild(el("option", null, "all")).value = "";
+    Object.keys(set).sort(compareText).forEach(function (v) {
+      var o = el("option", null, v);
+      if (v === selected) { o.selected = true; }
+      select.appendChild(o);
+    });
+    if (selected && !set[selected]) { select.value = ""; }
+  }
+  function renderFilters() {
+    var form = document.getElementById("filters");
+    form.hidden = false;
+    document.getElementById("apply").hidden = true;
+    fillSelect(form.elements.namespace,
+      ledger.namespaces.map(function (n) { return n.namespace; }).concat(ledger.pods.map(function (p) { return p.namespace; })),
+      view.namespace);
+    fillSelect(form.elements.node,
+      ledger.nodes.map(function (n) { return n.node; }).concat(ledger.pods.map(function (p) { return p.node; })),
+      view.node);
+    form.elements.sort.value = view.sort;
+    form.elements.dir.value = view.dir;
+  }
+
+  function query(key, dir) {
+    var q = new URLSearchParams();
+    q.set("sort", key);
+    q.set("dir", dir);
+    if (view.namespace) { q.set("namespace", view.namespace); }
+    if (view.node) { q.set("node", view.node); }
+    if (params.get("refresh")) { q.set("refresh", params.get("refresh")); }
+    return "?" + q.toString();
+  }
+  function renderPods() {
+    var table = document.getElementById("pods");
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) {
+      var key = th.getAttribute("data-key");
+      if (!key) { return; }
+      if (key === view.sort) {
+        th.setAttribute("aria-sort", view.dir === "desc" ? "descending" : "ascending");
+      } else {
+        th.removeAttribute("aria-sort");
+      }
+      var next = (key === view.sort && view.dir === "asc") ? "desc" : "asc";
+      th.firstChild.setAttribute("href", query(key, next));
+    });
+    var tbody = table.tBodies[0];
+    clear(tbody);
+    var pods = ledger.pods.filter(showsPod).sort(comparePods);
+    pods.forEach(function (p) {
+      var tr = el("tr", "pod state-" + p.state + (p.idle === true ? " idle" : "") + (p.stuck ? " stuck" : ""));
+      cell(tr, p.namespace);
+      cell(tr, p.pod);
+      cell(tr, p.node === null ? "-" : p.node);
+      cell(tr, p.state, "state");
+      cell(tr, gpus(p.gpus), "num");
+      cell(tr, p.utilization === null ? "-" : percent(p.utilization), "num");
+      cell(tr, idleFor(p), "num idle-for");
+      cell(tr, p.notebook === null ? "-" : p.notebook);
+      var todo = el("td", "todo");
+      var hint = podHint(p, ledger.generated_at);
+      if (hint) {
+        hintInto(todo, hint);
+      } else {
+        var n = note(p, ledger.usage_available);
+        if (n) { todo.appendChild(el("span", "note", n)); }
+      }
+      tr.appendChild(todo);
+      tbody.appendChild(tr);
+    });
+    document.getElementById("pods-empty").hidden = pods.length > 0;
+  }
+
+  function renderNodes() {
+    var box = document.getElementById("nodes");
+    clear(box);
+    var shown = ledger.nodes.filter(function (n) { return !view.node || n.node === view.node; });
+    shown.forEach(function (n) {
+      var used = 0, unknown = 0;
+      ledger.pods.forEach(function (p) {
+        if (!holds(p) || p.node !== n.node) { return; }
+        if (p.utilization === null) { unknown += p.gpus; } else { used += p.gpus * p.utilization; }
+      });
+      var scale = Math.max(n.gpus_allocatable, n.gpus_claimed, Number.MIN_VALUE);
+      function width(x) { return fixed2(Math.min(100, Math.max(0, x / scale * 100))); }
+      var div = el("div", "node");
+      div.appendChild(el("div", "node-name", n.node));
+      var bar = svg("svg", { "class": "bar", viewBox: "0 0 100 10", preserveAspectRatio: "none", "aria-hidden": "true" });
+      bar.appendChild(svg("rect", { "class": "alloc", x: "0", y: "0", height: "10", width: width(n.gpus_allocatable) }));
+      bar.appendChild(svg("rect", { "class": "claimed", x: "0", y: "0", height: "10", width: width(n.gpus_claimed) }));
+      bar.appendChild(svg("rect", { "class": "used", x: "0", y: "2.5", height: "5", width: width(used) }));
+      div.appendChild(bar);
+      var nums = gpus(n.gpus_allocatable) + " allocatable \u00b7 " + gpus(n.gpus_claimed) + " claimed \u00b7 " +
+        gpus(used) + " in use \u00b7 " + gpus(n.gpus_free) + " free";
+      if (unknown > 0) { nums += " \u00b7 " + gpus(unknown) + " unknown"; }
+      if (n.gpus_unschedulable > 0) { nums += " \u00b7 " + gpus(n.gpus_unschedulable) + " not schedulable"; }
+      div.appendChild(el("div", "node-nums", nums));
+      box.appendChild(div);
+    });
+    document.getElementById("nodes-empty").hidden = shown.length > 0;
+  }
+
+  function renderNamespaces() {
+    var tbody = document.getElementById("namespaces").tBodies[0];
+    clear(tbody);
+    var shown = ledger.namespaces.filter(function (n) { return !view.namespace || n.namespace === view.namespace; });
+    shown.forEach(function (n) {
+      var tr = el("tr");
+      cell(tr, n.namespace);
+      cell(tr, gpus(n.gpus_claimed), "num");
+      cell(tr, gpus(n.gpus_idle), "num");
+      cell(tr, gpus(n.gpus_pending), "num");
+      cell(tr, quotaCell(n));
+      var todo = el("td", "todo");
+      var hint = namespaceHint(n, ledger.pods);
+      if (hint) { hintInto(todo, hint); }
+      tr.appendChild(todo);
+      tbody.appendChild(tr);
+    });
+    document.getElementById("namespaces-empty").hidden = shown.length > 0;
+  }
+
+  function renderUnclaimed() {
+    var tbody = document.getElementById("unclaimed").tBodies[0];
+    clear(tbody);
+    var shown = ledger.unclaimed_busy.filter(function (u) { return !view.node || u.node === view.node; });
+    shown.forEach(function (u) {
+      var tr = el("tr");
+      cell(tr, u.node ? u.node : "-");
+      cell(tr, u.uuid);
+      cell(tr, u.gpu_instance === null ? "-" : u.gpu_instance);
+      cell(tr, percent(u.utilization), "num");
+      tbody.appendChild(tr);
+    });
+    document.getElementById("unclaimed-empty").hidden = shown.length > 0;
+  }
+
+  function render() {
+    renderSummary();
+    renderFilters();
+    renderPods();
+    renderNodes();
+    renderNamespaces();
+    renderUnclaimed();
+    body.setAttribute("data-rendered", "script");
+  }
+
+  function remember() {
+    try { window.history.replaceState(null, "", query(view.sort, view.dir)); } catch (e) { /* file: URLs */ }
+  }
+  document.getElementById("pods").tHead.addEventListener("click", function (ev) {
+    var th = ev.target.closest("th[data-key]");
+    if (!th) { return; }
+    ev.preventDefault();
+    var key = th.getAttribute("data-key");
+    view.dir = (key === view.sort && view.dir === "asc") ? "desc" : "asc";
+    view.sort = key;
+    remember();
+    render();
+  });
+  var form = document.getElementById("filters");
+  form.addEventListener("change", function () {
+    view.namespace = form.elements.namespace.value;
+    view.node = form.elements.node.value;
+    remember();
+    render();
+  });
+  form.addEventListener("submit", function (ev) { ev.preventDefault(); });
+
+  function showAge() {
+    var secs = Math.round((Date.now() - new Date(ledger.generated_at).getTime()) / 1000);
+    document.getElementById("age").textContent = live ? "(" + humanise(secs) + " ago)" : "";
+  }
+  function status(text) { document.getElementById("status").textContent = text; }
+
+  var every = Math.min(3600, Math.max(1, parseInt(params.get("refresh"), 10) || 10));
+  function refresh() {
+    fetch("api/v1/ledger", { cache: "no-store", headers: { "Accept": "application/json" } })
+      .then(function (r) {
+        if (!r.ok) { throw new Error("HTTP " + r.status); }
+        return r.json();
+      })
+      .then(function (data) {
+        ledger = data;
+        refreshes += 1;
+        render();
+        body.setAttribute("data-refreshes", String(refreshes));
+        status("");
+        showAge();
+      })
+      .catch(function (e) { status("refresh failed (" + e.message + "); showing the last data"); })
+      .then(function () { window.setTimeout(refresh, every * 1000); });
+  }
+
+  render();
+  showAge();
+  if (live) {
+    window.setInterval(showAge, 1000);
+    window.setTimeout(refresh, every * 1000);
+  }
+}());
