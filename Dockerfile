@@ -2,13 +2,16 @@
 #
 # gpu-ledger container image.
 #
-#   docker build --build-arg GPU_LEDGER_VERSION=0.1.0 -t gpu-ledger:0.1.0 .
+#   docker build --build-arg GPU_LEDGER_VERSION=0.1.0 \
+#     --build-arg GPU_LEDGER_REVISION=$(git rev-parse --short=12 HEAD) -t gpu-ledger:0.1.0 .
 #
 # The binary links glibc (ring, rustls): the runtime is distroless/cc (glibc + libgcc, no shell),
-# matching the bookworm builder's glibc. `gpu-ledger --version` prints the crate version;
-# GPU_LEDGER_VERSION only labels the image.
+# matching the bookworm builder's glibc. `gpu-ledger --version` prints the crate version and
+# GPU_LEDGER_REVISION (the build context has no .git); GPU_LEDGER_VERSION only labels the image.
 
 FROM rust:1.95-bookworm AS builder
+ARG GPU_LEDGER_REVISION=unknown
+ENV GPU_LEDGER_REVISION=${GPU_LEDGER_REVISION}
 WORKDIR /src
 COPY . .
 # tests/deploy_chart.rs checks this cargo line (--release --locked, and that the lock file is
