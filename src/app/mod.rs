@@ -46,7 +46,7 @@ pub enum AppError {
     #[error("culling")]
     Cull(#[source] crate::cull::CullError),
     #[error("task {0} ended unexpectedly")]
-    TaskEnded(&'static str),
+    TaskEnded(String),
 }
 
 impl AppError {
