@@ -5,6 +5,7 @@
 //!   with token authentication, RBAC and a private CA.
 //! * [`Prometheus`] runs the Debian `prometheus` binary, optionally over a TSDB backfilled
 //!   with `promtool tsdb create-blocks-from openmetrics`.
+//! * [`FaultProxy`] (a test double) hangs or refuses chosen apiserver requests.
 //! * [`binaries`] / [`binary`] locate the binaries built by `scripts/build-test-cluster.sh`
 //!   (`TEST_ASSET_*`, `KUBEBUILDER_ASSETS`, then the build cache).
 //!
@@ -16,6 +17,7 @@ pub mod bins;
 pub mod certs;
 pub mod control_plane;
 pub mod dcgm;
+pub mod fault_proxy;
 pub mod nodes;
 pub mod process;
 pub mod prometheus;
@@ -25,5 +27,6 @@ pub mod util;
 pub use bins::{Bins, binaries, binary, cache_root};
 pub use control_plane::{ControlPlane, Tier, TierBOptions, USERS};
 pub use dcgm::FakeDcgmExporter;
+pub use fault_proxy::{Fault, FaultProxy, Rule};
 pub use nodes::GpuNode;
 pub use prometheus::Prometheus;
