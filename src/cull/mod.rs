@@ -570,7 +570,10 @@ fn log_plan(plan: &Plan, mode: CullMode) {
     for s in &plan.skips {
         let notebook = s.notebook.as_deref().unwrap_or("");
         match s.reason {
-            SkipReason::PerCycleCap | SkipReason::PerNamespaceCap | SkipReason::CircuitOpen => {
+            // With culling off nothing is held back: the caps and the breaker block nothing.
+            SkipReason::PerCycleCap | SkipReason::PerNamespaceCap | SkipReason::CircuitOpen
+                if mode != CullMode::Off =>
+            {
                 info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "idle notebook held back");
             }
             _ => {
