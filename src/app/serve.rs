@@ -761,7 +761,7 @@ impl Rechecker<'_> {
 
 /// SIGTERM or Ctrl-C cancels everything (an expected end: not a failure).
 fn spawn_signal_handler(tasks: &Tasks) {
-    let cancel = tasks.cancel.clone();
+    let (cancel, failed) = (tasks.cancel.clone(), tasks.failed.clone());
     tasks.tracker.spawn(
         async move {
             #[cfg(unix)]
@@ -774,6 +774,11 @@ fn spawn_signal_handler(tasks: &Tasks) {
                             error = &e as &dyn std::error::Error,
                             "cannot listen for SIGTERM"
                         );
+                        // Not an expected end: the process must exit non-zero.
+                        failed
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .get_or_insert_with(|| "signals".to_string());
                         cancel.cancel();
                         return;
                     }
@@ -786,6 +791,7 @@ fn spawn_signal_handler(tasks: &Tasks) {
             }
             #[cfg(not(unix))]
             {
+                drop(failed);
                 let _ = tokio::signal::ctrl_c().await;
             }
             cancel.cancel();
