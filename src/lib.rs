@@ -21,4 +21,5 @@ pub mod export;
 pub mod ledger;
 pub mod report;
 pub mod telemetry;
+pub mod test_hooks;
 pub mod usage;

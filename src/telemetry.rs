@@ -27,7 +27,11 @@ pub fn init(format: LogFormat, filter: &str) {
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
     if let Some(e) = bad {
-        tracing::warn!(filter, error = %e, "invalid log filter; using info");
+        tracing::warn!(
+            filter,
+            error = &e as &dyn std::error::Error,
+            "invalid log filter; using info"
+        );
     }
 }
 

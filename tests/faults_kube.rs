@@ -15,9 +15,22 @@
 //! * `sigterm_with_culling_on_releases_the_lease`: `serve --cull=on` with the shipped culling
 //!   RBAC takes the Lease; SIGTERM makes it exit 0 within 10 s, clear `holderIdentity`, and it
 //!   patched no Notebook.
+//! * `hung_kill_switch_read_leaves_claims_live`: the leader's kill-switch ConfigMap GET hangs
+//!   ([`FaultProxy`] test double); new GPU pods still appear in `/api/v1/ledger` within 1 s,
+//!   the probes stay truthful (200: claims flow, every loop progresses), and the culler is not
+//!   stuck: each read times out, is retried next cycle and shows as
+//!   `gpu_ledger_cull_held_back{reason="kill_switch_unreadable"} 1`.
+//! * `broken_pods_watch_is_visible_and_holds_culling_back`: tier B with Prometheus and an idle
+//!   notebook; the pods watch is answered 403 after the initial list. Once it has failed for
+//!   60 s: `gpu_ledger_source_up{source="kubernetes"} 0`, `/readyz` 503, and with the kill switch
+//!   lifted the leader still does not stop the (candidate) notebook: circuit `claims_stale`.
+//!   After the 403s stop, everything recovers and the notebook is stopped.
+//! * `a_panicking_task_ends_the_process_non_zero`: for each long-lived task of `serve` (refresh,
+//!   hub, cull, the pods watch, the Lease election) the test hook
+//!   `GPU_LEDGER_TEST_PANIC_TASK` makes it panic; the process exits 1 naming the task.
 //!
-//! Tests 1 and 2 restart their own kube-apiserver, so each starts its own cluster; 3 and 4
-//! share one (`ControlPlane::shared`), one namespace each.
+//! Tests 1 and 2 restart their own kube-apiserver and test 6 needs tier B, so each starts its
+//! own cluster; the others share one (`ControlPlane::shared`), one namespace each.
 
 mod support;
 
@@ -32,19 +45,23 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use gpu_ledger::claims::watch::{self, Stores, WatchConfig};
-use gpu_ledger_testkit::ControlPlane;
-use gpu_ledger_testkit::Tier;
 use gpu_ledger_testkit::process::ChildGuard;
-use gpu_ledger_testkit::stack::apply_rbac;
+use gpu_ledger_testkit::stack::{
+    LEDGER_NAMESPACE, LedgerOptions, Notebook, STOP_ANNOTATION, Stack, apply_rbac, metric_value,
+    notebook_resource,
+};
+use gpu_ledger_testkit::{ControlPlane, Fault, FaultProxy, GpuNode, Rule, Tier};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use support::{CULLING_RBAC, gpu_pod, grant_shipped_read_only, namespace};
+use support::{
+    CULLING_RBAC, READ_ONLY_RBAC, eventually, gpu_pod, grant_shipped_read_only, namespace,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -521,22 +538,37 @@ async fn shared_cluster() -> &'static ControlPlane {
 
 /// `gpu-ledger serve` as the `gpu-ledger` user, logging to `<dir>/serve.log`.
 fn spawn_serve(cp: &ControlPlane, dir: &Path, port: u16, extra: &[&str], pod: &str) -> ChildGuard {
+    spawn_serve_with(cp, dir, port, extra, pod, None, &[])
+}
+
+/// [`spawn_serve`] with another kubeconfig (e.g. through a [`FaultProxy`]) and extra env.
+fn spawn_serve_with(
+    cp: &ControlPlane,
+    dir: &Path,
+    port: u16,
+    extra: &[&str],
+    pod: &str,
+    kubeconfig: Option<&Path>,
+    env: &[(&str, &str)],
+) -> ChildGuard {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    cmd.arg("serve")
-        .arg(format!("--listen=127.0.0.1:{port}"))
-        .arg("--refresh-interval=1s")
-        .args(extra)
-        .env(
-            "KUBECONFIG",
-            cp.kubeconfig_path("gpu-ledger").expect("kubeconfig"),
-        )
-        .env("POD_NAME", pod)
-        .env("RUST_LOG", "info");
+    let kubeconfig = kubeconfig.map_or_else(
+        || cp.kubeconfig_path("gpu-ledger").expect("kubeconfig"),
+        Path::to_path_buf,
+    );
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("GPU_LEDGER_") {
             cmd.env_remove(k);
         }
     }
+    cmd.arg("serve")
+        .arg(format!("--listen=127.0.0.1:{port}"))
+        .arg("--refresh-interval=1s")
+        .args(extra)
+        .env("KUBECONFIG", kubeconfig)
+        .env("POD_NAME", pod)
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied());
     ChildGuard::spawn("gpu-ledger", cmd, &dir.join("serve.log")).expect("spawn gpu-ledger serve")
 }
 
@@ -888,4 +920,405 @@ async fn sigterm_with_culling_on_releases_the_lease() {
         !log.contains("panicked"),
         "serve panicked during shutdown:\n{log}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A hung kill-switch read.
+
+async fn metrics_text(port: u16) -> Option<String> {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()
+}
+
+async fn metric(port: u16, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metric_value(&metrics_text(port).await?, family, labels)
+}
+
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    Some(
+        reqwest::get(format!("http://127.0.0.1:{port}{path}"))
+            .await
+            .ok()?
+            .status()
+            .as_u16(),
+    )
+}
+
+/// Whether `/api/v1/ledger` lists pod `ns/name`.
+async fn ledger_lists(port: u16, ns: &str, name: &str) -> bool {
+    let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/api/v1/ledger")).await else {
+        return false;
+    };
+    let Ok(ledger) = r.json::<serde_json::Value>().await else {
+        return false;
+    };
+    ledger["pods"].as_array().is_some_and(|pods| {
+        pods.iter()
+            .any(|p| p["namespace"] == ns && p["pod"] == name)
+    })
+}
+
+#[allow(clippy::too_many_lines)] // one scenario: leader, hang, claims flow, probes, recovery
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_kill_switch_read_leaves_claims_live() {
+    const POD: &str = "gpu-ledger-hung-0";
+    let cp = shared_cluster().await;
+    let admin = cp.client("admin").await.expect("admin client");
+    grant_shipped_culling(&admin, "default").await;
+    namespace(&admin, "hung", &[]).await;
+    let proxy = FaultProxy::start(cp).await.expect("fault proxy");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = proxy
+        .kubeconfig(cp, "gpu-ledger", &dir.path().join("kubeconfig"))
+        .expect("proxy kubeconfig");
+    let port = free_port();
+    let mut serve = spawn_serve_with(
+        cp,
+        dir.path(),
+        port,
+        &[
+            "--cull=on",
+            // The shipped culling RBAC may read this one ConfigMap (it need not exist).
+            "--cull-kill-switch=gpu-ledger-cull",
+            "--lease-name=hung-lease",
+            "--lease-namespace=default",
+            "--namespaces=hung",
+        ],
+        POD,
+        Some(&kubeconfig),
+        &[],
+    );
+    wait_http_ok(&mut serve, &format!("http://127.0.0.1:{port}/readyz")).await;
+    eventually("the replica leads", WAIT, || async {
+        (metric(port, "gpu_ledger_cull_leader", &[]).await? == 1.0).then_some(())
+    })
+    .await;
+
+    // Every kill-switch read hangs from now on: never forwarded, never answered.
+    proxy.set_rules(vec![Rule::new(
+        "GET",
+        "/configmaps/gpu-ledger-cull",
+        Fault::Hang,
+    )]);
+    eventually("a culling cycle reads the kill switch", WAIT, || async {
+        (proxy.held() >= 1).then_some(())
+    })
+    .await;
+
+    // Claims flow while the read hangs: each new GPU pod is in the ledger within 1 s.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "hung");
+    let mut latencies = Vec::new();
+    for i in 0..3 {
+        let name = format!("new-{i}");
+        pods.create(&PostParams::default(), &gpu_pod(&name, 1, None))
+            .await
+            .expect("create pod");
+        let created = Instant::now();
+        while !ledger_lists(port, "hung", &name).await {
+            assert!(
+                created.elapsed() < Duration::from_secs(1),
+                "pod hung/{name} not in /api/v1/ledger 1 s after it was created, while the \
+                 kill-switch read hangs; log:\n{}",
+                serve.log_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        latencies.push(created.elapsed());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
+    // The culler is not stuck: it gives up on each read, says why, and tries again.
+    eventually("held back: kill switch unreadable", WAIT, || async {
+        let v = metric(
+            port,
+            "gpu_ledger_cull_held_back",
+            &[("reason", "kill_switch_unreadable")],
+        )
+        .await?;
+        (v == 1.0).then_some(())
+    })
+    .await;
+    let held = proxy.held();
+    eventually("the next cycle reads again", WAIT, || async {
+        (proxy.held() > held).then_some(())
+    })
+    .await;
+    // The probes tell the truth: the service works (claims flow, loops progress).
+    assert_eq!(http_status(port, "/readyz").await, Some(200));
+    assert_eq!(http_status(port, "/healthz").await, Some(200));
+    assert!(serve.try_exit_status().is_none(), "serve still running");
+
+    // Lifted: the ConfigMap does not exist, which means "not killed".
+    proxy.set_rules(Vec::new());
+    eventually("no longer held back", WAIT, || async {
+        let v = metric(
+            port,
+            "gpu_ledger_cull_held_back",
+            &[("reason", "kill_switch_unreadable")],
+        )
+        .await?;
+        (v == 0.0).then_some(())
+    })
+    .await;
+    eprintln!(
+        "hung kill-switch GET: new pods listed after {latencies:?}; {} reads held",
+        proxy.held()
+    );
+    serve.terminate(Duration::from_secs(10));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. A pods watch that starts failing.
+
+#[allow(clippy::too_many_lines)] // one scenario: killed, broken, unkilled, recovered
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_pods_watch_is_visible_and_holds_culling_back() {
+    const NS: &str = "team-w";
+    const KILL: &str = "gpu-ledger-cull";
+    let started = Instant::now();
+    let stack = Stack::start(&[GpuNode::new("n1", 1)])
+        .await
+        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    eprintln!("[{:?}] stack up", started.elapsed());
+    let admin = stack.admin();
+    stack
+        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
+        .await
+        .expect("read-only RBAC");
+    stack
+        .grant_rbac(CULLING_RBAC, "gpu-ledger")
+        .await
+        .expect("culling RBAC");
+    let nb = Notebook::new(NS, "idle-nb").node("n1");
+    stack.create_notebook(&nb).await.expect("notebook");
+    stack
+        .wait_pod_running(NS, &nb.pod_name())
+        .await
+        .expect("notebook pod Running");
+    // Killed at first, so that nothing is stopped before the watch is known to be broken.
+    let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), LEDGER_NAMESPACE);
+    let kill: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": KILL},
+        "data": {"cull": "off"}
+    }))
+    .expect("configmap");
+    config_maps
+        .create(&PostParams::default(), &kill)
+        .await
+        .expect("kill switch");
+
+    // Every pods watch is refused from the start; the initial list works.
+    let proxy = FaultProxy::start(&stack.cp).await.expect("fault proxy");
+    proxy.set_rules(vec![Rule::watches("/pods", Fault::Forbidden)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = proxy
+        .kubeconfig(&stack.cp, "gpu-ledger", &dir.path().join("kubeconfig"))
+        .expect("proxy kubeconfig");
+    let gl = stack
+        .start_gpu_ledger_with(
+            std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger")),
+            "gpu-ledger",
+            &[
+                "--cull=on",
+                "--cull-kill-switch",
+                KILL,
+                "--lease-name",
+                "stale-lease",
+                "--cull-idle-after",
+                "5s",
+                "--cull-min-runtime",
+                "5s",
+            ],
+            &LedgerOptions {
+                kubeconfig: Some(kubeconfig),
+                ..LedgerOptions::default()
+            },
+        )
+        .await
+        .expect("gpu-ledger through the fault proxy");
+    eprintln!(
+        "[{:?}] gpu-ledger ready through the proxy",
+        started.elapsed()
+    );
+    let metric = |family: &'static str, labels: &'static [(&'static str, &'static str)]| {
+        let gl = &gl;
+        async move { metric_value(&gl.metrics_text().await.ok()?, family, labels) }
+    };
+    eventually(
+        "the leader wants to stop idle-nb (held back by the kill switch)",
+        Duration::from_secs(90),
+        || async {
+            let candidates = metric("gpu_ledger_cull_candidates", &[]).await?;
+            let killed = metric("gpu_ledger_cull_held_back", &[("reason", "kill_switch")]).await?;
+            (candidates >= 1.0 && killed == 1.0).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        proxy
+            .seen()
+            .iter()
+            .any(|s| s.fault == Some(Fault::Forbidden) && s.uri.contains("/pods")),
+        "the pods watch was refused"
+    );
+    eprintln!("[{:?}] the leader wants to act; killed", started.elapsed());
+
+    // The watch has failed for over 60 s: source down, not ready.
+    let broken = eventually(
+        "kubernetes source down",
+        Duration::from_secs(150),
+        || async {
+            (metric("gpu_ledger_source_up", &[("source", "kubernetes")]).await? == 0.0)
+                .then_some(started.elapsed())
+        },
+    )
+    .await;
+    let readyz = reqwest::get(format!("{}/readyz", gl.url()))
+        .await
+        .expect("GET /readyz");
+    assert_eq!(readyz.status().as_u16(), 503);
+    let why = readyz.text().await.expect("readyz body");
+    assert!(why.contains("pods"), "readyz names the broken watch: {why}");
+    assert_eq!(
+        gl.status("/healthz").await.ok(),
+        Some(200),
+        "alive, only not ready"
+    );
+
+    eprintln!("[{:?}] source down, not ready", started.elapsed());
+    // Lift the kill switch: the leader now would act, but the store is stale.
+    config_maps
+        .delete(KILL, &DeleteParams::default())
+        .await
+        .expect("lift the kill switch");
+    eventually(
+        "held back by the circuit, not the kill switch",
+        WAIT,
+        || async {
+            let killed = metric("gpu_ledger_cull_held_back", &[("reason", "kill_switch")]).await?;
+            let stale = metric(
+                "gpu_ledger_cull_circuit_open",
+                &[("reason", "claims_stale")],
+            )
+            .await?;
+            let candidates = metric("gpu_ledger_cull_candidates", &[]).await?;
+            (killed == 0.0 && stale == 1.0 && candidates >= 1.0).then_some(())
+        },
+    )
+    .await;
+    let notebooks: Api<DynamicObject> =
+        Api::namespaced_with(admin.clone(), NS, &notebook_resource());
+    for _ in 0..10 {
+        let a = notebooks
+            .get("idle-nb")
+            .await
+            .expect("notebook")
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert!(
+            !a.contains_key(STOP_ANNOTATION),
+            "stopped on a stale store: {a:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        metric("gpu_ledger_cull_stops_total", &[("result", "stopped")]).await,
+        Some(0.0)
+    );
+
+    eprintln!(
+        "[{:?}] nothing stopped on the stale store",
+        started.elapsed()
+    );
+    // The 403s stop; a pod event proves the watch works again, and everything recovers.
+    proxy.set_rules(Vec::new());
+    stack
+        .create_gpu_pod(NS, "poke", 1, None)
+        .await
+        .expect("poke pod");
+    eventually(
+        "kubernetes source up again",
+        Duration::from_secs(150),
+        || async {
+            (metric("gpu_ledger_source_up", &[("source", "kubernetes")]).await? == 1.0
+                && gl.status("/readyz").await.ok()? == 200)
+                .then_some(())
+        },
+    )
+    .await;
+    eventually("idle-nb stopped once the store is fresh", WAIT, || async {
+        let a = notebooks.get("idle-nb").await.ok()?.metadata.annotations?;
+        a.contains_key(STOP_ANNOTATION).then_some(())
+    })
+    .await;
+    eprintln!(
+        "broken pods watch: source down after {broken:?} (watch refused from the start); \
+         nothing stopped while stale; stopped after recovery; took {:?}",
+        started.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. A panicking task.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_task_ends_the_process_non_zero() {
+    let cp = shared_cluster().await;
+    let admin = cp.client("admin").await.expect("admin client");
+    grant_shipped_culling(&admin, "default").await;
+    namespace(&admin, "panic", &[]).await;
+    create_pods(&admin, "panic", names("p", 0..2)).await;
+    for task in ["refresh", "hub", "cull", "lease", "watch:pods"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let mut serve = spawn_serve_with(
+            cp,
+            dir.path(),
+            port,
+            &[
+                "--cull=on",
+                "--lease-name=panic-lease",
+                "--lease-namespace=default",
+                "--namespaces=panic",
+            ],
+            &format!("gpu-ledger-panic-{}", task.replace(':', "-")),
+            None,
+            &[("GPU_LEDGER_TEST_PANIC_TASK", task)],
+        );
+        let since = Instant::now();
+        let status = loop {
+            if let Some(s) = serve.try_exit_status() {
+                break s;
+            }
+            assert!(
+                since.elapsed() < WAIT,
+                "task {task} panicked but the process still runs after {WAIT:?}; log:\n{}",
+                serve.log_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default();
+        assert!(
+            log.contains(&format!("test-injected panic in task {task}")),
+            "the hook fired in {task}:\n{log}"
+        );
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "task {task}: exit status {status}; log:\n{}",
+            serve.log_tail(20)
+        );
+        assert!(
+            log.contains("task ended before shutdown")
+                && log.contains(&format!("task {task} ended unexpectedly")),
+            "the exit names the task {task}:\n{}",
+            serve.log_tail(20)
+        );
+        eprintln!("panic in {task}: exit {status} after {:?}", since.elapsed());
+    }
 }

@@ -53,7 +53,7 @@ pub enum AppError {
     #[error("culling")]
     Cull(#[source] crate::cull::CullError),
     #[error("task {0} ended unexpectedly")]
-    TaskEnded(&'static str),
+    TaskEnded(String),
 }
 
 impl AppError {
@@ -89,12 +89,28 @@ fn live_settings(args: &LedgerArgs) -> LiveSettings {
     }
 }
 
-/// A client for the cluster `args` names: `--kubeconfig` and `--context` when given, else the
-/// default chain (`$KUBECONFIG`, `~/.kube/config`, in-cluster service account).
+/// Connect timeout of every Kubernetes client.
+const KUBE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Every response of a non-watch client must start within this.
+const KUBE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// A client for one-shot calls (`report`, `capture`) on the cluster `args` names, bounded by
+/// [`KUBE_CONNECT_TIMEOUT`] and [`KUBE_READ_TIMEOUT`].
 async fn kube_client(args: &KubeArgs) -> Result<kube::Client, AppError> {
+    let mut config = kube_config(args).await?;
+    config.connect_timeout = Some(KUBE_CONNECT_TIMEOUT);
+    config.read_timeout = Some(KUBE_READ_TIMEOUT);
+    kube::Client::try_from(config).map_err(AppError::Kube)
+}
+
+/// The client configuration for the cluster `args` names: `--kubeconfig` and `--context` when
+/// given, else the default chain (`$KUBECONFIG`, `~/.kube/config`, in-cluster service account).
+async fn kube_config(args: &KubeArgs) -> Result<kube::Config, AppError> {
     use kube::config::{Config, KubeConfigOptions, Kubeconfig};
     if args.kubeconfig.is_none() && args.context.is_none() {
-        return kube::Client::try_default().await.map_err(AppError::Kube);
+        return Config::infer()
+            .await
+            .map_err(|e| AppError::Kube(kube::Error::InferConfig(e)));
     }
     let options = KubeConfigOptions {
         context: args.context.clone(),
@@ -105,7 +121,7 @@ async fn kube_client(args: &KubeArgs) -> Result<kube::Client, AppError> {
         (None, Some(ctx)) => format!("context {ctx:?} of the default kubeconfig"),
         (None, None) => "the default kubeconfig".into(),
     };
-    let config = match &args.kubeconfig {
+    match &args.kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path)
                 .map_err(|e| AppError::KubeConfig(format!("reading {source}"), e))?;
@@ -113,8 +129,7 @@ async fn kube_client(args: &KubeArgs) -> Result<kube::Client, AppError> {
         }
         None => Config::from_kubeconfig(&options).await,
     }
-    .map_err(|e| AppError::KubeConfig(format!("loading {source}"), e))?;
-    kube::Client::try_from(config).map_err(AppError::Kube)
+    .map_err(|e| AppError::KubeConfig(format!("loading {source}"), e))
 }
 
 fn prom_client(args: &LedgerArgs) -> Result<Option<Arc<PromClient>>, AppError> {

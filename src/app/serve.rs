@@ -6,25 +6,32 @@
 //! usage refresh ──▶ latest ───┘   (own task)           └─▶ culler (own task, watch channel)
 //! ```
 //!
-//! Every task is supervised: one that ends (or panics) before shutdown cancels the rest and the
-//! process exits non-zero, so a dead refresh can never hide behind a live HTTP server. A sink
-//! reads the latest snapshot and never blocks a source or another sink.
+//! Every task is supervised — the hub, the refresh, the culler, the HTTP server, each claims
+//! watch and the culling Lease election: one that ends (or panics) before shutdown cancels the
+//! rest and the process exits non-zero, so a dead task can never hide behind a live HTTP server.
+//! A sink reads the latest snapshot and never blocks a source or another sink. Every API call
+//! and every step is bounded, and the probes tell the truth: `/healthz` fails when a loop stops
+//! making progress, `/readyz` also while a claims watch stays broken (then
+//! `gpu_ledger_source_up{source="kubernetes"}` is 0 and culling is held back).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use chrono::Utc;
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use kube::Client;
 use tokio::sync::watch as channel;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, error, info, info_span, warn};
 
-use super::{AppError, cull_config, live_settings, prom_client};
+use super::{
+    AppError, KUBE_CONNECT_TIMEOUT, KUBE_READ_TIMEOUT, cull_config, live_settings, prom_client,
+};
 use crate::claims::watch::{self, Stores};
 use crate::config::ServeArgs;
 use crate::cull::actuator::RecheckError;
@@ -33,21 +40,34 @@ use crate::cull::{self, Culler};
 use crate::export::{SelfMetrics, Snapshot, server};
 use crate::ledger::usage::Usage;
 use crate::ledger::{self, Ledger, Policy};
+use crate::test_hooks;
 use crate::usage::history::History;
 use crate::usage::live::{Fetched, LiveSettings, LiveUsage};
 use crate::usage::prom::PromClient;
 
 /// How often the hub checks whether claims changed since the last ledger build.
-const CLAIMS_REBUILD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+const CLAIMS_REBUILD_INTERVAL: Duration = Duration::from_millis(250);
 /// Longest wait for tasks to stop after cancellation.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// A claims watch failing for this long is broken: its store may be frozen. Then
+/// `gpu_ledger_source_up{source="kubernetes"}` is 0, `/readyz` fails and culling is held back
+/// (circuit `claims_stale`) until it works again.
+pub const WATCH_BROKEN_AFTER: Duration = Duration::from_secs(60);
+/// Bound of the notebook-ownership step of a refresh (StatefulSet GETs, each bounded too).
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound of one culling cycle (each of its calls is bounded as well).
+const CULL_CYCLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// The hub builds every 250 ms; a build of a large cluster takes well under a second.
+const HUB_STALL_BOUND: Duration = Duration::from_secs(60);
+/// How often a waiting loop still reports progress.
+const IDLE_BEAT: Duration = Duration::from_secs(5);
 
 /// The tasks of one `serve` process: one cancellation tree, and the first unexpected end.
 #[derive(Clone)]
 struct Tasks {
     tracker: TaskTracker,
     cancel: CancellationToken,
-    failed: Arc<Mutex<Option<&'static str>>>,
+    failed: Arc<Mutex<Option<String>>>,
 }
 
 impl Tasks {
@@ -61,10 +81,11 @@ impl Tasks {
 
     /// Spawns a task that must run until shutdown. If it returns or panics first, everything is
     /// cancelled and [`Tasks::failed`] names it.
-    fn spawn_critical<F>(&self, name: &'static str, span: Span, task: F)
+    fn spawn_critical<F>(&self, name: impl Into<String>, span: Span, task: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
+        let name = name.into();
         let (cancel, failed) = (self.cancel.clone(), self.failed.clone());
         self.tracker.spawn(
             async move {
@@ -77,10 +98,7 @@ impl Tasks {
                 } else {
                     "panicked"
                 };
-                error!(
-                    task = name,
-                    how, "task ended before shutdown; stopping the process"
-                );
+                error!(task = %name, how, "task ended before shutdown; stopping the process");
                 failed
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -91,12 +109,117 @@ impl Tasks {
         );
     }
 
-    fn failed(&self) -> Option<&'static str> {
-        *self
-            .failed
+    fn failed(&self) -> Option<String> {
+        self.failed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
+}
+
+/// One loop's heartbeat: when it last made progress, and how long it may go without.
+struct Beat {
+    name: &'static str,
+    bound: Duration,
+    last: Mutex<Instant>,
+}
+
+impl Beat {
+    fn new(name: &'static str, bound: Duration) -> Arc<Self> {
+        Arc::new(Beat {
+            name,
+            bound,
+            last: Mutex::new(Instant::now()),
+        })
+    }
+
+    fn beat(&self) {
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
+
+    fn silent_for(&self) -> Duration {
+        self.last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .elapsed()
+    }
+}
+
+/// What `/healthz` and `/readyz` report, from the loops themselves.
+struct Health {
+    /// The first snapshot is published (every watch synced, one refresh done).
+    started: AtomicBool,
+    /// Claims watches failing for longer than [`WATCH_BROKEN_AFTER`].
+    broken_watches: Mutex<Vec<&'static str>>,
+    beats: Vec<Arc<Beat>>,
+}
+
+impl server::Probes for Health {
+    fn live(&self) -> Result<(), String> {
+        for b in &self.beats {
+            let silent = b.silent_for();
+            if silent > b.bound {
+                return Err(format!(
+                    "{} loop made no progress for {}s (bound {}s)",
+                    b.name,
+                    silent.as_secs(),
+                    b.bound.as_secs()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        self.live()?;
+        if !self.started.load(Ordering::Relaxed) {
+            return Err("waiting for watches to sync and the first refresh".into());
+        }
+        let broken = self
+            .broken_watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !broken.is_empty() {
+            return Err(format!(
+                "kubernetes watches failing for over {}s: {}",
+                WATCH_BROKEN_AFTER.as_secs(),
+                broken.join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The two Kubernetes clients. Watches get no read timeout (kube-runtime's watcher has an idle
+/// timeout of its own, and a quiet watch reads nothing for minutes); every other call goes
+/// through a client whose responses must start within [`KUBE_READ_TIMEOUT`]. Both send a
+/// `User-Agent` naming this replica, so the API server's audit log tells replicas apart.
+async fn kube_clients(
+    args: &crate::config::KubeArgs,
+    identity: &str,
+) -> Result<(Client, Client), AppError> {
+    let mut config = super::kube_config(args).await?;
+    config.connect_timeout = Some(KUBE_CONNECT_TIMEOUT);
+    let agent = format!("gpu-ledger/{} ({identity})", env!("CARGO_PKG_VERSION"));
+    if let Ok(v) = axum::http::HeaderValue::from_str(&agent) {
+        config.headers.push((axum::http::header::USER_AGENT, v));
+    } else {
+        warn!(
+            identity,
+            "identity is not a valid header value; default user agent"
+        );
+    }
+    let mut calls = config.clone();
+    calls.read_timeout = Some(KUBE_READ_TIMEOUT);
+    // Count the read timeout from when a request is sent, not from when its pooled connection
+    // went idle.
+    calls.reset_reader_on_write = true;
+    let watches = Client::try_from(config).map_err(AppError::Kube)?;
+    let calls = Client::try_from(calls).map_err(AppError::Kube)?;
+    Ok((watches, calls))
 }
 
 /// Rejects flag combinations that cannot work, before any socket is bound.
@@ -127,9 +250,12 @@ struct Refreshed {
 struct CullInput {
     snapshot: Arc<Snapshot>,
     history: Option<Arc<History>>,
+    /// No claims watch was broken when the snapshot was built.
+    claims_fresh: bool,
 }
 
 /// `gpu-ledger serve`.
+#[allow(clippy::too_many_lines)] // the wiring of every task, in order
 pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     validate(&args)?;
     let policy = args.ledger.policy();
@@ -141,11 +267,28 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         );
     }
     let shard = (args.shard, args.total_shards);
+    let every = args
+        .refresh_interval
+        .to_std()
+        .unwrap_or(Duration::from_secs(30));
+    // A refresh makes a handful of PromQL queries, each bounded by --prometheus-timeout.
+    let fetch_timeout = args
+        .ledger
+        .prometheus
+        .prometheus_timeout
+        .to_std()
+        .unwrap_or(Duration::from_secs(20))
+        .saturating_mul(4)
+        + Duration::from_secs(10);
 
     let tasks = Tasks::new();
     spawn_signal_handler(&tasks);
+    let spawn = |name: String, task: BoxFuture<'static, ()>| {
+        tasks.spawn_critical(name, Span::none(), task);
+    };
 
-    let client = super::kube_client(&args.kube).await?;
+    let (watch_client, client) =
+        kube_clients(&args.kube, &crate::cull::lease::default_identity()).await?;
     let registry = prometheus::Registry::new();
     let metrics = SelfMetrics::register(&registry).map_err(AppError::Metrics)?;
     crate::export::register_process_metrics(&registry).map_err(AppError::Metrics)?;
@@ -154,42 +297,60 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     ))));
     // The ledger families are rendered straight from `shared` by the /metrics handler
     // (`export::render_with_ledger`), not gathered through the registry.
+    let mut cull_cfg = cull_config(&args.cull, &policy);
+    cull_cfg.lease_clock_offset = test_hooks::lease_clock_offset();
     let culler = Culler::start(
-        cull_config(&args.cull, &policy),
+        cull_cfg,
         Some(client.clone()),
         &registry,
-        &tasks.tracker,
+        &spawn,
         &tasks.cancel,
     )
     .map_err(AppError::Cull)?;
 
     let restarts = metrics.watch_restarts.clone();
-    let stores = watch::start(
-        client.clone(),
+    let stores = watch::start_with(
+        watch_client,
         watch::WatchConfig {
             namespaces: args.ledger.namespaces.clone(),
             exporter_namespaces: args.ledger.exporter_namespaces.clone(),
             names: policy.names.clone(),
         },
-        &tasks.tracker,
+        &spawn,
         tasks.cancel.clone(),
         Arc::new(move |resource| restarts.with_label_values(&[resource]).inc()),
     )
     .await;
+    metrics
+        .source_up
+        .with_label_values(&["kubernetes"])
+        .set(1.0);
 
-    let ready = Arc::new(AtomicBool::new(false));
+    let (hub_beat, refresh_beat, cull_beat) = (
+        Beat::new("hub", HUB_STALL_BOUND),
+        Beat::new(
+            "refresh",
+            every + RESOLVE_TIMEOUT + fetch_timeout + Duration::from_secs(30),
+        ),
+        Beat::new("cull", CULL_CYCLE_TIMEOUT + Duration::from_secs(60)),
+    );
+    let health = Arc::new(Health {
+        started: AtomicBool::new(false),
+        broken_watches: Mutex::default(),
+        beats: vec![hub_beat.clone(), refresh_beat.clone(), cull_beat.clone()],
+    });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|source| AppError::Bind {
             addr: args.listen,
             source,
         })?;
-    info!(listen = %args.listen, "serving /metrics, /healthz, /readyz, /api/v1/ledger");
+    info!(listen = %args.listen, "serving /metrics, /healthz, /readyz, /livez, /api/v1/ledger");
     let state = server::AppState {
         registry: registry.clone(),
         snapshot: shared.clone(),
         names: policy.names.clone(),
-        ready: ready.clone(),
+        probes: health.clone(),
     };
     let server_cancel = tasks.cancel.clone();
     tasks.spawn_critical("http", info_span!("http"), async move {
@@ -211,11 +372,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             stores: stores.clone(),
             client: client.clone(),
             metrics: metrics.clone(),
-            every: args
-                .refresh_interval
-                .to_std()
-                .unwrap_or(std::time::Duration::from_secs(30)),
+            every,
+            fetch_timeout,
             tx: usage_tx,
+            beat: refresh_beat,
             cancel: tasks.cancel.clone(),
         }),
     );
@@ -231,7 +391,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             policy: policy.clone(),
             shard,
             shared,
-            ready,
+            health,
+            metrics,
+            beat: hub_beat,
             cull: cull_tx,
             cancel: tasks.cancel.clone(),
         }),
@@ -249,7 +411,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     tasks.spawn_critical(
         "cull",
         info_span!("cull"),
-        cull_loop(culler, cull_rx, rechecks, tasks.cancel.clone()),
+        cull_loop(culler, cull_rx, rechecks, cull_beat, tasks.cancel.clone()),
     );
 
     tasks.cancel.cancelled().await;
@@ -277,9 +439,41 @@ struct Hub {
     policy: Policy,
     shard: (u32, u32),
     shared: crate::export::SharedSnapshot,
-    ready: Arc<AtomicBool>,
+    health: Arc<Health>,
+    metrics: SelfMetrics,
+    beat: Arc<Beat>,
     cull: channel::Sender<Option<CullInput>>,
     cancel: CancellationToken,
+}
+
+impl Hub {
+    /// Records which watches are broken (source health, readiness); returns whether none is.
+    fn check_watches(&self) -> bool {
+        let broken = self.stores.broken(WATCH_BROKEN_AFTER);
+        let fresh = broken.is_empty();
+        let mut known = self
+            .health
+            .broken_watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *known != broken {
+            if fresh {
+                info!("kubernetes watches work again");
+            } else {
+                warn!(
+                    watches = ?broken,
+                    bound_seconds = WATCH_BROKEN_AFTER.as_secs(),
+                    "kubernetes watches failing past their bound: source down, not ready, culling held back"
+                );
+            }
+            known.clone_from(&broken);
+        }
+        self.metrics
+            .source_up
+            .with_label_values(&["kubernetes"])
+            .set(if fresh { 1.0 } else { 0.0 });
+        fresh
+    }
 }
 
 /// Rebuilds the ledger when claims change (within [`CLAIMS_REBUILD_INTERVAL`], with the last
@@ -290,6 +484,8 @@ async fn hub_loop(mut hub: Hub) {
     claims_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut built_generation = None;
     loop {
+        hub.beat.beat();
+        let claims_fresh = hub.check_watches();
         let new_usage = tokio::select! {
             () = hub.cancel.cancelled() => return,
             changed = hub.usage.changed() => {
@@ -319,27 +515,34 @@ async fn hub_loop(mut hub: Hub) {
         let ledger = rebuild_from_claims(&hub.stores, &current.usage, &hub.policy, hub.shard);
         let next = Arc::new(hub.shared.load().advance(ledger));
         hub.shared.store(next.clone());
-        hub.ready.store(true, Ordering::Relaxed);
+        hub.health.started.store(true, Ordering::Relaxed);
         if new_usage {
             hub.cull.send_replace(Some(CullInput {
                 snapshot: next,
                 history: current.history.clone(),
+                claims_fresh,
             }));
         }
+        test_hooks::panic_point("hub");
     }
 }
 
 /// Runs a culling cycle on every snapshot built from a fresh refresh; a slow cycle only delays
-/// culling (the next cycle takes the newest snapshot, skipping any in between).
+/// culling (the next cycle takes the newest snapshot, skipping any in between). A cycle is
+/// bounded by [`CULL_CYCLE_TIMEOUT`].
 async fn cull_loop(
     mut culler: Culler,
     mut inputs: channel::Receiver<Option<CullInput>>,
     rechecks: RecheckContext,
+    beat: Arc<Beat>,
     cancel: CancellationToken,
 ) {
+    let mut idle = tokio::time::interval(IDLE_BEAT);
     loop {
+        beat.beat();
         tokio::select! {
             () = cancel.cancelled() => break,
+            _ = idle.tick() => continue,
             changed = inputs.changed() => if changed.is_err() {
                 cancel.cancelled().await;
                 break;
@@ -350,11 +553,25 @@ async fn cull_loop(
         };
         let mut recheck = rechecks.with_history(input.history);
         let mut recheck = |action: &Action| recheck.run(action);
-        let cycle = culler.cycle(&input.snapshot.ledger, Utc::now(), &mut recheck);
+        let cycle = tokio::time::timeout(
+            CULL_CYCLE_TIMEOUT,
+            culler.cycle(
+                &input.snapshot.ledger,
+                input.claims_fresh,
+                Utc::now(),
+                &mut recheck,
+            ),
+        );
         tokio::select! {
             () = cancel.cancelled() => break,
-            _ = cycle => {}
+            done = cycle => if done.is_err() {
+                warn!(
+                    timeout_seconds = CULL_CYCLE_TIMEOUT.as_secs(),
+                    "culling cycle timed out; the next refresh starts a new one"
+                );
+            },
         }
+        test_hooks::panic_point("cull");
     }
     culler.shutdown().await;
 }
@@ -378,17 +595,21 @@ struct RefreshLoop {
     stores: Stores,
     client: Client,
     metrics: SelfMetrics,
-    every: std::time::Duration,
+    every: Duration,
+    /// Bound of the Prometheus part of one refresh.
+    fetch_timeout: Duration,
     tx: channel::Sender<Option<Arc<Refreshed>>>,
+    beat: Arc<Beat>,
     cancel: CancellationToken,
 }
 
 /// Every `every` (first as soon as the watches have synced): verify notebook ownership, query
-/// usage, record health, publish the result to the hub.
+/// usage, record health, publish the result to the hub. Each step is bounded.
 async fn refresh_loop(mut r: RefreshLoop) {
-    let mut waiting = tokio::time::interval(std::time::Duration::from_millis(100));
+    let mut waiting = tokio::time::interval(Duration::from_millis(100));
     let mut told = false;
     while !r.stores.synced() {
+        r.beat.beat();
         if !told {
             info!("waiting for watches to sync");
             told = true;
@@ -401,33 +622,53 @@ async fn refresh_loop(mut r: RefreshLoop) {
     let mut ticker = tokio::time::interval(r.every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        r.beat.beat();
         tokio::select! {
             () = r.cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
         let started = Instant::now();
-        if let Err(e) = r.stores.resolve_statefulsets(&r.client).await {
-            warn!(
+        match tokio::time::timeout(RESOLVE_TIMEOUT, r.stores.resolve_statefulsets(&r.client)).await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(
                 error = &e as &dyn std::error::Error,
                 "cannot verify notebook ownership this refresh"
-            );
+            ),
+            Err(_) => warn!(
+                timeout_seconds = RESOLVE_TIMEOUT.as_secs(),
+                "verifying notebook ownership timed out this refresh"
+            ),
         }
-        let fetched = r.source.fetch().await;
-        record_refresh(&r.metrics, &fetched, started);
+        let fetched = tokio::time::timeout(r.fetch_timeout, r.source.fetch())
+            .await
+            .ok();
+        if fetched.is_none() {
+            warn!(
+                timeout_seconds = r.fetch_timeout.as_secs(),
+                "prometheus refresh timed out; utilisation is unknown until it recovers"
+            );
+            r.metrics.prometheus_query_errors.inc();
+        }
+        record_refresh(&r.metrics, fetched.as_ref(), started);
         let refreshed = Refreshed {
-            usage: fetched.usage,
+            usage: fetched.map(|f| f.usage).unwrap_or_default(),
             history: r.source.history().cloned().map(Arc::new),
         };
         r.tx.send_replace(Some(Arc::new(refreshed)));
+        test_hooks::panic_point("refresh");
     }
 }
 
-/// Health of one refresh: sources up, its duration, when it happened.
-fn record_refresh(metrics: &SelfMetrics, fetched: &Fetched, started: Instant) {
-    metrics
-        .prometheus_queries
-        .inc_by(u64::from(fetched.stats.queries));
-    if let Some(e) = &fetched.error {
+/// Health of one refresh: Prometheus up, its duration, when it happened (`None`: it timed out).
+/// The kubernetes source's health is the watches' (set by the hub).
+fn record_refresh(metrics: &SelfMetrics, fetched: Option<&Fetched>, started: Instant) {
+    if let Some(fetched) = fetched {
+        metrics
+            .prometheus_queries
+            .inc_by(u64::from(fetched.stats.queries));
+    }
+    if let Some(e) = fetched.and_then(|f| f.error.as_ref()) {
         metrics.prometheus_query_errors.inc();
         warn!(
             error = e as &dyn std::error::Error,
@@ -435,14 +676,11 @@ fn record_refresh(metrics: &SelfMetrics, fetched: &Fetched, started: Instant) {
             "prometheus refresh failed; utilisation is unknown until it recovers"
         );
     }
-    metrics
-        .source_up
-        .with_label_values(&["kubernetes"])
-        .set(1.0);
+    let available = fetched.is_some_and(|f| f.usage.available);
     metrics
         .source_up
         .with_label_values(&["prometheus"])
-        .set(if fetched.usage.available { 1.0 } else { 0.0 });
+        .set(if available { 1.0 } else { 0.0 });
     metrics
         .refresh_duration
         .observe(started.elapsed().as_secs_f64());
@@ -450,8 +688,8 @@ fn record_refresh(metrics: &SelfMetrics, fetched: &Fetched, started: Instant) {
         .last_refresh
         .set(Utc::now().timestamp_millis() as f64 / 1000.0);
     info!(
-        devices = fetched.usage.devices.len(),
-        usage = fetched.usage.available,
+        devices = fetched.map_or(0, |f| f.usage.devices.len()),
+        usage = available,
         took_ms = started.elapsed().as_millis() as u64,
         "refreshed"
     );
@@ -523,7 +761,7 @@ impl Rechecker<'_> {
 
 /// SIGTERM or Ctrl-C cancels everything (an expected end: not a failure).
 fn spawn_signal_handler(tasks: &Tasks) {
-    let cancel = tasks.cancel.clone();
+    let (cancel, failed) = (tasks.cancel.clone(), tasks.failed.clone());
     tasks.tracker.spawn(
         async move {
             #[cfg(unix)]
@@ -536,6 +774,11 @@ fn spawn_signal_handler(tasks: &Tasks) {
                             error = &e as &dyn std::error::Error,
                             "cannot listen for SIGTERM"
                         );
+                        // Not an expected end: the process must exit non-zero.
+                        failed
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .get_or_insert_with(|| "signals".to_string());
                         cancel.cancel();
                         return;
                     }
@@ -548,6 +791,7 @@ fn spawn_signal_handler(tasks: &Tasks) {
             }
             #[cfg(not(unix))]
             {
+                drop(failed);
                 let _ = tokio::signal::ctrl_c().await;
             }
             cancel.cancel();

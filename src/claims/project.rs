@@ -324,7 +324,9 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
         resource_version: meta.resource_version.clone().unwrap_or_default(),
         stopped: get(STOP_ANNOTATION).cloned(),
         deleting: meta.deletion_timestamp.is_some(),
-        cull_opt_out: get(CULL_OPT_OUT_ANNOTATION).is_some_and(|v| v.eq_ignore_ascii_case("false")),
+        // Strict: absent or exactly "true" allows culling, "false" opts out, anything else is
+        // not understood and fails closed as opted out (docs/culling.md).
+        cull_opt_out: get(CULL_OPT_OUT_ANNOTATION).is_some_and(|v| v != "true"),
         snooze_until: parse_time(SNOOZE_ANNOTATION),
         last_stopped_by_us: parse_time(STOPPED_AT_ANNOTATION),
     }

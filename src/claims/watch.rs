@@ -3,13 +3,20 @@
 //! Each watch keeps only the small projection of each object (non-GPU pods are not stored at
 //! all). A relist (watch restart, 410 Gone) buffers keys and prunes what the new list no longer
 //! holds, so the stores never show ghosts or duplicates.
+//!
+//! Each watch also keeps its health ([`WatchHealth`]): a watch whose stream keeps failing (for
+//! example 403 after the initial list) leaves its store frozen, and [`Stores::broken`] names it
+//! once it has been failing past a bound, so `serve` can report the source down, fail
+//! readiness and hold culling back.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use futures::TryStreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use kube::api::{Api, DynamicObject};
@@ -17,6 +24,7 @@ use kube::discovery::ApiResource;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -25,11 +33,22 @@ use crate::ledger::claims::{
     Claims, DaemonPod, NodeInfo, NotebookInfo, PodClaim, QuotaInfo, ResourceNames, StatefulSetInfo,
 };
 
+/// Bound of one API call made besides the watches (notebook discovery, a StatefulSet GET).
+pub const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest quiet gap between two errors of one failing watch: kube-runtime's default backoff
+/// waits at most 60 s between attempts (30 s plus up to 100 % jitter), and an attempt itself is
+/// bounded by the client's connect timeout. A watch that has not failed for longer than this has
+/// reconnected (a successful re-watch emits nothing until an object changes).
+pub const MAX_ERROR_GAP: Duration = Duration::from_secs(90);
+
 /// Errors setting up watches.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
     #[error("discovering kubeflow.org notebooks")]
     Discovery(#[source] kube::Error),
+    #[error("discovering kubeflow.org notebooks timed out after {API_TIMEOUT:?}")]
+    DiscoveryTimeout,
     #[error("reading statefulset {namespace}/{name}")]
     StatefulSet {
         namespace: String,
@@ -37,10 +56,50 @@ pub enum WatchError {
         #[source]
         source: kube::Error,
     },
+    #[error("reading statefulset {namespace}/{name} timed out after {API_TIMEOUT:?}")]
+    StatefulSetTimeout { namespace: String, name: String },
 }
 
 /// Called with the resource name whenever a watch stream restarts after an error.
 pub type RestartHook = Arc<dyn Fn(&'static str) + Send + Sync>;
+
+/// How the caller runs each watch task (`serve` supervises them: a watch that ends early stops
+/// the process). Arguments: the task's name (`watch:pods`), its future.
+pub type Spawn<'a> = &'a (dyn Fn(String, BoxFuture<'static, ()>) + Sync);
+
+/// The error history of one watch stream, on the monotonic clock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatchHealth {
+    /// First error of the current run of errors (no event, and no quiet gap, since).
+    pub failing_since: Option<Instant>,
+    pub last_error: Option<Instant>,
+}
+
+impl WatchHealth {
+    /// An event arrived: the stream works.
+    pub fn on_event(&mut self) {
+        self.failing_since = None;
+    }
+
+    /// The stream failed at `now`. A run of errors continues while errors follow each other
+    /// within [`MAX_ERROR_GAP`].
+    pub fn on_error(&mut self, now: Instant) {
+        let continues = self.failing_since.is_some()
+            && self.last_error.is_some_and(|t| now - t <= MAX_ERROR_GAP);
+        if !continues {
+            self.failing_since = Some(now);
+        }
+        self.last_error = Some(now);
+    }
+
+    /// Whether the watch has been failing for at least `bound` and still is at `now`.
+    pub fn broken(&self, now: Instant, bound: Duration) -> bool {
+        let (Some(since), Some(last)) = (self.failing_since, self.last_error) else {
+            return false;
+        };
+        now - last <= MAX_ERROR_GAP && now - since >= bound
+    }
+}
 
 /// One store per resource, filled by its watch task.
 #[derive(Clone)]
@@ -55,6 +114,7 @@ pub struct Stores {
     pub daemon_pods: Arc<DashMap<String, DaemonPod>>,
     pub notebooks_enabled: Arc<AtomicBool>,
     synced: Arc<DashMap<&'static str, bool>>,
+    health: Arc<DashMap<&'static str, WatchHealth>>,
     /// Bumped on every applied watch event, so the serve loop can rebuild the ledger from
     /// claims as soon as they change instead of waiting for the next Prometheus refresh.
     generation: Arc<std::sync::atomic::AtomicU64>,
@@ -71,8 +131,23 @@ impl Stores {
             daemon_pods: Arc::default(),
             notebooks_enabled: Arc::new(AtomicBool::new(false)),
             synced: Arc::default(),
+            health: Arc::default(),
             generation: Arc::default(),
         }
+    }
+
+    /// The watches (by label, e.g. `pods`, `pods#1`) failing for at least `bound`: their stores
+    /// may be frozen.
+    pub fn broken(&self, bound: Duration) -> Vec<&'static str> {
+        let now = Instant::now();
+        let mut out: Vec<&'static str> = self
+            .health
+            .iter()
+            .filter(|e| e.value().broken(now, bound))
+            .map(|e| *e.key())
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     /// Changes whenever any store may have changed.
@@ -136,18 +211,19 @@ impl Stores {
             .collect();
         for (namespace, name, uid) in wanted {
             let api: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
-            match api.get_opt(&name).await {
-                Ok(Some(sts)) if sts.uid().as_deref() == Some(uid.as_str()) => {
+            match tokio::time::timeout(API_TIMEOUT, api.get_opt(&name)).await {
+                Ok(Ok(Some(sts))) if sts.uid().as_deref() == Some(uid.as_str()) => {
                     self.statefulsets.insert(uid, project::statefulset(&sts));
                 }
-                Ok(_) => debug!(%namespace, %name, "statefulset gone or replaced"),
-                Err(source) => {
+                Ok(Ok(_)) => debug!(%namespace, %name, "statefulset gone or replaced"),
+                Ok(Err(source)) => {
                     return Err(WatchError::StatefulSet {
                         namespace,
                         name,
                         source,
                     });
                 }
+                Err(_) => return Err(WatchError::StatefulSetTimeout { namespace, name }),
             }
         }
         // Forget StatefulSets no pod refers to any more.
@@ -171,11 +247,27 @@ pub struct WatchConfig {
     pub names: ResourceNames,
 }
 
-/// Starts every watch as a task on `tracker`, stopping on `cancel`.
+/// Starts every watch as a task on `tracker`, stopping on `cancel` (unsupervised: for tests and
+/// tools; `serve` uses [`start_with`]).
 pub async fn start(
     client: Client,
     config: WatchConfig,
     tracker: &tokio_util::task::TaskTracker,
+    cancel: CancellationToken,
+    on_restart: RestartHook,
+) -> Stores {
+    let spawn = |_name: String, task: BoxFuture<'static, ()>| {
+        tracker.spawn(task);
+    };
+    start_with(client, config, &spawn, cancel, on_restart).await
+}
+
+/// Starts every watch as a task run by `spawn` (named `watch:<label>`), stopping on `cancel`. A
+/// watch task ends only on `cancel`, or if its stream ends (which kube-runtime never does).
+pub async fn start_with(
+    client: Client,
+    config: WatchConfig,
+    spawn: Spawn<'_>,
     cancel: CancellationToken,
     on_restart: RestartHook,
 ) -> Stores {
@@ -192,7 +284,7 @@ pub async fn start(
         let store = stores.pods.clone();
         let names = names.clone();
         spawn_watch(
-            tracker,
+            spawn,
             &cancel,
             &stores,
             leak_label("pods", i),
@@ -202,7 +294,10 @@ pub async fn start(
             move |pod: &Pod| match project::pod(&names, pod) {
                 Ok(claim) => claim,
                 Err(e) => {
-                    warn!(error = %e, "ignoring pod with an invalid GPU quantity");
+                    warn!(
+                        error = &e as &dyn std::error::Error,
+                        "ignoring pod with an invalid GPU quantity"
+                    );
                     None
                 }
             },
@@ -212,7 +307,7 @@ pub async fn start(
         let api: Api<ResourceQuota> = scoped(&client, ns.as_deref());
         let names = config.names.clone();
         spawn_watch(
-            tracker,
+            spawn,
             &cancel,
             &stores,
             leak_label("resourcequotas", i),
@@ -239,7 +334,7 @@ pub async fn start(
     for (i, ns) in exporter_scopes.iter().enumerate() {
         let api: Api<Pod> = scoped(&client, ns.as_deref());
         spawn_watch(
-            tracker,
+            spawn,
             &cancel,
             &stores,
             leak_label("daemonset-pods", i),
@@ -254,7 +349,7 @@ pub async fn start(
     let api: Api<Node> = Api::all(client.clone());
     let names_n = config.names.clone();
     spawn_watch(
-        tracker,
+        spawn,
         &cancel,
         &stores,
         "nodes",
@@ -276,7 +371,7 @@ pub async fn start(
                     None => Api::all_with(client.clone(), &ar),
                 };
                 spawn_watch(
-                    tracker,
+                    spawn,
                     &cancel,
                     &stores,
                     leak_label("notebooks", i),
@@ -292,7 +387,10 @@ pub async fn start(
             }
         }
         Ok(None) => info!("kubeflow.org Notebook CRD not served: notebook ownership is off"),
-        Err(e) => warn!(error = %e, "notebook discovery failed: notebook ownership is off"),
+        Err(e) => warn!(
+            error = &e as &dyn std::error::Error,
+            "notebook discovery failed: notebook ownership is off"
+        ),
     }
     stores
 }
@@ -327,7 +425,11 @@ fn quota_key(q: &ResourceQuota) -> String {
 
 /// The served version of kubeflow.org/Notebook, or `None` when the group or kind is absent.
 async fn notebook_resource(client: &Client) -> Result<Option<ApiResource>, WatchError> {
-    match kube::discovery::group(client, "kubeflow.org").await {
+    let discovered =
+        tokio::time::timeout(API_TIMEOUT, kube::discovery::group(client, "kubeflow.org"))
+            .await
+            .map_err(|_| WatchError::DiscoveryTimeout)?;
+    match discovered {
         Ok(group) => Ok(group.recommended_kind("Notebook").map(|(ar, _)| ar)),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
         Err(kube::Error::Discovery(_)) => Ok(None),
@@ -337,7 +439,7 @@ async fn notebook_resource(client: &Client) -> Result<Option<ApiResource>, Watch
 
 #[allow(clippy::too_many_arguments)]
 fn spawn_watch<K, V, P, F>(
-    tracker: &tokio_util::task::TaskTracker,
+    spawn: Spawn<'_>,
     cancel: &CancellationToken,
     stores: &Stores,
     label: &'static str,
@@ -354,42 +456,61 @@ fn spawn_watch<K, V, P, F>(
     F: Fn(&K) -> String + Send + Sync + 'static,
 {
     stores.synced.insert(label, false);
+    stores.health.insert(label, WatchHealth::default());
     let synced = stores.synced.clone();
+    let health = stores.health.clone();
     let generation = stores.generation.clone();
     let cancel = cancel.clone();
     let span = info_span!("watch", resource = label);
-    tracker.spawn(
-        async move {
-            let stream = watcher::watcher(api, config).default_backoff();
-            futures::pin_mut!(stream);
-            let mut relist: Option<HashSet<String>> = None;
-            loop {
-                let next = tokio::select! {
-                    () = cancel.cancelled() => break,
-                    next = stream.try_next() => next,
-                };
-                match next {
-                    Ok(Some(event)) => {
-                        // Only a change to a projection bumps the generation: status updates of
-                        // GPU pods and every event of a non-GPU pod leave the claims as they were
-                        // and must not make the serve loop rebuild the ledger.
-                        let changed = apply(event, &project, &key, &store, &mut relist, || {
-                            synced.insert(label, true);
-                        });
-                        if changed {
-                            generation.fetch_add(1, Ordering::Relaxed);
+    let task = format!("watch:{label}");
+    spawn(
+        task.clone(),
+        Box::pin(
+            async move {
+                let stream = watcher::watcher(api, config).default_backoff();
+                futures::pin_mut!(stream);
+                let mut relist: Option<HashSet<String>> = None;
+                loop {
+                    let next = tokio::select! {
+                        () = cancel.cancelled() => break,
+                        next = stream.try_next() => next,
+                    };
+                    match next {
+                        Ok(Some(event)) => {
+                            if let Some(mut h) = health.get_mut(label) {
+                                h.on_event();
+                            }
+                            // Only a change to a projection bumps the generation: status updates of
+                            // GPU pods and every event of a non-GPU pod leave the claims as they were
+                            // and must not make the serve loop rebuild the ledger.
+                            let changed = apply(event, &project, &key, &store, &mut relist, || {
+                                synced.insert(label, true);
+                            });
+                            if changed {
+                                generation.fetch_add(1, Ordering::Relaxed);
+                            }
+                            crate::test_hooks::panic_point(&task);
+                        }
+                        Ok(None) => {
+                            warn!("watch stream ended");
+                            return;
+                        }
+                        Err(e) => {
+                            if let Some(mut h) = health.get_mut(label) {
+                                h.on_error(Instant::now());
+                            }
+                            warn!(
+                                error = &e as &dyn std::error::Error,
+                                "watch failed; restarting with backoff"
+                            );
+                            on_restart(label);
                         }
                     }
-                    Ok(None) => break,
-                    Err(e) => {
-                        warn!(error = %e, "watch failed; restarting with backoff");
-                        on_restart(label);
-                    }
                 }
+                debug!("watch stopped");
             }
-            debug!("watch stopped");
-        }
-        .instrument(span),
+            .instrument(span),
+        ),
     );
 }
 
@@ -467,6 +588,35 @@ mod tests {
             "no longer a claim"
         );
         assert!(!apply_one(Event::Delete(("a".into(), 0))), "already gone");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_is_broken_only_while_it_keeps_failing_past_the_bound() {
+        let bound = Duration::from_secs(60);
+        let mut h = WatchHealth::default();
+        let t0 = Instant::now();
+        assert!(!h.broken(t0, bound), "healthy");
+        // 403 after the initial list: errors at the backoff's pace (0.8 s, 1.6 s, ... 30 s + jitter).
+        let mut at = t0;
+        for gap in [0, 1, 2, 4, 7, 13, 26, 45, 55] {
+            at += Duration::from_secs(gap);
+            h.on_error(at);
+        }
+        assert_eq!(h.failing_since, Some(t0));
+        assert!(h.broken(at, bound), "failing for {:?}", at - t0);
+        assert!(!h.broken(t0 + Duration::from_secs(59), bound), "not yet");
+        // Quiet for longer than any backoff: it reconnected.
+        assert!(!h.broken(at + MAX_ERROR_GAP + Duration::from_secs(1), bound));
+        // A later error after such a gap starts a new run.
+        let later = at + MAX_ERROR_GAP + Duration::from_secs(5);
+        h.on_error(later);
+        assert_eq!(h.failing_since, Some(later));
+        assert!(!h.broken(later, bound));
+        // An event ends the run at once.
+        h.on_error(later + Duration::from_secs(70));
+        assert!(h.broken(later + Duration::from_secs(70), bound));
+        h.on_event();
+        assert!(!h.broken(later + Duration::from_secs(70), bound));
     }
 
     #[test]

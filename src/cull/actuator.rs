@@ -5,6 +5,10 @@
 //! the usage evidence, then sends ONE JSON merge patch carrying the re-read `resourceVersion` as
 //! a precondition. It never removes annotations, never touches `notebooks.kubeflow.org/*`, never
 //! Updates, scales or deletes anything.
+//!
+//! Every API call is bounded by [`API_TIMEOUT`], the evidence re-check by [`RECHECK_TIMEOUT`], and
+//! leadership is asked again immediately before every write (the patch and the Event): a replica
+//! whose claim ran out while it was re-checking does not write.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -20,6 +24,7 @@ use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
 use super::CullMode;
+use super::lease::{API_TIMEOUT, Leadership};
 use super::plan::Action;
 use crate::ledger::claims::{
     NotebookInfo, STOP_ANNOTATION, STOP_REASON_ANNOTATION, STOPPED_AT_ANNOTATION,
@@ -48,15 +53,18 @@ pub enum StopResult {
     Error,
     /// Dry-run: everything but the write (optionally a server-side `dryRun=All` patch).
     DryRun,
+    /// The leadership claim ran out before the write; nothing was written.
+    NotLeader,
 }
 
 impl StopResult {
-    pub const ALL: [StopResult; 5] = [
+    pub const ALL: [StopResult; 6] = [
         Self::Stopped,
         Self::Conflict,
         Self::Changed,
         Self::Error,
         Self::DryRun,
+        Self::NotLeader,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -66,6 +74,7 @@ impl StopResult {
             Self::Changed => "changed",
             Self::Error => "error",
             Self::DryRun => "dry_run",
+            Self::NotLeader => "not_leader",
         }
     }
 }
@@ -81,6 +90,56 @@ pub struct Outcome {
 
 /// Error type of a caller's evidence re-check.
 pub type RecheckError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Bound of the caller's evidence re-check (a few Prometheus queries, each with its own timeout).
+pub const RECHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// A culling API call that failed or did not answer within [`API_TIMEOUT`].
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("{0} timed out after {API_TIMEOUT:?}")]
+    Timeout(&'static str),
+    #[error("{0}")]
+    Api(&'static str, #[source] kube::Error),
+}
+
+impl CallError {
+    /// The API status of a failed call, when the server answered.
+    pub fn status(&self) -> Option<&kube::core::Status> {
+        match self {
+            Self::Api(_, kube::Error::Api(s)) => Some(s.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// Runs one API call within [`API_TIMEOUT`].
+pub async fn bounded<T>(
+    what: &'static str,
+    call: BoxFuture<'_, Result<T, kube::Error>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(API_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(CallError::Api(what, e)),
+        Err(_) => Err(CallError::Timeout(what)),
+    }
+}
+
+/// `error: cause: cause`, each message once (for outcome details, which are logged as text): a
+/// cause whose text the message already contains (kube's `ApiError: {status}`) is not repeated.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
 
 /// Re-checks the usage evidence of an action right before acting (the app re-queries
 /// Prometheus). `Ok(true)` confirms the stop; `Ok(false)` means the GPUs are no longer proven
@@ -234,19 +293,21 @@ impl Actuator {
     }
 
     /// Executes `actions` in order. `mode` must be `DryRun` or `On` (`Off` returns nothing).
+    /// `leadership` is asked right before every write.
     pub async fn execute<R: Recheck + ?Sized>(
         &self,
         actions: &[Action],
         mode: CullMode,
         now: DateTime<Utc>,
         recheck: &mut R,
+        leadership: &dyn Leadership,
     ) -> Vec<Outcome> {
         if mode == CullMode::Off {
             return Vec::new();
         }
         let mut out = Vec::with_capacity(actions.len());
         for action in actions {
-            let (result, detail) = self.stop(action, mode, now, recheck).await;
+            let (result, detail) = self.stop(action, mode, now, recheck, leadership).await;
             let Action::Stop {
                 namespace,
                 notebook,
@@ -275,6 +336,7 @@ impl Actuator {
         mode: CullMode,
         now: DateTime<Utc>,
         recheck: &mut R,
+        leadership: &dyn Leadership,
     ) -> (StopResult, String) {
         let Action::Stop {
             namespace,
@@ -282,41 +344,77 @@ impl Actuator {
             notebook_uid,
             ..
         } = action;
-        let fresh = match self.api.get_notebook(namespace, notebook).await {
+        let fresh = match bounded("get notebook", self.api.get_notebook(namespace, notebook)).await
+        {
             Ok(Some(nb)) => nb,
             Ok(None) => return (StopResult::Changed, "notebook is gone".into()),
-            Err(e) => return (StopResult::Error, format!("get notebook: {e}")),
+            Err(e) => return (StopResult::Error, chain(&e)),
         };
         if let Err(why) = verify_fresh(&fresh, action, self.restart_grace, now) {
             return (StopResult::Changed, why.into());
         }
-        match recheck.recheck(action).await {
-            Ok(true) => {}
-            Ok(false) => {
+        match tokio::time::timeout(RECHECK_TIMEOUT, recheck.recheck(action)).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
                 return (
                     StopResult::Changed,
                     "evidence no longer proves idleness".into(),
                 );
             }
-            Err(e) => return (StopResult::Error, format!("evidence re-check: {e}")),
+            Ok(Err(e)) => {
+                return (
+                    StopResult::Error,
+                    format!("evidence re-check: {}", chain(e.as_ref())),
+                );
+            }
+            Err(_) => {
+                return (
+                    StopResult::Error,
+                    format!("evidence re-check timed out after {RECHECK_TIMEOUT:?}"),
+                );
+            }
         }
         let dry_run = mode != CullMode::On;
-        if !dry_run || self.server_dry_run {
+        let patched = !dry_run || self.server_dry_run;
+        if patched {
+            if !leadership.is_leader() {
+                return (
+                    StopResult::NotLeader,
+                    "leadership ran out before the patch".into(),
+                );
+            }
             let body = stop_patch(action, &fresh.resource_version);
-            match self
-                .api
-                .patch_notebook(namespace, notebook, &body, dry_run)
-                .await
+            match bounded(
+                "patch notebook",
+                self.api.patch_notebook(namespace, notebook, &body, dry_run),
+            )
+            .await
             {
                 Ok(()) => {}
-                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                Err(e) if e.status().is_some_and(kube::core::Status::is_conflict) => {
                     return (StopResult::Conflict, "notebook changed (409)".into());
                 }
-                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                Err(e) if e.status().is_some_and(kube::core::Status::is_not_found) => {
                     return (StopResult::Changed, "notebook is gone".into());
                 }
-                Err(e) => return (StopResult::Error, format!("patch notebook: {e}")),
+                Err(e) => return (StopResult::Error, chain(&e)),
             }
+        }
+        let result = if dry_run {
+            StopResult::DryRun
+        } else {
+            StopResult::Stopped
+        };
+        if !leadership.is_leader() {
+            // The Event is a write too. A real stop stays a stop (the patch landed while we led).
+            warn!(%namespace, %notebook, "leadership ran out before the event; not published");
+            if patched && !dry_run {
+                return (result, "event not published: leadership ran out".into());
+            }
+            return (
+                StopResult::NotLeader,
+                "leadership ran out before the event".into(),
+            );
         }
         let target = NotebookRef {
             namespace: namespace.clone(),
@@ -333,14 +431,9 @@ impl Actuator {
             action: "Stop",
             note: event_note(action, dry_run),
         };
-        if let Err(e) = self.api.publish_event(&target, &event).await {
-            warn!(%namespace, %notebook, error = %e, "cannot publish event");
+        if let Err(e) = bounded("publish event", self.api.publish_event(&target, &event)).await {
+            warn!(%namespace, %notebook, error = &e as &dyn std::error::Error, "cannot publish event");
         }
-        let result = if dry_run {
-            StopResult::DryRun
-        } else {
-            StopResult::Stopped
-        };
         (result, String::new())
     }
 }

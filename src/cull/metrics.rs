@@ -1,8 +1,14 @@
 //! The culling self-metrics of `docs/metrics.md` (tikv `prometheus`), all with bounded labels.
 
+use std::sync::Arc;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
+use super::HoldBack;
 use super::actuator::StopResult;
+use super::lease::{Leadership, LeaseError};
 use super::plan::{CircuitReason, Plan, SkipReason};
 
 /// Buckets of `gpu_ledger_cull_time_to_free_seconds`: 10 s to 1 h.
@@ -18,21 +24,55 @@ pub struct CullMetrics {
     pub stops: IntCounterVec,
     pub skips: IntCounterVec,
     pub circuit_open: IntGaugeVec,
+    /// Read from the leadership claim at every scrape once registered (see [`LeaderGauge`]).
     pub leader: IntGauge,
     pub time_to_free: Histogram,
+    /// 1 when the mode is `dry-run` or `on`: alerts on culling gate on it.
+    pub enabled: IntGauge,
+    /// 1 for the reason the last acting cycle was held back.
+    pub held_back: IntGaugeVec,
+    pub lease_errors: IntCounterVec,
+}
+
+/// `gpu_ledger_cull_leader`, set from the leadership claim when scraped: a claim that ran out
+/// between culling cycles (a hung renewal, a dead elector) reads 0 at once.
+struct LeaderGauge {
+    gauge: IntGauge,
+    leadership: Arc<dyn Leadership>,
+}
+
+impl Collector for LeaderGauge {
+    fn desc(&self) -> Vec<&Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.gauge.set(i64::from(self.leadership.is_leader()));
+        self.gauge.collect()
+    }
 }
 
 impl CullMetrics {
     /// Creates the families and registers them; every label value starts at 0.
-    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+    /// `gpu_ledger_cull_leader` reads `leadership` at every scrape.
+    pub fn register(
+        registry: &Registry,
+        leadership: Arc<dyn Leadership>,
+    ) -> Result<Self, prometheus::Error> {
         let m = Self::unregistered()?;
         registry.register(Box::new(m.candidates.clone()))?;
         registry.register(Box::new(m.would_stop.clone()))?;
         registry.register(Box::new(m.stops.clone()))?;
         registry.register(Box::new(m.skips.clone()))?;
         registry.register(Box::new(m.circuit_open.clone()))?;
-        registry.register(Box::new(m.leader.clone()))?;
+        registry.register(Box::new(LeaderGauge {
+            gauge: m.leader.clone(),
+            leadership,
+        }))?;
         registry.register(Box::new(m.time_to_free.clone()))?;
+        registry.register(Box::new(m.enabled.clone()))?;
+        registry.register(Box::new(m.held_back.clone()))?;
+        registry.register(Box::new(m.lease_errors.clone()))?;
         Ok(m)
     }
 
@@ -61,14 +101,32 @@ impl CullMetrics {
             circuit_open: IntGaugeVec::new(
                 Opts::new(
                     "gpu_ledger_cull_circuit_open",
-                    "1 while the circuit breaker blocks culling, by reason.",
+                    "1 while the circuit breaker blocks culling, by reason (always 0 with --cull=off).",
                 ),
                 &["reason"],
             )?,
             leader: IntGauge::with_opts(Opts::new(
                 "gpu_ledger_cull_leader",
-                "1 on the replica holding the culling lease.",
+                "1 while this replica's culling lease claim holds (local monotonic clock).",
             ))?,
+            enabled: IntGauge::with_opts(Opts::new(
+                "gpu_ledger_cull_enabled",
+                "1 when culling may act (--cull=dry-run or on), 0 with --cull=off.",
+            ))?,
+            held_back: IntGaugeVec::new(
+                Opts::new(
+                    "gpu_ledger_cull_held_back",
+                    "1 for the reason the leader's last culling cycle did not act (kill switch, invalid kill switch, ...).",
+                ),
+                &["reason"],
+            )?,
+            lease_errors: IntCounterVec::new(
+                Opts::new(
+                    "gpu_ledger_cull_lease_errors_total",
+                    "Culling Lease requests that failed, by reason (timeout, error, conflict).",
+                ),
+                &["reason"],
+            )?,
             time_to_free: Histogram::with_opts(
                 HistogramOpts::new(
                     "gpu_ledger_cull_time_to_free_seconds",
@@ -86,11 +144,27 @@ impl CullMetrics {
         for r in CircuitReason::ALL {
             m.circuit_open.with_label_values(&[r.as_str()]).set(0);
         }
+        for r in HoldBack::ALL {
+            m.held_back.with_label_values(&[r.as_str()]).set(0);
+        }
+        for r in LeaseError::REASONS {
+            m.lease_errors.with_label_values(&[r]);
+        }
         Ok(m)
     }
 
-    /// Records one plan: gauges, skip counters and the circuit state.
-    pub fn observe_plan(&self, plan: &Plan) {
+    /// Records why the last cycle did not act (`None`: it was not held back).
+    pub fn observe_held_back(&self, held_back: Option<HoldBack>) {
+        for r in HoldBack::ALL {
+            self.held_back
+                .with_label_values(&[r.as_str()])
+                .set(i64::from(held_back == Some(r)));
+        }
+    }
+
+    /// Records one plan: gauges, skip counters and the circuit state. With culling off
+    /// (`enabled` false) the circuit reads closed: it blocks nothing then, and must not alert.
+    pub fn observe_plan(&self, plan: &Plan, enabled: bool) {
         self.candidates
             .set(i64::try_from(plan.candidates).unwrap_or(i64::MAX));
         self.would_stop
@@ -101,7 +175,7 @@ impl CullMetrics {
         for r in CircuitReason::ALL {
             self.circuit_open
                 .with_label_values(&[r.as_str()])
-                .set(i64::from(plan.circuit == Some(r)));
+                .set(i64::from(enabled && plan.circuit == Some(r)));
         }
     }
 
@@ -119,8 +193,8 @@ mod tests {
     #[test]
     fn registers_exactly_the_documented_families() {
         let registry = Registry::new();
-        let m = CullMetrics::register(&registry).expect("register");
-        m.leader.set(1);
+        let leadership = Arc::new(super::super::StaticLeadership::new(true));
+        let m = CullMetrics::register(&registry, leadership.clone()).expect("register");
         m.observe_stop(StopResult::DryRun);
         m.time_to_free.observe(42.0);
         let mut names: Vec<String> = registry
@@ -134,7 +208,10 @@ mod tests {
             [
                 "gpu_ledger_cull_candidates",
                 "gpu_ledger_cull_circuit_open",
+                "gpu_ledger_cull_enabled",
+                "gpu_ledger_cull_held_back",
                 "gpu_ledger_cull_leader",
+                "gpu_ledger_cull_lease_errors_total",
                 "gpu_ledger_cull_skips_total",
                 "gpu_ledger_cull_stops_total",
                 "gpu_ledger_cull_time_to_free_seconds",
@@ -158,8 +235,23 @@ mod tests {
             text.contains("gpu_ledger_cull_circuit_open{reason=\"usage_unavailable\"} 0"),
             "{text}"
         );
+        assert!(
+            text.contains("gpu_ledger_cull_held_back{reason=\"kill_switch_invalid\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_ledger_cull_lease_errors_total{reason=\"timeout\"} 0"),
+            "{text}"
+        );
+        assert!(text.contains("gpu_ledger_cull_leader 1"), "{text}");
+        // The leader gauge follows the claim at scrape time, not at the last cycle.
+        leadership.set(false);
+        let again = TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .expect("encode");
+        assert!(again.contains("gpu_ledger_cull_leader 0"), "{again}");
         // A second registration of the same families is refused (one culler per registry).
-        assert!(CullMetrics::register(&registry).is_err());
+        assert!(CullMetrics::register(&registry, leadership).is_err());
     }
 
     #[test]
@@ -170,11 +262,15 @@ mod tests {
             circuit: Some(CircuitReason::IdleShare),
             ..Plan::default()
         };
-        m.observe_plan(&plan);
+        m.observe_plan(&plan, true);
         assert_eq!(m.candidates.get(), 2);
         assert_eq!(m.would_stop.get(), 0);
         assert_eq!(m.circuit_open.with_label_values(&["idle_share"]).get(), 1);
-        m.observe_plan(&Plan::default());
+        m.observe_plan(&Plan::default(), true);
+        assert_eq!(m.circuit_open.with_label_values(&["idle_share"]).get(), 0);
+        // Culling off: the breaker blocks nothing, so it reads closed.
+        m.observe_plan(&plan, false);
+        assert_eq!(m.candidates.get(), 2, "planning is still exported");
         assert_eq!(m.circuit_open.with_label_values(&["idle_share"]).get(), 0);
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! The app calls [`Culler::cycle`] after every refresh with the new ledger. Every replica plans,
 //! logs and exports; only the lease holder acts, and only when the mode is not `off`, the kill
-//! switch is not set and the circuit breaker is closed. See `docs/culling.md`.
+//! switch says `on` or is absent, the claims are fresh and the circuit breaker is closed. See
+//! `docs/culling.md`.
 
 pub mod actuator;
 pub mod lease;
@@ -16,14 +17,15 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
-use tokio::task::JoinHandle;
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::ledger::Ledger;
 
 pub use actuator::{Actuator, CullApi, KubeCullApi, Outcome, Recheck, RecheckError, StopResult};
-pub use lease::{Leadership, StaticLeadership};
+pub use lease::{API_TIMEOUT, Leadership, StaticLeadership};
 pub use metrics::CullMetrics;
 pub use plan::{Action, CircuitReason, CullPolicy, Plan, Skip, SkipReason, plan};
 
@@ -75,7 +77,72 @@ pub enum CullError {
     Mode(String),
     #[error("registering culling metrics")]
     Metrics(#[source] prometheus::Error),
+    #[error("invalid culling lease: {0}")]
+    Lease(String),
 }
+
+/// Why the leader's cycle did not act although it wanted to (the `reason` label of
+/// `gpu_ledger_cull_held_back`). A bounded set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HoldBack {
+    /// The kill switch says `cull: off`.
+    KillSwitch,
+    /// The kill switch holds a value other than `off` or `on`: fail closed.
+    KillSwitchInvalid,
+    /// The kill switch could not be read (API error or timeout).
+    KillSwitchUnreadable,
+    /// `--cull-namespace-selector` could not be resolved.
+    SelectorUnresolved,
+    /// No Kubernetes client (offline use).
+    NoClient,
+}
+
+impl HoldBack {
+    pub const ALL: [HoldBack; 5] = [
+        Self::KillSwitch,
+        Self::KillSwitchInvalid,
+        Self::KillSwitchUnreadable,
+        Self::SelectorUnresolved,
+        Self::NoClient,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::KillSwitch => "kill_switch",
+            Self::KillSwitchInvalid => "kill_switch_invalid",
+            Self::KillSwitchUnreadable => "kill_switch_unreadable",
+            Self::SelectorUnresolved => "namespace_selector_unresolved",
+            Self::NoClient => "no_client",
+        }
+    }
+}
+
+impl fmt::Display for HoldBack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The accepted values of the kill switch's `cull` key.
+pub const KILL_SWITCH_VALUES: [&str; 2] = ["off", "on"];
+
+/// Reads the kill switch's `cull` value strictly: exactly `off` stops culling, exactly `on` (or
+/// no ConfigMap, or no `cull` key: `None`) lets it act. Surrounding whitespace (a trailing newline
+/// from `--from-file`) is ignored; case is not (`Off` is refused). Anything else — `false`, `0`,
+/// `disabled`, a typo — is an error, and the caller holds culling back (fail closed).
+pub fn kill_switch_engaged(value: Option<&str>) -> Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("on") => Ok(false),
+        Some("off") => Ok(true),
+        Some(other) => Err(format!(
+            "kill switch value {other:?} is neither \"off\" nor \"on\""
+        )),
+    }
+}
+
+/// How `serve` runs a task that must live as long as the process (supervised: if it ends or
+/// panics early, the process stops non-zero).
+pub type Spawn<'a> = &'a (dyn Fn(String, BoxFuture<'static, ()>) + Sync);
 
 /// Everything culling needs; the app maps its flags onto it.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,8 +162,12 @@ pub struct CullConfig {
     pub lease_namespace: Option<String>,
     /// Lease validity without renewal (default 15 s; renewed every third of it).
     pub lease_duration: Duration,
-    /// Kill switch: `(namespace, ConfigMap name)`; key `cull: off` disables acting at once.
-    /// A missing `ConfigMap` or key means "not killed"; an API error means "do not act this cycle".
+    /// Test hook only (`GPU_LEDGER_TEST_LEASE_CLOCK_OFFSET`, debug builds): added to the wall
+    /// clock written into the Lease, to show a skewed clock cannot take a live Lease. Zero.
+    pub lease_clock_offset: Duration,
+    /// Kill switch: `(namespace, ConfigMap name)`; key `cull: "off"` disables acting at once,
+    /// `"on"` allows it (see [`kill_switch_engaged`]). A missing `ConfigMap` or key means "not
+    /// killed"; an unreadable one or any other value means "do not act this cycle".
     pub kill_switch: Option<(String, String)>,
     /// In dry-run mode, also send the patch with `dryRun=All` (proves RBAC and webhooks).
     pub server_dry_run: bool,
@@ -113,6 +184,7 @@ impl Default for CullConfig {
             lease_name: "gpu-ledger".into(),
             lease_namespace: None,
             lease_duration: Duration::seconds(15),
+            lease_clock_offset: Duration::zero(),
             kill_switch: None,
             server_dry_run: false,
             track_for: Duration::hours(24),
@@ -141,7 +213,7 @@ pub struct CycleReport {
     /// Whether the actuator ran.
     pub acted: bool,
     /// Why it did not, when it could have (kill switch, unresolved selector, no client).
-    pub held_back: Option<&'static str>,
+    pub held_back: Option<HoldBack>,
     /// Seconds from stop to pod gone, observed this cycle.
     pub freed: Vec<(String, f64)>,
 }
@@ -165,7 +237,8 @@ pub struct Culler {
     actuator: Option<Actuator>,
     tracked: BTreeMap<String, Tracked>,
     was_leader: bool,
-    lease_task: Option<(CancellationToken, JoinHandle<()>)>,
+    /// The election we started: its cancel token and the signal that it released the Lease.
+    lease_task: Option<(CancellationToken, oneshot::Receiver<()>)>,
 }
 
 impl Culler {
@@ -203,42 +276,66 @@ impl Culler {
     }
 
     /// Wiring for `serve`: metrics on `registry`, and (when culling is not off and a client
-    /// exists) a Lease election spawned on `tracker`, stopped by `cancel` or
-    /// [`Culler::shutdown`].
+    /// exists) a Lease election run as the supervised task `lease` through `spawn`, stopped by
+    /// `cancel` or [`Culler::shutdown`].
     pub fn start(
         config: CullConfig,
         client: Option<kube::Client>,
         registry: &prometheus::Registry,
-        tracker: &tokio_util::task::TaskTracker,
+        spawn: Spawn<'_>,
         cancel: &CancellationToken,
     ) -> Result<Self, CullError> {
-        let metrics = CullMetrics::register(registry).map_err(CullError::Metrics)?;
-        let (leadership, task): (Arc<dyn Leadership>, _) = match (&client, config.mode) {
+        let elector = match (&client, config.mode) {
             (Some(c), CullMode::DryRun | CullMode::On) => {
                 let lease_config = lease::LeaseConfig {
                     name: config.lease_name.clone(),
                     namespace: config.lease_namespace.clone().unwrap_or_else(own_namespace),
                     identity: lease::default_identity(),
                     duration: config.lease_duration,
+                    wall_clock_offset: config.lease_clock_offset,
                 };
+                lease_config.validate().map_err(CullError::Lease)?;
                 info!(lease = %lease_config.name, namespace = %lease_config.namespace, identity = %lease_config.identity, "culling lease election");
-                let elector = lease::LeaseElector::new(
+                Some(lease::LeaseElector::new(
                     lease::KubeLeaseStore::new(
                         c.clone(),
                         &lease_config.namespace,
                         &lease_config.name,
                     ),
                     lease_config,
-                );
-                let handle = elector.handle();
-                let token = cancel.child_token();
-                let join = tracker.spawn(elector.run(token.clone()));
-                (Arc::new(handle), Some((token, join)))
+                ))
             }
-            _ => (Arc::new(StaticLeadership::new(false)), None),
+            _ => None,
         };
+        let leadership: Arc<dyn Leadership> = match &elector {
+            Some(e) => Arc::new(e.handle()),
+            None => Arc::new(StaticLeadership::new(false)),
+        };
+        let metrics =
+            CullMetrics::register(registry, leadership.clone()).map_err(CullError::Metrics)?;
+        metrics.enabled.set(i64::from(config.mode != CullMode::Off));
+        let lease_task = elector.map(|elector| {
+            let elector = elector.with_error_counter(metrics.lease_errors.clone());
+            let token = cancel.child_token();
+            let (released, done) = oneshot::channel();
+            let (run_token, parent) = (token.clone(), cancel.clone());
+            spawn(
+                "lease".to_string(),
+                Box::pin(
+                    async move {
+                        elector.run(run_token).await;
+                        let _ = released.send(());
+                        // Ending is for shutdown: wait for it, so the supervisor never sees
+                        // an early end after `Culler::shutdown`.
+                        parent.cancelled().await;
+                    }
+                    .instrument(info_span!("lease")),
+                ),
+            );
+            (token, done)
+        });
         let mut culler = Self::new(client, config, metrics, leadership);
-        culler.lease_task = task;
+        culler.lease_task = lease_task;
         Ok(culler)
     }
 
@@ -248,11 +345,15 @@ impl Culler {
 
     /// Stops the election (if we started it) and waits for the lease to be released.
     pub async fn shutdown(&mut self) {
-        if let Some((token, join)) = self.lease_task.take() {
+        if let Some((token, released)) = self.lease_task.take() {
             token.cancel();
-            if tokio::time::timeout(std::time::Duration::from_secs(5), join)
-                .await
-                .is_err()
+            // A release is one bounded GET and one bounded PUT.
+            if tokio::time::timeout(
+                API_TIMEOUT * 2 + std::time::Duration::from_secs(1),
+                released,
+            )
+            .await
+            .is_err()
             {
                 warn!("lease release timed out");
             }
@@ -261,10 +362,12 @@ impl Culler {
     }
 
     /// One culling cycle on a fresh ledger: follow up earlier stops, plan, log, export, and
-    /// (leader only, mode not off) act.
+    /// (leader only, mode not off) act. `claims_fresh` false (a claims watch broken past its
+    /// bound) opens the circuit breaker with reason `claims_stale`.
     pub async fn cycle<R: Recheck + ?Sized>(
         &mut self,
         ledger: &Ledger,
+        claims_fresh: bool,
         now: DateTime<Utc>,
         recheck: &mut R,
     ) -> CycleReport {
@@ -276,21 +379,32 @@ impl Culler {
         }
         let freed = self.follow_up(ledger, now).await;
 
-        let wants_to_act = leader && self.config.mode != CullMode::Off;
+        let enabled = self.config.mode != CullMode::Off;
+        let wants_to_act = leader && enabled;
         let mut held_back = None;
         if wants_to_act {
             held_back = self.prepare().await;
         }
 
-        let plan = plan::plan(ledger, &self.config.policy, now);
-        self.metrics.observe_plan(&plan);
+        let mut plan = plan::plan(ledger, &self.config.policy, now);
+        if !claims_fresh {
+            plan::open_circuit(&mut plan, CircuitReason::ClaimsStale);
+        }
+        self.metrics.observe_plan(&plan, enabled);
+        self.metrics.observe_held_back(held_back);
         log_plan(&plan, self.config.mode);
 
         let mut outcomes = Vec::new();
         let acted = wants_to_act && held_back.is_none() && !plan.actions.is_empty();
         if acted && let Some(actuator) = &self.actuator {
             outcomes = actuator
-                .execute(&plan.actions, self.config.mode, now, recheck)
+                .execute(
+                    &plan.actions,
+                    self.config.mode,
+                    now,
+                    recheck,
+                    self.leadership.as_ref(),
+                )
                 .await;
         }
         for o in &outcomes {
@@ -327,31 +441,38 @@ impl Culler {
         }
     }
 
-    /// Before acting: an actuator exists, the kill switch is not set, the selector resolves.
-    async fn prepare(&mut self) -> Option<&'static str> {
+    /// Before acting: an actuator exists, the kill switch allows it, the selector resolves.
+    /// Every call is bounded by [`API_TIMEOUT`].
+    async fn prepare(&mut self) -> Option<HoldBack> {
         let Some(actuator) = &self.actuator else {
-            return Some("no kubernetes client");
+            return Some(HoldBack::NoClient);
         };
         let api = actuator.api().clone();
         if let Some((ns, name)) = &self.config.kill_switch {
-            match api.kill_switch(ns, name).await {
-                Ok(Some(v)) if v.trim().eq_ignore_ascii_case("off") => {
-                    info!(namespace = %ns, configmap = %name, "culling disabled by kill switch");
-                    return Some("kill switch");
-                }
-                Ok(_) => {}
+            match actuator::bounded("read kill switch", api.kill_switch(ns, name)).await {
+                Ok(value) => match kill_switch_engaged(value.as_deref()) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        info!(namespace = %ns, configmap = %name, "culling disabled by kill switch");
+                        return Some(HoldBack::KillSwitch);
+                    }
+                    Err(why) => {
+                        warn!(namespace = %ns, configmap = %name, problem = %why, accepted = ?KILL_SWITCH_VALUES, "invalid kill switch; not acting");
+                        return Some(HoldBack::KillSwitchInvalid);
+                    }
+                },
                 Err(e) => {
-                    warn!(namespace = %ns, configmap = %name, error = %e, "cannot read kill switch; not acting");
-                    return Some("kill switch unreadable");
+                    warn!(namespace = %ns, configmap = %name, error = &e as &dyn std::error::Error, "cannot read kill switch; not acting");
+                    return Some(HoldBack::KillSwitchUnreadable);
                 }
             }
         }
         if let Some(selector) = &self.config.namespace_selector {
-            match api.namespaces_matching(selector).await {
+            match actuator::bounded("list namespaces", api.namespaces_matching(selector)).await {
                 Ok(set) => self.config.policy.excluded_namespaces = set,
                 Err(e) => {
-                    warn!(%selector, error = %e, "cannot resolve namespace selector; not acting");
-                    return Some("namespace selector unresolved");
+                    warn!(%selector, error = &e as &dyn std::error::Error, "cannot resolve namespace selector; not acting");
+                    return Some(HoldBack::SelectorUnresolved);
                 }
             }
         }
@@ -388,7 +509,10 @@ impl Culler {
         }
         for t in stuck {
             warn!(namespace = %t.namespace, notebook = %t.notebook, pod = %t.pod, "stopped notebook's pod is stuck terminating");
-            if let Some(actuator) = &self.actuator {
+            // The Event is a write: leader only, asked right before it.
+            if let Some(actuator) = &self.actuator
+                && self.leadership.is_leader()
+            {
                 let target = actuator::NotebookRef {
                     namespace: t.namespace.clone(),
                     name: t.notebook.clone(),
@@ -403,8 +527,13 @@ impl Culler {
                         t.pod
                     ),
                 };
-                if let Err(e) = actuator.api().publish_event(&target, &event).await {
-                    warn!(namespace = %t.namespace, notebook = %t.notebook, error = %e, "cannot publish event");
+                if let Err(e) = actuator::bounded(
+                    "publish event",
+                    actuator.api().publish_event(&target, &event),
+                )
+                .await
+                {
+                    warn!(namespace = %t.namespace, notebook = %t.notebook, error = &e as &dyn std::error::Error, "cannot publish event");
                 }
             }
         }
@@ -414,11 +543,20 @@ impl Culler {
 
 fn log_plan(plan: &Plan, mode: CullMode) {
     if let Some(reason) = plan.circuit {
-        warn!(
-            reason = reason.as_str(),
-            candidates = plan.candidates,
-            "culling circuit breaker open; no stops"
-        );
+        // With culling off the breaker blocks nothing: not worth a warning.
+        if mode == CullMode::Off {
+            debug!(
+                reason = reason.as_str(),
+                candidates = plan.candidates,
+                "culling circuit breaker would be open (culling is off)"
+            );
+        } else {
+            warn!(
+                reason = reason.as_str(),
+                candidates = plan.candidates,
+                "culling circuit breaker open; no stops"
+            );
+        }
     }
     for a in &plan.actions {
         let Action::Stop {
@@ -432,7 +570,10 @@ fn log_plan(plan: &Plan, mode: CullMode) {
     for s in &plan.skips {
         let notebook = s.notebook.as_deref().unwrap_or("");
         match s.reason {
-            SkipReason::PerCycleCap | SkipReason::PerNamespaceCap | SkipReason::CircuitOpen => {
+            // With culling off nothing is held back: the caps and the breaker block nothing.
+            SkipReason::PerCycleCap | SkipReason::PerNamespaceCap | SkipReason::CircuitOpen
+                if mode != CullMode::Off =>
+            {
                 info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "idle notebook held back");
             }
             _ => {

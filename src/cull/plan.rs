@@ -40,6 +40,10 @@ pub struct CullPolicy {
     pub max_unattributed_share: f64,
     /// The share-based breakers only apply with at least this many running GPU pods (default 5).
     pub circuit_min_pods: usize,
+    /// ... and only when those pods hold at least this many physical GPUs (default 3): on a
+    /// cluster with one or two cards "most GPUs idle" is ordinary, not a metrics failure, even
+    /// when time-slicing or MIG puts many pods on them.
+    pub circuit_min_gpus: f64,
 }
 
 impl Default for CullPolicy {
@@ -56,6 +60,7 @@ impl Default for CullPolicy {
             max_idle_share: 0.8,
             max_unattributed_share: 0.5,
             circuit_min_pods: 5,
+            circuit_min_gpus: 3.0,
         }
     }
 }
@@ -180,14 +185,18 @@ pub enum CircuitReason {
     IdleShare,
     /// Too many running GPU pods have no attributable series (exporter or relabelling problem).
     UnattributedShare,
+    /// A claims watch has been failing past its bound: the store may be frozen (a restarted
+    /// pod would keep its old start time). Set by the caller ([`open_circuit`]), not by [`plan`].
+    ClaimsStale,
 }
 
 impl CircuitReason {
     /// Every reason, for pre-initialising metric label values.
-    pub const ALL: [CircuitReason; 3] = [
+    pub const ALL: [CircuitReason; 4] = [
         Self::UsageUnavailable,
         Self::IdleShare,
         Self::UnattributedShare,
+        Self::ClaimsStale,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -195,6 +204,7 @@ impl CircuitReason {
             Self::UsageUnavailable => "usage_unavailable",
             Self::IdleShare => "idle_share",
             Self::UnattributedShare => "unattributed_share",
+            Self::ClaimsStale => "claims_stale",
         }
     }
 }
@@ -374,7 +384,12 @@ pub fn circuit(ledger: &Ledger, policy: &CullPolicy) -> Option<CircuitReason> {
         .iter()
         .filter(|p| p.state == PodState::Running)
         .collect();
-    if running.len() < policy.circuit_min_pods.max(1) {
+    let gpus: f64 = running
+        .iter()
+        .map(|p| p.gpus)
+        .filter(|g| g.is_finite() && *g > 0.0)
+        .sum();
+    if running.len() < policy.circuit_min_pods.max(1) || gpus < policy.circuit_min_gpus {
         return None;
     }
     let share = |n: usize| n as f64 / running.len() as f64;
@@ -459,6 +474,27 @@ pub fn plan(ledger: &Ledger, policy: &CullPolicy, now: DateTime<Utc>) -> Plan {
         });
     }
     out
+}
+
+/// Opens the circuit of a finished plan for a reason only the caller knows (e.g.
+/// [`CircuitReason::ClaimsStale`]): every action becomes a [`SkipReason::CircuitOpen`] skip. A
+/// circuit that is already open keeps its reason.
+pub fn open_circuit(plan: &mut Plan, reason: CircuitReason) {
+    plan.circuit.get_or_insert(reason);
+    for action in plan.actions.drain(..) {
+        let Action::Stop {
+            namespace,
+            notebook,
+            pod,
+            ..
+        } = action;
+        plan.skips.push(Skip {
+            namespace,
+            pod,
+            notebook: Some(notebook),
+            reason: SkipReason::CircuitOpen,
+        });
+    }
 }
 
 fn skip(row: &PodRow, reason: SkipReason) -> Skip {

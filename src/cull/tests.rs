@@ -72,7 +72,7 @@ fn culler(api: &Arc<FakeApi>, mode: CullMode, leader: bool) -> (Culler, Arc<Stat
 
 async fn cycle(c: &mut Culler, l: &Ledger, at: chrono::DateTime<Utc>) -> CycleReport {
     let mut yes = |_: &Action| async { Ok::<_, RecheckError>(true) };
-    c.cycle(l, at, &mut yes).await
+    c.cycle(l, true, at, &mut yes).await
 }
 
 #[test]
@@ -133,15 +133,199 @@ async fn kill_switch_and_unreadable_kill_switch_hold_back() {
     let l = ledger_with(vec![idle_pod()], now());
     *api.kill.lock().expect("lock") = Ok(Some("off".into()));
     let r = cycle(&mut c, &l, now()).await;
-    assert_eq!(r.held_back, Some("kill switch"));
+    assert_eq!(r.held_back, Some(HoldBack::KillSwitch));
+    assert_eq!(
+        c.metrics
+            .held_back
+            .with_label_values(&["kill_switch"])
+            .get(),
+        1
+    );
     *api.kill.lock().expect("lock") = Err(500);
     let r = cycle(&mut c, &l, now()).await;
-    assert_eq!(r.held_back, Some("kill switch unreadable"));
+    assert_eq!(r.held_back, Some(HoldBack::KillSwitchUnreadable));
+    assert_eq!(
+        c.metrics
+            .held_back
+            .with_label_values(&["kill_switch"])
+            .get(),
+        0
+    );
+    assert_eq!(
+        c.metrics
+            .held_back
+            .with_label_values(&["kill_switch_unreadable"])
+            .get(),
+        1
+    );
     assert_eq!(api.patch_count(), 0);
     *api.kill.lock().expect("lock") = Ok(None);
     let r = cycle(&mut c, &l, now()).await;
     assert!(r.acted && r.held_back.is_none());
     assert_eq!(api.patch_count(), 1);
+    for reason in HoldBack::ALL {
+        assert_eq!(
+            c.metrics
+                .held_back
+                .with_label_values(&[reason.as_str()])
+                .get(),
+            0,
+            "{reason}"
+        );
+    }
+}
+
+#[test]
+fn kill_switch_values_are_parsed_strictly() {
+    assert_eq!(
+        kill_switch_engaged(None),
+        Ok(false),
+        "no ConfigMap or no key"
+    );
+    assert_eq!(kill_switch_engaged(Some("on")), Ok(false));
+    assert_eq!(kill_switch_engaged(Some("off")), Ok(true));
+    assert_eq!(kill_switch_engaged(Some("off\n")), Ok(true), "--from-file");
+    assert_eq!(kill_switch_engaged(Some("  on ")), Ok(false));
+    for bad in [
+        "false", "true", "0", "1", "disabled", "no", "Off", "ON", "", "of", "off;on",
+    ] {
+        let e = kill_switch_engaged(Some(bad)).expect_err(bad);
+        assert!(e.contains("neither \"off\" nor \"on\""), "{bad}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn an_unrecognised_kill_switch_holds_culling_back_visibly() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let (mut c, _) = culler(&api, CullMode::On, true);
+    c.config.kill_switch = Some(("ops".into(), "gpu-ledger-cull".into()));
+    let l = ledger_with(vec![idle_pod()], now());
+    for bad in ["false", "0", "disabled", "garbage"] {
+        *api.kill.lock().expect("lock") = Ok(Some(bad.into()));
+        let r = cycle(&mut c, &l, now()).await;
+        assert_eq!(r.held_back, Some(HoldBack::KillSwitchInvalid), "{bad}");
+        assert!(!r.acted, "{bad}");
+        assert_eq!(
+            c.metrics
+                .held_back
+                .with_label_values(&["kill_switch_invalid"])
+                .get(),
+            1,
+            "{bad}"
+        );
+    }
+    assert_eq!(api.patch_count(), 0, "fail closed");
+    *api.kill.lock().expect("lock") = Ok(Some("on".into()));
+    let r = cycle(&mut c, &l, now()).await;
+    assert!(r.acted, "\"on\" lets culling act");
+    assert_eq!(api.patch_count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_kill_switch_read_is_bounded_and_holds_back() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let (mut c, _) = culler(&api, CullMode::On, true);
+    c.config.kill_switch = Some(("ops".into(), "gpu-ledger-cull".into()));
+    api.hang.lock().expect("lock").insert("kill_switch");
+    let started = tokio::time::Instant::now();
+    let r = cycle(&mut c, &ledger_with(vec![idle_pod()], now()), now()).await;
+    assert_eq!(r.held_back, Some(HoldBack::KillSwitchUnreadable));
+    assert_eq!(started.elapsed(), API_TIMEOUT);
+    assert_eq!(api.patch_count(), 0);
+}
+
+#[tokio::test]
+async fn stale_claims_open_the_circuit() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let (mut c, _) = culler(&api, CullMode::On, true);
+    let l = ledger_with(vec![idle_pod()], now());
+    let mut yes = |_: &Action| async { Ok::<_, RecheckError>(true) };
+    let r = c.cycle(&l, false, now(), &mut yes).await;
+    assert_eq!(r.plan.circuit, Some(CircuitReason::ClaimsStale));
+    assert!(!r.acted && r.plan.actions.is_empty());
+    assert_eq!(api.patch_count(), 0);
+    assert_eq!(
+        c.metrics
+            .circuit_open
+            .with_label_values(&["claims_stale"])
+            .get(),
+        1
+    );
+    let r = cycle(&mut c, &l, now()).await;
+    assert!(r.acted, "fresh again: acts");
+    assert_eq!(
+        c.metrics
+            .circuit_open
+            .with_label_values(&["claims_stale"])
+            .get(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn with_culling_off_the_circuit_never_reads_open() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let (mut c, _) = culler(&api, CullMode::Off, true);
+    let mut l = ledger_with(vec![idle_pod()], now());
+    l.usage_available = false;
+    let r = cycle(&mut c, &l, now()).await;
+    assert_eq!(
+        r.plan.circuit,
+        Some(CircuitReason::UsageUnavailable),
+        "planned"
+    );
+    for reason in CircuitReason::ALL {
+        assert_eq!(
+            c.metrics
+                .circuit_open
+                .with_label_values(&[reason.as_str()])
+                .get(),
+            0,
+            "{reason}"
+        );
+    }
+    let (mut on, _) = culler(&api, CullMode::DryRun, true);
+    cycle(&mut on, &l, now()).await;
+    assert_eq!(
+        on.metrics
+            .circuit_open
+            .with_label_values(&["usage_unavailable"])
+            .get(),
+        1
+    );
+}
+
+#[test]
+fn opt_out_annotation_is_parsed_strictly() {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    let opted_out = |value: Option<&str>| {
+        let annotations: BTreeMap<String, String> = value
+            .map(|v| {
+                (
+                    crate::ledger::claims::CULL_OPT_OUT_ANNOTATION.to_string(),
+                    v.to_string(),
+                )
+            })
+            .into_iter()
+            .collect();
+        crate::claims::project::notebook(&ObjectMeta {
+            name: Some("nb".into()),
+            namespace: Some("team-a".into()),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        })
+        .cull_opt_out
+    };
+    assert!(!opted_out(None), "no annotation: culling allowed");
+    assert!(!opted_out(Some("true")), "\"true\": allowed");
+    assert!(opted_out(Some("false")), "\"false\": opted out");
+    // Anything else is not understood: fail closed, as opted out (skip reason opted_out).
+    for v in ["False", "TRUE", "no", "0", "yes", "", " true", "disabled"] {
+        assert!(opted_out(Some(v)), "{v:?} is treated as opted out");
+    }
 }
 
 #[tokio::test]
@@ -156,7 +340,7 @@ async fn namespace_selector_is_resolved_before_acting() {
     assert_eq!(r.plan.skips[0].reason, SkipReason::NamespaceExcluded);
     *api.selected.lock().expect("lock") = Err(403);
     let r = cycle(&mut c, &l, now()).await;
-    assert_eq!(r.held_back, Some("namespace selector unresolved"));
+    assert_eq!(r.held_back, Some(HoldBack::SelectorUnresolved));
     assert_eq!(api.patch_count(), 0);
 }
 
@@ -205,7 +389,7 @@ async fn without_client_culler_only_plans() {
         leadership,
     );
     let r = cycle(&mut c, &ledger_with(vec![idle_pod()], now()), now()).await;
-    assert_eq!(r.held_back, Some("no kubernetes client"));
+    assert_eq!(r.held_back, Some(HoldBack::NoClient));
     assert_eq!(r.plan.actions.len(), 1);
     c.shutdown().await;
 }

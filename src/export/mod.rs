@@ -28,7 +28,7 @@ impl SelfMetrics {
             source_up: GaugeVec::new(
                 Opts::new(
                     "gpu_ledger_source_up",
-                    "1 when the last refresh could use the source.",
+                    "1 when the source is usable: prometheus answered the last refresh; every kubernetes watch works (0 once one has been failing for over 60 s).",
                 ),
                 &["source"],
             )?,

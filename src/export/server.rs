@@ -1,8 +1,11 @@
-//! The admin HTTP server: `/` (the page, `page.rs`), `/metrics`, `/healthz`, `/readyz`,
+//! The admin HTTP server: `/` (the page, `page.rs`), `/metrics`, `/healthz`, `/readyz`, `/livez`,
 //! `/api/v1/ledger`.
+//!
+//! `/livez` answers while the process serves HTTP. `/healthz` (the liveness probe) and `/readyz`
+//! (the readiness probe) ask [`Probes`], which the app backs with real state: loop progress for
+//! liveness; that, the first snapshot and healthy sources for readiness.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -22,8 +25,15 @@ pub struct AppState {
     pub snapshot: SharedSnapshot,
     /// GPU resource names, for rendering the ledger families of `snapshot` into `/metrics`.
     pub names: crate::ledger::claims::ResourceNames,
-    /// Set once every watch has synced and one refresh has completed.
-    pub ready: Arc<AtomicBool>,
+    pub probes: Arc<dyn Probes>,
+}
+
+/// What the probes report; `Err` carries the reason, served as the 503 body.
+pub trait Probes: Send + Sync {
+    /// `/healthz`: every loop makes progress (a stalled loop warrants a restart).
+    fn live(&self) -> Result<(), String>;
+    /// `/readyz`: live, the first snapshot is published, and no source is broken.
+    fn ready(&self) -> Result<(), String>;
 }
 
 /// Builds the router.
@@ -31,7 +41,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(super::page::index))
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/api/v1/ledger", get(ledger))
@@ -77,15 +87,17 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
 }
 
+async fn healthz(State(state): State<AppState>) -> Response {
+    match state.probes.live() {
+        Ok(()) => (StatusCode::OK, "ok").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+    }
+}
+
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for watches to sync and the first refresh",
-        )
-            .into_response()
+    match state.probes.ready() {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
     }
 }
 

@@ -88,7 +88,8 @@ impl CullJson {
 /// plan. Which notebooks would stop is not a metric (no object names in culling labels).
 pub fn plan_metrics(plan: &Plan) -> Result<String, prometheus::Error> {
     let m = CullMetrics::unregistered()?;
-    m.observe_plan(plan);
+    // A dry-run plan is culling enabled in dry-run: its circuit state is meant to be read.
+    m.observe_plan(plan, true);
     let registry = prometheus::Registry::new();
     registry.register(Box::new(m.candidates))?;
     registry.register(Box::new(m.would_stop))?;

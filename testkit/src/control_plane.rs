@@ -73,7 +73,30 @@ pub struct TierBOptions {
     pub extra_kwok_configs: Vec<String>,
     /// `--kube-api-qps` / `--kube-api-burst` for KCM and scheduler (scale runs).
     pub kube_api_qps: Option<u32>,
+    /// Write an audit log of every write to leases, events, configmaps and notebooks
+    /// ([`AUDIT_POLICY`]); read it with [`ControlPlane::audit_events`].
+    pub audit: bool,
 }
+
+/// The audit policy of [`TierBOptions::audit`]: metadata of the writes culling makes (and the
+/// Lease it elects on), nothing else, at `ResponseComplete` only.
+pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete]
+    resources:
+      - group: ""
+        resources: [events, configmaps]
+      - group: events.k8s.io
+        resources: [events]
+      - group: coordination.k8s.io
+        resources: [leases]
+      - group: kubeflow.org
+        resources: [notebooks]
+  - level: None
+"#;
 
 /// A running control plane; dropping it stops every process it started (reverse order) and
 /// removes its temp dir.
@@ -292,6 +315,13 @@ impl ControlPlane {
             // node-lifecycle controller nothing would ever remove it.
             .arg("--disable-admission-plugins=ServiceAccount,TaintNodesByCondition")
             .arg("--allow-privileged=true");
+        if matches!(&tier, Tier::B(o) if o.audit) {
+            write(&path.join("audit-policy.yaml"), AUDIT_POLICY)?;
+            api.arg(format!("--audit-policy-file={}", p("audit-policy.yaml")))
+                .arg(format!("--audit-log-path={}", p("audit.log")))
+                .arg("--audit-log-format=json")
+                .arg("--audit-log-mode=blocking");
+        }
         let mut g = ChildGuard::spawn("kube-apiserver", api, &path.join("kube-apiserver.log"))?;
         let tls = http_client(Some(&pki.ca_cert_pem))?;
         let admin = cp.token("admin")?.to_string();
@@ -568,6 +598,19 @@ impl ControlPlane {
             procs.insert(at, g);
         }
         res
+    }
+
+    /// The audit events written so far (one JSON object per line of `audit.log`; empty without
+    /// [`TierBOptions::audit`]).
+    pub fn audit_events(&self) -> Result<Vec<serde_json::Value>> {
+        let file = self.path.join("audit.log");
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            return Ok(Vec::new());
+        };
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).with_context(|| format!("audit line {l:?}")))
+            .collect()
     }
 
     /// etcd's current revision, from the gRPC gateway (`POST /v3/kv/range`, `header.revision`).

@@ -6,6 +6,7 @@
 //! * [`Prometheus`] runs the Debian `prometheus` binary, optionally over a TSDB backfilled
 //!   with `promtool tsdb create-blocks-from openmetrics`.
 //! * [`chromium::Browser`] runs Debian's headless Chromium, driven over the DevTools protocol.
+//! * [`FaultProxy`] (a test double) hangs or refuses chosen apiserver requests.
 //! * [`binaries`] / [`binary`] locate the binaries built by `scripts/build-test-cluster.sh`
 //!   (`TEST_ASSET_*`, `KUBEBUILDER_ASSETS`, then the build cache).
 //!
@@ -18,6 +19,7 @@ pub mod certs;
 pub mod chromium;
 pub mod control_plane;
 pub mod dcgm;
+pub mod fault_proxy;
 pub mod nodes;
 pub mod process;
 pub mod prometheus;
@@ -27,5 +29,6 @@ pub mod util;
 pub use bins::{Bins, binaries, binary, cache_root};
 pub use control_plane::{ControlPlane, Tier, TierBOptions, USERS};
 pub use dcgm::{FakeDcgmExporter, ReplayExporter};
+pub use fault_proxy::{Fault, FaultProxy, Rule};
 pub use nodes::GpuNode;
 pub use prometheus::Prometheus;

@@ -63,7 +63,12 @@ impl Stack {
     /// Starts tier B, adds `nodes` and waits until they are Ready, installs the Notebook CRD,
     /// starts the fake DCGM exporter (admin client) and a Prometheus scraping it every second.
     pub async fn start(nodes: &[GpuNode]) -> Result<Self> {
-        let cp = ControlPlane::start(Tier::B(TierBOptions::default())).await?;
+        Self::start_with(nodes, TierBOptions::default()).await
+    }
+
+    /// [`Stack::start`] with tier B options (e.g. an audit log).
+    pub async fn start_with(nodes: &[GpuNode], options: TierBOptions) -> Result<Self> {
+        let cp = ControlPlane::start(Tier::B(options)).await?;
         let admin = cp.client("admin").await?;
         for n in nodes {
             cp.add_node(n).await?;
@@ -108,6 +113,19 @@ impl Stack {
         user: &str,
         args: &[&str],
     ) -> Result<GpuLedgerProcess> {
+        self.start_gpu_ledger_with(bin, user, args, &LedgerOptions::default())
+            .await
+    }
+
+    /// [`Stack::start_gpu_ledger`] with a kubeconfig of its own (e.g. through a
+    /// [`crate::FaultProxy`]) and extra environment variables.
+    pub async fn start_gpu_ledger_with(
+        &self,
+        bin: &Path,
+        user: &str,
+        args: &[&str],
+        options: &LedgerOptions,
+    ) -> Result<GpuLedgerProcess> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         if !bin.is_file() {
             bail!("gpu-ledger binary {} not found", bin.display());
@@ -122,7 +140,12 @@ impl Stack {
                 cmd.env_remove(k);
             }
         }
-        cmd.env("KUBECONFIG", self.cp.kubeconfig_path(user)?)
+        let kubeconfig = match &options.kubeconfig {
+            Some(k) => k.clone(),
+            None => self.cp.kubeconfig_path(user)?,
+        };
+        cmd.env("KUBECONFIG", kubeconfig)
+            .envs(options.env.iter().map(|(k, v)| (k, v)))
             .env("POD_NAME", &name)
             .env("POD_NAMESPACE", LEDGER_NAMESPACE)
             .env(
@@ -475,6 +498,15 @@ pub async fn scale_owned_statefulset(
         .await?;
     }
     Ok(())
+}
+
+/// Extras for [`Stack::start_gpu_ledger_with`].
+#[derive(Debug, Clone, Default)]
+pub struct LedgerOptions {
+    /// Instead of the user's kubeconfig for the cluster.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Environment variables to set (e.g. a `GPU_LEDGER_TEST_*` hook).
+    pub env: Vec<(String, String)>,
 }
 
 /// A running `gpu-ledger serve`; dropping it stops the process (SIGTERM, then SIGKILL).

@@ -7,6 +7,7 @@ use chrono::TimeZone;
 use kube::core::Status;
 
 use super::*;
+use crate::cull::lease::StaticLeadership;
 
 /// Records every call; notebooks live in a map and patches apply as merge patches.
 pub(crate) struct FakeApi {
@@ -18,6 +19,8 @@ pub(crate) struct FakeApi {
     pub kill: Mutex<Result<Option<String>, u16>>,
     pub selected: Mutex<Result<BTreeSet<String>, u16>>,
     pub gets: Mutex<usize>,
+    /// Calls that never answer (a hung API server), by name: `get_notebook`, `kill_switch`, ...
+    pub hang: Mutex<BTreeSet<&'static str>>,
 }
 
 pub(crate) fn api_error(code: u16) -> kube::Error {
@@ -39,6 +42,7 @@ impl Default for FakeApi {
             kill: Mutex::new(Ok(None)),
             selected: Mutex::new(Ok(BTreeSet::new())),
             gets: Mutex::default(),
+            hang: Mutex::default(),
         }
     }
 }
@@ -55,6 +59,14 @@ impl FakeApi {
 
     pub fn patch_count(&self) -> usize {
         self.patches.lock().expect("lock").len()
+    }
+
+    /// Completes, unless `call` was told to hang: then never.
+    pub async fn maybe_hang(&self, call: &'static str) {
+        let hangs = self.hang.lock().expect("lock").contains(call);
+        if hangs {
+            futures::future::pending::<()>().await;
+        }
     }
 
     pub fn event_reasons(&self) -> Vec<&'static str> {
@@ -80,7 +92,10 @@ impl CullApi for FakeApi {
             .expect("lock")
             .get(&(namespace.to_string(), name.to_string()))
             .cloned();
-        Box::pin(async move { Ok(nb) })
+        Box::pin(async move {
+            self.maybe_hang("get_notebook").await;
+            Ok(nb)
+        })
     }
 
     fn patch_notebook<'a>(
@@ -92,6 +107,7 @@ impl CullApi for FakeApi {
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
         let status = self.patch_status.lock().expect("lock").take();
         Box::pin(async move {
+            self.maybe_hang("patch_notebook").await;
             if let Some(code) = status {
                 return Err(api_error(code));
             }
@@ -131,7 +147,10 @@ impl CullApi for FakeApi {
         _name: &'a str,
     ) -> BoxFuture<'a, Result<Option<String>, kube::Error>> {
         let v = self.kill.lock().expect("lock").clone().map_err(api_error);
-        Box::pin(async move { v })
+        Box::pin(async move {
+            self.maybe_hang("kill_switch").await;
+            v
+        })
     }
 
     fn namespaces_matching<'a>(
@@ -144,7 +163,10 @@ impl CullApi for FakeApi {
             .expect("lock")
             .clone()
             .map_err(api_error);
-        Box::pin(async move { v })
+        Box::pin(async move {
+            self.maybe_hang("namespaces_matching").await;
+            v
+        })
     }
 }
 
@@ -190,8 +212,9 @@ async fn run(
 ) -> Outcome {
     let actuator = Actuator::new(api.clone(), server_dry_run, Duration::hours(1));
     let mut recheck = |_: &Action| async move { confirm.map_err(RecheckError::from) };
+    let leader = StaticLeadership::new(true);
     let mut out = actuator
-        .execute(&[stop_action()], mode, now(), &mut recheck)
+        .execute(&[stop_action()], mode, now(), &mut recheck, &leader)
         .await;
     assert_eq!(out.len(), 1);
     out.remove(0)
@@ -266,7 +289,13 @@ async fn off_mode_does_nothing() {
     let mut recheck = |_: &Action| async { Ok::<_, RecheckError>(true) };
     assert!(
         actuator
-            .execute(&[stop_action()], CullMode::Off, now(), &mut recheck)
+            .execute(
+                &[stop_action()],
+                CullMode::Off,
+                now(),
+                &mut recheck,
+                &StaticLeadership::new(true)
+            )
             .await
             .is_empty()
     );
@@ -345,11 +374,93 @@ async fn evidence_recheck_gates_the_patch() {
     assert!(api.events.lock().expect("lock").is_empty());
 }
 
+#[tokio::test]
+async fn leadership_is_asked_right_before_the_write() {
+    // The claim runs out while the evidence is re-checked (after the Notebook GET, before the
+    // patch): nothing is written, neither the patch nor the Event.
+    for mode in [CullMode::On, CullMode::DryRun] {
+        let api = Arc::new(FakeApi::with_notebook(notebook()));
+        let actuator = Actuator::new(api.clone(), true, Duration::hours(1));
+        let leader = StaticLeadership::new(true);
+        let mut recheck = |_: &Action| {
+            leader.set(false);
+            async { Ok::<_, RecheckError>(true) }
+        };
+        let out = actuator
+            .execute(&[stop_action()], mode, now(), &mut recheck, &leader)
+            .await;
+        assert_eq!(
+            out[0].result,
+            StopResult::NotLeader,
+            "{mode}: {}",
+            out[0].detail
+        );
+        assert_eq!(
+            *api.gets.lock().expect("lock"),
+            1,
+            "{mode}: the read happened"
+        );
+        assert_eq!(api.patch_count(), 0, "{mode}");
+        assert!(api.events.lock().expect("lock").is_empty(), "{mode}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn hung_api_calls_time_out_and_write_nothing() {
+    for call in ["get_notebook", "patch_notebook"] {
+        let api = Arc::new(FakeApi::with_notebook(notebook()));
+        api.hang.lock().expect("lock").insert(call);
+        let started = tokio::time::Instant::now();
+        let o = run(&api, CullMode::On, false, Ok(true)).await;
+        assert_eq!(o.result, StopResult::Error, "{call}");
+        assert!(o.detail.contains("timed out"), "{call}: {}", o.detail);
+        assert_eq!(started.elapsed(), API_TIMEOUT, "{call}");
+        assert!(api.events.lock().expect("lock").is_empty(), "{call}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_recheck_is_bounded() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let actuator = Actuator::new(api.clone(), false, Duration::hours(1));
+    let mut recheck = |_: &Action| async {
+        futures::future::pending::<()>().await;
+        Ok::<_, RecheckError>(true)
+    };
+    let out = actuator
+        .execute(
+            &[stop_action()],
+            CullMode::On,
+            now(),
+            &mut recheck,
+            &StaticLeadership::new(true),
+        )
+        .await;
+    assert_eq!(out[0].result, StopResult::Error);
+    assert!(out[0].detail.contains("timed out"), "{}", out[0].detail);
+    assert_eq!(api.patch_count(), 0);
+}
+
+#[test]
+fn errors_are_reported_with_their_cause_once() {
+    let e = CallError::Api("get notebook", api_error(500));
+    let text = chain(&e);
+    assert!(text.starts_with("get notebook: ApiError: "), "{text}");
+    assert_eq!(text.matches("fake: InternalError").count(), 1, "{text}");
+}
+
 #[test]
 fn stop_results_have_documented_labels() {
     let labels: Vec<&str> = StopResult::ALL.iter().map(|r| r.as_str()).collect();
     assert_eq!(
         labels,
-        ["stopped", "conflict", "changed", "error", "dry_run"]
+        [
+            "stopped",
+            "conflict",
+            "changed",
+            "error",
+            "dry_run",
+            "not_leader"
+        ]
     );
 }

@@ -376,6 +376,57 @@ fn circuit_opens_when_idle_share_jumps() {
 }
 
 #[test]
+fn idle_share_breaker_ignores_clusters_with_one_or_two_cards() {
+    // Six idle notebooks time-sliced or MIG-partitioned onto cards: 6 pods, all idle.
+    for (cards, pods) in [(1.0, 6), (2.0, 6), (2.0, 10)] {
+        let rows: Vec<PodRow> = (0..pods)
+            .map(|i| {
+                let mut r = idle_row(&format!("ns{i}"), "nb", 3);
+                r.gpus = cards / f64::from(pods);
+                r
+            })
+            .collect();
+        let p = plan(&ledger(rows), &CullPolicy::default(), t0());
+        assert_eq!(p.circuit, None, "{cards} card(s), {pods} pods");
+        assert_eq!(p.actions.len(), 3, "culling goes on, within the caps");
+    }
+    // Three whole cards, all idle: the breaker applies again.
+    let rows: Vec<PodRow> = (0..6)
+        .map(|i| {
+            let mut r = idle_row(&format!("ns{i}"), "nb", 3);
+            r.gpus = 0.5;
+            r
+        })
+        .collect();
+    let p = plan(&ledger(rows), &CullPolicy::default(), t0());
+    assert_eq!(p.circuit, Some(CircuitReason::IdleShare));
+}
+
+#[test]
+fn open_circuit_turns_every_action_into_a_skip() {
+    let rows = vec![idle_row("a", "nb", 3), idle_row("b", "nb", 4)];
+    let mut p = plan(&ledger(rows), &CullPolicy::default(), t0());
+    assert_eq!(p.actions.len(), 2);
+    open_circuit(&mut p, CircuitReason::ClaimsStale);
+    assert!(p.actions.is_empty());
+    assert_eq!(p.circuit, Some(CircuitReason::ClaimsStale));
+    assert_eq!(p.candidates, 2, "still candidates");
+    let held: Vec<_> = p
+        .skips
+        .iter()
+        .filter(|s| s.reason == SkipReason::CircuitOpen)
+        .map(|s| (s.namespace.as_str(), s.notebook.as_deref()))
+        .collect();
+    assert_eq!(held, [("b", Some("nb")), ("a", Some("nb"))]);
+    // An open circuit keeps its first reason.
+    let mut l = ledger(vec![idle_row("a", "nb", 3)]);
+    l.usage_available = false;
+    let mut p = plan(&l, &CullPolicy::default(), t0());
+    open_circuit(&mut p, CircuitReason::ClaimsStale);
+    assert_eq!(p.circuit, Some(CircuitReason::UsageUnavailable));
+}
+
+#[test]
 fn circuit_opens_when_attribution_is_lost() {
     let mut rows: Vec<PodRow> = (0..6)
         .map(|i| idle_row(&format!("ns{i}"), "nb", 3))
