@@ -181,7 +181,7 @@ pub struct NotebookInfo {
     /// Value of `kubeflow-resource-stopped`, if present (any value means stopped or locked).
     pub stopped: Option<String>,
     pub deleting: bool,
-    /// `gpu-ledger.io/cull: "false"`.
+    /// Opted out of culling: `gpu-ledger.io/cull` is set to anything but exactly `"true"`.
     pub cull_opt_out: bool,
     pub snooze_until: Option<DateTime<Utc>>,
     /// Our own history annotation: when we last stopped it (restart grace).
