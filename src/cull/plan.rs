@@ -111,6 +111,9 @@ pub enum SkipReason {
     IdleUnknown,
     /// Idle, but for less than `idle_after`.
     IdleTooShort,
+    /// Another pod of the same notebook holds a GPU that is not a stop candidate: a notebook is
+    /// idle only when all of its pods are.
+    NotebookPodBusy,
     /// A candidate left for a later cycle: `max_per_cycle` reached.
     PerCycleCap,
     /// A candidate left for a later cycle: its namespace already has a stop this cycle.
@@ -121,7 +124,7 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// Every reason, for pre-initialising metric label values.
-    pub const ALL: [SkipReason; 20] = [
+    pub const ALL: [SkipReason; 21] = [
         Self::NotNotebook,
         Self::UnverifiedOwner,
         Self::Deleting,
@@ -139,6 +142,7 @@ impl SkipReason {
         Self::NotIdle,
         Self::IdleUnknown,
         Self::IdleTooShort,
+        Self::NotebookPodBusy,
         Self::PerCycleCap,
         Self::PerNamespaceCap,
         Self::CircuitOpen,
@@ -163,6 +167,7 @@ impl SkipReason {
             Self::NotIdle => "not_idle",
             Self::IdleUnknown => "idle_unknown",
             Self::IdleTooShort => "idle_too_short",
+            Self::NotebookPodBusy => "notebook_pod_busy",
             Self::PerCycleCap => "per_cycle_cap",
             Self::PerNamespaceCap => "per_namespace_cap",
             Self::CircuitOpen => "circuit_open",
@@ -423,12 +428,30 @@ pub fn plan(ledger: &Ledger, policy: &CullPolicy, now: DateTime<Utc>) -> Plan {
         ..Plan::default()
     };
     let mut candidates: Vec<&PodRow> = Vec::new();
+    // Notebooks (namespace, uid) with a GPU-holding pod that is not a candidate.
+    let mut not_all_idle: BTreeSet<(&str, &str)> = BTreeSet::new();
     for row in ledger.pods.iter().filter(|p| p.state.holds()) {
         match judge(row, policy, now) {
             Ok(()) => candidates.push(row),
-            Err(reason) => out.skips.push(skip(row, reason)),
+            Err(reason) => {
+                if let Some((nb, _)) = &row.evidence.notebook {
+                    not_all_idle.insert((row.namespace.as_str(), nb.uid.as_str()));
+                }
+                out.skips.push(skip(row, reason));
+            }
         }
     }
+    // A notebook is idle only when every pod of it is (a second idle pod of one notebook is
+    // held back by the per-namespace cap below: one stop per notebook).
+    candidates.retain(|row| {
+        let busy_sibling = row.evidence.notebook.as_ref().is_some_and(|(nb, _)| {
+            not_all_idle.contains(&(row.namespace.as_str(), nb.uid.as_str()))
+        });
+        if busy_sibling {
+            out.skips.push(skip(row, SkipReason::NotebookPodBusy));
+        }
+        !busy_sibling
+    });
     out.candidates = candidates.len();
     candidates.sort_by(|a, b| {
         let idle = |r: &PodRow| r.idle_seconds.unwrap_or_default();

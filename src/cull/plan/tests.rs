@@ -668,7 +668,53 @@ proptest! {
     fn candidates_are_exactly_the_safe_pods(l in arb_ledger(), policy in arb_policy()) {
         let now = t0();
         let p = plan(&l, &policy, now);
-        let safe = l.pods.iter().filter(|r| safe_to_stop(r, &policy, now)).count();
+        // Notebooks with a GPU-holding pod that is not safe to stop are not idle.
+        let busy: BTreeSet<(String, String)> = l
+            .pods
+            .iter()
+            .filter(|r| r.state.holds() && !safe_to_stop(r, &policy, now))
+            .filter_map(|r| r.evidence.notebook.as_ref().map(|(nb, _)| (r.namespace.clone(), nb.uid.clone())))
+            .collect();
+        let safe = l
+            .pods
+            .iter()
+            .filter(|r| safe_to_stop(r, &policy, now))
+            .filter(|r| {
+                let (nb, _) = r.evidence.notebook.as_ref().expect("safe rows have a notebook");
+                !busy.contains(&(r.namespace.clone(), nb.uid.clone()))
+            })
+            .count();
         prop_assert_eq!(p.candidates, safe);
     }
+}
+
+#[test]
+fn a_notebook_is_stopped_only_when_all_its_pods_are_idle() {
+    // Two pods of one notebook (a StatefulSet scaled to 2): one idle, one busy.
+    let idle = idle_row("team-ml", "alice-nb", 3);
+    let mut busy = idle_row("team-ml", "alice-nb", 3);
+    busy.pod = "alice-nb-1".into();
+    busy.evidence.uid = "pod-team-ml-alice-nb-1".into();
+    busy.idle = Some(false);
+    busy.idle_seconds = Some(0.0);
+    busy.evidence.peak = Some(0.9);
+    let p = plan(
+        &ledger(vec![idle.clone(), busy]),
+        &CullPolicy::default(),
+        t0(),
+    );
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(
+        p.skips
+            .iter()
+            .any(|s| s.pod == "alice-nb-0" && s.reason == SkipReason::NotebookPodBusy),
+        "{:?}",
+        p.skips
+    );
+    // Both idle: one stop for the notebook, not two.
+    let mut second = idle.clone();
+    second.pod = "alice-nb-1".into();
+    second.evidence.uid = "pod-team-ml-alice-nb-1".into();
+    let p = plan(&ledger(vec![idle, second]), &CullPolicy::default(), t0());
+    assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
 }
