@@ -272,6 +272,10 @@ pub struct ReportArgs {
     pub cull_dry_run: bool,
     #[command(flatten)]
     pub cull: CullArgs,
+    /// Largest dump file accepted (each file), e.g. `512MiB`, `2GiB`, or bytes; a larger one is
+    /// refused before it is parsed (docs/security.md).
+    #[arg(long, env = "GPU_LEDGER_MAX_DUMP_SIZE", default_value = "1GiB", value_parser = byte_size)]
+    pub max_dump_size: u64,
 }
 
 /// Parses `10m`, `2h`, `30s` (humantime).
@@ -279,6 +283,33 @@ pub fn duration(s: &str) -> Result<chrono::Duration, String> {
     let d = humantime::parse_duration(s)
         .map_err(|e| format!("{s:?} is not a duration like 30s, 10m or 2h: {e}"))?;
     chrono::Duration::from_std(d).map_err(|e| format!("{s:?} is too long: {e}"))
+}
+
+/// Parses a size: bytes, or a number with `KiB`, `MiB`, `GiB` (1024-based) or `KB`, `MB`, `GB`
+/// (1000-based).
+pub fn byte_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 512MiB, 2GiB or 1000000"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, KB, MB or GB)"
+            ));
+        }
+    };
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// Parses a ratio in 0..=1.
@@ -335,6 +366,18 @@ mod tests {
         let err = Cli::try_parse_from(["gpu-ledger", "report", "--from", "x", "--at", "nope"])
             .expect_err("bad --at");
         assert!(err.to_string().contains("RFC 3339"), "{err}");
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(byte_size("1GiB"), Ok(1 << 30));
+        assert_eq!(byte_size("512MiB"), Ok(512 << 20));
+        assert_eq!(byte_size("2MB"), Ok(2_000_000));
+        assert_eq!(byte_size("100"), Ok(100));
+        assert_eq!(byte_size(" 7 KiB "), Ok(7 << 10));
+        for bad in ["", "GiB", "1.5GiB", "-1", "1TiB", "99999999999999999999GiB"] {
+            assert!(byte_size(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

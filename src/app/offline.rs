@@ -33,6 +33,8 @@ pub struct OfflineInput {
     pub scrape_interval: Option<Duration>,
     pub scheme: SchemeChoice,
     pub policy: Policy,
+    /// Largest dump file accepted, in bytes (each file; `--max-dump-size`).
+    pub max_dump_bytes: u64,
 }
 
 impl OfflineInput {
@@ -47,6 +49,7 @@ impl OfflineInput {
             scrape_interval: None,
             scheme: SchemeChoice::Auto,
             policy: Policy::default(),
+            max_dump_bytes: dump::DEFAULT_MAX_DUMP_BYTES,
         }
     }
 }
@@ -76,7 +79,10 @@ pub enum OfflineError {
 
 /// Loads the dumps and builds the ledger at `input.at`, or the newest DCGM sample, or `fallback_now`.
 pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline, OfflineError> {
-    let claims = files::load(&input.paths, &input.policy.names)?;
+    let limits = files::DumpLimits {
+        max_bytes: input.max_dump_bytes,
+    };
+    let claims = files::load_with_limits(&input.paths, &input.policy.names, limits)?;
     let settings = DumpSettings {
         at: input.at,
         window: input.window,
@@ -84,6 +90,7 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
         scheme: input.scheme,
         idle_threshold: input.policy.idle_threshold,
         max_staleness: input.policy.max_staleness,
+        max_bytes: input.max_dump_bytes,
     };
     let usage = dump::load(&input.dcgm, &settings, fallback_now)?;
     let ledger = ledger::build(&claims, &usage.usage, usage.at, &input.policy);

@@ -51,6 +51,7 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
     input.scrape_interval = args.ledger.scrape_interval;
     input.scheme = args.ledger.label_scheme;
     input.policy = policy.clone();
+    input.max_dump_bytes = args.max_dump_size;
     let offline = offline::load(&input, Utc::now())?;
     for w in &offline.warnings {
         eprintln!("warning: {w}");
