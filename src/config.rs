@@ -90,6 +90,10 @@ pub struct LedgerArgs {
     /// Namespaces to watch (comma-separated); empty means all.
     #[arg(long, env = "GPU_LEDGER_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
+    /// Send the bearer token (or URL credentials) even to an `http://` Prometheus, unencrypted.
+    /// Without it, that combination is refused at start-up.
+    #[arg(long, env = "GPU_LEDGER_PROMETHEUS_ALLOW_INSECURE_TOKEN")]
+    pub prometheus_allow_insecure_token: bool,
 }
 
 impl LedgerArgs {

@@ -303,6 +303,7 @@ fn helm_lint_default_and_full_values() -> Result<()> {
         "prometheusRule.enabled=true",
         "networkPolicy.enabled=true",
         "sharding.totalShards=3",
+        "prometheus.url=https://prometheus.example.internal",
         "prometheus.bearerToken.secretName=prom-token",
         "prometheus.ca.configMapName=prom-ca",
         "openshift.clusterMonitoringView=true",
@@ -620,6 +621,7 @@ fn helm_template_prometheus_auth_mounts() -> Result<()> {
     );
 
     let objs = docs(&helm_template(&[
+        "prometheus.url=https://thanos-querier.openshift-monitoring.svc:9091",
         "prometheus.bearerToken.useServiceAccountToken=true",
         "openshift.clusterMonitoringView=true",
     ])?)?;
@@ -630,12 +632,46 @@ fn helm_template_prometheus_auth_mounts() -> Result<()> {
                 .to_string()
         )
     );
+    assert!(
+        !a.iter().any(|x| x == "--prometheus-allow-insecure-token"),
+        "{a:?}"
+    );
     let crb = find(
         &objs,
         "ClusterRoleBinding",
         "gpu-ledger-cluster-monitoring-view",
     )?;
     assert_eq!(crb["roleRef"]["name"], "cluster-monitoring-view");
+
+    // A token with the default http:// URL fails the render (the binary would refuse it too),
+    // unless prometheus.allowInsecureToken passes --prometheus-allow-insecure-token.
+    for token in [
+        "prometheus.bearerToken.secretName=prom-token",
+        "prometheus.bearerToken.useServiceAccountToken=true",
+    ] {
+        let mut c = helm();
+        c.args(["template", "gpu-ledger", CHART, "--set", token]);
+        let out = run(c, None)?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{token}: http:// with a token rendered"
+        );
+        assert!(
+            stderr.contains("the token would be sent unencrypted")
+                && stderr.contains("prometheus.allowInsecureToken"),
+            "{stderr}"
+        );
+        let objs = docs(&helm_template(&[
+            token,
+            "prometheus.allowInsecureToken=true",
+        ])?)?;
+        let a = args(find(&objs, "Deployment", "gpu-ledger")?);
+        assert!(
+            a.contains(&"--prometheus-allow-insecure-token".to_string()),
+            "{a:?}"
+        );
+    }
     Ok(())
 }
 

@@ -86,6 +86,7 @@ fn prom_client(args: &LedgerArgs) -> Result<Option<Arc<PromClient>>, AppError> {
     let Some(url) = args.prometheus_url.clone() else {
         return Ok(None);
     };
+    check_credentials_transport(&url, args)?;
     let cfg = PromConfig {
         url,
         bearer_token_file: args.prometheus_bearer_token_file.clone(),
@@ -99,6 +100,33 @@ fn prom_client(args: &LedgerArgs) -> Result<Option<Arc<PromClient>>, AppError> {
     PromClient::new(cfg)
         .map(|c| Some(Arc::new(c)))
         .map_err(AppError::Prometheus)
+}
+
+/// Refuses to send credentials (a bearer token file, or user and password in the URL) to a
+/// plain-`http` Prometheus, where anyone on the path can read and replay them, unless
+/// `--prometheus-allow-insecure-token` says so.
+fn check_credentials_transport(url: &reqwest::Url, args: &LedgerArgs) -> Result<(), AppError> {
+    let credentials = if args.prometheus_bearer_token_file.is_some() {
+        "--prometheus-bearer-token-file"
+    } else if !url.username().is_empty() || url.password().is_some() {
+        "credentials in --prometheus-url"
+    } else {
+        return Ok(());
+    };
+    if url.scheme() != "http" {
+        return Ok(());
+    }
+    if args.prometheus_allow_insecure_token {
+        tracing::warn!(
+            "sending Prometheus credentials over plain http (--prometheus-allow-insecure-token)"
+        );
+        return Ok(());
+    }
+    Err(AppError::Config(format!(
+        "{credentials} with an http:// --prometheus-url would send the credentials unencrypted; \
+         use an https:// URL, or pass --prometheus-allow-insecure-token \
+         (GPU_LEDGER_PROMETHEUS_ALLOW_INSECURE_TOKEN=true) to accept that"
+    )))
 }
 
 fn cull_mode(flag: CullModeFlag) -> CullMode {

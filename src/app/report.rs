@@ -66,9 +66,11 @@ async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppEr
             "report needs --from DIR (or --pods/--nodes/--dcgm files), or a live cluster with --prometheus-url".into(),
         ));
     }
+    // Configuration first: a refused Prometheus setting fails before any API call.
+    let prom = prom_client(&args.ledger)?;
     let client = Client::try_default().await.map_err(AppError::Kube)?;
     let claims = claims::list::list_claims(&client, &policy.names, &args.ledger.namespaces).await?;
-    let mut source = LiveUsage::new(prom_client(&args.ledger)?, live_settings(&args.ledger));
+    let mut source = LiveUsage::new(prom, live_settings(&args.ledger));
     let fetched = source.fetch().await;
     if let Some(e) = &fetched.error {
         eprintln!(

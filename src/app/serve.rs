@@ -72,8 +72,15 @@ impl Tasks {
                 if cancel.is_cancelled() {
                     return;
                 }
-                let how = if ended.is_ok() { "returned" } else { "panicked" };
-                error!(task = name, how, "task ended before shutdown; stopping the process");
+                let how = if ended.is_ok() {
+                    "returned"
+                } else {
+                    "panicked"
+                };
+                error!(
+                    task = name,
+                    how, "task ended before shutdown; stopping the process"
+                );
                 failed
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -92,6 +92,13 @@ compares them for the default values).
 - --prometheus-url={{ required "prometheus.url is required" .Values.prometheus.url }}
 {{- with (include "gpu-ledger.tokenPath" .) }}
 - --prometheus-bearer-token-file={{ . }}
+{{- if hasPrefix "http://" (lower $.Values.prometheus.url) }}
+{{- if $.Values.prometheus.allowInsecureToken }}
+- --prometheus-allow-insecure-token
+{{- else }}
+{{- fail "prometheus.url is http:// but a bearer token is configured: the token would be sent unencrypted. Use an https:// URL, or set prometheus.allowInsecureToken=true to accept that" }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if .Values.prometheus.ca.configMapName }}
 - --prometheus-ca-file=/etc/gpu-ledger/prometheus-ca/{{ .Values.prometheus.ca.configMapKey }}
