@@ -267,3 +267,64 @@ spec:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end }}
+
+{{/*
+Spec of the Notebook ValidatingAdmissionPolicy for the user in .user. Keep in step with
+deploy/kustomize/overlays/culling/admission-policy.yaml (tests/deploy_chart.rs compares them).
+*/}}
+{{- define "gpu-ledger.notebookPolicySpec" -}}
+failurePolicy: Fail
+matchConstraints:
+  resourceRules:
+    - apiGroups: ["kubeflow.org"]
+      apiVersions: ["*"]
+      operations: ["CREATE", "UPDATE", "DELETE"]
+      resources: ["notebooks", "notebooks/*"]
+matchConditions:
+  - name: only-gpu-ledger
+    expression: request.userInfo.username == {{ .user | quote }}
+variables:
+  - name: owned
+    expression: >-
+      ['kubeflow-resource-stopped', 'gpu-ledger.io/stopped-at', 'gpu-ledger.io/stopped-by',
+      'gpu-ledger.io/stop-reason']
+  - name: isUpdate
+    expression: request.operation == 'UPDATE' && request.subResource == ''
+  - name: oldAnnotations
+    expression: >-
+      variables.isUpdate && has(oldObject.metadata.annotations) ?
+      oldObject.metadata.annotations : {}
+  - name: newAnnotations
+    expression: >-
+      variables.isUpdate && has(object.metadata.annotations) ?
+      object.metadata.annotations : {}
+validations:
+  - expression: variables.isUpdate
+    message: gpu-ledger may only update a Notebook (no create, delete or subresource write).
+  - expression: >-
+      !variables.isUpdate ||
+      (has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec)) &&
+      (has(object.status) == has(oldObject.status) && (!has(object.status) || object.status == oldObject.status))
+    message: gpu-ledger may not change a Notebook's spec or status.
+  - expression: >-
+      !variables.isUpdate ||
+      (has(object.metadata.labels) ? object.metadata.labels : {}) ==
+      (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) &&
+      (has(object.metadata.finalizers) ? object.metadata.finalizers : []) ==
+      (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : []) &&
+      (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) ==
+      (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])
+    message: gpu-ledger may not change a Notebook's labels, finalizers or owner references.
+  - expression: >-
+      variables.newAnnotations.all(k, k in variables.owned ||
+      (k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.newAnnotations[k])) &&
+      variables.oldAnnotations.all(k, k in variables.owned || k in variables.newAnnotations)
+    message: >-
+      gpu-ledger may only write the annotations kubeflow-resource-stopped,
+      gpu-ledger.io/stopped-at, gpu-ledger.io/stopped-by and gpu-ledger.io/stop-reason.
+  - expression: >-
+      !('kubeflow-resource-stopped' in variables.oldAnnotations) ||
+      ('kubeflow-resource-stopped' in variables.newAnnotations &&
+      variables.newAnnotations['kubeflow-resource-stopped'] == variables.oldAnnotations['kubeflow-resource-stopped'])
+    message: gpu-ledger may add kubeflow-resource-stopped, never remove or change it.
+{{- end }}
