@@ -289,7 +289,8 @@ variables:
       ['kubeflow-resource-stopped', 'gpu-ledger.io/stopped-at', 'gpu-ledger.io/stopped-by',
       'gpu-ledger.io/stop-reason']
   - name: isUpdate
-    expression: request.operation == 'UPDATE' && request.subResource == ''
+    expression: >-
+      request.operation == 'UPDATE' && (!has(request.subResource) || request.subResource == '')
   - name: oldAnnotations
     expression: >-
       variables.isUpdate && has(oldObject.metadata.annotations) ?
