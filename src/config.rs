@@ -129,6 +129,30 @@ pub struct ServeArgs {
     pub total_shards: u32,
     #[command(flatten)]
     pub cull: CullArgs,
+    /// PEM certificate (chain) to serve HTTPS on --listen; re-read when the file changes.
+    #[arg(long, env = "GPU_LEDGER_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file; re-read when the file changes.
+    #[arg(long, env = "GPU_LEDGER_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// File holding a bearer token that requests to /api/v1/* must present (every path but
+    /// /metrics, /healthz, /livez, /readyz); re-read when it changes.
+    #[arg(long, env = "GPU_LEDGER_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// `kubernetes`: accept /api/v1/* callers whose bearer token passes a TokenReview and whose
+    /// user may `get` the virtual resource `ledger` in group `gpu-ledger.io`
+    /// (SubjectAccessReview).
+    #[arg(long, env = "GPU_LEDGER_API_AUTH", value_enum, ignore_case = true, default_value_t = ApiAuthFlag::None)]
+    pub api_auth: ApiAuthFlag,
+}
+
+/// `--api-auth`: how API callers are checked besides `--api-token-file`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ApiAuthFlag {
+    /// Only `--api-token-file` (if given).
+    None,
+    /// TokenReview + SubjectAccessReview against the Kubernetes API.
+    Kubernetes,
 }
 
 /// Culling flags (see docs/culling.md).

@@ -294,6 +294,9 @@ fn helm_lint_default_and_full_values() -> Result<()> {
         "sharding.totalShards=3",
         "prometheus.url=https://prometheus.example.internal",
         "prometheus.bearerToken.secretName=prom-token",
+        "tls.secretName=gpu-ledger-tls",
+        "apiAuth.tokenSecretName=api-token",
+        "apiAuth.kubernetes=true",
         "prometheus.ca.configMapName=prom-ca",
         "openshift.clusterMonitoringView=true",
     ] {
@@ -855,6 +858,67 @@ fn kustomize_base_and_culling_overlay_render() -> Result<()> {
     find(&cull, "RoleBinding", "gpu-ledger-leader-election")?;
     find(&cull, "ClusterRoleBinding", "gpu-ledger-culler")?;
     assert!(args(find(&cull, "Deployment", "gpu-ledger")?).contains(&"--cull=dry-run".to_string()));
+    Ok(())
+}
+
+/// TLS and API authentication: flags, mounts, HTTPS probes and scrape, the review RBAC.
+#[test]
+fn helm_template_tls_and_api_auth() -> Result<()> {
+    let objs = docs(&helm_template(&[
+        "tls.secretName=gpu-ledger-tls",
+        "apiAuth.tokenSecretName=api-token",
+        "apiAuth.kubernetes=true",
+        "serviceMonitor.enabled=true",
+        "serviceMonitor.tlsConfig.serverName=gpu-ledger.gpu-ledger.svc",
+    ])?)?;
+    let d = find(&objs, "Deployment", "gpu-ledger")?;
+    let a = args(d);
+    for expected in [
+        "--tls-cert-file=/etc/gpu-ledger/tls/tls.crt",
+        "--tls-key-file=/etc/gpu-ledger/tls/tls.key",
+        "--api-token-file=/etc/gpu-ledger/api-token/token",
+        "--api-auth=kubernetes",
+    ] {
+        assert!(a.contains(&expected.to_string()), "{expected} not in {a:?}");
+    }
+    let c = container(d);
+    assert_eq!(c["readinessProbe"]["httpGet"]["scheme"], "HTTPS");
+    assert_eq!(c["livenessProbe"]["httpGet"]["scheme"], "HTTPS");
+    let vols = serde_json::to_string(&d["spec"]["template"]["spec"]["volumes"])?;
+    assert!(
+        vols.contains("\"secretName\":\"gpu-ledger-tls\"")
+            && vols.contains("\"secretName\":\"api-token\""),
+        "{vols}"
+    );
+    let mounts = serde_json::to_string(&c["volumeMounts"])?;
+    assert!(
+        !mounts.contains("subPath"),
+        "subPath mounts never see Secret updates: {mounts}"
+    );
+    let ep = &find(&objs, "ServiceMonitor", "gpu-ledger")?["spec"]["endpoints"][0];
+    assert_eq!(ep["scheme"], "https");
+    assert_eq!(ep["tlsConfig"]["serverName"], "gpu-ledger.gpu-ledger.svc");
+    let crb = find(&objs, "ClusterRoleBinding", "gpu-ledger-auth-delegator")?;
+    assert_eq!(crb["roleRef"]["name"], "system:auth-delegator");
+    assert_eq!(crb["subjects"][0]["name"], "gpu-ledger");
+    assert_eq!(
+        rule_set(find(&objs, "ClusterRole", "gpu-ledger-api-reader")?),
+        triples(&[("gpu-ledger.io", "ledger", "get")])
+    );
+    assert!(
+        bindings_of(&objs, "gpu-ledger-api-reader").is_empty(),
+        "readers are bound by the operator"
+    );
+    // Off by default: plain HTTP probes, no flags, no review RBAC.
+    let objs = docs(&helm_template(&[])?)?;
+    let c = container(find(&objs, "Deployment", "gpu-ledger")?);
+    assert!(c["readinessProbe"]["httpGet"]["scheme"].is_null());
+    assert!(
+        !args(find(&objs, "Deployment", "gpu-ledger")?)
+            .iter()
+            .any(|x| x.starts_with("--tls") || x.starts_with("--api-"))
+    );
+    assert!(find(&objs, "ClusterRoleBinding", "gpu-ledger-auth-delegator").is_err());
     Ok(())
 }
 

@@ -47,13 +47,17 @@ pub enum AppError {
     Cull(#[source] crate::cull::CullError),
     #[error("task {0} ended unexpectedly")]
     TaskEnded(&'static str),
+    #[error("invalid configuration")]
+    Tls(#[from] crate::export::tls::TlsError),
+    #[error("invalid configuration")]
+    ApiAuth(#[from] crate::export::auth::AuthError),
 }
 
 impl AppError {
     /// Exit code: 2 for bad input or configuration, 1 for runtime failures.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Offline(_) => 2,
+            Self::Config(_) | Self::Offline(_) | Self::Tls(_) | Self::ApiAuth(_) => 2,
             _ => 1,
         }
     }

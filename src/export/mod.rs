@@ -1,7 +1,9 @@
 //! Export: the `/metrics` Collector over the latest snapshot, self-metrics, and the admin server.
 
+pub mod auth;
 pub mod collector;
 pub mod server;
+pub mod tls;
 
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,

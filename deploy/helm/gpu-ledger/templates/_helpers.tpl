@@ -145,6 +145,16 @@ compares them for the default values).
 - --shard=$(POD_INDEX)
 - --total-shards={{ include "gpu-ledger.totalShards" . }}
 {{- end }}
+{{- if .Values.tls.secretName }}
+- --tls-cert-file=/etc/gpu-ledger/tls/tls.crt
+- --tls-key-file=/etc/gpu-ledger/tls/tls.key
+{{- end }}
+{{- if .Values.apiAuth.tokenSecretName }}
+- --api-token-file=/etc/gpu-ledger/api-token/{{ .Values.apiAuth.tokenSecretKey }}
+{{- end }}
+{{- if .Values.apiAuth.kubernetes }}
+- --api-auth=kubernetes
+{{- end }}
 {{- with .Values.extraArgs }}
 {{ toYaml . }}
 {{- end }}
@@ -207,11 +217,17 @@ spec:
         httpGet:
           path: /readyz
           port: http
+          {{- if .Values.tls.secretName }}
+          scheme: HTTPS
+          {{- end }}
         {{- toYaml .Values.probes.readiness | nindent 8 }}
       livenessProbe:
         httpGet:
           path: /healthz
           port: http
+          {{- if .Values.tls.secretName }}
+          scheme: HTTPS
+          {{- end }}
         {{- toYaml .Values.probes.liveness | nindent 8 }}
       resources:
         {{- toYaml .Values.resources | nindent 8 }}
@@ -228,6 +244,16 @@ spec:
         {{- if .Values.prometheus.ca.configMapName }}
         - name: prometheus-ca
           mountPath: /etc/gpu-ledger/prometheus-ca
+          readOnly: true
+        {{- end }}
+        {{- if .Values.tls.secretName }}
+        - name: tls
+          mountPath: /etc/gpu-ledger/tls
+          readOnly: true
+        {{- end }}
+        {{- if .Values.apiAuth.tokenSecretName }}
+        - name: api-token
+          mountPath: /etc/gpu-ledger/api-token
           readOnly: true
         {{- end }}
   volumes:
@@ -249,6 +275,26 @@ spec:
         items:
           - key: {{ .Values.prometheus.ca.configMapKey }}
             path: {{ .Values.prometheus.ca.configMapKey }}
+    {{- end }}
+    {{- if .Values.tls.secretName }}
+    # Mounted as a directory (no subPath): Secret updates reach the files, and gpu-ledger
+    # reloads them.
+    - name: tls
+      secret:
+        secretName: {{ .Values.tls.secretName }}
+        items:
+          - key: tls.crt
+            path: tls.crt
+          - key: tls.key
+            path: tls.key
+    {{- end }}
+    {{- if .Values.apiAuth.tokenSecretName }}
+    - name: api-token
+      secret:
+        secretName: {{ .Values.apiAuth.tokenSecretName }}
+        items:
+          - key: {{ .Values.apiAuth.tokenSecretKey }}
+            path: {{ .Values.apiAuth.tokenSecretKey }}
     {{- end }}
   {{- with .Values.nodeSelector }}
   nodeSelector:
