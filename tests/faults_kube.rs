@@ -792,7 +792,8 @@ async fn sigterm_with_culling_on_releases_the_lease() {
         port,
         &[
             "--cull=on",
-            "--lease-name=test-lease",
+            // The Lease the shipped Role may get and update (resourceNames).
+            "--lease-name=gpu-ledger",
             "--lease-namespace=default",
             "--namespaces=cull",
         ],
@@ -803,7 +804,7 @@ async fn sigterm_with_culling_on_releases_the_lease() {
     let deadline = Instant::now() + WAIT;
     loop {
         let holder = leases
-            .get_opt("test-lease")
+            .get_opt("gpu-ledger")
             .await
             .expect("get lease")
             .and_then(|l| l.spec?.holder_identity);
@@ -868,7 +869,7 @@ async fn sigterm_with_culling_on_releases_the_lease() {
         serve.log_tail(40)
     );
 
-    let lease = leases.get("test-lease").await.expect("lease still exists");
+    let lease = leases.get("gpu-ledger").await.expect("lease still exists");
     let holder = lease.spec.and_then(|s| s.holder_identity);
     assert!(
         holder.as_deref().is_none_or(str::is_empty),

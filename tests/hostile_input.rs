@@ -306,28 +306,35 @@ fn assert_refused(out: &Output, needles: &[&str]) {
     }
 }
 
-/// 400 KB of nesting (the shape that took serde_norway 79 s before its recursion limit applied):
-/// refused as too deep, naming the file and the limit. No timing assertion; docs/security.md
-/// records how long it takes.
+/// 400 KB of nesting, refused as too deep, naming the file and the limit. Flow sequences are the
+/// shape that took serde_norway 79 s (issue 14; quadratic: 10/20/40 KB took it 1.6/4.8/19.9 s in a
+/// debug build); block sequences too. No timing assertion: docs/security.md and
+/// `scripts/bench-dump-memory.sh` record how long it takes.
 #[test]
 fn deeply_nested_yaml_dump_is_refused_with_the_limit() {
     let dir = homelab_copy();
     std::fs::remove_file(dir.path().join("pods.json")).expect("rm");
-    let mut yaml = String::from("apiVersion: v1\nkind: List\nitems:\n");
+    let flow = format!(
+        "apiVersion: v1\nkind: List\nitems: {}",
+        "[".repeat(400 * 1024)
+    );
+    let mut block = String::from("apiVersion: v1\nkind: List\nitems:\n");
     let mut depth = 0;
-    while yaml.len() < 400 * 1024 {
-        let _ = writeln!(yaml, "{}- a:", "  ".repeat(depth));
+    while block.len() < 400 * 1024 {
+        let _ = writeln!(block, "{}- a:", "  ".repeat(depth));
         depth += 1;
     }
-    std::fs::write(dir.path().join("pods.yaml"), &yaml).expect("write");
-    let out = report(dir.path(), &[]);
-    assert_refused(
-        &out,
-        &[
-            "pods.yaml",
-            "YAML nested deeper than the limit of 127 levels",
-        ],
-    );
+    for yaml in [flow, block] {
+        std::fs::write(dir.path().join("pods.yaml"), &yaml).expect("write");
+        let out = report(dir.path(), &[]);
+        assert_refused(
+            &out,
+            &[
+                "pods.yaml",
+                "YAML nested deeper than the limit of 127 levels",
+            ],
+        );
+    }
 
     // The same in JSON: serde_json's recursion limit, reported the same way.
     std::fs::remove_file(dir.path().join("pods.yaml")).expect("rm");
