@@ -96,6 +96,14 @@ pub struct PrometheusArgs {
         help_heading = "Prometheus"
     )]
     pub prometheus_selector: Option<crate::usage::prom::Selector>,
+    /// Send the bearer token (or URL credentials) even to an `http://` Prometheus, unencrypted.
+    /// Without it, that combination is refused at start-up.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_PROMETHEUS_ALLOW_INSECURE_TOKEN",
+        help_heading = "Prometheus"
+    )]
+    pub prometheus_allow_insecure_token: bool,
     /// Timeout of one PromQL query.
     #[arg(long, env = "GPU_LEDGER_PROMETHEUS_TIMEOUT", default_value = "20s", value_parser = positive_duration)]
     pub prometheus_timeout: chrono::Duration,
@@ -223,6 +231,30 @@ pub struct ServeArgs {
     pub total_shards: u32,
     #[command(flatten)]
     pub cull: CullArgs,
+    /// PEM certificate (chain) to serve HTTPS on --listen; re-read when the file changes.
+    #[arg(long, env = "GPU_LEDGER_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file; re-read when the file changes.
+    #[arg(long, env = "GPU_LEDGER_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// File holding a bearer token that requests to /api/v1/* must present (every path but
+    /// /metrics, /healthz, /livez, /readyz); re-read when it changes.
+    #[arg(long, env = "GPU_LEDGER_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// `kubernetes`: accept /api/v1/* callers whose bearer token passes a TokenReview and whose
+    /// user may `get` the virtual resource `ledger` in group `gpu-ledger.io`
+    /// (SubjectAccessReview).
+    #[arg(long, env = "GPU_LEDGER_API_AUTH", value_enum, ignore_case = true, default_value_t = ApiAuthFlag::None)]
+    pub api_auth: ApiAuthFlag,
+}
+
+/// `--api-auth`: how API callers are checked besides `--api-token-file`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ApiAuthFlag {
+    /// Only `--api-token-file` (if given).
+    None,
+    /// TokenReview + SubjectAccessReview against the Kubernetes API.
+    Kubernetes,
 }
 
 /// Culling flags of `serve` (see docs/culling.md).
@@ -368,6 +400,10 @@ pub struct ReportArgs {
     pub cull_dry_run: bool,
     #[command(flatten)]
     pub cull: CullPolicyArgs,
+    /// Largest dump file accepted (each file), e.g. `512MiB`, `2GiB`, or bytes; a larger one is
+    /// refused before it is parsed (docs/security.md).
+    #[arg(long, env = "GPU_LEDGER_MAX_DUMP_SIZE", default_value = "1GiB", value_parser = byte_size)]
+    pub max_dump_size: u64,
 }
 
 /// Dump files of the offline `report`.
@@ -509,6 +545,33 @@ pub fn product_slices(s: &str) -> Result<(String, u8), String> {
     Ok((product.to_string(), slices))
 }
 
+/// Parses a size: bytes, or a number with `KiB`, `MiB`, `GiB` (1024-based) or `KB`, `MB`, `GB`
+/// (1000-based).
+pub fn byte_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 512MiB, 2GiB or 1000000"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, KB, MB or GB)"
+            ));
+        }
+    };
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
 /// Parses a ratio in 0..=1.
 pub fn ratio(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
@@ -624,6 +687,18 @@ mod tests {
         assert_eq!(product_slices("A30=4"), Ok(("A30".into(), 4)));
         for bad in ["A30", "=4", "A30=0", "A30=9", "A30=x"] {
             assert!(product_slices(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(byte_size("1GiB"), Ok(1 << 30));
+        assert_eq!(byte_size("512MiB"), Ok(512 << 20));
+        assert_eq!(byte_size("2MB"), Ok(2_000_000));
+        assert_eq!(byte_size("100"), Ok(100));
+        assert_eq!(byte_size(" 7 KiB "), Ok(7 << 10));
+        for bad in ["", "GiB", "1.5GiB", "-1", "1TiB", "99999999999999999999GiB"] {
+            assert!(byte_size(bad).is_err(), "{bad}");
         }
     }
 

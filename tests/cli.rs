@@ -852,3 +852,106 @@ fn serve_exports_process_and_build_info_metrics() {
     let (code, report) = gpu_ledger_testkit::prometheus::promtool_check_metrics(text.as_bytes());
     assert_eq!(code, 0, "promtool check metrics: {report}");
 }
+
+/// `serve` or live `report` with a kubeconfig that does not exist: whatever gets past the
+/// configuration checks fails connecting to the API (exit 1), so exit 2 means "refused".
+fn without_cluster(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut c = gpu_ledger();
+    c.args(args)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("GPU_LEDGER_PROMETHEUS_ALLOW_INSECURE_TOKEN");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run")
+}
+
+/// A bearer token (or URL credentials) is never sent to an `http://` Prometheus unless
+/// `--prometheus-allow-insecure-token` (or its env var) says so: refused at start-up, exit 2.
+#[test]
+fn token_over_plain_http_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "secret-token-value").expect("token");
+    let token = token.to_str().expect("utf8 path");
+    for mode in ["serve", "report"] {
+        let out = without_cluster(
+            &[
+                mode,
+                "--prometheus-url",
+                "http://127.0.0.1:9/",
+                "--prometheus-bearer-token-file",
+                token,
+            ],
+            &[],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{mode}: {stderr}");
+        assert!(
+            stderr.contains("--prometheus-bearer-token-file with an http:// --prometheus-url")
+                && stderr.contains("--prometheus-allow-insecure-token"),
+            "{mode}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("secret-token-value"),
+            "token leaked: {stderr}"
+        );
+    }
+    let out = without_cluster(
+        &["serve", "--prometheus-url", "http://user:pw@127.0.0.1:9/"],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("credentials in --prometheus-url"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("pw@"), "password leaked: {stderr}");
+
+    // Allowed (flag or env), or https: the check passes and the run fails later, at the API.
+    let allowed = [
+        (
+            vec![
+                "serve",
+                "--prometheus-url",
+                "http://127.0.0.1:9/",
+                "--prometheus-bearer-token-file",
+                token,
+                "--prometheus-allow-insecure-token",
+            ],
+            vec![],
+        ),
+        (
+            vec![
+                "serve",
+                "--prometheus-url",
+                "http://127.0.0.1:9/",
+                "--prometheus-bearer-token-file",
+                token,
+            ],
+            vec![("GPU_LEDGER_PROMETHEUS_ALLOW_INSECURE_TOKEN", "true")],
+        ),
+        (
+            vec![
+                "serve",
+                "--prometheus-url",
+                "https://127.0.0.1:9/",
+                "--prometheus-bearer-token-file",
+                token,
+            ],
+            vec![],
+        ),
+    ];
+    for (args, env) in allowed {
+        let out = without_cluster(&args, &env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains("connecting to the Kubernetes API"),
+            "{args:?}: {stderr}"
+        );
+    }
+}

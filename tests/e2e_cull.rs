@@ -42,7 +42,8 @@ use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
 const NS: &str = "team-ml";
 const DRY_NS: &str = "team-dry";
 const WAIT: Duration = Duration::from_secs(60);
-const LEASE: &str = "gpu-ledger-cull";
+/// The Lease the shipped culling RBAC may get and update (`resourceNames`).
+const LEASE: &str = "gpu-ledger";
 /// The kill-switch ConfigMap the shipped culling RBAC may read (in [`LEDGER_NAMESPACE`]).
 const KILL_SWITCH: &str = "gpu-ledger-cull";
 const CULL_TIMINGS: [&str; 4] = ["--cull-idle-after", "15s", "--cull-min-runtime", "5s"];
@@ -172,10 +173,14 @@ async fn culling_end_to_end() {
             .await
             .expect("replica b"),
     ];
+    // Its own Lease: the shipped RBAC names one Lease per namespace, so it elects in DRY_NS.
+    gpu_ledger_testkit::stack::apply_rbac(&admin, CULLING_RBAC, "gpu-ledger", DRY_NS)
+        .await
+        .expect("culling RBAC for the dry-run Lease");
     let mut dry_args = vec![
         "--cull=dry-run",
-        "--lease-name",
-        "gpu-ledger-dry",
+        "--lease-namespace",
+        DRY_NS,
         "--cull-namespaces",
         DRY_NS,
     ];

@@ -824,7 +824,8 @@ async fn sigterm_with_culling_on_releases_the_lease() {
         port,
         &[
             "--cull=on",
-            "--lease-name=test-lease",
+            // The Lease the shipped Role may get and update (resourceNames).
+            "--lease-name=gpu-ledger",
             "--lease-namespace=default",
             "--namespaces=cull",
         ],
@@ -835,7 +836,7 @@ async fn sigterm_with_culling_on_releases_the_lease() {
     let deadline = Instant::now() + WAIT;
     loop {
         let holder = leases
-            .get_opt("test-lease")
+            .get_opt("gpu-ledger")
             .await
             .expect("get lease")
             .and_then(|l| l.spec?.holder_identity);
@@ -900,7 +901,7 @@ async fn sigterm_with_culling_on_releases_the_lease() {
         serve.log_tail(40)
     );
 
-    let lease = leases.get("test-lease").await.expect("lease still exists");
+    let lease = leases.get("gpu-ledger").await.expect("lease still exists");
     let holder = lease.spec.and_then(|s| s.holder_identity);
     assert!(
         holder.as_deref().is_none_or(str::is_empty),
@@ -968,7 +969,9 @@ async fn hung_kill_switch_read_leaves_claims_live() {
     const POD: &str = "gpu-ledger-hung-0";
     let cp = shared_cluster().await;
     let admin = cp.client("admin").await.expect("admin client");
-    grant_shipped_culling(&admin, "default").await;
+    // The shipped RBAC grants the Lease `gpu-ledger` only: this test's own lease namespace.
+    namespace(&admin, "hung-lease", &[]).await;
+    grant_shipped_culling(&admin, "hung-lease").await;
     namespace(&admin, "hung", &[]).await;
     let proxy = FaultProxy::start(cp).await.expect("fault proxy");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -984,8 +987,8 @@ async fn hung_kill_switch_read_leaves_claims_live() {
             "--cull=on",
             // The shipped culling RBAC may read this one ConfigMap (it need not exist).
             "--cull-kill-switch=gpu-ledger-cull",
-            "--lease-name=hung-lease",
-            "--lease-namespace=default",
+            "--lease-name=gpu-ledger",
+            "--lease-namespace=hung-lease",
             "--namespaces=hung",
         ],
         POD,
@@ -1127,7 +1130,7 @@ async fn broken_pods_watch_is_visible_and_holds_culling_back() {
                 "--cull-kill-switch",
                 KILL,
                 "--lease-name",
-                "stale-lease",
+                "gpu-ledger",
                 "--cull-idle-after",
                 "5s",
                 "--cull-min-runtime",
@@ -1270,7 +1273,8 @@ async fn broken_pods_watch_is_visible_and_holds_culling_back() {
 async fn a_panicking_task_ends_the_process_non_zero() {
     let cp = shared_cluster().await;
     let admin = cp.client("admin").await.expect("admin client");
-    grant_shipped_culling(&admin, "default").await;
+    namespace(&admin, "panic-lease", &[]).await;
+    grant_shipped_culling(&admin, "panic-lease").await;
     namespace(&admin, "panic", &[]).await;
     create_pods(&admin, "panic", names("p", 0..2)).await;
     for task in ["refresh", "hub", "cull", "lease", "watch:pods"] {
@@ -1282,8 +1286,8 @@ async fn a_panicking_task_ends_the_process_non_zero() {
             port,
             &[
                 "--cull=on",
-                "--lease-name=panic-lease",
-                "--lease-namespace=default",
+                "--lease-name=gpu-ledger",
+                "--lease-namespace=panic-lease",
                 "--namespaces=panic",
             ],
             &format!("gpu-ledger-panic-{}", task.replace(':', "-")),

@@ -90,7 +90,8 @@ fn count_by(writes: &[Write], replica: &str) -> usize {
 #[allow(clippy::too_many_lines)] // one scenario, in order: two replicas, the hang, the takeover, the audit
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_lease_renewal_never_lets_two_replicas_write() {
-    const LEASE: &str = "gpu-ledger-hang";
+    // The one Lease the shipped RBAC grants.
+    const LEASE: &str = "gpu-ledger";
     let started = Instant::now();
     let stack = Stack::start_with(
         &[GpuNode::new("n1", 1), GpuNode::new("n2", 1)],
@@ -275,7 +276,7 @@ fn spawn_serve(
         .args([
             "--refresh-interval=1s",
             "--cull=on",
-            "--lease-name=skew-lease",
+            "--lease-name=gpu-ledger",
             "--lease-namespace=default",
             "--namespaces=skew",
         ])
@@ -300,7 +301,7 @@ async fn leader_metric(port: u16) -> Option<f64> {
 }
 
 async fn lease_spec(leases: &Api<Lease>) -> Option<k8s_openapi::api::coordination::v1::LeaseSpec> {
-    leases.get_opt("skew-lease").await.ok().flatten()?.spec
+    leases.get_opt("gpu-ledger").await.ok().flatten()?.spec
 }
 
 #[allow(clippy::too_many_lines)] // one scenario: a leads, skewed b watches, a leaves, b leads

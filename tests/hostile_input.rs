@@ -1,11 +1,16 @@
 //! Hostile names through every renderer: Prometheus exposition (re-parsed by our parser and by
-//! `promtool check metrics`), the JSON report, and the human table.
+//! `promtool check metrics`), the JSON report, and the human table; hostile dump files through the
+//! offline report (nesting, size, volume of ignored metrics).
 //!
 //! Names reach gpu-ledger from the API server (DNS-1123 for pods and namespaces, but free text in
 //! pending reasons), from offline dumps (anything at all) and from DCGM labels. Whatever they hold,
-//! a renderer must not let them forge a sample, a JSON field, or a table row.
+//! a renderer must not let them forge a sample, a JSON field, or a table row. Whatever a dump
+//! holds, the report must refuse it early with a message naming the file and the limit.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::{Command, Output};
 
 use chrono::{DateTime, Utc};
 use gpu_ledger::export::collector::Snapshot;
@@ -258,4 +263,196 @@ fn table_rows_cannot_be_forged() {
         .collect();
     assert_eq!(section.len(), hostile().len(), "{}", section.join("\n"));
     assert!(text.contains("new\\nline"), "escaped newline shown");
+}
+
+// --------------------------------------------------------------------------------------------
+// Hostile dump files through the binary (`report --from DIR`)
+// --------------------------------------------------------------------------------------------
+
+fn homelab() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/homelab")
+}
+
+/// A copy of the homelab dumps in a temp dir, to replace one file with a hostile one.
+fn homelab_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    for f in std::fs::read_dir(homelab()).expect("homelab") {
+        let f = f.expect("entry").path();
+        let name = f.file_name().expect("name").to_owned();
+        if f.extension().is_some_and(|x| x == "json") || name == "dcgm.prom" {
+            std::fs::copy(&f, dir.path().join(&name)).expect("copy");
+        }
+    }
+    dir
+}
+
+fn report(dir: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+        .args(["report", "--from"])
+        .arg(dir)
+        .args(["-o", "json"])
+        .args(extra)
+        .env_remove("GPU_LEDGER_MAX_DUMP_SIZE")
+        .output()
+        .expect("run gpu-ledger")
+}
+
+fn assert_refused(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code; stderr:\n{stderr}");
+    assert!(out.stdout.is_empty(), "no report on refusal");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "{n:?} not in stderr:\n{stderr}");
+    }
+}
+
+/// 400 KB of nesting, refused as too deep, naming the file and the limit. Flow sequences are the
+/// shape that took serde_norway 79 s (issue 14; quadratic: 10/20/40 KB took it 1.6/4.8/19.9 s in a
+/// debug build); block sequences too. No timing assertion: docs/security.md and
+/// `scripts/bench-dump-memory.sh` record how long it takes.
+#[test]
+fn deeply_nested_yaml_dump_is_refused_with_the_limit() {
+    let dir = homelab_copy();
+    std::fs::remove_file(dir.path().join("pods.json")).expect("rm");
+    let flow = format!(
+        "apiVersion: v1\nkind: List\nitems: {}",
+        "[".repeat(400 * 1024)
+    );
+    let mut block = String::from("apiVersion: v1\nkind: List\nitems:\n");
+    let mut depth = 0;
+    while block.len() < 400 * 1024 {
+        let _ = writeln!(block, "{}- a:", "  ".repeat(depth));
+        depth += 1;
+    }
+    for yaml in [flow, block] {
+        std::fs::write(dir.path().join("pods.yaml"), &yaml).expect("write");
+        let out = report(dir.path(), &[]);
+        assert_refused(
+            &out,
+            &[
+                "pods.yaml",
+                "YAML nested deeper than the limit of 127 levels",
+            ],
+        );
+    }
+
+    // The same in JSON: serde_json's recursion limit, reported the same way.
+    std::fs::remove_file(dir.path().join("pods.yaml")).expect("rm");
+    let json = format!(
+        "{{\"kind\":\"List\",\"items\":[{}",
+        "{\"a\":[".repeat(200 * 1024 / 7)
+    );
+    std::fs::write(dir.path().join("pods.json"), &json).expect("write");
+    let out = report(dir.path(), &[]);
+    assert_refused(
+        &out,
+        &[
+            "pods.json",
+            "JSON nested deeper than the limit of 127 levels",
+        ],
+    );
+}
+
+/// A dump over `--max-dump-size` is refused before it is parsed: exit 2, the file and the limit
+/// named; the same files pass with the default limit.
+#[test]
+fn oversize_dumps_are_refused_with_the_limit() {
+    let dir = homelab_copy();
+    let ok = report(dir.path(), &[]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let pods_len = std::fs::metadata(dir.path().join("pods.json"))
+        .expect("pods.json")
+        .len();
+    let dcgm_len = std::fs::metadata(dir.path().join("dcgm.prom"))
+        .expect("dcgm.prom")
+        .len();
+    assert!(pods_len > 1000 && dcgm_len > 1000, "{pods_len} {dcgm_len}");
+    // Every file is over 100 bytes: the first one read (pods.json) is refused.
+    let out = report(dir.path(), &["--max-dump-size", "100"]);
+    assert_refused(
+        &out,
+        &[
+            "pods.json",
+            "larger than the dump size limit of 100 bytes",
+            "--max-dump-size",
+        ],
+    );
+    // A limit between the kubectl dumps and the DCGM dump: the DCGM dump is refused.
+    let biggest_kubectl = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .map(|e| e.metadata().expect("meta").len())
+        .max()
+        .expect("json files");
+    let mut dcgm = std::fs::read_to_string(dir.path().join("dcgm.prom")).expect("dcgm");
+    while (dcgm.len() as u64) <= biggest_kubectl {
+        dcgm.push_str("# padding comment, ignored by the parser\n");
+    }
+    std::fs::write(dir.path().join("dcgm.prom"), &dcgm).expect("write");
+    let limit = biggest_kubectl.to_string();
+    let out = report(dir.path(), &["--max-dump-size", &limit]);
+    assert_refused(
+        &out,
+        &[
+            "dcgm.prom",
+            &format!("larger than the dump size limit of {limit} bytes"),
+        ],
+    );
+    // The environment variable works as the flag does; units are accepted.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+        .args(["report", "--from"])
+        .arg(dir.path())
+        .env("GPU_LEDGER_MAX_DUMP_SIZE", "1KiB")
+        .output()
+        .expect("run");
+    assert_refused(&out, &["larger than the dump size limit of 1024 bytes"]);
+    let out = report(dir.path(), &["--max-dump-size", "lots"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not a size like"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A DCGM dump that is mostly other metrics (node_exporter-like lines, 20 MB): the few DCGM
+/// series are read as from the small dump, and the rest is dropped line by line. Memory is not
+/// asserted here (no timing or RSS targets in tests): `scripts/bench-dump-memory.sh` measures it
+/// (docs/benchmarks.md).
+#[test]
+fn dump_of_mostly_ignored_metrics_reads_only_the_dcgm_series() {
+    let dir = homelab_copy();
+    let small = report(dir.path(), &[]);
+    assert!(small.status.success());
+    let mut dcgm = std::fs::read_to_string(dir.path().join("dcgm.prom")).expect("dcgm");
+    let mut i = 0u64;
+    while dcgm.len() < 20 << 20 {
+        let _ = writeln!(
+            dcgm,
+            "node_cpu_seconds_total{{cpu=\"{}\",instance=\"10.0.{}.{}:9100\",job=\"node\",mode=\"idle\"}} {i}.5",
+            i % 128,
+            i / 65536 % 256,
+            i / 256 % 256
+        );
+        i += 1;
+    }
+    std::fs::write(dir.path().join("dcgm.prom"), &dcgm).expect("write");
+    let big = report(dir.path(), &[]);
+    assert!(
+        big.status.success(),
+        "{}",
+        String::from_utf8_lossy(&big.stderr)
+    );
+    let v = |o: &Output| -> serde_json::Value {
+        let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        v["generated_at"] = serde_json::Value::Null;
+        v
+    };
+    assert_eq!(v(&small), v(&big), "ignored metrics changed the ledger");
 }

@@ -54,13 +54,21 @@ pub enum AppError {
     Cull(#[source] crate::cull::CullError),
     #[error("task {0} ended unexpectedly")]
     TaskEnded(String),
+    #[error("invalid configuration")]
+    Tls(#[from] crate::export::tls::TlsError),
+    #[error("invalid configuration")]
+    ApiAuth(#[from] crate::export::auth::AuthError),
 }
 
 impl AppError {
     /// Exit code: 2 for bad input or configuration, 1 for runtime failures.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Offline(_) | Self::KubeConfig(..) => 2,
+            Self::Config(_)
+            | Self::Offline(_)
+            | Self::KubeConfig(..)
+            | Self::Tls(_)
+            | Self::ApiAuth(_) => 2,
             _ => 1,
         }
     }
@@ -140,6 +148,7 @@ fn prometheus_client(args: &PrometheusArgs) -> Result<Option<Arc<PromClient>>, A
     let Some(url) = args.prometheus_url.clone() else {
         return Ok(None);
     };
+    check_credentials_transport(&url, args)?;
     let cfg = PromConfig {
         url,
         bearer_token_file: args.prometheus_bearer_token_file.clone(),
@@ -154,6 +163,33 @@ fn prometheus_client(args: &PrometheusArgs) -> Result<Option<Arc<PromClient>>, A
     PromClient::new(cfg)
         .map(|c| Some(Arc::new(c)))
         .map_err(AppError::Prometheus)
+}
+
+/// Refuses to send credentials (a bearer token file, or user and password in the URL) to a
+/// plain-`http` Prometheus, where anyone on the path can read and replay them, unless
+/// `--prometheus-allow-insecure-token` says so.
+fn check_credentials_transport(url: &reqwest::Url, args: &PrometheusArgs) -> Result<(), AppError> {
+    let credentials = if args.prometheus_bearer_token_file.is_some() {
+        "--prometheus-bearer-token-file"
+    } else if !url.username().is_empty() || url.password().is_some() {
+        "credentials in --prometheus-url"
+    } else {
+        return Ok(());
+    };
+    if url.scheme() != "http" {
+        return Ok(());
+    }
+    if args.prometheus_allow_insecure_token {
+        tracing::warn!(
+            "sending Prometheus credentials over plain http (--prometheus-allow-insecure-token)"
+        );
+        return Ok(());
+    }
+    Err(AppError::Config(format!(
+        "{credentials} with an http:// --prometheus-url would send the credentials unencrypted; \
+         use an https:// URL, or pass --prometheus-allow-insecure-token \
+         (GPU_LEDGER_PROMETHEUS_ALLOW_INSECURE_TOKEN=true) to accept that"
+    )))
 }
 
 fn cull_mode(flag: CullModeFlag) -> CullMode {

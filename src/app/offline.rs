@@ -35,6 +35,8 @@ pub struct OfflineInput {
     pub policy: Policy,
     /// Only pods and quotas of these namespaces (`--namespaces`, as the live lists); empty = all.
     pub namespaces: Vec<String>,
+    /// Largest dump file accepted, in bytes (each file; `--max-dump-size`).
+    pub max_dump_bytes: u64,
 }
 
 impl OfflineInput {
@@ -50,6 +52,7 @@ impl OfflineInput {
             scheme: SchemeChoice::Auto,
             policy: Policy::default(),
             namespaces: Vec::new(),
+            max_dump_bytes: dump::DEFAULT_MAX_DUMP_BYTES,
         }
     }
 }
@@ -79,7 +82,10 @@ pub enum OfflineError {
 
 /// Loads the dumps and builds the ledger at `input.at`, or the newest DCGM sample, or `fallback_now`.
 pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline, OfflineError> {
-    let mut claims = files::load(&input.paths, &input.policy.names)?;
+    let limits = files::DumpLimits {
+        max_bytes: input.max_dump_bytes,
+    };
+    let mut claims = files::load_with_limits(&input.paths, &input.policy.names, limits)?;
     if !input.namespaces.is_empty() {
         let wanted = |ns: &String| input.namespaces.contains(ns);
         claims.pods.retain(|p| wanted(&p.namespace));
@@ -92,6 +98,7 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
         scheme: input.scheme,
         idle_threshold: input.policy.idle_threshold,
         max_staleness: input.policy.max_staleness,
+        max_bytes: input.max_dump_bytes,
     };
     let usage = dump::load(&input.dcgm, &settings, fallback_now)?;
     let ledger = ledger::build(&claims, &usage.usage, usage.at, &input.policy);

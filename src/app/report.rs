@@ -65,6 +65,7 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
     input.scheme = args.ledger.label_scheme;
     input.policy = policy.clone();
     input.namespaces = listed(&args.ledger.namespaces);
+    input.max_dump_bytes = args.max_dump_size;
     let offline = offline::load(&input, Utc::now())?;
     for w in &offline.warnings {
         eprintln!("warning: {w}");
@@ -83,27 +84,25 @@ async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppEr
             "report needs --from DIR (or --pods/--nodes/--dcgm files), or a live cluster with --prometheus-url".into(),
         ));
     }
+    // Configuration first: a refused Prometheus setting fails before any API call.
+    let prom = prom_client(&args.ledger)?;
     let client = kube_client(&args.kube).await?;
     let claims =
         claims::list::list_claims(&client, &policy.names, &listed(&args.ledger.namespaces)).await?;
     let at = args.at.unwrap_or_else(Utc::now);
-    let usage = live_usage(args, at).await;
+    let usage = live_usage(prom, &args.ledger, at).await;
     Ok(ledger::build(&claims, &usage, at, policy))
 }
 
 /// One refresh of the live usage source as of `at`: the idle history rebuilt over the lookback,
 /// then the window merged into it, exactly as `serve`'s first refresh (a report may ask for an
 /// earlier instant).
-async fn live_usage(args: &ReportArgs, at: DateTime<Utc>) -> Usage {
-    let client = match prom_client(&args.ledger) {
-        Ok(Some(c)) => c,
-        Ok(None) => return Usage::default(),
-        Err(e) => {
-            warn_unavailable(&e);
-            return Usage::default();
-        }
-    };
-    let mut source = LiveUsage::new(Some(client), live_settings(&args.ledger));
+async fn live_usage(
+    prom: Option<std::sync::Arc<crate::usage::prom::PromClient>>,
+    args: &crate::config::LedgerArgs,
+    at: DateTime<Utc>,
+) -> Usage {
+    let mut source = LiveUsage::new(prom, live_settings(args));
     let fetched = source.fetch_at(at).await;
     if let Some(e) = &fetched.error {
         warn_unavailable(e);

@@ -37,7 +37,7 @@ use crate::config::ServeArgs;
 use crate::cull::actuator::RecheckError;
 use crate::cull::plan::{Action, CullPolicy};
 use crate::cull::{self, Culler};
-use crate::export::{SelfMetrics, Snapshot, server};
+use crate::export::{SelfMetrics, Snapshot, auth, server, tls};
 use crate::ledger::usage::Usage;
 use crate::ledger::{self, Ledger, Policy};
 use crate::test_hooks;
@@ -258,6 +258,7 @@ struct CullInput {
 #[allow(clippy::too_many_lines)] // the wiring of every task, in order
 pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     validate(&args)?;
+    let tls_config = tls::from_files(args.tls_cert_file.clone(), args.tls_key_file.clone())?;
     let policy = args.ledger.policy();
     let settings = live_settings(&args.ledger);
     let prom = prom_client(&args.ledger)?;
@@ -353,8 +354,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         probes: health.clone(),
     };
     let server_cancel = tasks.cancel.clone();
+    // TLS and API authentication (docs/security.md): export::tls, export::auth.
+    let kube_auth =
+        (args.api_auth == crate::config::ApiAuthFlag::Kubernetes).then(|| client.clone());
+    let api_auth = auth::ApiAuth::new(args.api_token_file.clone(), kube_auth)?;
+    let app = auth::protect(server::router(state), api_auth);
     tasks.spawn_critical("http", info_span!("http"), async move {
-        if let Err(e) = server::serve(listener, state, server_cancel).await {
+        if let Err(e) = tls::serve(listener, app, tls_config, server_cancel).await {
             error!(error = &e as &dyn std::error::Error, "http server failed");
         }
     });

@@ -70,13 +70,18 @@ pub async fn list_claims(
     if let Ok(group) = kube::discovery::group(client, "kubeflow.org").await
         && let Some((ar, _)) = group.recommended_kind("Notebook")
     {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        let list = api.list(&lp).await.map_err(failed("notebooks"))?;
-        claims.notebooks = list
-            .items
-            .iter()
-            .map(|o| project::notebook(&o.metadata))
-            .collect();
+        // Per namespace when --namespaces is set, as the watches do (the RBAC may be bound there
+        // only).
+        for ns in &scopes {
+            let api: Api<DynamicObject> = match ns {
+                Some(n) => Api::namespaced_with(client.clone(), n, &ar),
+                None => Api::all_with(client.clone(), &ar),
+            };
+            let list = api.list(&lp).await.map_err(failed("notebooks"))?;
+            claims
+                .notebooks
+                .extend(list.items.iter().map(|o| project::notebook(&o.metadata)));
+        }
         claims.notebooks_enabled = true;
         let mut sets = std::collections::BTreeSet::new();
         for p in &claims.pods {

@@ -1,8 +1,10 @@
 //! Export: the `/metrics` Collector over the latest snapshot, self-metrics, and the admin server.
 
+pub mod auth;
 pub mod collector;
 pub mod page;
 pub mod server;
+pub mod tls;
 
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,

@@ -2,6 +2,7 @@
 //! `OpenMetrics`, with or without sample timestamps), reduced to the ledger's usage inputs by the
 //! same [`series::reduce`] as every other path.
 
+use std::io::{BufReader, Read as _};
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Duration, Utc};
@@ -14,6 +15,9 @@ use crate::ledger::usage::{Usage, Window, fields};
 
 /// Scrape interval assumed when the dump does not show one (a single snapshot).
 pub const DEFAULT_SCRAPE_INTERVAL_SECS: i64 = 30;
+
+/// Default [`DumpSettings::max_bytes`]: 1 GiB (`report --max-dump-size`).
+pub const DEFAULT_MAX_DUMP_BYTES: u64 = 1 << 30;
 
 /// Fields the reduction reads (each in every accepted spelling, see [`fields::SPELLINGS`]).
 pub const KEEP: [&str; 3] = [fields::GR_ENGINE_ACTIVE, fields::GPU_UTIL, fields::FB_USED];
@@ -32,6 +36,9 @@ pub struct DumpSettings {
     pub idle_threshold: f64,
     /// Samples older than this are not a current reading.
     pub max_staleness: Duration,
+    /// Largest dump accepted, in bytes. Memory does not grow with the file (it is read line by
+    /// line, and only [`KEEP`] series are stored), but reading time does.
+    pub max_bytes: u64,
 }
 
 /// The usage read from a dump, and what the caller should tell the user.
@@ -58,6 +65,10 @@ pub enum DumpError {
         source: std::io::Error,
     },
     #[error(
+        "{path}: larger than the dump size limit of {limit} bytes (raise it with --max-dump-size)"
+    )]
+    TooLarge { path: PathBuf, limit: u64 },
+    #[error(
         "{path}: no DCGM_FI_* series found (expected a dcgm-exporter /metrics or Prometheus /federate dump)"
     )]
     NoDcgmSeries { path: PathBuf },
@@ -74,20 +85,14 @@ pub fn load(
     settings: &DumpSettings,
     fallback_now: DateTime<Utc>,
 ) -> Result<DumpUsage, DumpError> {
-    let text = std::fs::read_to_string(path).map_err(|source| DumpError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let file = display_name(path);
-    let mut warnings = Vec::new();
-
     // Samples without a timestamp are parked at a sentinel, then moved to the observation instant.
     let sentinel = DateTime::<Utc>::MIN_UTC;
     let sentinel_ms = sentinel.timestamp_millis();
-    let keep: Vec<&str> = fields::all_spellings().collect();
-    let mut parsed = exposition::parse(&text, &keep, sentinel);
+    let mut parsed = read_bounded(path, settings.max_bytes, sentinel)?;
+    let file = display_name(path);
+    let mut warnings = Vec::new();
     if parsed.series.is_empty() {
-        return Err(if has_dcgm_sample(&text) {
+        return Err(if parsed.dcgm_lines > 0 {
             DumpError::NoUsageFields {
                 path: path.to_path_buf(),
             }
@@ -188,11 +193,47 @@ fn display_name(path: &Path) -> String {
     )
 }
 
-/// True when any sample line names a DCGM field.
-fn has_dcgm_sample(text: &str) -> bool {
-    text.lines()
-        .map(str::trim_start)
-        .any(|l| l.starts_with("DCGM_FI_"))
+/// Parses at most `max_bytes` of `path` line by line ([`exposition::parse_reader`]); a longer
+/// file is [`DumpError::TooLarge`]. The size is checked before reading (regular files) and while
+/// reading (pipes, growing files). Input that cannot seek (a pipe) is read into memory first, to
+/// find out whether it is OpenMetrics (which ends in `# EOF`).
+fn read_bounded(
+    path: &Path,
+    max_bytes: u64,
+    default_time: DateTime<Utc>,
+) -> Result<exposition::Parsed, DumpError> {
+    let read_err = |source| DumpError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let too_large = || DumpError::TooLarge {
+        path: path.to_path_buf(),
+        limit: max_bytes,
+    };
+    let keep: Vec<&str> = fields::all_spellings().collect();
+    let mut file = std::fs::File::open(path).map_err(read_err)?;
+    if file.metadata().map_err(read_err)?.len() > max_bytes {
+        return Err(too_large());
+    }
+    let parsed = if let Ok(openmetrics) = exposition::ends_with_eof_marker(&mut file) {
+        let mut limited = BufReader::new(file.take(max_bytes.saturating_add(1)));
+        let parsed = exposition::parse_reader(&mut limited, &keep, default_time, openmetrics)
+            .map_err(read_err)?;
+        if limited.into_inner().limit() == 0 {
+            return Err(too_large());
+        }
+        parsed
+    } else {
+        let mut text = String::new();
+        file.take(max_bytes.saturating_add(1))
+            .read_to_string(&mut text)
+            .map_err(read_err)?;
+        if text.len() as u64 > max_bytes {
+            return Err(too_large());
+        }
+        exposition::parse(&text, &keep, default_time)
+    };
+    Ok(parsed)
 }
 
 /// Median spacing between consecutive samples of the utilisation series; `None` without history.

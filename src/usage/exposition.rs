@@ -1,7 +1,13 @@
 //! Parser for Prometheus text exposition (dcgm-exporter `/metrics`, Prometheus `/federate`, or
 //! OpenMetrics ending in `# EOF`). Only the DCGM fields gpu-ledger reads are kept.
+//!
+//! Memory is proportional to the series kept, not to the input: [`parse_reader`] reads one line
+//! at a time, and a line of any other metric is dropped once its name is read (no label is
+//! decoded, nothing is stored).
 
 use std::collections::HashMap;
+use std::hash::BuildHasher as _;
+use std::io::{BufRead, Read, Seek, SeekFrom};
 
 use chrono::{DateTime, Utc};
 
@@ -15,6 +21,8 @@ pub struct Parsed {
     pub skipped_lines: usize,
     /// The first skipped line (1-based) and why, for the warning.
     pub first_skip: Option<(usize, String)>,
+    /// Lines (kept or not) whose metric name starts with `DCGM_FI_`.
+    pub dcgm_lines: usize,
 }
 
 /// Parses `text`, keeping samples whose metric name is in `keep`; samples without a timestamp are
@@ -25,70 +33,190 @@ pub fn parse(text: &str, keep: &[&str], default_time: DateTime<Utc>) -> Parsed {
         .rev()
         .find(|l| !l.trim().is_empty())
         .is_some_and(|l| l.trim() == "# EOF");
-    // Raw label text → series, and decoded identity → series: `{a="1"}` and `{a="1",}` (or other
-    // spacing, order, escapes) are one series, as in Prometheus.
-    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
-    let mut identity: HashMap<(&str, Labels), usize> = HashMap::new();
-    let mut out = Parsed::default();
-    let default_ms = default_time.timestamp_millis();
-    for (n, raw) in text.lines().enumerate() {
+    let mut parser = Parser::new(keep, default_time, openmetrics);
+    for line in text.lines() {
+        parser.line(line);
+    }
+    parser.finish()
+}
+
+/// [`parse`] over a reader, one line at a time. `openmetrics` says how to read sample
+/// timestamps (seconds, not milliseconds): [`ends_with_eof_marker`] tells it for a file. A line
+/// that is not UTF-8 is an [`std::io::ErrorKind::InvalidData`] error naming the line.
+pub fn parse_reader<R: BufRead>(
+    mut reader: R,
+    keep: &[&str],
+    default_time: DateTime<Utc>,
+    openmetrics: bool,
+) -> std::io::Result<Parsed> {
+    let mut parser = Parser::new(keep, default_time, openmetrics);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf)? == 0 {
+            break;
+        }
+        let line = std::str::from_utf8(&buf).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("line {}: not UTF-8 ({e})", parser.lines + 1),
+            )
+        })?;
+        // Line ends as `str::lines` strips them: `\n`, or `\r\n`.
+        let line = line
+            .strip_suffix('\n')
+            .map_or(line, |l| l.strip_suffix('\r').unwrap_or(l));
+        parser.line(line);
+    }
+    Ok(parser.finish())
+}
+
+/// True when the last non-blank line of `r` is `# EOF` (an OpenMetrics exposition), as [`parse`]
+/// decides it, reading only the end of the input. Leaves `r` at its start.
+pub fn ends_with_eof_marker<R: Read + Seek>(r: &mut R) -> std::io::Result<bool> {
+    ends_with_eof_marker_chunked(r, 64 * 1024)
+}
+
+/// [`ends_with_eof_marker`], reading `chunk` bytes first and twice as many each time more is
+/// needed.
+fn ends_with_eof_marker_chunked<R: Read + Seek>(r: &mut R, chunk: u64) -> std::io::Result<bool> {
+    let len = r.seek(SeekFrom::End(0))?;
+    let mut tail = chunk.max(1).min(len);
+    let answer = loop {
+        let start = len - tail;
+        r.seek(SeekFrom::Start(start))?;
+        let mut bytes = Vec::with_capacity(usize::try_from(tail).unwrap_or(0));
+        r.by_ref().take(tail).read_to_end(&mut bytes)?;
+        // A character cut at `start` only damages the first line, which is never decided on
+        // unless the read began at the start of the input.
+        let text = String::from_utf8_lossy(&bytes);
+        let mut lines = text.lines().rev().peekable();
+        let mut found = None;
+        while let Some(l) = lines.next() {
+            if !l.trim().is_empty() {
+                let first_of_chunk = lines.peek().is_none() && !text.starts_with('\n');
+                found = Some((l.trim() == "# EOF", first_of_chunk));
+                break;
+            }
+        }
+        match found {
+            Some((is_eof, first_of_chunk)) if !first_of_chunk || start == 0 => break is_eof,
+            None if start == 0 => break false,
+            // Blank to the chunk's start, or the line may begin before it: read further back.
+            _ => tail = (tail * 2).min(len),
+        }
+    };
+    r.seek(SeekFrom::Start(0))?;
+    Ok(answer)
+}
+
+/// Line-by-line state of one parse.
+struct Parser<'k> {
+    keep: &'k [&'k str],
+    openmetrics: bool,
+    default_ms: i64,
+    /// Lines read so far (the 1-based number of the current line while it is parsed).
+    lines: usize,
+    /// `name{label text` exactly as spelled in the input → series: repeated samples of a series
+    /// (federate dumps) are matched without decoding labels again.
+    raw: HashMap<Box<str>, usize>,
+    /// Scratch buffer for `raw` look-ups.
+    raw_key: String,
+    /// Hash of the decoded identity (name, labels) → series with that hash: `{a="1"}` and
+    /// `{a="1",}` (or other spacing, order, escapes) are one series, as in Prometheus.
+    identity: HashMap<u64, Vec<usize>>,
+    hasher: foldhash::fast::RandomState,
+    out: Parsed,
+}
+
+impl<'k> Parser<'k> {
+    fn new(keep: &'k [&'k str], default_time: DateTime<Utc>, openmetrics: bool) -> Self {
+        Parser {
+            keep,
+            openmetrics,
+            default_ms: default_time.timestamp_millis(),
+            lines: 0,
+            raw: HashMap::new(),
+            raw_key: String::new(),
+            identity: HashMap::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            out: Parsed::default(),
+        }
+    }
+
+    fn line(&mut self, raw: &str) {
+        self.lines += 1;
+        let n = self.lines;
         let line = raw.trim();
         if line.is_empty() || line.starts_with('#') {
-            continue;
+            return;
         }
-        match split_sample(line) {
-            Ok((name, label_text, value, ts)) => {
-                if !keep.contains(&name) {
-                    continue;
+        if line.starts_with("DCGM_FI_") {
+            self.out.dcgm_lines += 1;
+        }
+        let (name, label_text, value, ts) = match split_sample(line) {
+            Ok(parts) => parts,
+            Err(e) => return self.out.skip(n, e),
+        };
+        if !self.keep.contains(&name) {
+            return;
+        }
+        let t_ms = match ts {
+            Some(ts) => match parse_timestamp(ts, self.openmetrics) {
+                Some(t) => t,
+                None => return self.out.skip(n, format!("bad timestamp {ts:?}")),
+            },
+            None => self.default_ms,
+        };
+        let Some(value) = parse_value(value) else {
+            return self.out.skip(n, format!("bad value {value:?}"));
+        };
+        self.raw_key.clear();
+        self.raw_key.push_str(name);
+        self.raw_key.push('{');
+        self.raw_key.push_str(label_text);
+        let slot = if let Some(i) = self.raw.get(self.raw_key.as_str()) {
+            *i
+        } else {
+            match parse_labels(label_text) {
+                Ok(labels) => {
+                    let slot = self.series_for(name, labels);
+                    self.raw.insert(self.raw_key.as_str().into(), slot);
+                    slot
                 }
-                let t_ms = if let Some(ts) = ts {
-                    if let Some(t) = parse_timestamp(ts, openmetrics) {
-                        t
-                    } else {
-                        out.skip(n + 1, format!("bad timestamp {ts:?}"));
-                        continue;
-                    }
-                } else {
-                    default_ms
-                };
-                let Some(value) = parse_value(value) else {
-                    out.skip(n + 1, format!("bad value {value:?}"));
-                    continue;
-                };
-                let slot = match index.get(&(name, label_text)) {
-                    Some(i) => *i,
-                    None => match parse_labels(label_text) {
-                        Ok(labels) => {
-                            let key = (name, labels);
-                            let slot = if let Some(i) = identity.get(&key) {
-                                *i
-                            } else {
-                                out.series.push(Series {
-                                    name: name.to_string(),
-                                    labels: key.1.clone(),
-                                    samples: Vec::new(),
-                                });
-                                identity.insert(key, out.series.len() - 1);
-                                out.series.len() - 1
-                            };
-                            index.insert((name, label_text), slot);
-                            slot
-                        }
-                        Err(e) => {
-                            out.skip(n + 1, e);
-                            continue;
-                        }
-                    },
-                };
-                out.series[slot].samples.push((t_ms, value));
+                Err(e) => return self.out.skip(n, e),
             }
-            Err(e) => out.skip(n + 1, e),
+        };
+        self.out.series[slot].samples.push((t_ms, value));
+    }
+
+    /// The series of identity (`name`, `labels`), created when new.
+    fn series_for(&mut self, name: &str, labels: Labels) -> usize {
+        let hash = self.hasher.hash_one((name, &labels));
+        let same = self.identity.entry(hash).or_default();
+        if let Some(i) = same
+            .iter()
+            .copied()
+            .find(|i| self.out.series[*i].name == name && self.out.series[*i].labels == labels)
+        {
+            return i;
         }
+        self.out.series.push(Series {
+            name: name.to_string(),
+            labels,
+            samples: Vec::new(),
+        });
+        let slot = self.out.series.len() - 1;
+        same.push(slot);
+        slot
     }
-    for s in &mut out.series {
-        s.samples.sort_by_key(|(t, _)| *t);
+
+    fn finish(mut self) -> Parsed {
+        for s in &mut self.out.series {
+            s.samples.sort_by_key(|(t, _)| *t);
+        }
+        self.out
     }
-    out
 }
 
 impl Parsed {
@@ -327,7 +455,72 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
         );
     }
 
+    fn same(a: &Parsed, b: &Parsed) -> bool {
+        a.series == b.series
+            && a.skipped_lines == b.skipped_lines
+            && a.first_skip == b.first_skip
+            && a.dcgm_lines == b.dcgm_lines
+    }
+
+    #[test]
+    fn reader_and_text_agree_on_a_federate_dump() {
+        let text = "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\r\nDCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 1 1000\r\nnode_cpu{cpu=\"0\"} 5 1000\nDCGM_FI_DEV_GPU_TEMP{UUID=\"GPU-a\"} 40\nDCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\",} 2 2000\nbroken{\n";
+        let keep = ["DCGM_FI_DEV_GPU_UTIL"];
+        let a = parse(text, &keep, t0());
+        let b = parse_reader(text.as_bytes(), &keep, t0(), false).expect("read");
+        assert!(same(&a, &b), "{a:?} vs {b:?}");
+        assert_eq!(a.series.len(), 1);
+        assert_eq!(a.series[0].samples, vec![(1000, 1.0), (2000, 2.0)]);
+        assert_eq!(a.dcgm_lines, 3);
+        assert_eq!(a.skipped_lines, 1);
+    }
+
+    #[test]
+    fn reader_rejects_non_utf8_naming_the_line() {
+        let bytes = b"a 1\nb\xff 2\n";
+        let e = parse_reader(&bytes[..], &["a"], t0(), false).expect_err("not UTF-8");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().starts_with("line 2:"), "{e}");
+    }
+
+    #[test]
+    fn eof_marker_is_found_from_the_end() {
+        for (text, want) in [
+            ("a 1\n# EOF\n", true),
+            ("a 1\n# EOF", true),
+            ("a 1\n  # EOF  \n\n   \n", true),
+            ("a 1\n", false),
+            ("", false),
+            ("x# EOF\n", false),
+            ("# EOF\na 1\n", false),
+        ] {
+            for chunk in [1, 2, 3, 5, 64 * 1024] {
+                let mut c = std::io::Cursor::new(text.as_bytes());
+                let got = ends_with_eof_marker_chunked(&mut c, chunk).expect("seek");
+                assert_eq!(got, want, "{text:?} chunk {chunk}");
+                assert_eq!(c.position(), 0, "rewound");
+            }
+        }
+    }
+
     proptest! {
+        /// The streaming reader is the text parser, line for line, for either timestamp unit.
+        #[test]
+        fn reader_matches_text_parser(text in "(DCGM_FI_DEV_GPU_UTIL|a|b|# EOF|# TYPE a gauge|\\{|\\}|=|\"|,| |\r|\n|[0-9.]|x|é|\\\\)*") {
+            let keep = ["DCGM_FI_DEV_GPU_UTIL", "a"];
+            let whole = parse(&text, &keep, t0());
+            let mut cursor = std::io::Cursor::new(text.as_bytes());
+            let om = ends_with_eof_marker_chunked(&mut cursor, 3).expect("seek");
+            let om_text = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .is_some_and(|l| l.trim() == "# EOF");
+            prop_assert_eq!(om, om_text);
+            let streamed = parse_reader(cursor, &keep, t0(), om).expect("read");
+            prop_assert!(same(&whole, &streamed), "{:?} vs {:?}", whole, streamed);
+        }
+
         #[test]
         fn never_panics(text in "\\PC{0,200}") {
             let _ = parse(&text, &["DCGM_FI_DEV_GPU_UTIL", "a"], t0());

@@ -92,6 +92,13 @@ compares them for the default values).
 - --prometheus-url={{ required "prometheus.url is required" .Values.prometheus.url }}
 {{- with (include "gpu-ledger.tokenPath" .) }}
 - --prometheus-bearer-token-file={{ . }}
+{{- if hasPrefix "http://" (lower $.Values.prometheus.url) }}
+{{- if $.Values.prometheus.allowInsecureToken }}
+- --prometheus-allow-insecure-token
+{{- else }}
+{{- fail "prometheus.url is http:// but a bearer token is configured: the token would be sent unencrypted. Use an https:// URL, or set prometheus.allowInsecureToken=true to accept that" }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if .Values.prometheus.ca.configMapName }}
 - --prometheus-ca-file=/etc/gpu-ledger/prometheus-ca/{{ .Values.prometheus.ca.configMapKey }}
@@ -106,6 +113,9 @@ compares them for the default values).
 - --stuck-after={{ .Values.ledger.stuckAfter }}
 {{- with .Values.ledger.namespaces }}
 - --namespaces={{ join "," . }}
+{{- end }}
+{{- with (include "gpu-ledger.exporterNamespaces" . | fromJsonArray) }}
+- --exporter-namespaces={{ join "," . }}
 {{- end }}
 - --log-format={{ .Values.logFormat }}
 - --cull={{ $mode }}
@@ -137,6 +147,16 @@ compares them for the default values).
 {{- if gt (int (include "gpu-ledger.totalShards" .)) 1 }}
 - --shard=$(POD_INDEX)
 - --total-shards={{ include "gpu-ledger.totalShards" . }}
+{{- end }}
+{{- if .Values.tls.secretName }}
+- --tls-cert-file=/etc/gpu-ledger/tls/tls.crt
+- --tls-key-file=/etc/gpu-ledger/tls/tls.key
+{{- end }}
+{{- if .Values.apiAuth.tokenSecretName }}
+- --api-token-file=/etc/gpu-ledger/api-token/{{ .Values.apiAuth.tokenSecretKey }}
+{{- end }}
+{{- if .Values.apiAuth.kubernetes }}
+- --api-auth=kubernetes
 {{- end }}
 {{- with .Values.extraArgs }}
 {{ toYaml . }}
@@ -200,11 +220,17 @@ spec:
         httpGet:
           path: /readyz
           port: http
+          {{- if .Values.tls.secretName }}
+          scheme: HTTPS
+          {{- end }}
         {{- toYaml .Values.probes.readiness | nindent 8 }}
       livenessProbe:
         httpGet:
           path: /healthz
           port: http
+          {{- if .Values.tls.secretName }}
+          scheme: HTTPS
+          {{- end }}
         {{- toYaml .Values.probes.liveness | nindent 8 }}
       resources:
         {{- toYaml .Values.resources | nindent 8 }}
@@ -221,6 +247,16 @@ spec:
         {{- if .Values.prometheus.ca.configMapName }}
         - name: prometheus-ca
           mountPath: /etc/gpu-ledger/prometheus-ca
+          readOnly: true
+        {{- end }}
+        {{- if .Values.tls.secretName }}
+        - name: tls
+          mountPath: /etc/gpu-ledger/tls
+          readOnly: true
+        {{- end }}
+        {{- if .Values.apiAuth.tokenSecretName }}
+        - name: api-token
+          mountPath: /etc/gpu-ledger/api-token
           readOnly: true
         {{- end }}
   volumes:
@@ -243,6 +279,26 @@ spec:
           - key: {{ .Values.prometheus.ca.configMapKey }}
             path: {{ .Values.prometheus.ca.configMapKey }}
     {{- end }}
+    {{- if .Values.tls.secretName }}
+    # Mounted as a directory (no subPath): Secret updates reach the files, and gpu-ledger
+    # reloads them.
+    - name: tls
+      secret:
+        secretName: {{ .Values.tls.secretName }}
+        items:
+          - key: tls.crt
+            path: tls.crt
+          - key: tls.key
+            path: tls.key
+    {{- end }}
+    {{- if .Values.apiAuth.tokenSecretName }}
+    - name: api-token
+      secret:
+        secretName: {{ .Values.apiAuth.tokenSecretName }}
+        items:
+          - key: {{ .Values.apiAuth.tokenSecretKey }}
+            path: {{ .Values.apiAuth.tokenSecretKey }}
+    {{- end }}
   {{- with .Values.nodeSelector }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
@@ -259,4 +315,80 @@ spec:
   topologySpreadConstraints:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
+
+{{/*
+Spec of the Notebook ValidatingAdmissionPolicy for the user in .user. Keep in step with
+deploy/kustomize/overlays/culling/admission-policy.yaml (tests/deploy_chart.rs compares them).
+*/}}
+{{- define "gpu-ledger.notebookPolicySpec" -}}
+failurePolicy: Fail
+matchConstraints:
+  resourceRules:
+    - apiGroups: ["kubeflow.org"]
+      apiVersions: ["*"]
+      operations: ["CREATE", "UPDATE", "DELETE"]
+      resources: ["notebooks", "notebooks/*"]
+matchConditions:
+  - name: only-gpu-ledger
+    expression: request.userInfo.username == {{ .user | quote }}
+variables:
+  - name: owned
+    expression: >-
+      ['kubeflow-resource-stopped', 'gpu-ledger.io/stopped-at', 'gpu-ledger.io/stopped-by',
+      'gpu-ledger.io/stop-reason']
+  - name: isUpdate
+    expression: >-
+      request.operation == 'UPDATE' && (!has(request.subResource) || request.subResource == '')
+  - name: oldAnnotations
+    expression: >-
+      variables.isUpdate && has(oldObject.metadata.annotations) ?
+      oldObject.metadata.annotations : {}
+  - name: newAnnotations
+    expression: >-
+      variables.isUpdate && has(object.metadata.annotations) ?
+      object.metadata.annotations : {}
+validations:
+  - expression: variables.isUpdate
+    message: gpu-ledger may only update a Notebook (no create, delete or subresource write).
+  - expression: >-
+      !variables.isUpdate ||
+      (has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec)) &&
+      (has(object.status) == has(oldObject.status) && (!has(object.status) || object.status == oldObject.status))
+    message: gpu-ledger may not change a Notebook's spec or status.
+  - expression: >-
+      !variables.isUpdate ||
+      (has(object.metadata.labels) ? object.metadata.labels : {}) ==
+      (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) &&
+      (has(object.metadata.finalizers) ? object.metadata.finalizers : []) ==
+      (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : []) &&
+      (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) ==
+      (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])
+    message: gpu-ledger may not change a Notebook's labels, finalizers or owner references.
+  - expression: >-
+      variables.newAnnotations.all(k, k in variables.owned ||
+      (k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.newAnnotations[k])) &&
+      variables.oldAnnotations.all(k, k in variables.owned || k in variables.newAnnotations)
+    message: >-
+      gpu-ledger may only write the annotations kubeflow-resource-stopped,
+      gpu-ledger.io/stopped-at, gpu-ledger.io/stopped-by and gpu-ledger.io/stop-reason.
+  - expression: >-
+      !('kubeflow-resource-stopped' in variables.oldAnnotations) ||
+      ('kubeflow-resource-stopped' in variables.newAnnotations &&
+      variables.newAnnotations['kubeflow-resource-stopped'] == variables.oldAnnotations['kubeflow-resource-stopped'])
+    message: gpu-ledger may add kubeflow-resource-stopped, never remove or change it.
+{{- end }}
+
+{{/*
+Namespaces of dcgm-exporter's DaemonSet pods, as a JSON array: ledger.exporterNamespaces, else
+[gpu-operator] when ledger.namespaces restricts the watches, else [] (all namespaces).
+*/}}
+{{- define "gpu-ledger.exporterNamespaces" -}}
+{{- if .Values.ledger.exporterNamespaces -}}
+{{- toJson .Values.ledger.exporterNamespaces -}}
+{{- else if .Values.ledger.namespaces -}}
+["gpu-operator"]
+{{- else -}}
+[]
+{{- end -}}
 {{- end }}
