@@ -103,6 +103,15 @@ pub struct LedgerArgs {
     /// others 7.
     #[arg(long, env = "GPU_LEDGER_MIG_COMPUTE_SLICES", value_delimiter = ',', value_parser = product_slices)]
     pub mig_compute_slices: Vec<(String, u8)>,
+    /// DRA drivers whose devices (ResourceSlices, ResourceClaims) count as GPUs
+    /// (comma-separated); devices of other drivers are ignored.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_DRA_GPU_DRIVERS",
+        value_delimiter = ',',
+        default_value = "gpu.nvidia.com"
+    )]
+    pub dra_gpu_drivers: Vec<String>,
 }
 
 impl LedgerArgs {
@@ -110,6 +119,12 @@ impl LedgerArgs {
         Policy {
             names: ResourceNames {
                 extra: self.extra_gpu_resources.clone(),
+                dra_drivers: self
+                    .dra_gpu_drivers
+                    .iter()
+                    .map(|d| d.trim().to_string())
+                    .filter(|d| !d.is_empty())
+                    .collect(),
             },
             slices: SliceTable {
                 overrides: self.mig_compute_slices.clone(),

@@ -204,6 +204,9 @@ pub fn kubectl_list(data: &[u8]) {
             quotas: Some(path("quotas")),
             notebooks: Some(path("notebooks")),
             statefulsets: Some(path("statefulsets")),
+            resource_claims: None,
+            resource_slices: None,
+            device_classes: None,
         };
         let _ = files::load(&paths, &ResourceNames::default());
     }

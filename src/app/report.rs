@@ -42,6 +42,9 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
             notebooks: args.notebooks.clone(),
             quotas: args.quotas.clone(),
             statefulsets: args.statefulsets.clone(),
+            resource_claims: None,
+            resource_slices: None,
+            device_classes: None,
         };
         i.dcgm = args.dcgm.clone().unwrap_or_default();
         i

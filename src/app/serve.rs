@@ -175,6 +175,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         Arc::new(move |resource| restarts.with_label_values(&[resource]).inc()),
     )
     .await;
+    crate::claims::dra::register_enabled(&registry, &stores).map_err(AppError::Metrics)?;
 
     let ready = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -2,6 +2,7 @@
 //! dumps (`files`), all projected (`project`) into the ledger's claim inputs
 //! ([`crate::ledger::claims`]).
 
+pub mod dra;
 pub mod files;
 pub mod list;
 pub mod project;
