@@ -231,6 +231,12 @@ const READ_ONLY_RULES: &[(&str, &str, &str)] = &[
     ("kubeflow.org", "notebooks", "get"),
     ("kubeflow.org", "notebooks", "list"),
     ("kubeflow.org", "notebooks", "watch"),
+    ("resource.k8s.io", "deviceclasses", "list"),
+    ("resource.k8s.io", "deviceclasses", "watch"),
+    ("resource.k8s.io", "resourceclaims", "list"),
+    ("resource.k8s.io", "resourceclaims", "watch"),
+    ("resource.k8s.io", "resourceslices", "list"),
+    ("resource.k8s.io", "resourceslices", "watch"),
 ];
 
 const CULLER_RULES: &[(&str, &str, &str)] = &[

@@ -16,6 +16,7 @@ pub mod bins;
 pub mod certs;
 pub mod control_plane;
 pub mod dcgm;
+pub mod dra;
 pub mod nodes;
 pub mod process;
 pub mod prometheus;

@@ -63,7 +63,12 @@ impl Stack {
     /// Starts tier B, adds `nodes` and waits until they are Ready, installs the Notebook CRD,
     /// starts the fake DCGM exporter (admin client) and a Prometheus scraping it every second.
     pub async fn start(nodes: &[GpuNode]) -> Result<Self> {
-        let cp = ControlPlane::start(Tier::B(TierBOptions::default())).await?;
+        Self::start_with(nodes, TierBOptions::default()).await
+    }
+
+    /// [`Stack::start`] with tier B options (extra controllers, kwok configs).
+    pub async fn start_with(nodes: &[GpuNode], options: TierBOptions) -> Result<Self> {
+        let cp = ControlPlane::start(Tier::B(options)).await?;
         let admin = cp.client("admin").await?;
         for n in nodes {
             cp.add_node(n).await?;
@@ -309,6 +314,9 @@ pub struct Notebook {
     pub annotations: BTreeMap<String, String>,
     /// Finalizer on the pod template (holds the pod Terminating after a stop).
     pub pod_finalizer: Option<String>,
+    /// Get the GPU through a claim from this `ResourceClaimTemplate` (DRA) instead of an
+    /// `nvidia.com/gpu` limit.
+    pub dra_template: Option<String>,
 }
 
 impl Notebook {
@@ -322,7 +330,14 @@ impl Notebook {
             no_telemetry: false,
             annotations: BTreeMap::new(),
             pod_finalizer: None,
+            dra_template: None,
         }
+    }
+
+    #[must_use]
+    pub fn dra_template(mut self, template: &str) -> Self {
+        self.dra_template = Some(template.to_string());
+        self
     }
 
     #[must_use]
@@ -396,6 +411,12 @@ impl Notebook {
         });
         if let Some(node) = &self.node {
             pod_spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+        }
+        if let Some(t) = &self.dra_template {
+            let (claims, resources) =
+                crate::dra::pod_claim_fields(crate::dra::ClaimSource::Template(t));
+            pod_spec["resourceClaims"] = claims;
+            pod_spec["containers"][0]["resources"] = resources;
         }
         let sts: StatefulSet = serde_json::from_value(json!({
             "metadata": {"name": self.name, "namespace": self.namespace,
