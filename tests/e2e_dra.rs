@@ -389,6 +389,73 @@ async fn dra_claims_end_to_end() {
         assert!((v - gpus).abs() < 1e-9, "{pod}: {v}");
     }
 
+    // Offline: `report --from DIR` over `kubectl get … -A -o json` dumps of the same cluster and
+    // a Prometheus /federate dump gives the same DRA accounting.
+    let dir = stack.cp.dir().join("dump");
+    std::fs::create_dir_all(&dir).expect("dump dir");
+    for kind in [
+        "pods",
+        "nodes",
+        "resourceclaims",
+        "resourceslices",
+        "deviceclasses",
+    ] {
+        let out = stack
+            .cp
+            .kubectl("admin")
+            .expect("kubectl")
+            .args(["get", kind, "-A", "-o", "json"])
+            .output()
+            .expect("run kubectl");
+        assert!(out.status.success(), "kubectl get {kind}: {out:?}");
+        std::fs::write(dir.join(format!("{kind}.json")), &out.stdout).expect("write dump");
+    }
+    let federate = reqwest::Client::new()
+        .get(format!("{}/federate", stack.prometheus.url()))
+        .query(&[("match[]", "{__name__=~\"DCGM_.*\"}")])
+        .send()
+        .await
+        .expect("federate")
+        .text()
+        .await
+        .expect("federate body");
+    std::fs::write(dir.join("dcgm.prom"), federate).expect("write dcgm.prom");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+        .args(["report", "-o", "json", "--from"])
+        .arg(&dir)
+        .env_remove("GPU_LEDGER_FROM")
+        .output()
+        .expect("run report");
+    assert!(out.status.success(), "report --from: {out:?}");
+    let offline: Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    let live = gl.ledger_json().await.expect("ledger");
+    for pod in [
+        "train", "quiet", "mig-pod", "share-a", "waiting", "legacy", "ext",
+    ] {
+        let row = |l: &Value| {
+            l["pods"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["namespace"] == NS && p["pod"] == pod))
+                .map(|p| {
+                    (
+                        p["state"].clone(),
+                        p["gpus"].clone(),
+                        p["resources"].clone(),
+                        p["attribution"].clone(),
+                    )
+                })
+        };
+        assert_eq!(row(&offline), row(&live), "{pod}: offline vs live");
+        assert!(row(&offline).is_some(), "{pod} listed offline");
+    }
+    for node in ["dra-1", "dra-mig", "mixed"] {
+        assert_eq!(
+            node_row(&offline, node).map(|n| n["gpus_allocatable"].clone()),
+            node_row(&live, node).map(|n| n["gpus_allocatable"].clone()),
+            "{node}: offline vs live"
+        );
+    }
+
     // Culling: the notebook whose GPU comes from a template is stopped like any other.
     let nb = eventually("dra-nb-0 is the notebook's, exclusive", WAIT, || async {
         gl.pod_row(NB_NS, "dra-nb-0")
@@ -582,4 +649,69 @@ async fn metrics(url: &str) -> String {
         .text()
         .await
         .expect("metrics body")
+}
+
+/// The dump of one run of [`dra_claims_end_to_end`] (`tests/fixtures/dra`, see its README),
+/// reported offline without a cluster.
+#[test]
+fn dra_dumps_report_offline() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dra");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+        .args(["report", "-o", "json", "--from"])
+        .arg(&dir)
+        .env_remove("GPU_LEDGER_FROM")
+        .output()
+        .expect("run report");
+    assert!(out.status.success(), "report --from: {out:?}");
+    let l: Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    let row = |pod: &str| {
+        l["pods"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["pod"] == pod))
+            .cloned()
+            .unwrap_or_else(|| panic!("{pod} listed: {l}"))
+    };
+    for (pod, state, gpus, resource, attribution) in [
+        ("train", "running", 1.0, "dra:gpu.nvidia.com", "exclusive"),
+        ("quiet", "running", 1.0, "dra:gpu.nvidia.com", "exclusive"),
+        (
+            "mig-pod",
+            "running",
+            3.0 / 7.0,
+            "dra:gpu.nvidia.com/mig-3g.40gb",
+            "mig",
+        ),
+        ("share-a", "running", 0.5, "dra:gpu.nvidia.com", "shared"),
+        ("share-b", "running", 0.5, "dra:gpu.nvidia.com", "shared"),
+        ("waiting", "pending", 1.0, "dra:gpu.nvidia.com", "none"),
+        ("legacy", "running", 1.0, "dra:gpu.nvidia.com", "exclusive"),
+        ("ext", "running", 1.0, "nvidia.com/gpu", "exclusive"),
+        (
+            "dra-nb-0",
+            "running",
+            1.0,
+            "dra:gpu.nvidia.com",
+            "exclusive",
+        ),
+    ] {
+        let r = row(pod);
+        assert_eq!(r["state"], state, "{r}");
+        assert!((float(&r["gpus"]) - gpus).abs() < 1e-9, "{r}");
+        assert_eq!(r["resources"], json!({resource: 1}), "{r}");
+        assert_eq!(r["attribution"], attribution, "{r}");
+    }
+    assert_eq!(
+        row("dra-nb-0")["notebook"],
+        json!(null),
+        "no notebooks.json: ownership off"
+    );
+    for (node, alloc, claimed) in [
+        ("dra-1", 2.0, 2.0),
+        ("dra-mig", 1.0, 3.0 / 7.0),
+        ("mixed", 2.0, 2.0),
+    ] {
+        let n = node_row(&l, node).unwrap_or_else(|| panic!("{node} listed: {l}"));
+        assert!((float(&n["gpus_allocatable"]) - alloc).abs() < 1e-9, "{n}");
+        assert!((float(&n["gpus_claimed"]) - claimed).abs() < 1e-9, "{n}");
+    }
 }
