@@ -271,7 +271,8 @@ pub enum Output {
 pub struct ReportArgs {
     #[command(flatten)]
     pub ledger: LedgerArgs,
-    /// Read `DIR/{pods,nodes,notebooks,quotas,statefulsets}.{json,yaml}` and `DIR/dcgm.prom`.
+    /// Read `DIR/{pods,nodes,notebooks,quotas,statefulsets}.{json,yaml}` and `DIR/dcgm.prom`
+    /// (and the DRA dumps `DIR/{resourceclaims,resourceslices,deviceclasses}.json` when present).
     #[arg(long, env = "GPU_LEDGER_FROM", conflicts_with_all = ["pods", "nodes"])]
     pub from: Option<PathBuf>,
     /// `kubectl get pods -A -o json|yaml` dump.
