@@ -565,6 +565,30 @@ async fn dra_group_not_served() {
     );
     served.terminate(Duration::from_secs(5));
 
+    // Served but not readable (RBAC without the resource.k8s.io rule): a probe list fails before
+    // any watch starts, so DRA is off and serve still becomes ready.
+    let no_dra_rbac = READ_ONLY_RBAC
+        .replace("name: gpu-ledger\n", "name: gpu-ledger-no-dra\n")
+        .replace(
+            "  - apiGroups: [\"resource.k8s.io\"]\n    resources: [\"resourceclaims\", \"resourceslices\", \"deviceclasses\"]\n    verbs: [\"list\", \"watch\"]\n",
+            "",
+        );
+    assert!(!no_dra_rbac.contains("resource.k8s.io\"]"), "{no_dra_rbac}");
+    gpu_ledger_testkit::stack::apply_rbac(&admin, &no_dra_rbac, "intruder", "gpu-ledger")
+        .await
+        .expect("RBAC without DRA");
+    let (mut blind, url) = spawn_serve_as(&cp, "no-dra-rbac", "intruder").await;
+    let text = metrics(&url).await;
+    assert_eq!(
+        metric_value(&text, "gpu_ledger_dra_enabled", &[]),
+        Some(0.0),
+        "{}",
+        blind.log_tail(40)
+    );
+    let log = std::fs::read_to_string(blind.log_path()).expect("log");
+    assert!(log.contains("cannot list"), "{log}");
+    blind.terminate(Duration::from_secs(5));
+
     cp.restart_apiserver_with(&["--runtime-config=resource.k8s.io/v1=false"])
         .await
         .expect("apiserver without resource.k8s.io/v1");
@@ -601,6 +625,11 @@ async fn dra_group_not_served() {
 
 /// `gpu-ledger serve` as user `gpu-ledger` without Prometheus; waits for `/readyz`.
 async fn spawn_serve(cp: &ControlPlane, name: &str) -> (ChildGuard, String) {
+    spawn_serve_as(cp, name, "gpu-ledger").await
+}
+
+/// [`spawn_serve`] as token user `user`.
+async fn spawn_serve_as(cp: &ControlPlane, name: &str, user: &str) -> (ChildGuard, String) {
     let port = gpu_ledger_testkit::util::free_port().expect("port");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
     for (k, _) in std::env::vars_os() {
@@ -611,10 +640,7 @@ async fn spawn_serve(cp: &ControlPlane, name: &str) -> (ChildGuard, String) {
     cmd.arg("serve")
         .arg(format!("--listen=127.0.0.1:{port}"))
         .arg("--refresh-interval=1s")
-        .env(
-            "KUBECONFIG",
-            cp.kubeconfig_path("gpu-ledger").expect("kubeconfig"),
-        )
+        .env("KUBECONFIG", cp.kubeconfig_path(user).expect("kubeconfig"))
         .env("POD_NAME", name)
         .env("POD_NAMESPACE", "gpu-ledger")
         .env("GPU_LEDGER_LOG", "info");
