@@ -300,7 +300,10 @@ async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
             return false;
         }
         Ok(Err(kube::Error::Discovery(e))) => {
-            info!(error = %e, "{GROUP} not served: DRA accounting is off");
+            info!(
+                error = &e as &dyn std::error::Error,
+                "{GROUP} not served: DRA accounting is off"
+            );
             return false;
         }
         Ok(Err(e)) => {
@@ -353,6 +356,21 @@ async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
         }
     }
     true
+}
+
+/// Most time one full list may take (`report` against a live cluster).
+const LIST_TIMEOUT: Duration = Duration::from_secs(120);
+
+async fn list<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<K>, kube::Error>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    match tokio::time::timeout(LIST_TIMEOUT, api.list(lp)).await {
+        Ok(r) => r.map(|l| l.items),
+        Err(_) => Err(kube::Error::Service(
+            format!("listing timed out after {LIST_TIMEOUT:?}").into(),
+        )),
+    }
 }
 
 async fn probe<K>(api: &Api<K>, lp: &ListParams) -> Result<(), kube::Error>
@@ -463,16 +481,16 @@ pub async fn list_into(
     let lp = ListParams::default();
     for ns in &scopes {
         let api: Api<ResourceClaim> = watch::scoped(client, ns.as_deref());
-        for rc in api.list(&lp).await? {
+        for rc in list(&api, &lp).await? {
             claims.resource_claims.extend(resource_claim(names, &rc));
         }
     }
-    for s in Api::<ResourceSlice>::all(client.clone()).list(&lp).await? {
+    for s in list(&Api::<ResourceSlice>::all(client.clone()), &lp).await? {
         claims
             .dra_devices
             .extend(slice_devices(names, &s).into_iter().flatten());
     }
-    for c in Api::<DeviceClass>::all(client.clone()).list(&lp).await? {
+    for c in list(&Api::<DeviceClass>::all(client.clone()), &lp).await? {
         claims.device_classes.push(device_class(&c));
     }
     claims.dra_enabled = true;
