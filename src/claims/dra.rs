@@ -289,8 +289,8 @@ pub fn resource_claim(names: &ResourceNames, rc: &ResourceClaim) -> Option<Resou
 // ---------------------------------------------------------------------------------------------
 // Live sources.
 
-/// Whether `resource.k8s.io/v1` is served with claims, slices and classes, and readable by us.
-/// `Ok(false)` (with the reason logged) when not: DRA accounting is then off.
+/// Whether `resource.k8s.io/v1` is served with claims, slices and classes, and readable by us;
+/// `false` (with the reason logged) when not: DRA accounting is then off.
 async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
     let group = tokio::time::timeout(PROBE_TIMEOUT, kube::discovery::group(client, GROUP)).await;
     let group = match group {
