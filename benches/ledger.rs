@@ -49,6 +49,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 controller: None,
                 unschedulable_message: None,
                 labels: BTreeMap::new(),
+                resource_claims: Vec::new(),
             });
             let util = if g % 3 == 0 { 0.0 } else { 0.7 };
             devices.push(DeviceUsage {
@@ -61,6 +62,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 instance: None,
                 model: Some("NVIDIA H100 80GB HBM3".into()),
                 mig_profile: None,
+                mig_uuid: None,
                 workloads: vec![Workload { namespace: ns, pod }],
                 per_pod_utilization: vec![],
                 per_pod_memory_bytes: Vec::new(),

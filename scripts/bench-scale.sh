@@ -3,7 +3,12 @@
 # (issue 7; docs/benchmarks.md). Opt-in: NOT part of scripts/test.sh.
 #
 #   scripts/bench-scale.sh [--nodes 500] [--refresh-interval 10s] [--extra-pods 3000] \
-#                          [--scrapes 100] [--deletions 100] [--out FILE] [--hold]
+#                          [--scrapes 100] [--deletions 100] [--out FILE] [--hold] \
+#                          [--dra] [--no-ksm]
+#
+# --dra gives the 1-GPU pods and notebooks their GPU through DRA ResourceClaims (templates,
+# allocated by the real scheduler from the ResourceSlices NVIDIA's driver would publish);
+# --no-ksm skips kube-state-metrics (no --with-ksm build needed; its columns print `–`).
 #
 # --hold builds the cluster and telemetry, prints the KUBECONFIG / Prometheus URL to run
 # gpu-ledger by hand (under heaptrack or perf), and waits for Ctrl-C.
@@ -19,6 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 NODES=500
+NO_KSM=
 ARGS=()
 OUT=
 while [[ $# -gt 0 ]]; do
@@ -26,7 +32,8 @@ while [[ $# -gt 0 ]]; do
 	--nodes) NODES=$2; shift ;;
 	--out) OUT=$2; shift ;;
 	--refresh-interval | --extra-pods | --scrapes | --deletions | --concurrency) ARGS+=("$1" "$2"); shift ;;
-	--hold) ARGS+=("$1") ;;
+	--hold | --dra) ARGS+=("$1") ;;
+	--no-ksm) ARGS+=("$1"); NO_KSM=1 ;;
 	*) echo "unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -35,7 +42,7 @@ OUT=${OUT:-/tmp/gpu-ledger-bench-scale-$NODES.md}
 
 KUBEBUILDER_ASSETS=${KUBEBUILDER_ASSETS:-$(scripts/build-test-cluster.sh --print-bindir)}
 export KUBEBUILDER_ASSETS
-if [[ ! -x $KUBEBUILDER_ASSETS/kube-state-metrics && -z ${TEST_ASSET_KUBE_STATE_METRICS:-} ]]; then
+if [[ -z $NO_KSM && ! -x $KUBEBUILDER_ASSETS/kube-state-metrics && -z ${TEST_ASSET_KUBE_STATE_METRICS:-} ]]; then
 	echo "kube-state-metrics missing: run scripts/build-test-cluster.sh --with-ksm" >&2
 	exit 1
 fi
@@ -44,7 +51,7 @@ cargo build --release --bin gpu-ledger
 cargo build --release -p gpu-ledger-testkit --example scale_bench
 
 echo "== $(date -u +%FT%TZ) $(nproc) cores; load: $(uptime | sed 's/.*load average: //')"
-"$KUBEBUILDER_ASSETS/kube-state-metrics" --version 2>&1 | head -1 || true
+[[ -n $NO_KSM ]] || "$KUBEBUILDER_ASSETS/kube-state-metrics" --version 2>&1 | head -1 || true
 "$TARGET/release/gpu-ledger" --version || true
 "$TARGET/release/examples/scale_bench" --nodes "$NODES" --gpu-ledger "$TARGET/release/gpu-ledger" \
 	--out "$OUT" "${ARGS[@]}"

@@ -176,6 +176,15 @@ pub struct LedgerArgs {
     /// others 7.
     #[arg(long, env = "GPU_LEDGER_MIG_COMPUTE_SLICES", value_delimiter = ',', value_parser = product_slices, help_heading = "Claims")]
     pub mig_compute_slices: Vec<(String, u8)>,
+    /// DRA drivers whose devices (ResourceSlices, ResourceClaims) count as GPUs
+    /// (comma-separated); devices of other drivers are ignored.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_DRA_GPU_DRIVERS",
+        value_delimiter = ',',
+        default_value = "gpu.nvidia.com"
+    )]
+    pub dra_gpu_drivers: Vec<String>,
 }
 
 impl LedgerArgs {
@@ -183,6 +192,12 @@ impl LedgerArgs {
         Policy {
             names: ResourceNames {
                 extra: self.extra_gpu_resources.clone(),
+                dra_drivers: self
+                    .dra_gpu_drivers
+                    .iter()
+                    .map(|d| d.trim().to_string())
+                    .filter(|d| !d.is_empty())
+                    .collect(),
             },
             slices: SliceTable {
                 overrides: self.mig_compute_slices.clone(),
@@ -411,7 +426,8 @@ pub struct ReportArgs {
 #[command(next_help_heading = "Offline input")]
 pub struct DumpArgs {
     /// Read `DIR/{pods,nodes,notebooks,quotas,statefulsets}.{json,yaml}` and `DIR/dcgm.prom`
-    /// (as `gpu-ledger capture --out DIR` writes them).
+    /// (as `gpu-ledger capture --out DIR` writes them), and the DRA dumps
+    /// `DIR/{resourceclaims,resourceslices,deviceclasses}.json` when present.
     #[arg(long, env = "GPU_LEDGER_FROM", value_name = "DIR", conflicts_with_all = ["pods", "nodes"])]
     pub from: Option<PathBuf>,
     /// `kubectl get pods -A -o json|yaml` dump.

@@ -215,10 +215,20 @@ const READ_ONLY_RULES: &[(&str, &str, &str)] = &[
     ("apps", "statefulsets", "get"),
     ("kubeflow.org", "notebooks", "list"),
     ("kubeflow.org", "notebooks", "watch"),
+    ("resource.k8s.io", "resourceclaims", "list"),
+    ("resource.k8s.io", "resourceclaims", "watch"),
 ];
 
-/// ClusterRole `<fullname>-nodes`: cluster-scoped, always bound cluster-wide.
-const NODE_RULES: &[(&str, &str, &str)] = &[("", "nodes", "list"), ("", "nodes", "watch")];
+/// ClusterRole `<fullname>-nodes`: cluster-scoped, always bound cluster-wide (nodes, and the
+/// DRA devices and classes).
+const NODE_RULES: &[(&str, &str, &str)] = &[
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("resource.k8s.io", "deviceclasses", "list"),
+    ("resource.k8s.io", "deviceclasses", "watch"),
+    ("resource.k8s.io", "resourceslices", "list"),
+    ("resource.k8s.io", "resourceslices", "watch"),
+];
 
 /// ClusterRole `<fullname>-culler`: re-read and patch a Notebook; events.k8s.io Events only
 /// (kube-runtime's Recorder creates, then patches repeats).
@@ -1490,6 +1500,23 @@ fn check_namespaced_release(cp: &ControlPlane, scoped: &str) -> Result<()> {
             ("get", "statefulsets.apps", Some("team-b"), true),
             ("list", "nodes", None, true),
             ("watch", "nodes", None, true),
+            // DRA: claims per watched namespace; devices and classes are cluster-scoped.
+            (
+                "list",
+                "resourceclaims.resource.k8s.io",
+                Some("team-a"),
+                true,
+            ),
+            (
+                "watch",
+                "resourceclaims.resource.k8s.io",
+                Some("team-b"),
+                true,
+            ),
+            ("list", "resourceclaims.resource.k8s.io", None, false),
+            ("list", "resourceslices.resource.k8s.io", None, true),
+            ("watch", "resourceslices.resource.k8s.io", None, true),
+            ("list", "deviceclasses.resource.k8s.io", None, true),
             ("list", "pods", None, false),
             ("watch", "pods", None, false),
             ("list", "pods", Some("team-c"), false),

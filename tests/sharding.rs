@@ -29,6 +29,7 @@ fn device(node: &str, g: u32, holder: Option<(&str, &str)>, util: Option<f64>) -
         instance: None,
         model: Some("NVIDIA H100 80GB HBM3".into()),
         mig_profile: None,
+        mig_uuid: None,
         workloads: holder
             .map(|(ns, pod)| Workload {
                 namespace: ns.into(),
@@ -76,6 +77,7 @@ fn pod(ns: &str, name: &str, node: Option<&str>, gpus: u64, i: usize) -> PodClai
             .is_none()
             .then(|| "0/400 nodes are available: 400 Insufficient nvidia.com/gpu".into()),
         labels: BTreeMap::new(),
+        resource_claims: Vec::new(),
     }
 }
 

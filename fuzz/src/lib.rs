@@ -161,7 +161,16 @@ const EMPTY_LIST: &str = r#"{"apiVersion":"v1","kind":"List","items":[]}"#;
 const ONE_NODE: &str = r#"{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"},"status":{"allocatable":{"nvidia.com/gpu":"2"}}}]}"#;
 
 /// Slots a fuzz input can take, in `load` order; every other file is a valid list.
-const SLOTS: [&str; 5] = ["pods", "nodes", "quotas", "notebooks", "statefulsets"];
+const SLOTS: [&str; 8] = [
+    "pods",
+    "nodes",
+    "quotas",
+    "notebooks",
+    "statefulsets",
+    "resourceclaims",
+    "resourceslices",
+    "deviceclasses",
+];
 
 /// A scratch directory with the two filler dumps (empty list, one node), made once per process.
 fn scratch() -> &'static (PathBuf, (PathBuf, PathBuf)) {
@@ -183,7 +192,8 @@ fn scratch() -> &'static (PathBuf, (PathBuf, PathBuf)) {
 }
 
 /// Offline kubectl dumps (JSON or YAML): the bytes are each dump file in turn (pods, nodes,
-/// quotas, notebooks, statefulsets), the others valid lists; `load` never panics.
+/// quotas, notebooks, statefulsets, and the DRA resourceclaims, resourceslices, deviceclasses),
+/// the others valid lists; `load` never panics.
 pub fn kubectl_list(data: &[u8]) {
     let (dir, fillers) = scratch();
     let input = dir.join("input.json");
@@ -204,6 +214,9 @@ pub fn kubectl_list(data: &[u8]) {
             quotas: Some(path("quotas")),
             notebooks: Some(path("notebooks")),
             statefulsets: Some(path("statefulsets")),
+            resource_claims: Some(path("resourceclaims")),
+            resource_slices: Some(path("resourceslices")),
+            device_classes: Some(path("deviceclasses")),
         };
         let _ = files::load(&paths, &ResourceNames::default());
     }

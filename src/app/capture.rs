@@ -76,6 +76,7 @@ pub async fn capture(args: CaptureArgs) -> Result<(), AppError> {
     let at = args.at.unwrap_or_else(Utc::now);
     let names = ResourceNames {
         extra: listed(&args.extra_gpu_resources),
+        ..ResourceNames::default()
     };
     let namespaces = listed(&args.namespaces);
     let client = kube_client(&args.kube).await?;

@@ -55,6 +55,9 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
             notebooks: files.notebooks.clone(),
             quotas: files.quotas.clone(),
             statefulsets: files.statefulsets.clone(),
+            resource_claims: None,
+            resource_slices: None,
+            device_classes: None,
         };
         i.dcgm = files.dcgm.clone().unwrap_or_default();
         i

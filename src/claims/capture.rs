@@ -3,9 +3,11 @@
 //! `kind` on each item, no `managedFields`).
 //!
 //! The same objects [`super::list::list_claims`] reads: pods and ResourceQuotas of the given
-//! namespaces, every node, Notebooks when the CRD is served, and the StatefulSets that own GPU
-//! pods (a `get` each, as the shipped RBAC allows). Only pods that claim a GPU resource are kept:
-//! no other pod changes the report, and fewer objects leave the cluster.
+//! namespaces, every node, Notebooks when the CRD is served, the StatefulSets that own GPU pods
+//! (a `get` each, as the shipped RBAC allows), the DaemonSet pods that place each GPU on its node
+//! (dcgm-exporter's), and the DRA ResourceClaims, ResourceSlices and DeviceClasses when
+//! `resource.k8s.io/v1` is served. Only pods that claim a GPU resource (or run a DaemonSet) are
+//! kept: no other pod changes the report, and fewer objects leave the cluster.
 
 use std::collections::BTreeSet;
 
@@ -31,6 +33,10 @@ pub struct RawLists {
     /// like the live one).
     pub notebooks: Option<Value>,
     pub statefulsets: Option<Value>,
+    /// `None` when `resource.k8s.io/v1` is not served or readable (DRA accounting off).
+    pub resource_claims: Option<Value>,
+    pub resource_slices: Option<Value>,
+    pub device_classes: Option<Value>,
 }
 
 impl RawLists {
@@ -46,6 +52,15 @@ impl RawLists {
         }
         if let Some(s) = &self.statefulsets {
             v.push(("statefulsets", s));
+        }
+        for (stem, list) in [
+            ("resourceclaims", &self.resource_claims),
+            ("resourceslices", &self.resource_slices),
+            ("deviceclasses", &self.device_classes),
+        ] {
+            if let Some(l) = list {
+                v.push((stem, l));
+            }
         }
         v
     }
@@ -126,6 +141,7 @@ pub async fn list_raw(
             quotas.push(item(&q));
         }
     }
+    push_daemon_pods(client, &mut pods).await;
     let api: Api<Node> = Api::all(client.clone());
     let nodes: Vec<Value> = api
         .list(&lp)
@@ -135,6 +151,66 @@ pub async fn list_raw(
         .map(item)
         .collect();
 
+    let (notebooks, statefulsets) = list_notebooks(client, &pod_namespaces, owners).await?;
+    let (resource_claims, resource_slices, device_classes) =
+        list_dra(client, names, &scopes).await?;
+    Ok(RawLists {
+        pods: list_of(pods),
+        nodes: list_of(nodes),
+        quotas: list_of(quotas),
+        notebooks,
+        statefulsets,
+        resource_claims,
+        resource_slices,
+        device_classes,
+    })
+}
+
+/// DaemonSet pods anywhere (dcgm-exporter usually runs outside the captured namespaces):
+/// through them the report places a GPU on its node when the exporter's Hostname is its own
+/// pod name. Best effort: a user who may not list them gets the Hostname-only placement.
+async fn push_daemon_pods(client: &Client, pods: &mut Vec<Value>) {
+    let daemons = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().labels(project::DAEMONSET_POD_LABEL))
+        .await;
+    match daemons {
+        Ok(list) => {
+            let captured: BTreeSet<(String, String)> = pods
+                .iter()
+                .map(|p| {
+                    let m = &p["metadata"];
+                    (
+                        m["namespace"].as_str().unwrap_or_default().to_string(),
+                        m["name"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect();
+            for p in list.iter().filter(|p| project::daemon_pod(p).is_some()) {
+                let key = (
+                    p.metadata.namespace.clone().unwrap_or_default(),
+                    p.metadata.name.clone().unwrap_or_default(),
+                );
+                if !captured.contains(&key) {
+                    pods.push(item(p));
+                }
+            }
+        }
+        Err(e) => warn!(
+            error = &e as &dyn std::error::Error,
+            "cannot list DaemonSet pods: GPUs are placed by their Hostname label only"
+        ),
+    }
+}
+
+/// Notebooks in the namespaces with GPU pods, and the StatefulSets owning GPU pods; both `None`
+/// when the Kubeflow CRD is not served.
+async fn list_notebooks(
+    client: &Client,
+    pod_namespaces: &BTreeSet<String>,
+    owners: BTreeSet<(String, String)>,
+) -> Result<(Option<Value>, Option<Value>), ListError> {
+    let lp = ListParams::default();
+    let failed = |resource| move |source| ListError { resource, source };
     let (mut notebooks, mut statefulsets) = (None, None);
     if let Ok(group) = kube::discovery::group(client, "kubeflow.org").await
         && let Some((ar, _)) = group.recommended_kind("Notebook")
@@ -178,11 +254,39 @@ pub async fn list_raw(
         }
         statefulsets = Some(list_of(sets));
     }
-    Ok(RawLists {
-        pods: list_of(pods),
-        nodes: list_of(nodes),
-        quotas: list_of(quotas),
-        notebooks,
-        statefulsets,
-    })
+    Ok((notebooks, statefulsets))
+}
+
+/// ResourceClaims, ResourceSlices and DeviceClasses, when DRA is served and readable.
+async fn list_dra(
+    client: &Client,
+    names: &ResourceNames,
+    scopes: &[Option<&str>],
+) -> Result<(Option<Value>, Option<Value>, Option<Value>), ListError> {
+    let lp = ListParams::default();
+    let failed = |resource| move |source| ListError { resource, source };
+    let owned: Vec<Option<String>> = scopes.iter().map(|s| s.map(str::to_string)).collect();
+    let (mut resource_claims, mut resource_slices, mut device_classes) = (None, None, None);
+    if !names.dra_drivers.is_empty() && super::dra::available(client, &owned).await {
+        use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+        let mut claims = Vec::new();
+        for ns in scopes {
+            let api: Api<ResourceClaim> = scoped(client, *ns);
+            for c in api.list(&lp).await.map_err(failed("resourceclaims"))? {
+                claims.push(item(&c));
+            }
+        }
+        resource_claims = Some(list_of(claims));
+        let slices = Api::<ResourceSlice>::all(client.clone())
+            .list(&lp)
+            .await
+            .map_err(failed("resourceslices"))?;
+        resource_slices = Some(list_of(slices.iter().map(item).collect()));
+        let classes = Api::<DeviceClass>::all(client.clone())
+            .list(&lp)
+            .await
+            .map_err(failed("deviceclasses"))?;
+        device_classes = Some(list_of(classes.iter().map(item).collect()));
+    }
+    Ok((resource_claims, resource_slices, device_classes))
 }

@@ -10,10 +10,12 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use super::dra;
 use super::project::{self, ProjectError};
 use crate::ledger::claims::{Claims, ResourceNames};
 
@@ -97,10 +99,15 @@ pub struct DumpPaths {
     pub notebooks: Option<PathBuf>,
     pub quotas: Option<PathBuf>,
     pub statefulsets: Option<PathBuf>,
+    /// DRA dumps (`kubectl get resourceclaims|resourceslices|deviceclasses -A -o json`).
+    pub resource_claims: Option<PathBuf>,
+    pub resource_slices: Option<PathBuf>,
+    pub device_classes: Option<PathBuf>,
 }
 
 impl DumpPaths {
-    /// `DIR/{pods,nodes,notebooks,quotas,statefulsets}.{json,yaml,yml}`; pods and nodes are required.
+    /// `DIR/{pods,nodes,notebooks,quotas,statefulsets,resourceclaims,resourceslices,
+    /// deviceclasses}.{json,yaml,yml}`; pods and nodes are required.
     pub fn from_dir(dir: &Path) -> Self {
         let find = |stem: &str| -> Option<PathBuf> {
             ["json", "yaml", "yml"]
@@ -114,6 +121,9 @@ impl DumpPaths {
             notebooks: find("notebooks"),
             quotas: find("quotas").or_else(|| find("resourcequotas")),
             statefulsets: find("statefulsets"),
+            resource_claims: find("resourceclaims"),
+            resource_slices: find("resourceslices"),
+            device_classes: find("deviceclasses"),
         }
     }
 }
@@ -358,10 +368,15 @@ pub fn load_with_limits(
     let nodes: Vec<Node> = read_list(&paths.nodes, "Node", "nodes", limits)?;
     let mut claims = Claims::default();
     for p in &pods {
-        if let Some(c) = project::pod(names, p).map_err(q(&paths.pods))? {
-            claims.pods.push(c);
-        } else if let Some(d) = project::daemon_pod(p) {
-            claims.daemon_pods.push(d);
+        match project::pod(names, p).map_err(q(&paths.pods))? {
+            Some(c) => {
+                // A pod kept only for its ResourceClaims may still be a DaemonSet's.
+                if c.resources.is_empty() {
+                    claims.daemon_pods.extend(project::daemon_pod(p));
+                }
+                claims.pods.push(c);
+            }
+            None => claims.daemon_pods.extend(project::daemon_pod(p)),
         }
     }
     for n in &nodes {
@@ -390,6 +405,27 @@ pub fn load_with_limits(
     if let Some(path) = &paths.statefulsets {
         let sets: Vec<StatefulSet> = read_list(path, "StatefulSet", "statefulsets", limits)?;
         claims.statefulsets = sets.iter().map(project::statefulset).collect();
+    }
+    if let Some(path) = &paths.resource_claims {
+        let list: Vec<ResourceClaim> = read_list(path, "ResourceClaim", "resourceclaims", limits)?;
+        claims.resource_claims = list
+            .iter()
+            .filter_map(|rc| dra::resource_claim(names, rc))
+            .collect();
+        claims.dra_enabled = true;
+    }
+    if let Some(path) = &paths.resource_slices {
+        let list: Vec<ResourceSlice> = read_list(path, "ResourceSlice", "resourceslices", limits)?;
+        claims.dra_devices = list
+            .iter()
+            .filter_map(|s| dra::slice_devices(names, s))
+            .flatten()
+            .collect();
+        claims.dra_enabled = true;
+    }
+    if let Some(path) = &paths.device_classes {
+        let list: Vec<DeviceClass> = read_list(path, "DeviceClass", "deviceclasses", limits)?;
+        claims.device_classes = list.iter().map(dra::device_class).collect();
     }
     Ok(claims)
 }

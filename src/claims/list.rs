@@ -48,7 +48,13 @@ pub async fn list_claims(
         let pods: Api<Pod> = scoped(client, *ns);
         for p in pods.list(&lp).await.map_err(failed("pods"))? {
             match project::pod(names, &p) {
-                Ok(Some(c)) => claims.pods.push(c),
+                Ok(Some(c)) => {
+                    // A pod kept only for its ResourceClaims may still be a DaemonSet's.
+                    if c.resources.is_empty() {
+                        claims.daemon_pods.extend(project::daemon_pod(&p));
+                    }
+                    claims.pods.push(c);
+                }
                 Ok(None) => claims.daemon_pods.extend(project::daemon_pod(&p)),
                 Err(e) => warn!(error = &e as &dyn std::error::Error, "ignoring pod"),
             }
@@ -67,6 +73,9 @@ pub async fn list_claims(
             Err(e) => warn!(error = &e as &dyn std::error::Error, "ignoring node"),
         }
     }
+    super::dra::list_into(client, names, namespaces, &mut claims)
+        .await
+        .map_err(failed("resource.k8s.io"))?;
     if let Ok(group) = kube::discovery::group(client, "kubeflow.org").await
         && let Some((ar, _)) = group.recommended_kind("Notebook")
     {

@@ -3,6 +3,7 @@
 //! ([`crate::ledger::claims`]); `capture` lists the raw objects the dumps hold.
 
 pub mod capture;
+pub mod dra;
 pub mod files;
 pub mod list;
 pub mod project;

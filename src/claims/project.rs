@@ -149,10 +149,19 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         &container_units(names, &object, spec.resources.as_ref())?,
     );
     resources.retain(|_, v| *v > 0);
-    if resources.is_empty() {
+    let status = pod.status.as_ref();
+    let resource_claims = resource_claim_names(pod);
+    // Extended resources the scheduler backed with DRA (DRAExtendedResource: a DeviceClass with
+    // `extendedResourceName`, on a node without a device plugin for it) are held through the
+    // claim it made; counting them here as well would count the device twice.
+    if let Some(ext) = status.and_then(|s| s.extended_resource_claim_status.as_ref()) {
+        for m in &ext.request_mappings {
+            resources.remove(&m.resource_name);
+        }
+    }
+    if resources.is_empty() && resource_claims.is_empty() {
         return Ok(None);
     }
-    let status = pod.status.as_ref();
     let conditions = status
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default();
@@ -198,7 +207,48 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         resources,
         controller,
         unschedulable_message,
+        resource_claims,
     }))
+}
+
+/// Most claims a pod's projection keeps (a pod spec allows 32 `resourceClaims`).
+const MAX_POD_RESOURCE_CLAIMS: usize = 64;
+
+/// Names of the ResourceClaims a pod uses (see [`PodClaim::resource_claims`]): a claim named in
+/// `spec.resourceClaims`, the claim generated from a template as `status.resourceClaimStatuses`
+/// records it (none yet: not generated, or not needed), and the claim the scheduler made for
+/// DRA-backed extended resources.
+pub fn resource_claim_names(pod: &Pod) -> Vec<String> {
+    let status = pod.status.as_ref();
+    let generated = status
+        .and_then(|s| s.resource_claim_statuses.as_deref())
+        .unwrap_or_default();
+    let mut out: Vec<String> = Vec::new();
+    let spec_claims = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_deref())
+        .unwrap_or_default();
+    for c in spec_claims {
+        let name = match (&c.resource_claim_name, &c.resource_claim_template_name) {
+            (Some(n), _) => Some(n.clone()),
+            (None, Some(_)) => generated
+                .iter()
+                .find(|g| g.name == c.name)
+                .and_then(|g| g.resource_claim_name.clone()),
+            (None, None) => None,
+        };
+        out.extend(name.filter(|n| !n.is_empty()));
+    }
+    if let Some(ext) = status.and_then(|s| s.extended_resource_claim_status.as_ref())
+        && !ext.resource_claim_name.is_empty()
+    {
+        out.push(ext.resource_claim_name.clone());
+    }
+    out.sort();
+    out.dedup();
+    out.truncate(MAX_POD_RESOURCE_CLAIMS);
+    out
 }
 
 /// Labels kept on a pod (a StatefulSet's selector is checked against them), bounded: a pod's
@@ -444,6 +494,55 @@ mod tests {
         assert_eq!(
             (owner.group.as_str(), owner.kind.as_str()),
             ("apps", "StatefulSet")
+        );
+    }
+
+    #[test]
+    fn resource_claims_of_a_pod_resolve_templates_and_dra_backed_extended_resources() {
+        // A claim by name, one from a template (generated name in status), one template whose
+        // claim was not needed (no name), and the scheduler's claim for nvidia.com/gpu served by
+        // DRA (DRAExtendedResource): that resource is then held through the claim only.
+        let p = pod_from(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {
+                "nodeName": "n1",
+                "resourceClaims": [
+                    {"name": "shared", "resourceClaimName": "team-gpu"},
+                    {"name": "gpu", "resourceClaimTemplateName": "one-gpu"},
+                    {"name": "unused", "resourceClaimTemplateName": "maybe"}
+                ],
+                "containers": [{"name": "a", "resources": {
+                    "claims": [{"name": "gpu"}],
+                    "limits": {"nvidia.com/gpu": "1"}}}]
+            },
+            "status": {
+                "phase": "Running",
+                "resourceClaimStatuses": [
+                    {"name": "gpu", "resourceClaimName": "p-gpu-7x2kq"},
+                    {"name": "unused"}
+                ],
+                "extendedResourceClaimStatus": {
+                    "resourceClaimName": "p-extended-resources-9vq4d",
+                    "requestMappings": [{"containerName": "a",
+                        "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]
+                }
+            }
+        }));
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("kept for its claims");
+        assert_eq!(
+            c.resource_claims,
+            vec!["p-extended-resources-9vq4d", "p-gpu-7x2kq", "team-gpu"]
+        );
+        assert!(c.resources.is_empty(), "{:?}", c.resources);
+        // No GPU resource and no claim: not kept.
+        let plain = pod_from(json!({"metadata": {"name": "q", "namespace": "ns"},
+            "spec": {"containers": [{"name": "a"}]}}));
+        assert!(
+            pod(&ResourceNames::default(), &plain)
+                .expect("ok")
+                .is_none()
         );
     }
 }

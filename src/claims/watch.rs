@@ -30,7 +30,8 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::project;
 use crate::ledger::claims::{
-    Claims, DaemonPod, NodeInfo, NotebookInfo, PodClaim, QuotaInfo, ResourceNames, StatefulSetInfo,
+    Claims, DaemonPod, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
+    ResourceClaimInfo, ResourceNames, StatefulSetInfo,
 };
 
 /// Bound of one API call made besides the watches (notebook discovery, a StatefulSet GET).
@@ -113,6 +114,12 @@ pub struct Stores {
     /// DaemonSet pods (dcgm-exporter's among them), to resolve a device's node.
     pub daemon_pods: Arc<DashMap<String, DaemonPod>>,
     pub notebooks_enabled: Arc<AtomicBool>,
+    /// DRA (`resource.k8s.io/v1`, see [`super::dra`]): claims by `namespace/name`, GPU devices
+    /// by slice name, classes by name; `dra_enabled` once their watches run.
+    pub resource_claims: Arc<DashMap<String, ResourceClaimInfo>>,
+    pub resource_slices: Arc<DashMap<String, Vec<DraDevice>>>,
+    pub device_classes: Arc<DashMap<String, DeviceClassInfo>>,
+    pub dra_enabled: Arc<AtomicBool>,
     synced: Arc<DashMap<&'static str, bool>>,
     health: Arc<DashMap<&'static str, WatchHealth>>,
     /// Bumped on every applied watch event, so the serve loop can rebuild the ledger from
@@ -130,6 +137,10 @@ impl Stores {
             statefulsets: Arc::default(),
             daemon_pods: Arc::default(),
             notebooks_enabled: Arc::new(AtomicBool::new(false)),
+            resource_claims: Arc::default(),
+            resource_slices: Arc::default(),
+            device_classes: Arc::default(),
+            dra_enabled: Arc::new(AtomicBool::new(false)),
             synced: Arc::default(),
             health: Arc::default(),
             generation: Arc::default(),
@@ -184,6 +195,22 @@ impl Stores {
                 .collect(),
             daemon_pods: self.daemon_pods.iter().map(|e| e.value().clone()).collect(),
             notebooks_enabled: self.notebooks_enabled.load(Ordering::Relaxed),
+            resource_claims: self
+                .resource_claims
+                .iter()
+                .map(|e| e.value().clone())
+                .collect(),
+            dra_devices: self
+                .resource_slices
+                .iter()
+                .flat_map(|e| e.value().clone())
+                .collect(),
+            device_classes: self
+                .device_classes
+                .iter()
+                .map(|e| e.value().clone())
+                .collect(),
+            dra_enabled: self.dra_enabled.load(Ordering::Relaxed),
         }
     }
 
@@ -392,11 +419,21 @@ pub async fn start_with(
             "notebook discovery failed: notebook ownership is off"
         ),
     }
+    super::dra::start(
+        &client,
+        &config.names,
+        &scopes,
+        spawn,
+        &cancel,
+        &stores,
+        &on_restart,
+    )
+    .await;
     stores
 }
 
 /// Label of the i-th watch of a resource (static strings keep metric labels bounded).
-fn leak_label(resource: &'static str, i: usize) -> &'static str {
+pub(super) fn leak_label(resource: &'static str, i: usize) -> &'static str {
     if i == 0 {
         resource
     } else {
@@ -404,7 +441,7 @@ fn leak_label(resource: &'static str, i: usize) -> &'static str {
     }
 }
 
-fn scoped<K>(client: &Client, ns: Option<&str>) -> Api<K>
+pub(super) fn scoped<K>(client: &Client, ns: Option<&str>) -> Api<K>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
     <K as Resource>::DynamicType: Default,
@@ -438,7 +475,7 @@ async fn notebook_resource(client: &Client) -> Result<Option<ApiResource>, Watch
 }
 
 #[allow(clippy::too_many_arguments)]
-fn spawn_watch<K, V, P, F>(
+pub(super) fn spawn_watch<K, V, P, F>(
     spawn: Spawn<'_>,
     cancel: &CancellationToken,
     stores: &Stores,

@@ -8,6 +8,7 @@ use foldhash::fast::RandomState;
 use serde::Serialize;
 
 use super::claims::{Claims, GpuResourceKind, PodClaim, PodPhase};
+use super::dra::{DraJoin, Held};
 use super::usage::{DeviceUsage, Usage, Workload};
 use super::{PodRow, Policy, UnclaimedBusy, seconds};
 
@@ -125,10 +126,14 @@ pub(super) struct DeviceIndex<'a> {
     node_of: Vec<Option<&'a str>>,
     /// Pods each device names (DaemonSet pods left out).
     holders: Vec<usize>,
+    /// Whole GPUs by UUID and MIG instances by MIG UUID (`dra_mig_device_uuid`), for devices
+    /// handed out through DRA; empty unless a claim can hold one.
+    by_uuid: HashMap<&'a str, usize>,
+    by_mig_uuid: HashMap<&'a str, usize>,
 }
 
 impl<'a> DeviceIndex<'a> {
-    pub(super) fn new(usage: &'a Usage, locator: &Locator<'a>) -> Self {
+    pub(super) fn new(usage: &'a Usage, locator: &Locator<'a>, by_uuid: bool) -> Self {
         let n = usage.devices.len();
         let mut by_workload: HashMap<(&str, &str), Vec<usize>> =
             HashMap::with_capacity_and_hasher(n, RandomState::default());
@@ -154,11 +159,37 @@ impl<'a> DeviceIndex<'a> {
             }
             node_of.push(node);
         }
+        let mut uuids = HashMap::default();
+        let mut mig_uuids = HashMap::default();
+        if by_uuid {
+            for (i, d) in usage.devices.iter().enumerate() {
+                match (&d.key.gpu_instance, &d.mig_uuid) {
+                    (None, _) => {
+                        uuids.insert(d.key.uuid.as_str(), i);
+                    }
+                    (Some(_), Some(m)) => {
+                        mig_uuids.insert(m.as_str(), i);
+                    }
+                    (Some(_), None) => {}
+                }
+            }
+        }
         DeviceIndex {
             by_workload,
             by_node,
             node_of,
             holders,
+            by_uuid: uuids,
+            by_mig_uuid: mig_uuids,
+        }
+    }
+
+    /// The DCGM device of a DRA device, if DCGM reports it.
+    fn find(&self, join: &DraJoin) -> Option<usize> {
+        match join {
+            DraJoin::Whole(u) => self.by_uuid.get(u.as_str()).copied(),
+            DraJoin::Mig(m) => self.by_mig_uuid.get(m.as_str()).copied(),
+            DraJoin::None => None,
         }
     }
 }
@@ -176,6 +207,16 @@ impl DeviceIndex<'_> {
         uuids.sort_unstable();
         uuids.dedup();
         uuids.len()
+    }
+
+    /// UUIDs of the physical GPUs DCGM reports on `node` (with repeats).
+    pub(super) fn uuids_on<'u>(&self, node: &str, usage: &'u Usage) -> Vec<&'u str> {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .map(|&i| usage.devices[i].key.uuid.as_str())
+            .collect()
     }
 }
 
@@ -213,17 +254,20 @@ fn verdict(devs: &[&DeviceUsage], policy: &Policy, now: DateTime<Utc>) -> Option
     proven.then_some(true)
 }
 
-/// Fills attribution, utilisation, memory, idle and evidence of a pod that holds GPUs.
+/// Fills attribution, utilisation, memory, idle and evidence of a pod that holds GPUs (through
+/// its resources and the DRA devices it `held`).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn attribute(
     row: &mut PodRow,
     p: &PodClaim,
+    held: &[Held],
     index: &DeviceIndex<'_>,
     usage: &Usage,
     now: DateTime<Utc>,
     policy: &Policy,
     claimed: &mut [bool],
 ) {
-    attribute_devices(row, p, index, usage, now, policy, claimed);
+    attribute_devices(row, p, held, index, usage, now, policy, claimed);
     // A pod whose node stopped reporting (phase Unknown) may be gone or running anything: its
     // GPUs are unknown, never idle.
     if p.phase == PodPhase::Unknown && row.idle == Some(true) {
@@ -233,9 +277,11 @@ pub(super) fn attribute(
     }
 }
 
+#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
 fn attribute_devices(
     row: &mut PodRow,
     p: &PodClaim,
+    held: &[Held],
     index: &DeviceIndex<'_>,
     usage: &Usage,
     now: DateTime<Utc>,
@@ -243,15 +289,31 @@ fn attribute_devices(
     claimed: &mut [bool],
 ) {
     let time_sliced = row.evidence.time_sliced;
-    row.evidence.devices_expected = expected_devices(p, policy);
+    row.evidence.devices_expected = expected_devices(p, policy).saturating_add(held.len());
     if !usage.available {
         row.attribution = Attribution::Unattributed;
         return;
     }
-    let ids: &[usize] = index
+    let named: &[usize] = index
         .by_workload
         .get(&(p.namespace.as_str(), p.name.as_str()))
         .map_or(&[], Vec::as_slice);
+    // DRA devices join by UUID as well: the exporter names the pod only with
+    // `--kubernetes-enable-dra`, and a device shared by a claim's pods names all of them.
+    let owned;
+    let ids: &[usize] = if held.is_empty() {
+        named
+    } else {
+        let mut all = named.to_vec();
+        for i in held.iter().filter_map(|h| index.find(&h.join)) {
+            if !all.contains(&i) {
+                all.push(i);
+            }
+        }
+        owned = all;
+        &owned
+    };
+    let dra_shared = held.iter().any(|h| h.shared);
     for &i in ids {
         claimed[i] = true;
     }
@@ -288,7 +350,11 @@ fn attribute_devices(
     let crowded = ids.iter().any(|&i| index.holders[i] > 1);
     row.attribution = if mig {
         Attribution::Mig
-    } else if time_sliced || crowded || devs.iter().any(|d| !d.per_pod_utilization.is_empty()) {
+    } else if time_sliced
+        || crowded
+        || dra_shared
+        || devs.iter().any(|d| !d.per_pod_utilization.is_empty())
+    {
         Attribution::Shared
     } else {
         Attribution::Exclusive

@@ -17,12 +17,15 @@ pub const GPU_COUNT_LABEL: &str = "nvidia.com/gpu.count";
 /// allocatable `nvidia.com/mig-<profile>`. Under the mixed strategy `nvidia.com/gpu.count` is not
 /// compared: it includes the GPUs that are cut into MIG instances. A node that advertises no GPU
 /// resource at all while DCGM reports `dcgm_devices` physical GPUs on it counts those instead
-/// (GFD may be down too). `None` for a node that shows no GPU hardware.
+/// (GFD may be down too). GPUs a DRA driver publishes on the node (`dra_gpus`, physical GPUs in
+/// its ResourceSlices) are schedulable: they are subtracted from what is missing. `None` for a
+/// node that shows no GPU hardware.
 pub fn unschedulable(
     n: &NodeInfo,
     shape: &NodeShape<'_>,
     names: &ResourceNames,
     dcgm_devices: usize,
+    dra_gpus: f64,
 ) -> Option<f64> {
     let count = |label: &str| -> Option<u64> {
         n.gpu_labels
@@ -61,13 +64,14 @@ pub fn unschedulable(
     }
     let advertises_none = names.gpus(&n.allocatable, shape) == 0.0;
     if advertises_none && dcgm_devices > 0 {
-        return Some(missing.max(dcgm_devices as f64));
+        return Some((missing.max(dcgm_devices as f64) - dra_gpus).max(0.0));
     }
     let present_label = n
         .gpu_labels
         .get("nvidia.com/gpu.present")
         .is_some_and(|v| v == "true");
-    (has_hardware || present_label || !n.allocatable.is_empty()).then_some(missing)
+    (has_hardware || present_label || !n.allocatable.is_empty() || dra_gpus > 0.0)
+        .then_some((missing - dra_gpus).max(0.0))
 }
 
 #[cfg(test)]
@@ -97,12 +101,17 @@ mod tests {
     }
 
     fn check(n: &NodeInfo, dcgm: usize) -> Option<f64> {
+        check_dra(n, dcgm, 0.0)
+    }
+
+    fn check_dra(n: &NodeInfo, dcgm: usize, dra: f64) -> Option<f64> {
         let table = SliceTable::default();
         unschedulable(
             n,
             &NodeShape::of(n, &table),
             &ResourceNames::default(),
             dcgm,
+            dra,
         )
     }
 
@@ -224,5 +233,19 @@ mod tests {
         let n = node(&[], &[], 1);
         assert_eq!(check(&n, 2), Some(2.0));
         assert_eq!(check(&n, 0), None, "a node without GPU hardware has no row");
+    }
+
+    #[test]
+    fn gpus_published_by_a_dra_driver_are_schedulable() {
+        // GFD counts 3 GPUs, the device plugin offers none, the DRA driver publishes all 3.
+        let n = node(&[("nvidia.com/gpu.count", "3")], &[], 1);
+        assert_eq!(check_dra(&n, 3, 3.0), Some(0.0));
+        assert_eq!(check_dra(&n, 0, 3.0), Some(0.0));
+        // Two of three published: one is missing.
+        assert_eq!(check_dra(&n, 3, 2.0), Some(1.0));
+        // No GFD labels at all: the slices alone show the node has GPUs.
+        let bare = node(&[], &[], 1);
+        assert_eq!(check_dra(&bare, 0, 2.0), Some(0.0));
+        assert_eq!(check_dra(&bare, 0, 0.0), None);
     }
 }

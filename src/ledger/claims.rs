@@ -44,6 +44,15 @@ pub struct Claims {
     pub daemon_pods: Vec<DaemonPod>,
     /// False when the Notebook CRD is not served (notebook ownership is then off).
     pub notebooks_enabled: bool,
+    /// ResourceClaims (`resource.k8s.io/v1`) that name or hold a device of a counted driver, or
+    /// are not allocated yet (their device class tells whether they ask for a GPU).
+    pub resource_claims: Vec<ResourceClaimInfo>,
+    /// Devices of the counted GPU drivers, as their ResourceSlices publish them.
+    pub dra_devices: Vec<DraDevice>,
+    /// DeviceClasses, reduced to the GPU drivers and device type their selectors name.
+    pub device_classes: Vec<DeviceClassInfo>,
+    /// False when `resource.k8s.io/v1` is not served (or not readable): DRA accounting is off.
+    pub dra_enabled: bool,
 }
 
 /// A pod of a DaemonSet, reduced to where it runs.
@@ -144,6 +153,11 @@ pub struct PodClaim {
     pub unschedulable_message: Option<String>,
     /// Labels, kept only for pods a StatefulSet controls (to check its selector).
     pub labels: BTreeMap<String, String>,
+    /// Names of the ResourceClaims (in the pod's namespace) the pod uses: `spec.resourceClaims`
+    /// by `resourceClaimName`, claims made from templates through `status.resourceClaimStatuses`,
+    /// and the claim the scheduler made for DRA-backed extended resources
+    /// (`status.extendedResourceClaimStatus`; those resources are then not in `resources`).
+    pub resource_claims: Vec<String>,
 }
 
 /// A node's GPU capacity.
@@ -244,6 +258,116 @@ impl LabelSelector {
     }
 }
 
+/// The driver name of NVIDIA's DRA driver for GPUs (`NVIDIA/k8s-dra-driver-gpu`, now
+/// `kubernetes-sigs/dra-driver-nvidia-gpu`): the default of `--dra-gpu-drivers`.
+pub const NVIDIA_DRA_DRIVER: &str = "gpu.nvidia.com";
+/// Prefix of the pseudo resource names DRA devices get in a pod's `resources` (and the metrics'
+/// `resource` label): `dra:<driver>` for a whole GPU, `dra:<driver>/mig-<profile>` for a MIG
+/// device. A colon never occurs in a Kubernetes resource name, so these cannot collide with one.
+pub const DRA_RESOURCE_PREFIX: &str = "dra:";
+
+/// What kind of device a DRA device is, from the driver's `type` attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DraDeviceKind {
+    /// A whole physical GPU (`type: gpu`; also `vfio`, a whole GPU passed through to a VM).
+    Gpu,
+    /// A MIG device (`type: mig`): `profile` slices of its parent GPU.
+    Mig,
+}
+
+/// One device of a counted GPU driver, as a ResourceSlice publishes it.
+///
+/// Attribute names are those NVIDIA's driver publishes (`cmd/gpu-kubelet-plugin/deviceinfo.go`:
+/// `type`, `uuid`, `parentUUID`, `profile`, `productName`, …); the driver publishes no GPU
+/// instance id, so a MIG device joins DCGM by its MIG UUID only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraDevice {
+    pub driver: String,
+    pub pool: String,
+    /// `spec.devices[].name`, unique within the pool.
+    pub name: String,
+    /// `spec.nodeName` of the slice (or of the device, with per-device node selection); `None`
+    /// for devices that are not local to one node (network-attached).
+    pub node: Option<String>,
+    pub kind: DraDeviceKind,
+    /// `uuid`: the GPU UUID (`GPU-…`) or the MIG device UUID (`MIG-…`).
+    pub uuid: Option<String>,
+    /// `parentUUID` of a MIG device.
+    pub parent_uuid: Option<String>,
+    /// `profile` of a MIG device (`1g.10gb`).
+    pub profile: Option<String>,
+    /// `productName` (`NVIDIA A100-SXM4-80GB`), for the parent's compute slices.
+    pub product: Option<String>,
+    /// `spec.pool.generation`: only the highest generation of a pool is current.
+    pub pool_generation: i64,
+}
+
+/// Identity of an allocated device that its driver recorded in the claim itself
+/// (`status.devices[].data`, KEP-4817; NVIDIA's driver writes `type`, `uuid`, `parentUUID`,
+/// `migProfile`, `productName` there after preparing a device). It outlives the slice entry (a
+/// torn-down MIG device, a republished pool).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DraDeviceStatus {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    pub kind: Option<DraDeviceKind>,
+    pub uuid: Option<String>,
+    pub parent_uuid: Option<String>,
+    pub profile: Option<String>,
+    pub product: Option<String>,
+}
+
+/// One allocation result of a claim (`status.allocation.devices.results[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraAllocation {
+    pub request: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+/// One device request of a claim, reduced to what pending demand needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraRequest {
+    pub name: String,
+    /// `exactly.deviceClassName` (for `firstAvailable`, the first, preferred, subrequest).
+    pub device_class: String,
+    /// Devices asked for: `count` (`ExactCount`, default 1); 1 for `All` (at least one).
+    pub count: u64,
+    /// Drivers the request's own CEL selectors compare `device.driver` with.
+    pub drivers: Vec<String>,
+    /// The MIG profile the request's CEL selectors pin (`….profile == '1g.10gb'`), if any.
+    pub profile: Option<String>,
+    /// The request's selectors compare `type` with `'mig'`.
+    pub mig: bool,
+}
+
+/// A ResourceClaim, reduced to what GPU accounting reads.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ResourceClaimInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub requests: Vec<DraRequest>,
+    /// Allocated devices of counted drivers (admin-access results left out: they observe a
+    /// device someone else holds); `None` while the claim is not allocated.
+    pub allocated: Option<Vec<DraAllocation>>,
+    /// Uids of the pods in `status.reservedFor`.
+    pub reserved_for: Vec<String>,
+    pub device_status: Vec<DraDeviceStatus>,
+}
+
+/// A DeviceClass, reduced to the drivers and device type its CEL selectors name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceClassInfo {
+    pub name: String,
+    /// Drivers its selectors compare `device.driver` with.
+    pub drivers: Vec<String>,
+    /// Its selectors compare `type` with `'mig'` (NVIDIA's `mig.nvidia.com`).
+    pub mig: bool,
+}
+
 /// How a resource name maps to physical GPUs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GpuResourceKind {
@@ -291,6 +415,16 @@ impl SliceTable {
             .chain(DEFAULT_SLICE_TABLE.iter().copied())
             .find(|(p, _)| base.contains(&p.to_ascii_lowercase()))
             .map_or(DEFAULT_COMPUTE_SLICES, |(_, n)| n.max(1))
+    }
+}
+
+/// Compute slices of the parent of MIG `profile` when no product names it: 4 for the profiles
+/// only 4-slice parts have, else [`DEFAULT_COMPUTE_SLICES`].
+pub fn unplaced_parent_slices(profile: &str) -> u8 {
+    if FOUR_SLICE_PROFILES.contains(&profile) {
+        4
+    } else {
+        DEFAULT_COMPUTE_SLICES
     }
 }
 
@@ -394,12 +528,7 @@ impl<'a> NodeShape<'a> {
                         .get(&format!("{resource}.product"))
                         .map_or(self.compute_slices, |p| self.table_slices(p))
                 } else {
-                    let profile = resource.strip_prefix("nvidia.com/mig-").unwrap_or("");
-                    if FOUR_SLICE_PROFILES.contains(&profile) {
-                        4
-                    } else {
-                        DEFAULT_COMPUTE_SLICES
-                    }
+                    unplaced_parent_slices(resource.strip_prefix("nvidia.com/mig-").unwrap_or(""))
                 };
                 slice(slices.min(parent), parent)
             }
@@ -421,13 +550,29 @@ impl<'a> NodeShape<'a> {
     }
 }
 
-/// Recognises GPU resource names; extra names come from `--extra-gpu-resource`.
-#[derive(Debug, Clone, Default)]
+/// Recognises GPU resource names; extra names come from `--extra-gpu-resource`, the DRA
+/// drivers whose devices count as GPUs from `--dra-gpu-drivers`.
+#[derive(Debug, Clone)]
 pub struct ResourceNames {
     pub extra: Vec<String>,
+    pub dra_drivers: Vec<String>,
+}
+
+impl Default for ResourceNames {
+    fn default() -> Self {
+        ResourceNames {
+            extra: Vec::new(),
+            dra_drivers: vec![NVIDIA_DRA_DRIVER.to_string()],
+        }
+    }
 }
 
 impl ResourceNames {
+    /// Whether devices of DRA driver `driver` count as GPUs.
+    pub fn is_gpu_driver(&self, driver: &str) -> bool {
+        self.dra_drivers.iter().any(|d| d == driver)
+    }
+
     pub fn classify(&self, name: &str) -> Option<GpuResourceKind> {
         match name {
             "nvidia.com/gpu" => Some(GpuResourceKind::Whole),
@@ -528,6 +673,7 @@ mod tests {
     fn classifies_gpu_resource_names() {
         let names = ResourceNames {
             extra: vec!["example.com/gpu".into()],
+            ..ResourceNames::default()
         };
         assert_eq!(
             names.classify("nvidia.com/gpu"),

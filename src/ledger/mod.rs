@@ -6,6 +6,7 @@
 mod attribution;
 pub mod capacity;
 pub mod claims;
+mod dra;
 pub mod usage;
 
 use std::collections::BTreeMap;
@@ -13,7 +14,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use claims::{Claims, NodeShape, NotebookInfo, PodClaim, ResourceNames, SliceTable};
+use claims::{Claims, NodeInfo, NodeShape, NotebookInfo, PodClaim, ResourceNames, SliceTable};
 use usage::{DeviceKey, Usage};
 
 pub use attribution::Attribution;
@@ -270,8 +271,14 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         .map(|n| (n.name.as_str(), NodeShape::of(n, &policy.slices)))
         .collect();
     let locator = attribution::Locator::new(claims);
-    let index = attribution::DeviceIndex::new(usage, &locator);
+    // DRA devices join DCGM by UUID: index devices by UUID only when some claim can hold one.
+    let dra_active = claims.dra_enabled && !claims.resource_claims.is_empty();
+    let index = attribution::DeviceIndex::new(usage, &locator, dra_active);
+    let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
+    // GPU equivalents each pod holds on devices that are not on its node (network-attached):
+    // they count for the pod and its namespace, not for its node.
+    let mut off_node: Vec<f64> = Vec::with_capacity(claims.pods.len());
     // Rows come out sorted by (namespace, pod): sort references to the claims (8-byte moves)
     // rather than the finished rows (several hundred bytes each).
     let mut order: Vec<&PodClaim> = claims.pods.iter().collect();
@@ -286,11 +293,27 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             .and_then(|n| shapes.get(n))
             .copied()
             .unwrap_or_else(NodeShape::unplaced);
-        let gpus_by_resource: Vec<(String, f64)> = policy
+        let mut gpus_by_resource: Vec<(String, f64)> = policy
             .names
             .gpus_by_resource(&p.resources, &shape)
             .map(|(r, g)| (r.to_string(), g))
             .collect();
+        let pod_dra = if dra_active && !p.resource_claims.is_empty() {
+            dra.pod(p, state.holds())
+        } else {
+            dra::PodDra::default()
+        };
+        // A pod only in the store for its claims (no GPU resource) is listed when a claim holds
+        // or asks for a GPU of a counted driver.
+        if p.resources.is_empty() && !pod_dra.gpu {
+            continue;
+        }
+        let mut resources = p.resources.clone();
+        for (r, units, gpus) in pod_dra.by_resource(state.holds()) {
+            let e = resources.entry(r.clone()).or_insert(0);
+            *e = e.saturating_add(units);
+            gpus_by_resource.push((r, gpus));
+        }
         let gpus = gpus_by_resource.iter().map(|(_, g)| g).sum();
         let mut row = PodRow {
             namespace: p.namespace.clone(),
@@ -298,7 +321,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             node: p.node.clone(),
             state,
             gpus,
-            resources: p.resources.clone(),
+            resources,
             gpus_by_resource,
             attribution: Attribution::None,
             utilization: None,
@@ -331,10 +354,12 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             row.notebook = Some(nb.name.clone());
             row.evidence.notebook = Some((nb.clone(), verified));
         }
-        if state.holds() {
+        // A bound pod whose claims give it nothing (not reserved for it yet) holds no device.
+        if state.holds() && (!p.resources.is_empty() || !pod_dra.held.is_empty()) {
             attribution::attribute(
                 &mut row,
                 p,
+                &pod_dra.held,
                 &index,
                 usage,
                 now,
@@ -342,12 +367,29 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 &mut claimed_devices,
             );
         }
+        off_node.push(
+            pod_dra
+                .held
+                .iter()
+                .filter(|h| h.off_node && state.holds())
+                .map(|h| h.gpus)
+                .sum(),
+        );
         pods.push(row);
     }
 
-    let nodes = node_rows(claims, &shapes, &pods, policy, &|n| {
-        index.physical_gpus_on(n, usage)
-    });
+    let nodes = node_rows(
+        claims,
+        &shapes,
+        &pods,
+        &off_node,
+        policy,
+        &NodeDevices {
+            dra: &dra,
+            index: &index,
+            usage,
+        },
+    );
     let namespaces = namespace_rows(claims, &pods, policy);
     let unclaimed_busy =
         attribution::unclaimed_busy(usage, &index, &claimed_devices, &pods, policy);
@@ -419,12 +461,54 @@ fn is_ordinal_pod(pod: &str, set: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// What the node rows read about devices: DRA slices and DCGM's devices by node.
+struct NodeDevices<'a, 'b> {
+    dra: &'b dra::DraIndex<'a>,
+    index: &'b attribution::DeviceIndex<'a>,
+    usage: &'a Usage,
+}
+
+impl NodeDevices<'_, '_> {
+    /// GPU equivalents node `n` offers: its extended resources plus the GPUs DRA drivers publish
+    /// on it, each device once. When both kinds are there, the sum is capped at the GPUs the
+    /// node physically has, as far as that is known: the distinct UUIDs of DCGM and the slices,
+    /// or GFD's `nvidia.com/gpu.count` (outside the MIG single strategy, where it counts MIG
+    /// devices) — a card advertised by the device plugin and published in a slice counts once.
+    fn allocatable(&self, n: &NodeInfo, extended: f64) -> (f64, f64) {
+        let (dra_count, dra_uuids) = self.dra.node_gpus(&n.name);
+        let dra = dra_count as f64;
+        let mut alloc = extended + dra;
+        if extended > 0.0 && dra > 0.0 {
+            let mut uuids = self.index.uuids_on(&n.name, self.usage);
+            uuids.extend(dra_uuids);
+            uuids.sort_unstable();
+            uuids.dedup();
+            let single = n
+                .gpu_labels
+                .get(claims::MIG_STRATEGY_LABEL)
+                .is_some_and(|s| s == "single");
+            let gfd = n
+                .gpu_labels
+                .get(capacity::GPU_COUNT_LABEL)
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .filter(|_| !single)
+                .map_or(0.0, f64::from);
+            let physical = (uuids.len() as f64).max(gfd);
+            if physical > 0.0 {
+                alloc = alloc.min(physical);
+            }
+        }
+        (alloc, dra)
+    }
+}
+
 fn node_rows(
     claims: &Claims,
     shapes: &foldhash::HashMap<&str, NodeShape<'_>>,
     pods: &[PodRow],
+    off_node: &[f64],
     policy: &Policy,
-    dcgm_gpus_on: &dyn Fn(&str) -> usize,
+    devices: &NodeDevices<'_, '_>,
 ) -> Vec<NodeRow> {
     let empty = |node: &str| NodeRow {
         node: node.to_string(),
@@ -439,9 +523,14 @@ fn node_rows(
             .get(n.name.as_str())
             .copied()
             .unwrap_or_else(NodeShape::unplaced);
-        let alloc = policy.names.gpus(&n.allocatable, &shape);
-        let unschedulable =
-            capacity::unschedulable(n, &shape, &policy.names, dcgm_gpus_on(&n.name));
+        let (alloc, dra) = devices.allocatable(n, policy.names.gpus(&n.allocatable, &shape));
+        let unschedulable = capacity::unschedulable(
+            n,
+            &shape,
+            &policy.names,
+            devices.index.physical_gpus_on(&n.name, devices.usage),
+            dra,
+        );
         if alloc > 0.0 || unschedulable.is_some_and(|u| u > 0.0) {
             let mut row = empty(&n.name);
             row.gpus_allocatable = alloc;
@@ -449,10 +538,10 @@ fn node_rows(
             rows.insert(n.name.clone(), row);
         }
     }
-    for p in pods.iter().filter(|p| p.state.holds()) {
+    for (p, off) in pods.iter().zip(off_node).filter(|(p, _)| p.state.holds()) {
         let Some(node) = &p.node else { continue };
         let row = rows.entry(node.clone()).or_insert_with(|| empty(node));
-        row.gpus_claimed += p.gpus;
+        row.gpus_claimed += p.gpus - off;
     }
     rows.into_values()
         .map(|mut r| {

@@ -34,6 +34,7 @@ impl PodB {
             controller: None,
             unschedulable_message: None,
             labels: BTreeMap::new(),
+            resource_claims: Vec::new(),
         })
     }
     fn on_node(mut self, n: &str) -> Self {
@@ -100,6 +101,7 @@ impl DevB {
             instance: None,
             model: None,
             mig_profile: None,
+            mig_uuid: None,
             workloads: Vec::new(),
             per_pod_utilization: Vec::new(),
             per_pod_memory_bytes: Vec::new(),
@@ -654,3 +656,5 @@ fn unknown_phase_is_never_idle() {
     );
     assert_eq!(p.idle, None, "a pod its node no longer reports is unknown");
 }
+
+mod dra;

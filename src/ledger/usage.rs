@@ -78,6 +78,10 @@ pub struct DeviceUsage {
     pub instance: Option<String>,
     pub model: Option<String>,
     pub mig_profile: Option<String>,
+    /// The MIG device UUID (`MIG-…`) of a GPU instance: only dcgm-exporter's
+    /// `dra_mig_device_uuid` label (`--kubernetes-enable-dra`) carries it; it joins a MIG device
+    /// handed out through DRA with its DCGM series.
+    pub mig_uuid: Option<String>,
     /// Pods named by the device's current series (several for time-slicing copies).
     pub workloads: Vec<Workload>,
     /// Per-pod utilisation from per-process series (time-slicing, dcgm-exporter ≥ 4.5.3), 0..1.

@@ -282,6 +282,7 @@ mod tests {
             instance: None,
             model: None,
             mig_profile: None,
+            mig_uuid: None,
             workloads: vec![],
             per_pod_utilization: vec![],
             per_pod_memory_bytes: Vec::new(),

@@ -96,7 +96,12 @@ pub const READ_LABELS: &[&str] = &[
     "container_name",
     "pod_uid",
     "instance",
+    DRA_MIG_UUID_LABEL,
 ];
+
+/// dcgm-exporter's MIG device UUID label, set with `--kubernetes-enable-dra` on MIG devices
+/// handed out through a ResourceClaim (no other label names a MIG UUID).
+pub const DRA_MIG_UUID_LABEL: &str = "dra_mig_device_uuid";
 
 impl LabelScheme {
     /// The scheme for a workload spelling with the capitalised device labels.

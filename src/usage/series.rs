@@ -326,6 +326,7 @@ fn reduce_device(
         instance: label(INSTANCE_LABEL),
         model: label(scheme.model),
         mig_profile: label(scheme.gpu_profile),
+        mig_uuid: label(super::scheme::DRA_MIG_UUID_LABEL),
         workloads: workloads.into_iter().collect(),
         per_pod_utilization,
         per_pod_memory_bytes,

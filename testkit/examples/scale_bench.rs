@@ -13,6 +13,13 @@
 //! first complete export, peak/steady RSS, CPU over a steady window, /metrics latency and size,
 //! event-to-metric latency (gpu-ledger), refresh cost, PromQL join cost versus precomputed
 //! series, and RSS slope per extra GPU / non-GPU pod. Prints a Markdown report.
+//!
+//! `--dra`: every node also gets the ResourceSlice NVIDIA's DRA driver would publish for its
+//! cards 6 and 7 ([`gpu_ledger_testkit::dra`]), and the 1-GPU pods and notebooks get their GPU
+//! through a ResourceClaim from a template instead of `nvidia.com/gpu` (placed by the real
+//! kube-scheduler, which allocates the claims; the resourceclaim controller makes them).
+//! `--no-ksm`: skip kube-state-metrics (its columns are `–`), e.g. to compare gpu-ledger with and
+//! without DRA where KSM is not built.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use gpu_ledger_testkit::dra::{ClaimSource, NvidiaSlice, pod_claim_fields};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::util::{free_port, poll_until};
 use gpu_ledger_testkit::{
@@ -29,6 +37,7 @@ use gpu_ledger_testkit::{
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
@@ -50,6 +59,10 @@ struct Args {
     extra_pods: usize,
     /// Build the cluster and telemetry, print how to reach them, and wait for Ctrl-C (profiling).
     hold_cluster: bool,
+    /// 1-GPU pods and notebooks through DRA claims (see the module docs).
+    dra: bool,
+    /// Do not run kube-state-metrics.
+    no_ksm: bool,
 }
 
 fn args() -> Result<Args> {
@@ -63,6 +76,8 @@ fn args() -> Result<Args> {
         deletions: 100,
         extra_pods: 3000,
         hold_cluster: false,
+        dra: false,
+        no_ksm: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -77,6 +92,8 @@ fn args() -> Result<Args> {
             "--deletions" => a.deletions = val()?.parse()?,
             "--extra-pods" => a.extra_pods = val()?.parse()?,
             "--hold" => a.hold_cluster = true,
+            "--dra" => a.dra = true,
+            "--no-ksm" => a.no_ksm = true,
             _ => bail!("unknown flag {flag}"),
         }
     }
@@ -100,12 +117,19 @@ struct PodPlan {
     hold: bool,
     util: u32,
     selector_none: bool,
+    /// The GPU comes from a claim made from [`DRA_TEMPLATE`]; the scheduler places the pod.
+    dra: bool,
 }
+
+/// The ResourceClaimTemplate (one whole GPU) DRA pods use, in every GPU namespace.
+const DRA_TEMPLATE: &str = "bench-gpu";
+/// Cards of each node the DRA driver hands out under `--dra` (the device plugin's pods use 0–5).
+const DRA_CARDS: [u32; 2] = [6, 7];
 
 fn pod_object(p: &PodPlan) -> Pod {
     let mut limits = serde_json::Map::new();
     limits.insert("cpu".into(), json!("100m"));
-    if p.gpus > 0 {
+    if p.gpus > 0 && !p.dra {
         limits.insert("nvidia.com/gpu".into(), json!(p.gpus.to_string()));
     }
     let mut v = json!({
@@ -115,8 +139,16 @@ fn pod_object(p: &PodPlan) -> Pod {
         "spec": {"containers": [{"name": "main", "image": "bench", "resources": {"limits": limits.clone(), "requests": limits}}],
             "terminationGracePeriodSeconds": 0}
     });
-    if let Some(n) = &p.node {
-        v["spec"]["nodeName"] = json!(n);
+    match (&p.node, p.dra) {
+        (Some(n), false) => v["spec"]["nodeName"] = json!(n),
+        // The scheduler must allocate the claim: select the node instead of binding to it.
+        (Some(n), true) => v["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": n}),
+        (None, _) => {}
+    }
+    if p.dra {
+        let (claims, resources) = pod_claim_fields(ClaimSource::Template(DRA_TEMPLATE));
+        v["spec"]["resourceClaims"] = claims;
+        v["spec"]["containers"][0]["resources"]["claims"] = resources["claims"].clone();
     }
     if p.hold {
         v["metadata"]["finalizers"] = json!([HOLD_FINALIZER]);
@@ -201,6 +233,16 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// [`cpu_seconds`] of KSM, NaN when it does not run (pid 0).
+fn ksm_cpu(pid: u32) -> f64 {
+    if pid == 0 { f64::NAN } else { cpu_seconds(pid) }
+}
+
+/// [`proc_status`] of KSM, zeros when it does not run (pid 0).
+fn ksm_status(pid: u32) -> (u64, u64) {
+    if pid == 0 { (0, 0) } else { proc_status(pid) }
+}
+
 fn pct(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -277,6 +319,11 @@ async fn main() -> Result<()> {
     log(&format!("tier B with {} nodes x 8 GPUs", a.nodes));
     let cp = ControlPlane::start(Tier::B(TierBOptions {
         kube_api_qps: Some(1000),
+        extra_controllers: if a.dra {
+            vec!["resourceclaim-controller".into()]
+        } else {
+            Vec::new()
+        },
         ..TierBOptions::default()
     }))
     .await?;
@@ -301,6 +348,25 @@ async fn main() -> Result<()> {
         r??;
     }
     log(&format!("{} nodes created", a.nodes));
+    if a.dra {
+        gpu_ledger_testkit::dra::install_device_classes(&admin).await?;
+        let mut set = JoinSet::new();
+        for n in 0..a.nodes {
+            let permit = sem.clone().acquire_owned().await?;
+            let c = admin.clone();
+            set.spawn(async move {
+                let _p = permit;
+                NvidiaSlice::new(&format!("gpu-node-{n:04}"))
+                    .gpus(DRA_CARDS)
+                    .create(&c)
+                    .await
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            r??;
+        }
+        log(&format!("{} ResourceSlices created", a.nodes));
+    }
     let ns_api: Api<Namespace> = Api::all(admin.clone());
     let namespaces: Vec<String> = (0..GPU_NAMESPACES)
         .map(|i| format!("team-{i:02}"))
@@ -309,6 +375,19 @@ async fn main() -> Result<()> {
     for ns in &namespaces {
         let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
         let _ = ns_api.create(&PostParams::default(), &obj).await;
+        if a.dra && ns.starts_with("team-") {
+            Api::<ResourceClaimTemplate>::namespaced(admin.clone(), ns)
+                .create(
+                    &PostParams::default(),
+                    &gpu_ledger_testkit::dra::claim_template(
+                        DRA_TEMPLATE,
+                        gpu_ledger_testkit::dra::GPU_CLASS,
+                        1,
+                        &[],
+                    ),
+                )
+                .await?;
+        }
     }
 
     // Notebooks: a Notebook CR plus the StatefulSet Kubeflow would create, on every 10th node.
@@ -333,7 +412,7 @@ async fn main() -> Result<()> {
                 let mut nb = DynamicObject::new(&name, &nb_res);
                 nb.data = json!({"spec": {"template": {"spec": {"containers": [{"name": name, "image": "jupyter"}]}}}});
                 nbs.create(&PostParams::default(), &nb).await?;
-                let sts: StatefulSet = serde_json::from_value(json!({
+                let mut sts: serde_json::Value = json!({
                     "metadata": {"name": name, "namespace": ns},
                     "spec": {"replicas": 1, "serviceName": "", "selector": {"matchLabels": {"notebook-name": name}},
                         "template": {"metadata": {"labels": {"notebook-name": name},
@@ -341,7 +420,18 @@ async fn main() -> Result<()> {
                             "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
                                 "containers": [{"name": name, "image": "jupyter",
                                 "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}]}}}
-                }))?;
+                });
+                if a.dra {
+                    let spec = &mut sts["spec"]["template"]["spec"];
+                    let (claims, resources) = pod_claim_fields(ClaimSource::Template(DRA_TEMPLATE));
+                    spec["resourceClaims"] = claims;
+                    spec["containers"][0]["resources"] = resources;
+                    spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+                    if let Some(m) = spec.as_object_mut() {
+                        m.remove("nodeName");
+                    }
+                }
+                let sts: StatefulSet = serde_json::from_value(sts)?;
                 Api::<StatefulSet>::namespaced(admin.clone(), &ns)
                     .create(&PostParams::default(), &sts)
                     .await?;
@@ -356,6 +446,7 @@ async fn main() -> Result<()> {
                 hold: n % 20 == 7 && k == 1,
                 util: if (n + k) % 3 == 0 { 0 } else { 70 },
                 selector_none: false,
+                dra: a.dra && gpus == 1,
             });
         }
         for j in 0..5 {
@@ -367,6 +458,7 @@ async fn main() -> Result<()> {
                 hold: false,
                 util: 0,
                 selector_none: false,
+                dra: false,
             });
         }
     }
@@ -379,9 +471,11 @@ async fn main() -> Result<()> {
             hold: false,
             util: 0,
             selector_none: true,
+            dra: false,
         });
     }
     let gpu_pods = plans.iter().filter(|p| p.gpus > 0).count() + notebooks;
+    let dra_pods = plans.iter().filter(|p| p.dra).count() + if a.dra { notebooks } else { 0 };
     let plain_pods = plans.iter().filter(|p| p.gpus == 0).count();
     let held: Vec<PodPlan> = plans.iter().filter(|p| p.hold).cloned().collect();
     let total = plans.len() + notebooks;
@@ -465,30 +559,41 @@ async fn main() -> Result<()> {
     }
 
     // kube-state-metrics alone first, then gpu-ledger, so neither's start-up steals the other's CPU.
-    let mut cmd = Command::new(binary("kube-state-metrics")?);
-    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg("--resources=pods,nodes,resourcequotas")
-        .arg("--host=127.0.0.1")
-        .arg(format!("--port={ksm_port}"))
-        .arg("--telemetry-host=127.0.0.1")
-        .arg(format!("--telemetry-port={ksm_tel}"));
     let t = Instant::now();
-    let ksm = ChildGuard::spawn("kube-state-metrics", cmd, &logdir.join("ksm.log"))?;
     let ksm_url = format!("http://127.0.0.1:{ksm_port}/metrics");
-    poll_until(
-        "kube-state-metrics complete",
-        Duration::from_secs(600),
-        Duration::from_millis(200),
-        || {
-            let (h, u) = (http.clone(), ksm_url.clone());
-            async move {
-                let text = get_text(&h, &u).await?;
-                Ok((count_prefix(&text, "kube_pod_info{") >= total).then_some(()))
-            }
-        },
-    )
-    .await?;
-    let ksm_first = t.elapsed().as_secs_f64();
+    let ksm = if a.no_ksm {
+        None
+    } else {
+        let mut cmd = Command::new(binary("kube-state-metrics")?);
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--resources=pods,nodes,resourcequotas")
+            .arg("--host=127.0.0.1")
+            .arg(format!("--port={ksm_port}"))
+            .arg("--telemetry-host=127.0.0.1")
+            .arg(format!("--telemetry-port={ksm_tel}"));
+        let ksm = ChildGuard::spawn("kube-state-metrics", cmd, &logdir.join("ksm.log"))?;
+        poll_until(
+            "kube-state-metrics complete",
+            Duration::from_secs(600),
+            Duration::from_millis(200),
+            || {
+                let (h, u) = (http.clone(), ksm_url.clone());
+                async move {
+                    let text = get_text(&h, &u).await?;
+                    Ok((count_prefix(&text, "kube_pod_info{") >= total).then_some(()))
+                }
+            },
+        )
+        .await?;
+        Some(ksm)
+    };
+    // Without KSM every KSM figure is NaN (printed as `–`); pid 0 reads as nothing.
+    let ksm_pid = ksm.as_ref().map_or(0, ChildGuard::pid);
+    let ksm_first = if ksm.is_some() {
+        t.elapsed().as_secs_f64()
+    } else {
+        f64::NAN
+    };
     log(&format!(
         "kube-state-metrics complete after {ksm_first:.2} s"
     ));
@@ -525,19 +630,19 @@ async fn main() -> Result<()> {
     // Steady window: both idle apart from their own loops and Prometheus' 15 s scrapes.
     tokio::time::sleep(Duration::from_secs(20)).await;
     let window = Duration::from_secs(60);
-    let (k0, l0) = (cpu_seconds(ksm.pid()), cpu_seconds(ledger.pid()));
+    let (k0, l0) = (ksm_cpu(ksm_pid), cpu_seconds(ledger.pid()));
     let text0 = get_text(&http, &ledger_url).await?;
     // RSS sampled every second over the window: one reading could land inside a refresh.
     let (mut ksm_samples, mut led_samples) = (Vec::new(), Vec::new());
     let sampling_ends = Instant::now() + window;
     while Instant::now() < sampling_ends {
-        ksm_samples.push(proc_status(ksm.pid()).0 as f64);
+        ksm_samples.push(ksm_status(ksm_pid).0 as f64);
         led_samples.push(proc_status(ledger.pid()).0 as f64);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let text1 = get_text(&http, &ledger_url).await?;
-    let (k1, l1) = (cpu_seconds(ksm.pid()), cpu_seconds(ledger.pid()));
-    let (_, ksm_hwm) = proc_status(ksm.pid());
+    let (k1, l1) = (ksm_cpu(ksm_pid), cpu_seconds(ledger.pid()));
+    let (_, ksm_hwm) = ksm_status(ksm_pid);
     let (_, led_hwm) = proc_status(ledger.pid());
     let ksm_rss = pct(&mut ksm_samples, 0.5) as u64;
     let led_rss = pct(&mut led_samples, 0.5) as u64;
@@ -558,7 +663,15 @@ async fn main() -> Result<()> {
     ));
 
     // Scrape latency (sequential, alternating targets would mix caches; one after the other).
-    let ksm_scrape = scrape_latency(&http, &ksm_url, a.scrapes).await?;
+    let ksm_scrape = if ksm.is_some() {
+        scrape_latency(&http, &ksm_url, a.scrapes).await?
+    } else {
+        Scrape {
+            p50_ms: f64::NAN,
+            p99_ms: f64::NAN,
+            bytes: 0,
+        }
+    };
     let led_scrape = scrape_latency(&http, &ledger_url, a.scrapes).await?;
     log("scrape latency measured");
 
@@ -587,6 +700,9 @@ async fn main() -> Result<()> {
     ];
     let mut promql = Vec::new();
     for (label, q) in &queries_cmp {
+        if ksm.is_none() && label.starts_with("peer") {
+            continue;
+        }
         let (ms, series) = query_time(&http, prom.url(), q).await?;
         promql.push((*label, ms, series));
     }
@@ -656,6 +772,7 @@ async fn main() -> Result<()> {
     ));
 
     // Memory slope: extra non-GPU pods, then extra (Pending) GPU pods.
+    let no_ksm = ksm.is_none();
     let settle = |ksm_expect: usize, ledger_expect: usize| {
         let (h, ku, lu) = (http.clone(), ksm_url.clone(), ledger_url.clone());
         async move {
@@ -666,7 +783,11 @@ async fn main() -> Result<()> {
                 || {
                     let (h, ku, lu) = (h.clone(), ku.clone(), lu.clone());
                     async move {
-                        let k = count_prefix(&get_text(&h, &ku).await?, "kube_pod_info{");
+                        let k = if no_ksm {
+                            usize::MAX
+                        } else {
+                            count_prefix(&get_text(&h, &ku).await?, "kube_pod_info{")
+                        };
                         let l =
                             count_prefix(&get_text(&h, &lu).await?, "gpu_ledger_pod_owner_info{");
                         Ok((k >= ksm_expect && l >= ledger_expect).then_some(()))
@@ -680,7 +801,7 @@ async fn main() -> Result<()> {
     let base_gpu = gpu_pods - victims.len();
     settle(base_total, base_gpu).await?;
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let (k_a, l_a) = median_rss(ksm.pid(), ledger.pid(), SLOPE_SAMPLES).await;
+    let (k_a, l_a) = median_rss(ksm_pid, ledger.pid(), SLOPE_SAMPLES).await;
     let extra_plain: Vec<PodPlan> = (0..a.extra_pods)
         .map(|i| PodPlan {
             ns: format!("svc-{:02}", i % SVC_NAMESPACES),
@@ -690,12 +811,13 @@ async fn main() -> Result<()> {
             hold: false,
             util: 0,
             selector_none: false,
+            dra: false,
         })
         .collect();
     create_pods(&admin, extra_plain, a.concurrency).await?;
     settle(base_total + a.extra_pods, base_gpu).await?;
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let (k_b, l_b) = median_rss(ksm.pid(), ledger.pid(), SLOPE_SAMPLES).await;
+    let (k_b, l_b) = median_rss(ksm_pid, ledger.pid(), SLOPE_SAMPLES).await;
     let extra_gpu: Vec<PodPlan> = (0..a.extra_pods)
         .map(|i| PodPlan {
             ns: format!("team-{:02}", i % GPU_NAMESPACES),
@@ -705,13 +827,14 @@ async fn main() -> Result<()> {
             hold: false,
             util: 0,
             selector_none: true,
+            dra: false,
         })
         .collect();
     create_pods(&admin, extra_gpu, a.concurrency).await?;
     settle(base_total + 2 * a.extra_pods, base_gpu + a.extra_pods).await?;
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let (k_c, l_c) = median_rss(ksm.pid(), ledger.pid(), SLOPE_SAMPLES).await;
-    let (_, ksm_hwm2) = proc_status(ksm.pid());
+    let (k_c, l_c) = median_rss(ksm_pid, ledger.pid(), SLOPE_SAMPLES).await;
+    let (_, ksm_hwm2) = ksm_status(ksm_pid);
     let (_, led_hwm2) = proc_status(ledger.pid());
     let per = |from: u64, to: u64| (to as f64 - from as f64) * 1024.0 / a.extra_pods as f64;
 
@@ -720,11 +843,16 @@ async fn main() -> Result<()> {
     let mut r = String::new();
     let _ = writeln!(
         r,
-        "nodes: {} × 8 GPUs ({} GPUs); pods: {total} ({gpu_pods} GPU incl. {notebooks} notebooks, {} Terminating, {} Pending; {plain_pods} non-GPU); cluster set-up {setup_s:.0} s; gpu-ledger --refresh-interval {}\n",
+        "nodes: {} × 8 GPUs ({} GPUs); pods: {total} ({gpu_pods} GPU incl. {notebooks} notebooks, {} Terminating, {} Pending; {plain_pods} non-GPU){}; cluster set-up {setup_s:.0} s; gpu-ledger --refresh-interval {}\n",
         a.nodes,
         a.nodes * 8,
         held.len(),
         a.nodes / 10,
+        if a.dra {
+            format!("; DRA: {dra_pods} GPU pods and notebooks hold a ResourceClaim (1 GPU each)")
+        } else {
+            String::new()
+        },
         a.refresh
     );
     let _ = writeln!(
@@ -734,11 +862,15 @@ async fn main() -> Result<()> {
     let _ = writeln!(r, "| --- | ---: | ---: | ---: |");
     let mib = |k: u64| k as f64 / 1024.0;
     let row = |r: &mut String, name: &str, l: f64, k: f64, unit: &str| {
-        let _ = writeln!(
-            r,
-            "| {name} | {l:.2} {unit} | {k:.2} {unit} | {:.3} |",
-            ratio(l, k)
-        );
+        if no_ksm {
+            let _ = writeln!(r, "| {name} | {l:.2} {unit} | – | – |");
+        } else {
+            let _ = writeln!(
+                r,
+                "| {name} | {l:.2} {unit} | {k:.2} {unit} | {:.3} |",
+                ratio(l, k)
+            );
+        }
     };
     row(
         &mut r,

@@ -19,6 +19,7 @@ pub mod certs;
 pub mod chromium;
 pub mod control_plane;
 pub mod dcgm;
+pub mod dra;
 pub mod fault_proxy;
 pub mod nodes;
 pub mod process;

@@ -22,6 +22,7 @@ pub struct GpuNode {
     annotations: BTreeMap<String, String>,
     taints: Vec<Taint>,
     extra_resources: BTreeMap<String, String>,
+    device_plugin: bool,
 }
 
 impl GpuNode {
@@ -37,7 +38,16 @@ impl GpuNode {
             annotations: BTreeMap::new(),
             taints: Vec::new(),
             extra_resources: BTreeMap::new(),
+            device_plugin: true,
         }
+    }
+
+    /// No NVIDIA device plugin: the node advertises no `nvidia.com/gpu` at all (not even 0), as
+    /// on a node whose GPUs only a DRA driver hands out.
+    #[must_use]
+    pub fn no_device_plugin(mut self) -> Self {
+        self.device_plugin = false;
+        self
     }
 
     /// Sets the `nvidia.com/gpu.product` label.
@@ -139,11 +149,13 @@ impl GpuNode {
             ("memory".to_string(), Quantity("256Gi".into())),
             ("pods".to_string(), Quantity("110".into())),
             ("ephemeral-storage".to_string(), Quantity("1Ti".into())),
-            (
+        ]);
+        if self.device_plugin {
+            res.insert(
                 "nvidia.com/gpu".to_string(),
                 Quantity(self.advertised_gpus().to_string()),
-            ),
-        ]);
+            );
+        }
         for (profile, count) in &self.mig {
             res.insert(
                 format!("nvidia.com/mig-{profile}"),
@@ -185,7 +197,9 @@ impl GpuNode {
             .status
             .as_ref()
             .and_then(|s| s.allocatable.as_ref())
-            .is_some_and(|a| a.contains_key("nvidia.com/gpu"));
+            .is_some_and(|a| {
+                a.contains_key("pods") && (a.contains_key("nvidia.com/gpu") || !self.device_plugin)
+            });
         if !has_gpu {
             created.status = node.status;
             created = api

@@ -66,7 +66,7 @@ impl Stack {
         Self::start_with(nodes, TierBOptions::default()).await
     }
 
-    /// [`Stack::start`] with tier B options (e.g. an audit log).
+    /// [`Stack::start`] with tier B options (an audit log, extra controllers, kwok configs).
     pub async fn start_with(nodes: &[GpuNode], options: TierBOptions) -> Result<Self> {
         let cp = ControlPlane::start(Tier::B(options)).await?;
         let admin = cp.client("admin").await?;
@@ -332,6 +332,9 @@ pub struct Notebook {
     pub annotations: BTreeMap<String, String>,
     /// Finalizer on the pod template (holds the pod Terminating after a stop).
     pub pod_finalizer: Option<String>,
+    /// Get the GPU through a claim from this `ResourceClaimTemplate` (DRA) instead of an
+    /// `nvidia.com/gpu` limit.
+    pub dra_template: Option<String>,
 }
 
 impl Notebook {
@@ -345,7 +348,14 @@ impl Notebook {
             no_telemetry: false,
             annotations: BTreeMap::new(),
             pod_finalizer: None,
+            dra_template: None,
         }
+    }
+
+    #[must_use]
+    pub fn dra_template(mut self, template: &str) -> Self {
+        self.dra_template = Some(template.to_string());
+        self
     }
 
     #[must_use]
@@ -419,6 +429,12 @@ impl Notebook {
         });
         if let Some(node) = &self.node {
             pod_spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+        }
+        if let Some(t) = &self.dra_template {
+            let (claims, resources) =
+                crate::dra::pod_claim_fields(crate::dra::ClaimSource::Template(t));
+            pod_spec["resourceClaims"] = claims;
+            pod_spec["containers"][0]["resources"] = resources;
         }
         let sts: StatefulSet = serde_json::from_value(json!({
             "metadata": {"name": self.name, "namespace": self.namespace,
