@@ -11,7 +11,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gpu_ledger::export::{LedgerCollector, Snapshot};
-use gpu_ledger::ledger::claims::{Claims, NodeInfo, PodClaim, PodPhase, ResourceNames};
+use gpu_ledger::ledger::claims::{Claims, NodeInfo, PodClaim, PodPhase};
 use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
 use gpu_ledger::ledger::{self, Policy};
 
@@ -101,21 +101,18 @@ fn bench_render(c: &mut Criterion) {
     let (claims, usage) = cluster(10_000);
     let ledger = ledger::build(&claims, &usage, now(), &Policy::default());
     let snapshot = Snapshot::new(ledger);
-    let names = ResourceNames::default();
 
     // Served path: self-metrics registry + ledger families written as text.
     let plain = prometheus::Registry::new();
     gpu_ledger::export::SelfMetrics::register(&plain).expect("self metrics");
-    let served = gpu_ledger::export::render_with_ledger(&plain, &snapshot, &names).expect("render");
+    let served = gpu_ledger::export::render_with_ledger(&plain, &snapshot).expect("render");
 
     // Collector path: the same families as proto metrics through gather() and TextEncoder.
     let shared = Arc::new(arc_swap::ArcSwap::from_pointee(snapshot.clone()));
     let registry = prometheus::Registry::new();
     gpu_ledger::export::SelfMetrics::register(&registry).expect("self metrics");
     registry
-        .register(Box::new(
-            LedgerCollector::new(shared, names.clone()).expect("collector"),
-        ))
+        .register(Box::new(LedgerCollector::new(shared).expect("collector")))
         .expect("register");
     let gathered = gpu_ledger::export::render(&registry).expect("render");
     assert_eq!(served, gathered, "both paths render the same text");
@@ -125,9 +122,7 @@ fn bench_render(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(served.len() as u64));
     g.bench_function("10k_nodes_80k_pods", |b| {
         b.iter(|| {
-            black_box(
-                gpu_ledger::export::render_with_ledger(&plain, &snapshot, &names).expect("render"),
-            )
+            black_box(gpu_ledger::export::render_with_ledger(&plain, &snapshot).expect("render"))
         });
     });
     g.bench_function("10k_nodes_80k_pods_collector_path", |b| {

@@ -15,7 +15,6 @@ use std::process::{Command, Output};
 use chrono::{DateTime, Utc};
 use gpu_ledger::export::collector::Snapshot;
 use gpu_ledger::export::render_snapshot;
-use gpu_ledger::ledger::claims::ResourceNames;
 use gpu_ledger::ledger::{
     Attribution, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState, UnclaimedBusy,
 };
@@ -144,7 +143,7 @@ fn ledger() -> Ledger {
 }
 
 fn exposition_text() -> String {
-    render_snapshot(&Snapshot::new(ledger()), &ResourceNames::default()).expect("render")
+    render_snapshot(&Snapshot::new(ledger())).expect("render")
 }
 
 #[test]

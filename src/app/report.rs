@@ -34,7 +34,7 @@ pub async fn report(args: ReportArgs) -> Result<(), AppError> {
             ledger.generated_at,
         )
     });
-    let written = write_report(args.output, &ledger, plan.as_ref(), &policy);
+    let written = write_report(args.output, &ledger, plan.as_ref());
     match written {
         // A closed pipe (`| head`) is the reader's choice, not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -140,12 +140,7 @@ struct WithCull<'a> {
     cull: CullJson,
 }
 
-fn write_report(
-    output: Output,
-    ledger: &Ledger,
-    plan: Option<&Plan>,
-    policy: &Policy,
-) -> std::io::Result<()> {
+fn write_report(output: Output, ledger: &Ledger, plan: Option<&Plan>) -> std::io::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match output {
@@ -171,7 +166,7 @@ fn write_report(
             None => report::render_json(ledger, &mut out)?,
         },
         Output::Metrics => {
-            let mut text = export::render_snapshot(&Snapshot::new(ledger.clone()), &policy.names)
+            let mut text = export::render_snapshot(&Snapshot::new(ledger.clone()))
                 .map_err(std::io::Error::other)?;
             if let Some(plan) = plan {
                 text.push_str(&report::cull::plan_metrics(plan).map_err(std::io::Error::other)?);

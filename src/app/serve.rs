@@ -351,7 +351,6 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     let state = server::AppState {
         registry: registry.clone(),
         snapshot: shared.clone(),
-        names: policy.names.clone(),
         probes: health.clone(),
     };
     let server_cancel = tasks.cancel.clone();

@@ -201,15 +201,11 @@ const FAMILIES: &[Family] = &[
 /// Renders ledger families from a [`SharedSnapshot`].
 pub struct LedgerCollector {
     snapshot: SharedSnapshot,
-    names: crate::ledger::claims::ResourceNames,
     descs: Vec<Desc>,
 }
 
 impl LedgerCollector {
-    pub fn new(
-        snapshot: SharedSnapshot,
-        names: crate::ledger::claims::ResourceNames,
-    ) -> Result<Self, prometheus::Error> {
+    pub fn new(snapshot: SharedSnapshot) -> Result<Self, prometheus::Error> {
         let descs = FAMILIES
             .iter()
             .map(|f| {
@@ -221,11 +217,7 @@ impl LedgerCollector {
                 )
             })
             .collect::<Result<_, _>>()?;
-        Ok(LedgerCollector {
-            snapshot,
-            names,
-            descs,
-        })
+        Ok(LedgerCollector { snapshot, descs })
     }
 }
 
@@ -338,10 +330,7 @@ mod idx {
 }
 
 /// Builds every ledger family from one snapshot as proto families (the `Collector` path).
-pub fn families(
-    snapshot: &Snapshot,
-    names: &crate::ledger::claims::ResourceNames,
-) -> Vec<MetricFamily> {
+pub fn families(snapshot: &Snapshot) -> Vec<MetricFamily> {
     let mut out = Out {
         families: FAMILIES
             .iter()
@@ -358,7 +347,7 @@ pub fn families(
             })
             .collect(),
     };
-    emit(snapshot, names, &mut out);
+    emit(snapshot, &mut out);
     out.families.retain(|f| !f.get_metric().is_empty());
     out.families
 }
@@ -367,10 +356,7 @@ pub fn families(
 /// `FAMILIES` order, empty families left out. Byte-identical to prometheus' `TextEncoder` over
 /// [`families`] (and, because the ledger's rows are already sorted, to `Registry::gather`'s
 /// order within each family), at a fraction of the cost: no proto, no per-label `String`.
-pub fn text_blocks(
-    snapshot: &Snapshot,
-    names: &crate::ledger::claims::ResourceNames,
-) -> Vec<(&'static str, String)> {
+pub fn text_blocks(snapshot: &Snapshot) -> Vec<(&'static str, String)> {
     let l = &snapshot.ledger;
     // Rough per-family sizes so the big buffers are allocated once.
     let pods = l.pods.len();
@@ -391,7 +377,7 @@ pub fn text_blocks(
             })
             .collect(),
     };
-    emit(snapshot, names, &mut out);
+    emit(snapshot, &mut out);
     FAMILIES
         .iter()
         .zip(out.bufs)
@@ -413,8 +399,8 @@ pub fn text_blocks(
 }
 
 /// The ledger families of one snapshot in the text exposition format (`report -o metrics`).
-pub fn text(snapshot: &Snapshot, names: &crate::ledger::claims::ResourceNames) -> String {
-    let blocks = text_blocks(snapshot, names);
+pub fn text(snapshot: &Snapshot) -> String {
+    let blocks = text_blocks(snapshot);
     let mut out = String::with_capacity(blocks.iter().map(|(_, t)| t.len()).sum());
     for (_, t) in &blocks {
         out.push_str(t);
@@ -422,7 +408,7 @@ pub fn text(snapshot: &Snapshot, names: &crate::ledger::claims::ResourceNames) -
     out
 }
 
-fn emit(snapshot: &Snapshot, _names: &crate::ledger::claims::ResourceNames, out: &mut impl Sink) {
+fn emit(snapshot: &Snapshot, out: &mut impl Sink) {
     let l = &snapshot.ledger;
     for p in &l.pods {
         let node = p.node.as_deref().unwrap_or("");
@@ -523,6 +509,6 @@ impl Collector for LedgerCollector {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let snapshot = self.snapshot.load();
-        families(&snapshot, &self.names)
+        families(&snapshot)
     }
 }

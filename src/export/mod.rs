@@ -110,7 +110,6 @@ pub fn render(registry: &Registry) -> Result<String, prometheus::Error> {
 pub fn render_with_ledger(
     registry: &Registry,
     ledger: &Snapshot,
-    names: &crate::ledger::claims::ResourceNames,
 ) -> Result<String, prometheus::Error> {
     let encoder = prometheus::TextEncoder::new();
     let mut blocks: Vec<(String, String)> = Vec::new();
@@ -119,7 +118,7 @@ pub fn render_with_ledger(
         blocks.push((mf.name().to_string(), text));
     }
     blocks.extend(
-        collector::text_blocks(ledger, names)
+        collector::text_blocks(ledger)
             .into_iter()
             .map(|(name, text)| (name.to_string(), text)),
     );
@@ -132,11 +131,8 @@ pub fn render_with_ledger(
 }
 
 /// Renders only the ledger families of one snapshot (for `report -o metrics`, textfile collectors).
-pub fn render_snapshot(
-    snapshot: &Snapshot,
-    names: &crate::ledger::claims::ResourceNames,
-) -> Result<String, prometheus::Error> {
-    Ok(collector::text(snapshot, names))
+pub fn render_snapshot(snapshot: &Snapshot) -> Result<String, prometheus::Error> {
+    Ok(collector::text(snapshot))
 }
 
 #[cfg(test)]

@@ -23,8 +23,6 @@ use super::SharedSnapshot;
 pub struct AppState {
     pub registry: Registry,
     pub snapshot: SharedSnapshot,
-    /// GPU resource names, for rendering the ledger families of `snapshot` into `/metrics`.
-    pub names: crate::ledger::claims::ResourceNames,
     pub probes: Arc<dyn Probes>,
 }
 
@@ -60,11 +58,8 @@ async fn with_timeout(req: axum::extract::Request, next: axum::middleware::Next)
 async fn metrics(State(state): State<AppState>) -> Response {
     // Rendering is CPU work over the whole snapshot: keep it off the async workers.
     let registry = state.registry.clone();
-    let (snapshot, names) = (state.snapshot.load_full(), state.names.clone());
-    match tokio::task::spawn_blocking(move || {
-        super::render_with_ledger(&registry, &snapshot, &names)
-    })
-    .await
+    let snapshot = state.snapshot.load_full();
+    match tokio::task::spawn_blocking(move || super::render_with_ledger(&registry, &snapshot)).await
     {
         Ok(Ok(body)) => (
             [(

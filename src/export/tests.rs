@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::*;
-use crate::ledger::claims::ResourceNames;
 use crate::ledger::{
     Attribution, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState,
 };
@@ -70,12 +69,8 @@ fn ledger(pods: Vec<PodRow>) -> Ledger {
 
 #[test]
 fn golden_text_and_vanishing_pod() {
-    let names = ResourceNames::default();
-    let text = render_snapshot(
-        &Snapshot::new(ledger(vec![pod("a", "p1"), pod("a", "p2")])),
-        &names,
-    )
-    .expect("render");
+    let text = render_snapshot(&Snapshot::new(ledger(vec![pod("a", "p1"), pod("a", "p2")])))
+        .expect("render");
     let expected_lines = [
         "gpu_ledger_pod_gpus{namespace=\"a\",pod=\"p1\",node=\"n1\",state=\"running\",resource=\"nvidia.com/gpu\",attribution=\"exclusive\"} 1",
         "gpu_ledger_pod_gpu_utilization_ratio{namespace=\"a\",pod=\"p2\",node=\"n1\"} 0.25",
@@ -94,8 +89,7 @@ fn golden_text_and_vanishing_pod() {
         !text.contains("memory_used_bytes"),
         "unknown values are absent, never 0"
     );
-    let text =
-        render_snapshot(&Snapshot::new(ledger(vec![pod("a", "p1")])), &names).expect("render");
+    let text = render_snapshot(&Snapshot::new(ledger(vec![pod("a", "p1")]))).expect("render");
     assert!(
         !text.contains("p2"),
         "a pod that goes away takes its series with it:\n{text}"
@@ -104,13 +98,12 @@ fn golden_text_and_vanishing_pod() {
 
 #[test]
 fn hostile_label_values_are_escaped() {
-    let names = ResourceNames::default();
     let mut p = pod("a", "evil\"} 1\ninjected_metric 666\\");
     p.owner = Some(Owner {
         kind: "Job".into(),
         name: "x\ny".into(),
     });
-    let text = render_snapshot(&Snapshot::new(ledger(vec![p])), &names).expect("render");
+    let text = render_snapshot(&Snapshot::new(ledger(vec![p]))).expect("render");
     assert!(
         !text.lines().any(|l| l.starts_with("injected_metric")),
         "{text}"
@@ -145,7 +138,7 @@ fn collector_reads_the_swapped_snapshot() {
     let registry = prometheus::Registry::new();
     registry
         .register(Box::new(
-            LedgerCollector::new(shared.clone(), ResourceNames::default()).expect("collector"),
+            LedgerCollector::new(shared.clone()).expect("collector"),
         ))
         .expect("register");
     SelfMetrics::register(&registry).expect("self metrics");
@@ -206,32 +199,28 @@ fn busy_snapshot() -> Snapshot {
 
 #[test]
 fn direct_text_equals_the_prometheus_encoder() {
-    let names = ResourceNames::default();
     let s = busy_snapshot();
     let expected = prometheus::TextEncoder::new()
-        .encode_to_string(&collector::families(&s, &names))
+        .encode_to_string(&collector::families(&s))
         .expect("encode");
-    assert_eq!(render_snapshot(&s, &names).expect("render"), expected);
+    assert_eq!(render_snapshot(&s).expect("render"), expected);
     assert!(expected.contains("gpu_ledger_pod_stuck_terminating"));
     assert!(expected.contains("gpu_ledger_unclaimed_busy_gpu_utilization_ratio"));
 }
 
 #[test]
 fn metrics_endpoint_text_equals_the_registry_path() {
-    let names = ResourceNames::default();
     let s = busy_snapshot();
     let shared: SharedSnapshot = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(s.clone()));
     let with_collector = prometheus::Registry::new();
     SelfMetrics::register(&with_collector).expect("self metrics");
     with_collector
-        .register(Box::new(
-            LedgerCollector::new(shared, names.clone()).expect("collector"),
-        ))
+        .register(Box::new(LedgerCollector::new(shared).expect("collector")))
         .expect("register");
     let plain = prometheus::Registry::new();
     SelfMetrics::register(&plain).expect("self metrics");
     assert_eq!(
-        render_with_ledger(&plain, &s, &names).expect("render"),
+        render_with_ledger(&plain, &s).expect("render"),
         render(&with_collector).expect("render")
     );
 }
