@@ -401,6 +401,9 @@ fn chart_api_auth_objects(ns: &str) -> Result<Vec<Value>> {
             "deploy/helm/gpu-ledger",
             "--namespace",
             ns,
+            // The chart's kubeVersion constraint: helm template alone assumes v1.20.
+            "--kube-version",
+            "v1.36.3",
         ])
         .args([
             "--set",
