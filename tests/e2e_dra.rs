@@ -43,6 +43,40 @@ fn node_row(ledger: &Value, node: &str) -> Option<Value> {
         .cloned()
 }
 
+/// The DRA pods and nodes of an offline report (`report --from DIR`) equal the live ledger's:
+/// state, GPUs, resources and attribution per pod, allocatable per node.
+fn assert_same_dra_rows(offline: &Value, live: &Value, source: &str) {
+    for pod in [
+        "train", "quiet", "mig-pod", "share-a", "waiting", "legacy", "ext",
+    ] {
+        let row = |l: &Value| {
+            l["pods"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["namespace"] == NS && p["pod"] == pod))
+                .map(|p| {
+                    (
+                        p["state"].clone(),
+                        p["gpus"].clone(),
+                        p["resources"].clone(),
+                        p["attribution"].clone(),
+                    )
+                })
+        };
+        assert!(
+            row(offline).is_some(),
+            "{pod} listed in the report from {source}"
+        );
+        assert_eq!(row(offline), row(live), "{pod}: {source} vs live");
+    }
+    for node in ["dra-1", "dra-mig", "mixed"] {
+        assert_eq!(
+            node_row(offline, node).map(|n| n["gpus_allocatable"].clone()),
+            node_row(live, node).map(|n| n["gpus_allocatable"].clone()),
+            "{node}: {source} vs live"
+        );
+    }
+}
+
 async fn create_pod(admin: &kube::Client, ns: &str, pod: &Pod) {
     Api::<Pod>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), pod)
@@ -429,32 +463,7 @@ async fn dra_claims_end_to_end() {
     assert!(out.status.success(), "report --from: {out:?}");
     let offline: Value = serde_json::from_slice(&out.stdout).expect("report JSON");
     let live = gl.ledger_json().await.expect("ledger");
-    for pod in [
-        "train", "quiet", "mig-pod", "share-a", "waiting", "legacy", "ext",
-    ] {
-        let row = |l: &Value| {
-            l["pods"]
-                .as_array()
-                .and_then(|ps| ps.iter().find(|p| p["namespace"] == NS && p["pod"] == pod))
-                .map(|p| {
-                    (
-                        p["state"].clone(),
-                        p["gpus"].clone(),
-                        p["resources"].clone(),
-                        p["attribution"].clone(),
-                    )
-                })
-        };
-        assert_eq!(row(&offline), row(&live), "{pod}: offline vs live");
-        assert!(row(&offline).is_some(), "{pod} listed offline");
-    }
-    for node in ["dra-1", "dra-mig", "mixed"] {
-        assert_eq!(
-            node_row(&offline, node).map(|n| n["gpus_allocatable"].clone()),
-            node_row(&live, node).map(|n| n["gpus_allocatable"].clone()),
-            "{node}: offline vs live"
-        );
-    }
+    assert_same_dra_rows(&offline, &live, "kubectl dumps");
 
     // `gpu-ledger capture` as the shipped read-only RBAC writes the DRA objects too, and the
     // report over the capture holds the same DRA rows.
@@ -490,31 +499,7 @@ async fn dra_claims_end_to_end() {
         .expect("run report");
     assert!(out.status.success(), "report --from capture: {out:?}");
     let from_capture: Value = serde_json::from_slice(&out.stdout).expect("report JSON");
-    for pod in [
-        "train", "quiet", "mig-pod", "share-a", "waiting", "legacy", "ext",
-    ] {
-        let row = |l: &Value| {
-            l["pods"]
-                .as_array()
-                .and_then(|ps| ps.iter().find(|p| p["namespace"] == NS && p["pod"] == pod))
-                .map(|p| {
-                    (
-                        p["state"].clone(),
-                        p["gpus"].clone(),
-                        p["resources"].clone(),
-                    )
-                })
-        };
-        assert!(row(&from_capture).is_some(), "{pod} in the capture report");
-        assert_eq!(row(&from_capture), row(&live), "{pod}: capture vs live");
-    }
-    for node in ["dra-1", "dra-mig", "mixed"] {
-        assert_eq!(
-            node_row(&from_capture, node).map(|n| n["gpus_allocatable"].clone()),
-            node_row(&live, node).map(|n| n["gpus_allocatable"].clone()),
-            "{node}: capture vs live"
-        );
-    }
+    assert_same_dra_rows(&from_capture, &live, "capture");
 
     // Culling: the notebook whose GPU comes from a template is stopped like any other.
     let nb = eventually("dra-nb-0 is the notebook's, exclusive", WAIT, || async {
