@@ -312,6 +312,62 @@ async fn query_time(http: &reqwest::Client, prom: &str, q: &str) -> Result<(f64,
     Ok((pct(&mut t, 0.5), n))
 }
 
+/// The metric names gpu-ledger's refresh selects (`fields::SPELLINGS` in src/ledger/usage.rs:
+/// the three fields in the current, `--use-old-namespace` and 1.x spellings).
+const FIELD_SPELLINGS: &[&str] = &[
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "dcgm_fi_prof_gr_engine_active",
+    "dcgm_fi_dev_gpu_util",
+    "dcgm_fi_dev_fb_used",
+    "dcgm_gpu_utilization",
+    "dcgm_fb_used",
+];
+
+/// Whole seconds of a `10s` / `2m` flag value.
+fn seconds_of(v: &str) -> Option<u64> {
+    let (n, unit) = v.split_at(v.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = n.parse().ok()?;
+    match unit {
+        "s" => Some(n),
+        "m" => n.checked_mul(60),
+        _ => None,
+    }
+}
+
+/// Prometheus CPU seconds one evaluation of `queries` costs (each query once, as one refresh or
+/// one evaluation of a rule group would): `rounds` evaluations back to back, minus Prometheus'
+/// CPU rate over the 15 s just before (its scrapes and gpu-ledger's own refreshes go on in both).
+async fn prometheus_cpu_per_eval(
+    http: &reqwest::Client,
+    prom: &str,
+    pid: u32,
+    queries: &[String],
+    rounds: usize,
+) -> Result<f64> {
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let idle_rate = (cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64();
+    let (c1, t1) = (cpu_seconds(pid), Instant::now());
+    for _ in 0..rounds {
+        for q in queries {
+            let v: serde_json::Value = http
+                .get(format!("{prom}/api/v1/query"))
+                .query(&[("query", q.as_str())])
+                .send()
+                .await?
+                .json()
+                .await?;
+            if v["status"] != "success" {
+                bail!("query {q} failed: {v}");
+            }
+        }
+    }
+    let spent = cpu_seconds(pid) - c1 - idle_rate * t1.elapsed().as_secs_f64();
+    Ok(spent / rounds as f64)
+}
+
 #[allow(clippy::too_many_lines)]
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -708,6 +764,33 @@ async fn main() -> Result<()> {
     }
     log("PromQL timed");
 
+    // Prometheus CPU per refresh: gpu-ledger's steady refresh query (the raw samples since the
+    // previous refresh plus two scrape intervals of overlap: src/usage/live.rs) versus one
+    // evaluation of the peer's two recording rules for the same answers.
+    let refresh_secs = seconds_of(&a.refresh).unwrap_or(10);
+    let ledger_query = vec![format!(
+        "{{__name__=~\"{}\"}}[{}s]",
+        FIELD_SPELLINGS.join("|"),
+        refresh_secs + 2 * 15
+    )];
+    let ledger_cpu =
+        prometheus_cpu_per_eval(&http, prom.url(), prom.pid(), &ledger_query, 20).await?;
+    let peer_cpu = if ksm.is_some() {
+        let rules: Vec<String> = queries_cmp
+            .iter()
+            .filter(|(label, _)| label.starts_with("peer"))
+            .map(|(_, q)| q.clone())
+            .collect();
+        prometheus_cpu_per_eval(&http, prom.url(), prom.pid(), &rules, 20).await?
+    } else {
+        f64::NAN
+    };
+    log(&format!(
+        "prometheus cpu per evaluation: gpu-ledger refresh {:.1} ms, peer rules {:.1} ms",
+        ledger_cpu * 1000.0,
+        peer_cpu * 1000.0
+    ));
+
     // Event-to-metric: delete running 1-GPU pods (grace 0), poll gpu-ledger until their series go.
     let victims: Vec<PodPlan> = plans
         .iter()
@@ -973,6 +1056,13 @@ async fn main() -> Result<()> {
         } else {
             f64::NAN
         }
+    );
+    let _ = writeln!(
+        r,
+        "Prometheus CPU per evaluation (20 back to back, minus its idle rate): gpu-ledger's steady refresh query {:.1} ms, the peer's two recording rules (allocated, allocated and idle per namespace) {:.1} ms, ratio {:.3}\n",
+        ledger_cpu * 1000.0,
+        peer_cpu * 1000.0,
+        ledger_cpu / peer_cpu
     );
     let _ = writeln!(
         r,
