@@ -18,13 +18,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use gpu_ledger::cull::actuator::stop_patch;
 use gpu_ledger::cull::plan::Action;
 use gpu_ledger_testkit::process::ChildGuard;
+use gpu_ledger_testkit::process::run_ok;
 use gpu_ledger_testkit::stack::{
     LEDGER_NAMESPACE, Notebook, STOP_ANNOTATION, Stack, notebook_resource,
 };
@@ -47,34 +48,6 @@ fn root() -> PathBuf {
 fn bin(name: &str) -> PathBuf {
     gpu_ledger_testkit::binary(name)
         .unwrap_or_else(|e| panic!("{e:#}\n(build it with scripts/build-test-cluster.sh)"))
-}
-
-fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
-    use std::io::Write as _;
-    let desc = format!("{cmd:?}");
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().with_context(|| format!("spawning {desc}"))?;
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .context("stdin")?
-            .write_all(input.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "{desc} failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `helm template gpu-ledger` into [`LEDGER_NAMESPACE`] for Kubernetes 1.36, as JSON objects.

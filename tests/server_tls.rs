@@ -13,46 +13,19 @@
 //!   ServiceAccount running gpu-ledger holds the chart's `system:auth-delegator` binding.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use gpu_ledger_testkit::ControlPlane;
 use gpu_ledger_testkit::certs::ClusterPki;
 use gpu_ledger_testkit::process::ChildGuard;
+use gpu_ledger_testkit::process::run_ok;
 use gpu_ledger_testkit::stack::apply_rbac;
 use gpu_ledger_testkit::util::free_port;
 use serde_json::{Value, json};
 
 const READ_ONLY_RBAC: &str = include_str!("../deploy/kustomize/base/rbac.yaml");
-
-fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
-    use std::io::Write as _;
-    let desc = format!("{cmd:?}");
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().with_context(|| format!("spawning {desc}"))?;
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .context("stdin")?
-            .write_all(input.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "{desc} failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// Writes `contents` to `path` atomically (write, then rename), as a Secret volume updates.
 fn replace_file(path: &Path, contents: &str) -> Result<()> {

@@ -146,3 +146,33 @@ impl Drop for ChildGuard {
         self.terminate(Duration::from_secs(5));
     }
 }
+
+/// Runs a command to completion (`stdin` written to it when given) and returns its stdout; an
+/// error names the command, its exit status and its stderr.
+pub fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
+    use std::io::Write as _;
+    let desc = format!("{cmd:?}");
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().with_context(|| format!("spawning {desc}"))?;
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(input.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{desc} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
