@@ -9,11 +9,11 @@
 //! with a message naming that script: nothing is skipped.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use anyhow::{Context, Result, bail, ensure};
+use gpu_ledger_testkit::process::run;
 use gpu_ledger_testkit::{ControlPlane, Tier};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
@@ -48,28 +48,6 @@ fn helm() -> Command {
         .env("HELM_DATA_HOME", h.join("data"))
         .env_remove("KUBECONFIG");
     c
-}
-
-fn run(mut cmd: Command, stdin: Option<&str>) -> Result<Output> {
-    let desc = format!("{cmd:?}");
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().with_context(|| format!("spawning {desc}"))?;
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .context("stdin")?
-            .write_all(input.as_bytes())?;
-    }
-    child
-        .wait_with_output()
-        .with_context(|| format!("waiting for {desc}"))
 }
 
 /// Runs `cmd`, failing with its stderr unless it exits 0; returns stdout and stderr.

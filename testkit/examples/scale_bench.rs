@@ -291,22 +291,28 @@ async fn scrape_latency(http: &reqwest::Client, url: &str, n: usize) -> Result<S
 }
 
 /// Median wall time (ms) of an instant query over 5 runs, and the series it returned.
+/// One instant query over the HTTP API; an error unless Prometheus answers `success`.
+async fn instant_query(http: &reqwest::Client, prom: &str, q: &str) -> Result<serde_json::Value> {
+    let v: serde_json::Value = http
+        .get(format!("{prom}/api/v1/query"))
+        .query(&[("query", q)])
+        .send()
+        .await?
+        .json()
+        .await?;
+    if v["status"] != "success" {
+        bail!("query {q} failed: {v}");
+    }
+    Ok(v)
+}
+
 async fn query_time(http: &reqwest::Client, prom: &str, q: &str) -> Result<(f64, usize)> {
     let mut t = Vec::new();
     let mut n = 0;
     for _ in 0..5 {
         let s = Instant::now();
-        let v: serde_json::Value = http
-            .get(format!("{prom}/api/v1/query"))
-            .query(&[("query", q)])
-            .send()
-            .await?
-            .json()
-            .await?;
+        let v = instant_query(http, prom, q).await?;
         t.push(s.elapsed().as_secs_f64() * 1000.0);
-        if v["status"] != "success" {
-            bail!("query {q} failed: {v}");
-        }
         n = v["data"]["result"].as_array().map_or(0, Vec::len);
     }
     Ok((pct(&mut t, 0.5), n))
@@ -352,16 +358,7 @@ async fn prometheus_cpu_per_eval(
     let (c1, t1) = (cpu_seconds(pid), Instant::now());
     for _ in 0..rounds {
         for q in queries {
-            let v: serde_json::Value = http
-                .get(format!("{prom}/api/v1/query"))
-                .query(&[("query", q.as_str())])
-                .send()
-                .await?
-                .json()
-                .await?;
-            if v["status"] != "success" {
-                bail!("query {q} failed: {v}");
-            }
+            instant_query(http, prom, q).await?;
         }
     }
     let spent = cpu_seconds(pid) - c1 - idle_rate * t1.elapsed().as_secs_f64();

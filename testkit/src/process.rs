@@ -147,9 +147,9 @@ impl Drop for ChildGuard {
     }
 }
 
-/// Runs a command to completion (`stdin` written to it when given) and returns its stdout; an
-/// error names the command, its exit status and its stderr.
-pub fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
+/// Runs a command to completion, `stdin` written to it when given, and returns its output
+/// whatever the exit status.
+pub fn run(mut cmd: Command, stdin: Option<&str>) -> Result<std::process::Output> {
     use std::io::Write as _;
     let desc = format!("{cmd:?}");
     cmd.stdin(if stdin.is_some() {
@@ -167,7 +167,15 @@ pub fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
             .context("stdin")?
             .write_all(input.as_bytes())?;
     }
-    let out = child.wait_with_output()?;
+    child
+        .wait_with_output()
+        .with_context(|| format!("waiting for {desc}"))
+}
+
+/// [`run`], then its stdout; an error names the command, its exit status and its stderr.
+pub fn run_ok(cmd: Command, stdin: Option<&str>) -> Result<String> {
+    let desc = format!("{cmd:?}");
+    let out = run(cmd, stdin)?;
     anyhow::ensure!(
         out.status.success(),
         "{desc} failed ({}):\n{}",
