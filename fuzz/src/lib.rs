@@ -86,6 +86,15 @@ fn render_value(v: f64) -> String {
     }
 }
 
+/// Series with only the labels the sample window keeps.
+fn read_labels_only(mut series: Vec<Series>) -> Vec<Series> {
+    for s in &mut series {
+        std::sync::Arc::make_mut(&mut s.labels)
+            .retain(|k, _| gpu_ledger::usage::scheme::READ_LABELS.contains(&k.as_str()));
+    }
+    series
+}
+
 type Comparable = Vec<(String, Labels, Vec<(i64, u64)>)>;
 
 /// Series with values as bits (every NaN the same), so equality is exact and NaN-safe.
@@ -105,7 +114,7 @@ fn comparable(series: &[Series]) -> Comparable {
                     (*t, bits)
                 })
                 .collect();
-            (s.name.clone(), s.labels.clone(), samples)
+            (s.name.clone(), (*s.labels).clone(), samples)
         })
         .collect()
 }
@@ -125,6 +134,19 @@ pub fn prom_response(data: &[u8]) {
         if got.is_some() {
             assert_eq!(got, expected);
         }
+    }
+    // The window's decoder (labels cut while decoding) agrees with the full decoder followed by
+    // the cut: same answers accepted, same series.
+    let full = serde_json::from_slice::<ApiResponse>(data)
+        .ok()
+        .and_then(|r| r.data)
+        .map(|d| d.into_series().map(|s| comparable(&read_labels_only(s))));
+    let window = serde_json::from_slice::<ApiResponse<prom::WindowData>>(data)
+        .ok()
+        .and_then(|r| r.data)
+        .map(|d| d.into_series().map(|s| comparable(&s)));
+    if let (Some(Ok(full)), Some(window)) = (&full, &window) {
+        assert_eq!(Some(full), window.as_ref().ok(), "window decode differs");
     }
     if let Ok(s) = std::str::from_utf8(data) {
         let _ = prom::parse_value(s);

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, Utc};
@@ -144,6 +145,8 @@ fn clear_previous(dir: &Path) -> Result<(), CaptureError> {
     Ok(())
 }
 
+type SeriesId = (String, Arc<Labels>);
+
 /// Every raw sample of the ledger's DCGM fields in `(at - lookback, at]`, one series per label
 /// set, samples sorted and de-duplicated (chunks do not overlap; a series spanning several is
 /// joined).
@@ -152,7 +155,8 @@ async fn dcgm_history(
     lookback: Duration,
     at: DateTime<Utc>,
 ) -> Result<Vec<Series>, CaptureError> {
-    let mut joined: BTreeMap<(String, Labels), Vec<(i64, f64)>> = BTreeMap::new();
+    // (name, labels) → samples.
+    let mut joined: BTreeMap<SeriesId, Vec<(i64, f64)>> = BTreeMap::new();
     let start = at - lookback;
     let mut end = at;
     while end > start {

@@ -263,7 +263,7 @@ mod tests {
     fn series(name: &str, times: &[i64]) -> Series {
         Series {
             name: name.into(),
-            labels: series::Labels::new(),
+            labels: std::sync::Arc::default(),
             samples: times.iter().map(|t| (*t, 0.0)).collect(),
         }
     }

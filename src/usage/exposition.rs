@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher as _;
 use std::io::{BufRead, Read, Seek, SeekFrom};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
@@ -197,13 +198,13 @@ impl<'k> Parser<'k> {
         if let Some(i) = same
             .iter()
             .copied()
-            .find(|i| self.out.series[*i].name == name && self.out.series[*i].labels == labels)
+            .find(|i| self.out.series[*i].name == name && *self.out.series[*i].labels == labels)
         {
             return i;
         }
         self.out.series.push(Series {
             name: name.to_string(),
-            labels,
+            labels: Arc::new(labels),
             samples: Vec::new(),
         });
         let slot = self.out.series.len() - 1;
@@ -545,7 +546,7 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
         let series = vec![
             Series {
                 name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE".into(),
-                labels: labels.clone(),
+                labels: Arc::new(labels.clone()),
                 samples: vec![
                     (1_700_000_000_000, 0.1),
                     (1_700_000_001_000, 1e-7),
@@ -554,7 +555,7 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
             },
             Series {
                 name: "DCGM_FI_DEV_FB_USED".into(),
-                labels,
+                labels: Arc::new(labels),
                 samples: vec![(1_700_000_000_000, 2_253_389_824.0)],
             },
         ];

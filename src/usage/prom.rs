@@ -1,7 +1,7 @@
 //! Live Prometheus client.
 //!
 //! A refresh asks one question whatever the number of pods or devices: the raw samples of the
-//! DCGM fields gpu-ledger reads since the previous refresh ([`PromClient::range_series`], a
+//! DCGM fields gpu-ledger reads since the previous refresh ([`PromClient::window_series`], a
 //! range-vector selector: Prometheus only reads chunks, it evaluates nothing per step). The
 //! samples are reduced by the same [`super::series::reduce`] as an offline dump, so live and
 //! offline conclusions cannot differ. The one-off start-up history query
@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use std::sync::Arc;
+
 use super::LabelScheme;
+use super::scheme::READ_LABELS;
 use super::series::{Labels, Series};
 
 /// Largest answer accepted (bytes). 4,000 GPUs × 3 fields × 10 minutes of samples with full label
@@ -177,12 +180,13 @@ fn without_url(e: &reqwest::Error) -> String {
     s
 }
 
-/// `/api/v1/query` envelope.
+/// `/api/v1/query` envelope; `data` decodes as `D` ([`QueryData`], or [`WindowData`] for the
+/// window's range-vector answers).
 #[derive(Debug, Clone, Deserialize)]
-pub struct ApiResponse {
+pub struct ApiResponse<D = QueryData> {
     pub status: String,
-    #[serde(default)]
-    pub data: Option<QueryData>,
+    #[serde(default = "none")]
+    pub data: Option<D>,
     #[serde(default, rename = "errorType")]
     pub error_type: Option<String>,
     #[serde(default)]
@@ -217,6 +221,144 @@ pub struct RawMatrixSeries {
     pub values: Vec<(f64, String)>,
 }
 
+fn none<D>() -> Option<D> {
+    None
+}
+
+/// `data` of a range-vector answer as the sample window reads it. Each row keeps only `__name__`
+/// and the labels the reduction reads ([`READ_LABELS`]); every other label, and each sample's
+/// value string, is decoded without an allocation. A profile of the live refresh put a quarter
+/// of its CPU in building full label maps that the window then cut down (docs/benchmarks.md).
+#[derive(Debug, Deserialize)]
+#[serde(tag = "resultType", content = "result", rename_all = "lowercase")]
+pub enum WindowData {
+    Matrix(Vec<WindowRow>),
+    Vector(serde::de::IgnoredAny),
+    Scalar(serde::de::IgnoredAny),
+    String(serde::de::IgnoredAny),
+}
+
+/// One series of a [`WindowData`] answer.
+#[derive(Debug, Deserialize)]
+pub struct WindowRow {
+    #[serde(default)]
+    metric: ReadLabels,
+    values: Vec<(f64, PromValue)>,
+}
+
+/// The labels of a series that the window keeps: `__name__` and [`READ_LABELS`], non-empty.
+#[derive(Debug, Default)]
+struct ReadLabels(Labels);
+
+impl<'de> Deserialize<'de> for ReadLabels {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = ReadLabels;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a label map")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ReadLabels, A::Error> {
+                let mut labels = Labels::new();
+                while let Some(LabelName(kept)) = map.next_key()? {
+                    match kept {
+                        Some(name) => {
+                            let value: String = map.next_value()?;
+                            if !value.is_empty() {
+                                labels.insert(name.to_string(), value);
+                            }
+                        }
+                        None => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(ReadLabels(labels))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// A label name, resolved to its static spelling when the window keeps it (no allocation).
+struct LabelName(Option<&'static str>);
+
+impl<'de> Deserialize<'de> for LabelName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = LabelName;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a label name")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<LabelName, E> {
+                Ok(LabelName(
+                    std::iter::once(&NAME_LABEL)
+                        .chain(READ_LABELS)
+                        .find(|k| **k == v)
+                        .copied(),
+                ))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+/// A sample value parsed straight from its string ([`parse_value`]); a bad one fails the answer.
+#[derive(Debug, Clone, Copy)]
+struct PromValue(f64);
+
+impl<'de> Deserialize<'de> for PromValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = PromValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a sample value string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PromValue, E> {
+                parse_value(v)
+                    .map(PromValue)
+                    .ok_or_else(|| E::custom(format!("bad sample value {v:?}")))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+const NAME_LABEL: &str = "__name__";
+
+impl WindowData {
+    /// The rows as [`Series`]: named by `__name__`, times in milliseconds.
+    pub fn into_series(self) -> Result<Vec<Series>, PromError> {
+        let Self::Matrix(rows) = self else {
+            return Err(PromError::Decode(
+                "expected a matrix answer to a range-vector selector".into(),
+            ));
+        };
+        rows.into_iter()
+            .map(|row| {
+                let mut labels = row.metric.0;
+                let name = labels
+                    .remove(NAME_LABEL)
+                    .ok_or_else(|| PromError::Decode("matrix series without __name__".into()))?;
+                Ok(Series {
+                    name,
+                    labels: Arc::new(labels),
+                    samples: row
+                        .values
+                        .into_iter()
+                        .map(|(t, v)| (secs_to_ms(t), v.0))
+                        .collect(),
+                })
+            })
+            .collect()
+    }
+}
+
 /// A decoded instant-query sample.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -244,6 +386,7 @@ fn series_of_matrix_row(row: RawMatrixSeries) -> Result<Series, PromError> {
         .remove("__name__")
         .ok_or_else(|| PromError::Decode("matrix series without __name__".into()))?;
     labels.retain(|_, v| !v.is_empty());
+    let labels = Arc::new(labels);
     let samples = row
         .values
         .into_iter()
@@ -261,6 +404,16 @@ fn series_of_matrix_row(row: RawMatrixSeries) -> Result<Series, PromError> {
 }
 
 impl QueryData {
+    /// A matrix answer as [`Series`], every label kept (empty values dropped).
+    pub fn into_series(self) -> Result<Vec<Series>, PromError> {
+        let Self::Matrix(rows) = self else {
+            return Err(PromError::Decode(
+                "expected a matrix answer to a range-vector selector".into(),
+            ));
+        };
+        rows.into_iter().map(series_of_matrix_row).collect()
+    }
+
     /// Vector and scalar answers as samples (a scalar becomes one label-less sample).
     pub fn into_samples(self) -> Result<Vec<Sample>, PromError> {
         let point = |labels: Labels, (t, v): (f64, String)| {
@@ -383,19 +536,19 @@ impl PromClient {
         at: DateTime<Utc>,
         timeout: Option<Duration>,
     ) -> Result<Vec<Sample>, PromError> {
-        self.query_data(token, query, at, timeout)
+        self.query_data::<QueryData>(token, query, at, timeout)
             .await?
             .into_samples()
     }
 
     /// One instant query (POST form `query`, `time`), its answer's `data`.
-    async fn query_data(
+    async fn query_data<D: serde::de::DeserializeOwned>(
         &self,
         token: Option<&str>,
         query: &str,
         at: DateTime<Utc>,
         timeout: Option<Duration>,
-    ) -> Result<QueryData, PromError> {
+    ) -> Result<D, PromError> {
         let time = format!("{:.3}", at.timestamp_millis() as f64 / 1000.0);
         let started = Instant::now();
         let mut req = self
@@ -435,7 +588,7 @@ impl PromClient {
             took_ms = started.elapsed().as_millis() as u64,
             "prometheus answered"
         );
-        let parsed: Result<ApiResponse, _> = serde_json::from_slice(&body);
+        let parsed: Result<ApiResponse<D>, _> = serde_json::from_slice(&body);
         if !status.is_success() {
             let (error_type, message) = match parsed {
                 Ok(r) => (
@@ -478,19 +631,23 @@ impl PromClient {
         at: DateTime<Utc>,
     ) -> Result<Vec<Series>, PromError> {
         let token = self.token()?;
-        let names = fields.join("|");
-        let query = format!(
-            "{{__name__=~\"{names}\"{}}}[{}]",
-            self.matchers,
-            queries::duration(range)
-        );
-        let data = self.query_data(token.as_deref(), &query, at, None).await?;
-        let QueryData::Matrix(rows) = data else {
-            return Err(PromError::Decode(
-                "expected a matrix answer to a range-vector selector".into(),
-            ));
-        };
-        rows.into_iter().map(series_of_matrix_row).collect()
+        let query = range_selector(fields, &self.matchers, range);
+        let data: QueryData = self.query_data(token.as_deref(), &query, at, None).await?;
+        data.into_series()
+    }
+
+    /// As [`Self::range_series`], for the sample window: only the labels the reduction reads
+    /// are kept ([`WindowData`]). `capture` uses [`Self::range_series`], which keeps them all.
+    pub async fn window_series(
+        &self,
+        fields: &[&str],
+        range: chrono::Duration,
+        at: DateTime<Utc>,
+    ) -> Result<Vec<Series>, PromError> {
+        let token = self.token()?;
+        let query = range_selector(fields, &self.matchers, range);
+        let data: WindowData = self.query_data(token.as_deref(), &query, at, None).await?;
+        data.into_series()
     }
 }
 
@@ -601,6 +758,15 @@ pub mod queries {
     }
 }
 
+/// `{__name__=~"A|B",<matchers>}[range]`: the raw samples of `fields` over `range`.
+fn range_selector(fields: &[&str], matchers: &str, range: chrono::Duration) -> String {
+    format!(
+        "{{__name__=~\"{}\"{matchers}}}[{}]",
+        fields.join("|"),
+        queries::duration(range)
+    )
+}
+
 fn secs_to_ms(s: f64) -> i64 {
     (s * 1000.0).round() as i64
 }
@@ -672,6 +838,67 @@ mod tests {
         .expect("error");
         assert_eq!(r.error_type.as_deref(), Some("bad_data"));
         assert_eq!(PromError::Timeout.kind(), "timeout");
+    }
+
+    /// A dcgm-exporter series as Prometheus answers a range-vector selector (labels as in
+    /// dcgm-exporter's README sample, plus the scrape's `instance`/`job`).
+    const WINDOW_ANSWER: &str = r#"{"status":"success","data":{"resultType":"matrix","result":[
+        {"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","gpu":"0","UUID":"GPU-604ac76c",
+          "pci_bus_id":"00000000:00:1E.0","device":"nvidia0","modelName":"Tesla T4",
+          "Hostname":"ip-10-0-1-2","DCGM_FI_DRIVER_VERSION":"535.104.05","container":"",
+          "instance":"10.0.1.7:9400","job":"dcgm-exporter","pod":"train-0","namespace":"ml"},
+         "values":[[1700000000,"42"],[1700000015.5,"NaN"]]}]}}"#;
+
+    #[test]
+    fn the_window_decoder_keeps_only_read_labels_and_agrees_with_the_full_one() {
+        let r: ApiResponse<WindowData> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
+        let window = r.data.expect("data").into_series().expect("series");
+        let r: ApiResponse = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
+        let mut full = r.data.expect("data").into_series().expect("series");
+        assert!(
+            full[0].labels.contains_key("pci_bus_id"),
+            "the full decoder keeps all"
+        );
+        Arc::make_mut(&mut full[0].labels).retain(|k, _| READ_LABELS.contains(&k.as_str()));
+        assert_eq!(window[0].name, "DCGM_FI_DEV_GPU_UTIL");
+        assert_eq!(window[0].labels, full[0].labels);
+        let kept: Vec<&str> = window[0].labels.keys().map(String::as_str).collect();
+        assert_eq!(
+            kept,
+            [
+                "Hostname",
+                "UUID",
+                "instance",
+                "modelName",
+                "namespace",
+                "pod"
+            ],
+            "empty `container` dropped, device/gpu/pci_bus_id/job/driver not held"
+        );
+        assert_eq!(window[0].samples[0], (1_700_000_000_000, 42.0));
+        assert_eq!(window[0].samples[1].0, 1_700_000_015_500);
+        assert!(window[0].samples[1].1.is_nan());
+    }
+
+    #[test]
+    fn the_window_decoder_rejects_what_the_full_one_rejects() {
+        let bad_value = WINDOW_ANSWER.replace(r#""42""#, r#""4x2""#);
+        let err = serde_json::from_str::<ApiResponse<WindowData>>(&bad_value)
+            .expect_err("bad value")
+            .to_string();
+        assert!(err.contains(r#"bad sample value "4x2""#), "{err}");
+        let nameless = WINDOW_ANSWER.replace(r#""__name__":"DCGM_FI_DEV_GPU_UTIL","#, "");
+        let r: ApiResponse<WindowData> = serde_json::from_str(&nameless).expect("decodes");
+        let err = r.data.expect("data").into_series().expect_err("no name");
+        assert!(err.to_string().contains("without __name__"), "{err}");
+        let vector = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        let r: ApiResponse<WindowData> = serde_json::from_str(vector).expect("decodes");
+        let err = r
+            .data
+            .expect("data")
+            .into_series()
+            .expect_err("not a matrix");
+        assert!(err.to_string().contains("expected a matrix"), "{err}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The one reduction of raw DCGM samples to per-device usage over a window.
 //!
 //! Every path feeds it the same thing — series of raw samples with their own timestamps: the
-//! live service (samples fetched from Prometheus with [`super::prom::PromClient::range_series`]
+//! live service (samples fetched from Prometheus with [`super::prom::PromClient::window_series`]
 //! and kept for the window), the offline report (an exposition dump), and the pre-stop re-check.
 //! So live and offline conclusions cannot drift apart.
 //!
@@ -12,6 +12,7 @@
 //! conflicting signals (GPU_UTIL 90 % while GR_ENGINE_ACTIVE reads 0) never make it idle.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
@@ -25,7 +26,8 @@ pub type Labels = BTreeMap<String, String>;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
     pub name: String,
-    pub labels: Labels,
+    /// Shared: the sample window holds one map for the several fields of a device.
+    pub labels: Arc<Labels>,
     pub samples: Vec<(i64, f64)>,
 }
 
@@ -360,10 +362,12 @@ mod tests {
     fn series(name: &str, labels: &[(&str, &str)], samples: &[(i64, f64)]) -> Series {
         Series {
             name: name.into(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-                .collect(),
+            labels: Arc::new(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                    .collect(),
+            ),
             samples: samples.to_vec(),
         }
     }
