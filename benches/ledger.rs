@@ -15,6 +15,12 @@ use gpu_ledger::ledger::claims::{Claims, NodeInfo, PodClaim, PodPhase};
 use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
 use gpu_ledger::ledger::{self, Policy};
 
+/// The allocator the `gpu-ledger` binary ships with (src/main.rs): the build allocates and frees
+/// every row, so the allocator is part of what is measured.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn now() -> DateTime<Utc> {
     DateTime::from_timestamp(1_790_000_000, 0).expect("valid")
 }

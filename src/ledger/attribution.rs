@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use foldhash::HashMap;
 use foldhash::fast::RandomState;
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use super::claims::{Claims, GpuResourceKind, PodClaim, PodPhase};
 use super::dra::{DraJoin, Held};
@@ -118,9 +119,13 @@ impl<'a> Locator<'a> {
     }
 }
 
+/// Device ids of one workload or pod: nearly always one or two, kept inline (a heap `Vec` per
+/// entry was a tenth of `ledger::build` at 80k pods, docs/benchmarks.md).
+type DeviceIds = SmallVec<[usize; 2]>;
+
 /// Devices by the workloads they name and by the node they are on.
 pub(super) struct DeviceIndex<'a> {
-    by_workload: HashMap<(&'a str, &'a str), Vec<usize>>,
+    by_workload: HashMap<(&'a str, &'a str), DeviceIds>,
     by_node: HashMap<&'a str, Vec<usize>>,
     /// The resolved node of each device.
     node_of: Vec<Option<&'a str>>,
@@ -135,14 +140,14 @@ pub(super) struct DeviceIndex<'a> {
 impl<'a> DeviceIndex<'a> {
     pub(super) fn new(usage: &'a Usage, locator: &Locator<'a>, by_uuid: bool) -> Self {
         let n = usage.devices.len();
-        let mut by_workload: HashMap<(&str, &str), Vec<usize>> =
+        let mut by_workload: HashMap<(&str, &str), DeviceIds> =
             HashMap::with_capacity_and_hasher(n, RandomState::default());
         let mut by_node: HashMap<&str, Vec<usize>> = HashMap::default();
         let mut node_of = Vec::with_capacity(n);
         let mut holders = Vec::with_capacity(n);
         for (i, d) in usage.devices.iter().enumerate() {
             let per_pod = d.per_pod_utilization.iter().map(|(w, _)| w);
-            let mut seen: Vec<&Workload> = Vec::new();
+            let mut seen: SmallVec<[&Workload; 4]> = SmallVec::new();
             for w in d.workloads.iter().chain(per_pod) {
                 if !seen.contains(&w) && !locator.is_daemon(w) {
                     seen.push(w);
@@ -297,7 +302,7 @@ fn attribute_devices(
     let named: &[usize] = index
         .by_workload
         .get(&(p.namespace.as_str(), p.name.as_str()))
-        .map_or(&[], Vec::as_slice);
+        .map_or(&[], SmallVec::as_slice);
     // DRA devices join by UUID as well: the exporter names the pod only with
     // `--kubernetes-enable-dra`, and a device shared by a claim's pods names all of them.
     let owned;
@@ -317,7 +322,7 @@ fn attribute_devices(
     for &i in ids {
         claimed[i] = true;
     }
-    let devs: Vec<&DeviceUsage> = ids.iter().map(|&i| &usage.devices[i]).collect();
+    let devs: SmallVec<[&DeviceUsage; 8]> = ids.iter().map(|&i| &usage.devices[i]).collect();
     row.devices = devs.iter().map(|d| d.key.clone()).collect();
     row.evidence.devices_found = devs.len();
 
@@ -330,7 +335,8 @@ fn attribute_devices(
             .as_deref()
             .and_then(|n| index.by_node.get(n))
             .map_or(&[], Vec::as_slice);
-        let host_devs: Vec<&DeviceUsage> = host_ids.iter().map(|&i| &usage.devices[i]).collect();
+        let host_devs: SmallVec<[&DeviceUsage; 8]> =
+            host_ids.iter().map(|&i| &usage.devices[i]).collect();
         if time_sliced && !host_devs.is_empty() {
             for &i in host_ids {
                 claimed[i] = true;
@@ -385,16 +391,13 @@ fn attribute_devices(
             };
         }
         Attribution::Shared => {
-            let me = Workload {
-                namespace: p.namespace.clone(),
-                pod: p.name.clone(),
-            };
+            let me = |w: &Workload| w.namespace == p.namespace && w.pod == p.name;
             let own: Vec<f64> = devs
                 .iter()
                 .filter_map(|d| {
                     d.per_pod_utilization
                         .iter()
-                        .find(|(w, _)| *w == me)
+                        .find(|(w, _)| me(w))
                         .map(|(_, v)| *v)
                 })
                 .collect();
@@ -406,7 +409,7 @@ fn attribute_devices(
                 .filter_map(|d| {
                     d.per_pod_memory_bytes
                         .iter()
-                        .find(|(w, _)| *w == me)
+                        .find(|(w, _)| me(w))
                         .map(|(_, v)| *v)
                 })
                 .collect();
