@@ -630,10 +630,9 @@ impl PromClient {
         range: chrono::Duration,
         at: DateTime<Utc>,
     ) -> Result<Vec<Series>, PromError> {
-        let token = self.token()?;
-        let query = range_selector(fields, &self.matchers, range);
-        let data: QueryData = self.query_data(token.as_deref(), &query, at, None).await?;
-        data.into_series()
+        self.raw_samples::<QueryData>(fields, range, at)
+            .await?
+            .into_series()
     }
 
     /// As [`Self::range_series`], for the sample window: only the labels the reduction reads
@@ -644,10 +643,21 @@ impl PromClient {
         range: chrono::Duration,
         at: DateTime<Utc>,
     ) -> Result<Vec<Series>, PromError> {
+        self.raw_samples::<WindowData>(fields, range, at)
+            .await?
+            .into_series()
+    }
+
+    /// The answer to `{__name__=~"<fields>",<matchers>}[range]` at `at`, decoded as `D`.
+    async fn raw_samples<D: serde::de::DeserializeOwned>(
+        &self,
+        fields: &[&str],
+        range: chrono::Duration,
+        at: DateTime<Utc>,
+    ) -> Result<D, PromError> {
         let token = self.token()?;
         let query = range_selector(fields, &self.matchers, range);
-        let data: WindowData = self.query_data(token.as_deref(), &query, at, None).await?;
-        data.into_series()
+        self.query_data(token.as_deref(), &query, at, None).await
     }
 }
 
