@@ -120,7 +120,7 @@ impl<'a> Locator<'a> {
 }
 
 /// Device ids of one workload or pod: nearly always one or two, kept inline (a heap `Vec` per
-/// entry was a tenth of `ledger::build` at 80k pods, docs/benchmarks.md).
+/// entry was one allocation per pod in every `ledger::build`, docs/benchmarks.md).
 type DeviceIds = SmallVec<[usize; 2]>;
 
 /// Devices by the workloads they name and by the node they are on.
