@@ -335,16 +335,12 @@ impl WindowData {
     /// The rows as [`Series`]: named by `__name__`, times in milliseconds.
     pub fn into_series(self) -> Result<Vec<Series>, PromError> {
         let Self::Matrix(rows) = self else {
-            return Err(PromError::Decode(
-                "expected a matrix answer to a range-vector selector".into(),
-            ));
+            return Err(not_a_matrix());
         };
         rows.into_iter()
             .map(|row| {
                 let mut labels = row.metric.0;
-                let name = labels
-                    .remove(NAME_LABEL)
-                    .ok_or_else(|| PromError::Decode("matrix series without __name__".into()))?;
+                let name = take_name(&mut labels)?;
                 Ok(Series {
                     name,
                     labels: Arc::new(labels),
@@ -379,12 +375,21 @@ pub fn parse_value(s: &str) -> Option<f64> {
 }
 
 /// One matrix answer row as a [`Series`]: the metric name out of the labels, values parsed,
+/// The metric name of an answer series, taken out of its labels.
+fn take_name(labels: &mut Labels) -> Result<String, PromError> {
+    labels
+        .remove(NAME_LABEL)
+        .ok_or_else(|| PromError::Decode("matrix series without __name__".into()))
+}
+
+fn not_a_matrix() -> PromError {
+    PromError::Decode("expected a matrix answer to a range-vector selector".into())
+}
+
 /// times in milliseconds.
 fn series_of_matrix_row(row: RawMatrixSeries) -> Result<Series, PromError> {
     let mut labels = row.metric;
-    let name = labels
-        .remove("__name__")
-        .ok_or_else(|| PromError::Decode("matrix series without __name__".into()))?;
+    let name = take_name(&mut labels)?;
     labels.retain(|_, v| !v.is_empty());
     let labels = Arc::new(labels);
     let samples = row
@@ -407,9 +412,7 @@ impl QueryData {
     /// A matrix answer as [`Series`], every label kept (empty values dropped).
     pub fn into_series(self) -> Result<Vec<Series>, PromError> {
         let Self::Matrix(rows) = self else {
-            return Err(PromError::Decode(
-                "expected a matrix answer to a range-vector selector".into(),
-            ));
+            return Err(not_a_matrix());
         };
         rows.into_iter().map(series_of_matrix_row).collect()
     }
@@ -635,8 +638,9 @@ impl PromClient {
             .into_series()
     }
 
-    /// As [`Self::range_series`], for the sample window: only the labels the reduction reads
-    /// are kept ([`WindowData`]). `capture` uses [`Self::range_series`], which keeps them all.
+    /// As [`Self::range_series`], keeping only the labels the reduction reads ([`WindowData`]):
+    /// for everything that reduces (the sample window, scheme detection, the pre-stop re-check).
+    /// `capture` uses [`Self::range_series`], which keeps them all.
     pub async fn window_series(
         &self,
         fields: &[&str],
