@@ -42,10 +42,28 @@ if ! command -v chromium >/dev/null && [[ ! -x /usr/lib/chromium/chromium ]] && 
 fi
 "${CHROMIUM_BIN:-$(command -v chromium || echo /usr/lib/chromium/chromium)}" --version 2>/dev/null | head -1
 
+step "system packages (victoria-metrics, for the multi-cluster tests)"
+# Debian's single-node VictoriaMetrics (1.79) receives two clusters' remote writes in
+# tests/multi_cluster.rs. About 12 MB, one package.
+if ! command -v victoria-metrics >/dev/null && [[ -z ${VICTORIA_METRICS_BIN:-} ]]; then
+	if [[ $(id -u) == 0 ]]; then
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends victoria-metrics
+	else
+		echo "victoria-metrics missing: run 'sudo apt-get install --no-install-recommends victoria-metrics' (or set VICTORIA_METRICS_BIN)" >&2
+		exit 1
+	fi
+fi
+echo "victoria-metrics $(victoria-metrics -version 2>/dev/null || echo '(Debian 1.79)')"
+
 step "control-plane binaries (etcd, kube-apiserver, scheduler, controller-manager, kubectl, kwok, helm)"
 KUBEBUILDER_ASSETS=$(scripts/build-test-cluster.sh --print-bindir)
 export KUBEBUILDER_ASSETS
 echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
+
+step "thanos (sidecar + querier) from its Go module, for the multi-cluster tests"
+THANOS_BIN=$(scripts/build-thanos.sh --print-bin)
+export THANOS_BIN
+echo "THANOS_BIN=$THANOS_BIN"
 
 step "format and lints"
 cargo fmt --all -- --check

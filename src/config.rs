@@ -96,6 +96,17 @@ pub struct PrometheusArgs {
         help_heading = "Prometheus"
     )]
     pub prometheus_selector: Option<crate::usage::prom::Selector>,
+    /// Extra HTTP header on every Prometheus request, `Name: value`; repeat the flag (or
+    /// separate with `;` in the variable) for several, e.g. `X-Scope-OrgID: team-a` for Mimir or
+    /// Cortex tenants. Path prefixes (`/select/0/prometheus`) go in --prometheus-url.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_PROMETHEUS_HEADERS",
+        value_name = "HEADER",
+        value_delimiter = ';',
+        help_heading = "Prometheus"
+    )]
+    pub prometheus_header: Vec<crate::usage::prom::Header>,
     /// Send the bearer token (or URL credentials) even to an `http://` Prometheus, unencrypted.
     /// Without it, that combination is refused at start-up.
     #[arg(

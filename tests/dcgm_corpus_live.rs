@@ -199,6 +199,7 @@ async fn every_case_yields_its_expected_ledger_live() {
                 insecure_skip_verify: false,
                 timeout: Duration::from_secs(30),
                 selector: Some(format!("case=\"{}\"", case.name).parse().expect("selector")),
+                headers: Vec::new(),
             })
             .expect("client");
             let now = Utc::now();

@@ -122,6 +122,7 @@ async fn start(om: &Om) -> (Prometheus, PromClient) {
         insecure_skip_verify: false,
         timeout: Duration::from_secs(60),
         selector: None,
+        headers: Vec::new(),
     })
     .expect("client");
     (prom, client)
@@ -833,6 +834,7 @@ async fn errors_are_typed() {
         insecure_skip_verify: false,
         timeout: Duration::from_secs(5),
         selector: None,
+        headers: Vec::new(),
     })
     .expect("client");
     let err = dead

@@ -159,6 +159,7 @@ fn prometheus_client(args: &PrometheusArgs) -> Result<Option<Arc<PromClient>>, A
             .to_std()
             .map_err(|e| AppError::Config(format!("--prometheus-timeout: {e}")))?,
         selector: args.prometheus_selector.clone(),
+        headers: args.prometheus_header.clone(),
     };
     PromClient::new(cfg)
         .map(|c| Some(Arc::new(c)))

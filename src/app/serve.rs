@@ -43,7 +43,7 @@ use crate::ledger::{self, Ledger, Policy};
 use crate::test_hooks;
 use crate::usage::history::History;
 use crate::usage::live::{Fetched, LiveSettings, LiveUsage};
-use crate::usage::prom::PromClient;
+use crate::usage::prom::{PromClient, PromError};
 
 /// How often the hub checks whether claims changed since the last ledger build.
 const CLAIMS_REBUILD_INTERVAL: Duration = Duration::from_millis(250);
@@ -154,6 +154,9 @@ struct Health {
     started: AtomicBool,
     /// Claims watches failing for longer than [`WATCH_BROKEN_AFTER`].
     broken_watches: Mutex<Vec<&'static str>>,
+    /// Why the last refresh refused Prometheus' answer although Prometheus answered (DCGM
+    /// series of several clusters and no selector): an operator must act, so not ready.
+    usage_refused: Mutex<Option<String>>,
     beats: Vec<Arc<Beat>>,
 }
 
@@ -188,6 +191,15 @@ impl server::Probes for Health {
                 WATCH_BROKEN_AFTER.as_secs(),
                 broken.join(", ")
             ));
+        }
+        drop(broken);
+        if let Some(why) = self
+            .usage_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            return Err(why.clone());
         }
         Ok(())
     }
@@ -339,6 +351,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     let health = Arc::new(Health {
         started: AtomicBool::new(false),
         broken_watches: Mutex::default(),
+        usage_refused: Mutex::default(),
         beats: vec![hub_beat.clone(), refresh_beat.clone(), cull_beat.clone()],
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -382,6 +395,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             fetch_timeout,
             tx: usage_tx,
             beat: refresh_beat,
+            health: health.clone(),
             cancel: tasks.cancel.clone(),
         }),
     );
@@ -606,6 +620,7 @@ struct RefreshLoop {
     fetch_timeout: Duration,
     tx: channel::Sender<Option<Arc<Refreshed>>>,
     beat: Arc<Beat>,
+    health: Arc<Health>,
     cancel: CancellationToken,
 }
 
@@ -657,6 +672,15 @@ async fn refresh_loop(mut r: RefreshLoop) {
             r.metrics.prometheus_query_errors.inc();
         }
         record_refresh(&r.metrics, fetched.as_ref(), started);
+        let refused = fetched
+            .as_ref()
+            .and_then(|f| f.error.as_ref())
+            .filter(|e| matches!(e, PromError::SeveralClusters { .. }))
+            .map(ToString::to_string);
+        *r.health
+            .usage_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = refused;
         let refreshed = Refreshed {
             usage: fetched.map(|f| f.usage).unwrap_or_default(),
             history: r.source.history().cloned().map(Arc::new),
@@ -682,6 +706,12 @@ fn record_refresh(metrics: &SelfMetrics, fetched: Option<&Fetched>, started: Ins
             "prometheus refresh failed; utilisation is unknown until it recovers"
         );
     }
+    let several = fetched
+        .and_then(|f| f.error.as_ref())
+        .is_some_and(|e| matches!(e, PromError::SeveralClusters { .. }));
+    metrics
+        .prometheus_several_clusters
+        .set(if several { 1.0 } else { 0.0 });
     let available = fetched.is_some_and(|f| f.usage.available);
     metrics
         .source_up

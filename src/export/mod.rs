@@ -20,6 +20,7 @@ pub struct SelfMetrics {
     pub refresh_duration: Histogram,
     pub prometheus_queries: IntCounter,
     pub prometheus_query_errors: IntCounter,
+    pub prometheus_several_clusters: Gauge,
     pub watch_restarts: IntCounterVec,
 }
 
@@ -53,6 +54,10 @@ impl SelfMetrics {
                 "gpu_ledger_prometheus_query_errors_total",
                 "PromQL queries that failed.",
             )?,
+            prometheus_several_clusters: Gauge::new(
+                "gpu_ledger_prometheus_several_clusters",
+                "1 when the last refresh found DCGM series of several clusters (a `cluster` or `cluster_id` label with more than one value) and no --prometheus-selector narrowing them: nothing is joined, /readyz fails until the selector is set.",
+            )?,
             watch_restarts: IntCounterVec::new(
                 Opts::new(
                     "gpu_ledger_watch_restarts_total",
@@ -81,6 +86,7 @@ impl SelfMetrics {
         registry.register(Box::new(m.refresh_duration.clone()))?;
         registry.register(Box::new(m.prometheus_queries.clone()))?;
         registry.register(Box::new(m.prometheus_query_errors.clone()))?;
+        registry.register(Box::new(m.prometheus_several_clusters.clone()))?;
         registry.register(Box::new(m.watch_restarts.clone()))?;
         Ok(m)
     }

@@ -142,6 +142,11 @@ impl SampleWindow {
         self.series.len()
     }
 
+    /// Every distinct label map held (one per device and label set).
+    pub fn label_sets(&self) -> impl Iterator<Item = &Labels> {
+        self.labels.iter().map(|l| &**l)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.series.is_empty()
     }
@@ -185,6 +190,7 @@ pub async fn fetch_window(
     let fresh = client
         .window_series(&field_names(), window.length, now)
         .await?;
+    one_cluster(fresh.iter().map(|s| &*s.labels))?;
     let scheme = LabelScheme::detect(
         settings.scheme,
         fresh
@@ -196,6 +202,18 @@ pub async fn fetch_window(
         h.merge(&mut devices, &window, settings.min_coverage, now);
     }
     Ok(devices)
+}
+
+/// Refuses series of several clusters (a shared Thanos, Mimir or VictoriaMetrics without
+/// `--prometheus-selector`): joined by pod name, another cluster's GPUs would be taken for this
+/// cluster's.
+fn one_cluster<'a>(labels: impl IntoIterator<Item = &'a Labels>) -> Result<(), PromError> {
+    let clusters = super::prom::clusters_of(labels);
+    if clusters.len() > 1 {
+        Err(PromError::SeveralClusters { clusters })
+    } else {
+        Ok(())
+    }
 }
 
 /// Prometheus, the samples of the window, and the idle history.
@@ -330,6 +348,16 @@ impl LiveUsage {
                 let keep_after = now.timestamp_millis() - window.length.num_milliseconds();
                 self.samples.absorb(fresh, keep_after);
                 self.fetched_at = Some(now);
+                if let Err(e) = one_cluster(self.samples.label_sets()) {
+                    return Fetched {
+                        usage: Usage::default(),
+                        stats: QueryStats {
+                            queries: 1,
+                            duration: started.elapsed(),
+                        },
+                        error: Some(e),
+                    };
+                }
                 let scheme = LabelScheme::detect(self.settings.scheme, self.samples.label_names());
                 let mut devices = series::reduce(self.samples.series(), &scheme, &window, now);
                 if let Some(h) = self.history.as_mut() {

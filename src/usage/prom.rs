@@ -47,6 +47,40 @@ pub struct PromConfig {
     /// Extra label matchers on every DCGM selector (`--prometheus-selector`), e.g. one
     /// cluster's or one job's series in a shared Prometheus or Thanos.
     pub selector: Option<Selector>,
+    /// Extra headers on every request (`--prometheus-header`), e.g. Mimir's or Cortex'
+    /// tenant `X-Scope-OrgID`.
+    pub headers: Vec<Header>,
+}
+
+/// One `--prometheus-header` (`Name: value`), validated as an HTTP header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub name: String,
+    pub value: String,
+}
+
+impl std::str::FromStr for Header {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, value) = s
+            .split_once(':')
+            .ok_or_else(|| format!("{s:?}: expected `Name: value`"))?;
+        let (name, value) = (name.trim(), value.trim());
+        reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("{name:?} is not a valid header name"))?;
+        reqwest::header::HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of {name} is not a valid header value"))?;
+        if name.eq_ignore_ascii_case("authorization") {
+            return Err(
+                "set the Authorization header with --prometheus-bearer-token-file (re-read, never logged)".into(),
+            );
+        }
+        Ok(Header {
+            name: name.to_string(),
+            value: value.to_string(),
+        })
+    }
 }
 
 /// A validated list of label matchers (`cluster="prod",job=~"dcgm.*"`), safe to splice into a
@@ -118,6 +152,131 @@ impl std::str::FromStr for Selector {
     }
 }
 
+impl Selector {
+    /// The matchers, parsed for evaluation against a series' labels: the offline report applies
+    /// `--prometheus-selector` to a dump as Prometheus applies it to a query.
+    pub fn matchers(&self) -> Result<Vec<Matcher>, String> {
+        let mut out = Vec::new();
+        let mut rest = self.0.as_str();
+        // `as_str` is canonical (`name op "value"`, comma-separated; validated by `from_str`).
+        while !rest.is_empty() {
+            let op_at = rest
+                .find(['=', '!'])
+                .ok_or_else(|| format!("{}: no operator", self.0))?;
+            let name = &rest[..op_at];
+            let (op, len) = if rest[op_at..].starts_with("=~") {
+                (MatchOp::Re, 2)
+            } else if rest[op_at..].starts_with("!~") {
+                (MatchOp::NotRe, 2)
+            } else if rest[op_at..].starts_with("!=") {
+                (MatchOp::Ne, 2)
+            } else {
+                (MatchOp::Eq, 1)
+            };
+            let body = &rest[op_at + len + 1..];
+            let mut value = String::new();
+            let mut end = None;
+            let mut chars = body.char_indices();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next() {
+                        Some((_, 'n')) => value.push('\n'),
+                        Some((_, 't')) => value.push('\t'),
+                        Some((_, e)) => value.push(e),
+                        None => {}
+                    },
+                    '"' => {
+                        end = Some(i);
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            let end = end.ok_or_else(|| format!("{}: unterminated value", self.0))?;
+            let regex = match op {
+                MatchOp::Re | MatchOp::NotRe => Some(
+                    // Prometheus anchors label regexes at both ends.
+                    regex::Regex::new(&format!("^(?:{value})$"))
+                        .map_err(|e| format!("{}: regex of {name}: {e}", self.0))?,
+                ),
+                MatchOp::Eq | MatchOp::Ne => None,
+            };
+            out.push(Matcher {
+                name: name.to_string(),
+                op,
+                value,
+                regex,
+            });
+            rest = body[end + 1..]
+                .strip_prefix(',')
+                .unwrap_or(&body[end + 1..]);
+        }
+        Ok(out)
+    }
+}
+
+/// How a [`Matcher`] compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchOp {
+    Eq,
+    Ne,
+    Re,
+    NotRe,
+}
+
+/// One label matcher of a [`Selector`], evaluated as Prometheus does: an absent label has the
+/// empty value.
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    pub name: String,
+    pub op: MatchOp,
+    pub value: String,
+    regex: Option<regex::Regex>,
+}
+
+impl Matcher {
+    /// Whether a series with `value` (None: the label is absent) passes.
+    pub fn matches(&self, value: Option<&str>) -> bool {
+        let v = value.unwrap_or("");
+        match (self.op, &self.regex) {
+            (MatchOp::Eq, _) => v == self.value,
+            (MatchOp::Ne, _) => v != self.value,
+            (MatchOp::Re, Some(r)) => r.is_match(v),
+            (MatchOp::NotRe, Some(r)) => !r.is_match(v),
+            (MatchOp::Re | MatchOp::NotRe, None) => false,
+        }
+    }
+}
+
+/// Labels that name the cluster a series came from in a metrics store shared by several
+/// clusters: `cluster` (kubernetes-mixin, kube-prometheus-stack's external labels, Thanos and
+/// Mimir docs) and `cluster_id` (OpenCost).
+pub const CLUSTER_LABELS: &[&str] = &["cluster", "cluster_id"];
+
+/// The distinct cluster names among `labels` (per [`CLUSTER_LABELS`], `name=value`), sorted;
+/// a series without any cluster label counts as `(none)`. More than one entry means the
+/// series come from several clusters and must not be joined to this cluster's pods.
+pub fn clusters_of<'a>(
+    labels: impl IntoIterator<Item = &'a std::collections::BTreeMap<String, String>>,
+) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut unlabelled = false;
+    for l in labels {
+        let mut named = false;
+        for name in CLUSTER_LABELS {
+            if let Some(v) = l.get(*name) {
+                seen.insert(format!("{name}={v:?}"));
+                named = true;
+            }
+        }
+        unlabelled |= !named;
+    }
+    if unlabelled && !seen.is_empty() {
+        seen.insert("(none)".to_string());
+    }
+    seen.into_iter().collect()
+}
+
 /// A failed query.
 #[derive(Debug, thiserror::Error)]
 pub enum PromError {
@@ -137,6 +296,16 @@ pub enum PromError {
     Timeout,
     #[error("prometheus client setup: {0}")]
     Config(String),
+    /// DCGM series of several clusters answer the queries (a shared Thanos, Mimir or
+    /// VictoriaMetrics) and no `--prometheus-selector` narrows them to this cluster's: joining
+    /// them would give this cluster's pods another cluster's GPUs.
+    #[error(
+        "DCGM series of {} clusters are visible ({}): set --prometheus-selector to this cluster's, e.g. {}",
+        clusters.len(),
+        clusters.join(", "),
+        clusters.first().map_or("cluster=\"…\"", String::as_str)
+    )]
+    SeveralClusters { clusters: Vec<String> },
 }
 
 impl PromError {
@@ -149,6 +318,7 @@ impl PromError {
             Self::Api { .. } => "api",
             Self::Timeout => "timeout",
             Self::Config(_) => "config",
+            Self::SeveralClusters { .. } => "several_clusters",
         }
     }
 
@@ -476,6 +646,17 @@ impl PromClient {
         if cfg.insecure_skip_verify {
             b = b.danger_accept_invalid_certs(true);
         }
+        let mut headers = reqwest::header::HeaderMap::new();
+        for h in &cfg.headers {
+            let name = reqwest::header::HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|e| PromError::Config(format!("header {:?}: {e}", h.name)))?;
+            let mut value = reqwest::header::HeaderValue::from_str(&h.value)
+                .map_err(|e| PromError::Config(format!("value of header {}: {e}", h.name)))?;
+            // Tenant ids are not secrets, but keep header values out of debug output anyway.
+            value.set_sensitive(true);
+            headers.append(name, value);
+        }
+        b = b.default_headers(headers);
         let http = b.build().map_err(|e| PromError::Config(without_url(&e)))?;
         let mut base = cfg.url;
         if !base.path().ends_with('/') {
@@ -949,5 +1130,145 @@ mod tests {
             q.contains(r#"dcgm_gpu_utilization{cluster="prod"}"#),
             "every spelling: {q}"
         );
+    }
+
+    #[test]
+    fn selectors_evaluate_like_prometheus_matchers() {
+        let labels = |pairs: &[(&str, &str)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect()
+        };
+        let passes = |sel: &str, l: &Labels| {
+            let s: Selector = sel.parse().expect("selector");
+            s.matchers()
+                .expect("matchers")
+                .iter()
+                .all(|m| m.matches(l.get(&m.name).map(String::as_str)))
+        };
+        let east = labels(&[("cluster", "east"), ("job", "dcgm")]);
+        let bare = labels(&[("job", "dcgm")]);
+        assert!(passes(r#"cluster="east""#, &east));
+        assert!(!passes(r#"cluster="west""#, &east));
+        assert!(passes(r#"cluster!="west",job="dcgm""#, &east));
+        // Regexes are anchored at both ends, as in PromQL.
+        assert!(passes(r#"cluster=~"ea.*""#, &east));
+        assert!(!passes(r#"cluster=~"as""#, &east));
+        assert!(passes(r#"cluster!~"w.*""#, &east));
+        // An absent label is the empty value.
+        assert!(passes(r#"cluster="""#, &bare));
+        assert!(!passes(r#"cluster=~".+""#, &bare));
+        // Escapes inside values.
+        let quoted = labels(&[("team", "a\"b")]);
+        assert!(passes(r#"team="a\"b""#, &quoted));
+    }
+
+    #[test]
+    fn clusters_are_named_and_a_missing_label_counts() {
+        let l = |pairs: &[(&str, &str)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect()
+        };
+        let (east, west, bare) = (
+            l(&[("cluster", "east")]),
+            l(&[("cluster", "west")]),
+            l(&[("job", "dcgm")]),
+        );
+        assert!(
+            clusters_of([&bare, &bare]).is_empty(),
+            "one Prometheus, no label"
+        );
+        assert_eq!(clusters_of([&east, &east]), ["cluster=\"east\""]);
+        assert_eq!(
+            clusters_of([&east, &west]),
+            ["cluster=\"east\"", "cluster=\"west\""]
+        );
+        assert_eq!(
+            clusters_of([&east, &bare]),
+            ["(none)", "cluster=\"east\""],
+            "a store mixing labelled and unlabelled series is ambiguous too"
+        );
+        let opencost = l(&[("cluster_id", "c1")]);
+        assert_eq!(clusters_of([&opencost]), ["cluster_id=\"c1\""]);
+    }
+
+    #[test]
+    fn headers_are_validated_and_authorization_is_refused() {
+        let h: Header = "X-Scope-OrgID: team-a".parse().expect("header");
+        assert_eq!(
+            (h.name.as_str(), h.value.as_str()),
+            ("X-Scope-OrgID", "team-a")
+        );
+        assert!("X-Scope-OrgID:team-a".parse::<Header>().is_ok());
+        for bad in [
+            "no colon",
+            "bad name: x",
+            "X-Tenant: a\nb",
+            "Authorization: Bearer x",
+        ] {
+            assert!(bad.parse::<Header>().is_err(), "{bad:?}");
+        }
+    }
+
+    /// A one-shot HTTP server answering an empty vector and handing back the request head it
+    /// read: a test double of Prometheus' query endpoint, to see what the client sends.
+    async fn capture_request() -> (String, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!(
+            "http://{}/select/0/prometheus",
+            listener.local_addr().expect("addr")
+        );
+        let task = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.expect("accept");
+            let mut buf = vec![0u8; 65536];
+            let mut n = 0;
+            while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                n += sock.read(&mut buf[n..]).await.expect("read");
+            }
+            let body = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            sock.write_all(head.as_bytes()).await.expect("write");
+            sock.write_all(body.as_bytes()).await.expect("write");
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        (url, task)
+    }
+
+    #[tokio::test]
+    async fn path_prefix_and_tenant_headers_reach_the_store() {
+        let (url, request) = capture_request().await;
+        let client = PromClient::new(PromConfig {
+            url: url.parse().expect("url"),
+            bearer_token_file: None,
+            ca_file: None,
+            insecure_skip_verify: false,
+            timeout: Duration::from_secs(30),
+            selector: None,
+            headers: vec![
+                "X-Scope-OrgID: team-a".parse().expect("header"),
+                "X-Extra: 1".parse().expect("header"),
+            ],
+        })
+        .expect("client");
+        client
+            .instant("vector(1)", chrono::Utc::now())
+            .await
+            .expect("query");
+        let head = request.await.expect("request").to_ascii_lowercase();
+        assert!(
+            head.starts_with("post /select/0/prometheus/api/v1/query "),
+            "the path prefix is kept: {head}"
+        );
+        assert!(head.contains("x-scope-orgid: team-a\r\n"), "{head}");
+        assert!(head.contains("x-extra: 1\r\n"), "{head}");
     }
 }

@@ -97,6 +97,9 @@ pub const READ_LABELS: &[&str] = &[
     "pod_uid",
     "instance",
     DRA_MIG_UUID_LABEL,
+    // Which cluster a series came from in a shared store (`usage::prom::CLUSTER_LABELS`).
+    "cluster",
+    "cluster_id",
 ];
 
 /// dcgm-exporter's MIG device UUID label, set with `--kubernetes-enable-dra` on MIG devices

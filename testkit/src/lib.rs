@@ -25,6 +25,7 @@ pub mod nodes;
 pub mod process;
 pub mod prometheus;
 pub mod stack;
+pub mod stores;
 pub mod util;
 
 pub use bins::{Bins, binaries, binary, cache_root};

@@ -107,6 +107,12 @@ compares them for the default values).
 - --prometheus-insecure-skip-verify
 {{- end }}
 - --label-scheme={{ .Values.prometheus.labelScheme }}
+{{- with .Values.prometheus.selector }}
+- {{ printf "--prometheus-selector=%s" . | toJson }}
+{{- end }}
+{{- range .Values.prometheus.headers }}
+- {{ printf "--prometheus-header=%s" . | toJson }}
+{{- end }}
 - --window={{ .Values.ledger.window }}
 - --refresh-interval={{ .Values.ledger.refreshInterval }}
 - --idle-threshold={{ .Values.ledger.idleThreshold }}
