@@ -57,7 +57,8 @@ export CGO_ENABLED=0
 export GONOSUMDB=${GONOSUMDB:+$GONOSUMDB,}github.com/thanos-community
 
 CACHE_ROOT=${GPU_LEDGER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-ledger}
-STAMP_DIR="$CACHE_ROOT/thanos-${THANOS_VERSION#v}"
+# The stamp names the build recipe too: a binary built without the release's tags is unusable.
+STAMP_DIR="$CACHE_ROOT/thanos-${THANOS_VERSION#v}-slicelabels"
 BIN="$STAMP_DIR/bin/thanos"
 mkdir -p "$STAMP_DIR/bin"
 
@@ -109,7 +110,13 @@ if [[ ! -x $BIN ]]; then
 	log "${#edits[@]} replace directives from thanos' go.mod"
 	[[ ${#edits[@]} -gt 0 ]] && go mod edit "${edits[@]}"
 	go get "github.com/thanos-io/thanos/cmd/thanos@$THANOS_VERSION"
-	nice -n 10 go build -p 2 -trimpath -o "$BIN.tmp" github.com/thanos-io/thanos/cmd/thanos
+	# The release's build tags (thanos' .promu.yml): `slicelabels` is required, since thanos
+	# converts Prometheus' labels to its protobuf types in place and Prometheus now defaults to
+	# another labels layout; without it the sidecar computes absurd message sizes and dies with
+	# "runtime: out of memory" on its first gRPC answer.
+	nice -n 10 go build -p 2 -trimpath -tags netgo,slicelabels \
+		-ldflags "-X github.com/prometheus/common/version.Version=${THANOS_VERSION#v}" \
+		-o "$BIN.tmp" github.com/thanos-io/thanos/cmd/thanos
 	mv "$BIN.tmp" "$BIN"
 	log "thanos built in $(($(date +%s) - t))s"
 fi

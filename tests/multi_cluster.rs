@@ -74,7 +74,7 @@ fn client(url: &str, selector: Option<&str>) -> Arc<PromClient> {
 }
 
 async fn start() -> TwoClusters {
-    let stores = TwoClusters::start(&[
+    let mut stores = TwoClusters::start(&[
         ("east", scrape(EAST_GPU, 0)),
         ("west", scrape(WEST_GPU, 90)),
     ])
@@ -86,10 +86,12 @@ async fn start() -> TwoClusters {
         )
     });
     // Both clusters' GPUs must have arrived: scraped, shipped by the sidecars / remote write.
-    for url in [stores.thanos.url(), stores.vm.url()] {
-        wait_for_series(url, "DCGM_FI_DEV_GPU_UTIL", 2, Duration::from_secs(180))
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}\nthanos query log:\n{}", stores.thanos.log_tail(30)));
+    for url in [stores.thanos.url().to_string(), stores.vm.url().to_string()] {
+        if let Err(e) =
+            wait_for_series(&url, "DCGM_FI_DEV_GPU_UTIL", 2, Duration::from_secs(180)).await
+        {
+            panic!("{e:#}\n{}", stores.thanos.log_tail(15));
+        }
     }
     stores
 }
@@ -157,4 +159,97 @@ async fn shared_stores_are_refused_without_a_selector_and_narrowed_with_one() {
             );
         }
     }
+}
+
+/// A kubectl-style pods and nodes dump of "this" cluster: `research/nb-0` holding one A100 on
+/// `gpu-node-1`, Running and Ready.
+fn write_claims(dir: &std::path::Path) {
+    let pods = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [{
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "nb-0", "namespace": "research", "uid": "0b7c1f7e-1111-4a2b-9c3d-5e6f7a8b9c0d",
+                     "creationTimestamp": "2026-11-01T00:00:00Z"},
+        "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "jupyter",
+                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running", "startTime": "2026-11-01T00:00:00Z",
+                   "conditions": [{"type": "Ready", "status": "True",
+                                   "lastTransitionTime": "2026-11-01T00:00:00Z"}]}
+    }]});
+    let nodes = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [{
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "gpu-node-1", "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-80GB-PCIe"}},
+        "status": {"capacity": {"nvidia.com/gpu": "1"}, "allocatable": {"nvidia.com/gpu": "1"}}
+    }]});
+    std::fs::write(dir.join("pods.json"), pods.to_string()).expect("pods.json");
+    std::fs::write(dir.join("nodes.json"), nodes.to_string()).expect("nodes.json");
+}
+
+fn report(dir: &std::path::Path, selector: Option<&str>) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    cmd.args(["report", "-o", "json", "--window", "1m", "--scrape-interval", "2s", "--from"])
+        .arg(dir);
+    if let Some(s) = selector {
+        cmd.arg("--prometheus-selector").arg(s);
+    }
+    cmd.env_remove("GPU_LEDGER_PROMETHEUS_SELECTOR")
+        .output()
+        .expect("run gpu-ledger report")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_of_a_shared_store_is_refused_without_a_selector_and_agrees_with_live_with_one() {
+    let stores = start().await;
+    // Let a minute of samples accumulate so the window is covered, then dump what the shared
+    // store holds, both clusters, with VictoriaMetrics' /federate (text exposition with
+    // timestamps, as `capture` writes it).
+    tokio::time::sleep(Duration::from_secs(65)).await;
+    let dump = reqwest::Client::new()
+        .get(format!("{}/federate", stores.vm.url()))
+        .query(&[("match[]", "{__name__=~\"DCGM_.*\"}")])
+        .send()
+        .await
+        .expect("federate")
+        .text()
+        .await
+        .expect("federate body");
+    assert!(
+        dump.contains("cluster=\"east\"") && dump.contains("cluster=\"west\""),
+        "the dump holds both clusters:\n{dump}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_claims(dir.path());
+    std::fs::write(dir.path().join("dcgm.prom"), &dump).expect("dcgm.prom");
+
+    let out = report(dir.path(), None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "refused as bad input: {stderr}");
+    assert!(
+        stderr.contains("cluster=\"east\"")
+            && stderr.contains("cluster=\"west\"")
+            && stderr.contains("--prometheus-selector"),
+        "names both clusters and the way out: {stderr}"
+    );
+
+    let out = report(dir.path(), Some("cluster=\"east\""));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report json");
+    let pod = &json["pods"][0];
+    assert_eq!(pod["pod"], "nb-0");
+    assert_eq!(pod["attribution"], "exclusive", "{pod}");
+    let offline_util = pod["utilization"].as_f64().expect("utilisation known");
+
+    // Live through the same store with the same selector: the same device, the same reading.
+    let mut live = LiveUsage::new(
+        Some(client(stores.vm.url(), Some("cluster=\"east\""))),
+        settings(),
+    );
+    let fetched = live.fetch().await;
+    let device = fetched.usage.devices.first().expect("east's GPU");
+    assert_eq!(device.key.uuid, EAST_GPU);
+    assert_eq!(device.utilization, Some(offline_util), "live and offline agree");
+    assert!(offline_util < 0.05, "east's own GPU is idle, not the average with west's busy one");
+    assert_eq!(json["unclaimed_busy"], serde_json::json!([]), "west's GPU is not this cluster's");
 }

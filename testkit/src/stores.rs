@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use crate::dcgm::ReplayExporter;
 use crate::process::ChildGuard;
 use crate::prometheus::Prometheus;
-use crate::util::free_port;
+use crate::util::{free_port, free_ports};
 
 /// The Thanos binary: `$THANOS_BIN`, else `scripts/build-thanos.sh`'s cache entry.
 pub fn thanos_bin() -> Result<PathBuf> {
@@ -28,7 +28,7 @@ pub fn thanos_bin() -> Result<PathBuf> {
         }
         bail!("THANOS_BIN={} is not a file", p.display());
     }
-    let p = crate::bins::cache_root().join("thanos-0.41.0/bin/thanos");
+    let p = crate::bins::cache_root().join("thanos-0.41.0-slicelabels/bin/thanos");
     if p.is_file() {
         Ok(p)
     } else {
@@ -101,8 +101,9 @@ impl Thanos {
         let mut sidecars = Vec::new();
         let mut endpoints = Vec::new();
         for (i, p) in prometheus.iter().enumerate() {
-            let grpc = free_port()?;
-            let http = free_port()?;
+            let [grpc, http] = free_ports(2)?[..] else {
+                bail!("two free ports");
+            };
             let mut cmd = Command::new(&bin);
             cmd.arg("sidecar")
                 .arg(format!("--prometheus.url={}", p.url()))
@@ -122,14 +123,13 @@ impl Thanos {
             sidecars.push(Some(guard));
             endpoints.push(format!("127.0.0.1:{grpc}"));
         }
-        let http = free_port()?;
-        let grpc = free_port()?;
+        let [http, grpc] = free_ports(2)?[..] else {
+            bail!("two free ports");
+        };
         let mut cmd = Command::new(&bin);
         cmd.arg("query")
             .arg(format!("--http-address=127.0.0.1:{http}"))
-            .arg(format!("--grpc-address=127.0.0.1:{grpc}"))
-            // Find a store gone quickly in tests; the default is 5 s already.
-            .arg("--endpoint.info-timeout=2s");
+            .arg(format!("--grpc-address=127.0.0.1:{grpc}"));
         for e in &endpoints {
             cmd.arg(format!("--endpoint={e}"));
         }
@@ -156,9 +156,18 @@ impl Thanos {
         }
     }
 
-    /// Last lines of the querier's log.
-    pub fn log_tail(&self, n: usize) -> String {
-        self.query.log_tail(n)
+    /// Last lines of the querier's and the sidecars' logs, and whether each sidecar still runs.
+    pub fn log_tail(&mut self, n: usize) -> String {
+        let mut out = format!("thanos query:\n{}", self.query.log_tail(n));
+        for (i, s) in self.sidecars.iter_mut().enumerate() {
+            if let Some(s) = s {
+                let state = s
+                    .try_exit_status()
+                    .map_or_else(|| "running".to_string(), |st| format!("exited: {st}"));
+                out.push_str(&format!("\nthanos sidecar {i} ({state}):\n{}", s.log_tail(n)));
+            }
+        }
+        out
     }
 }
 
