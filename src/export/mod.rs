@@ -20,6 +20,7 @@ pub struct SelfMetrics {
     pub refresh_duration: Histogram,
     pub prometheus_queries: IntCounter,
     pub prometheus_query_errors: IntCounter,
+    pub prometheus_warnings: IntCounter,
     pub watch_restarts: IntCounterVec,
 }
 
@@ -53,6 +54,10 @@ impl SelfMetrics {
                 "gpu_ledger_prometheus_query_errors_total",
                 "PromQL queries that failed.",
             )?,
+            prometheus_warnings: IntCounter::new(
+                "gpu_ledger_prometheus_warnings_total",
+                "Warnings in Prometheus answers (partial responses: a Thanos or Mimir store did not answer); a partial answer proves nothing idle.",
+            )?,
             watch_restarts: IntCounterVec::new(
                 Opts::new(
                     "gpu_ledger_watch_restarts_total",
@@ -81,6 +86,7 @@ impl SelfMetrics {
         registry.register(Box::new(m.refresh_duration.clone()))?;
         registry.register(Box::new(m.prometheus_queries.clone()))?;
         registry.register(Box::new(m.prometheus_query_errors.clone()))?;
+        registry.register(Box::new(m.prometheus_warnings.clone()))?;
         registry.register(Box::new(m.watch_restarts.clone()))?;
         Ok(m)
     }
