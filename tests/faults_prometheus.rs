@@ -500,7 +500,8 @@ async fn prometheus_huge_labels_are_refused_and_partial_answers_prove_nothing_id
         assert_eq!(
             busy["idle"],
             Value::Bool(false),
-            "busy evidence counts: {busy}"
+            "busy evidence counts: {busy}\n{}",
+            gl.log_tail(40)
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

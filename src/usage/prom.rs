@@ -461,39 +461,48 @@ enum DataKey {
 }
 
 /// Decodes `result` once its `resultType` is known.
-trait FromResult<'de>: Sized {
-    fn result<A: serde::de::MapAccess<'de>>(
-        kind: ResultType,
-        map: &mut A,
-    ) -> Result<Self, A::Error>;
+trait FromResult: Sized {
+    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error>;
 }
 
-/// An answer's `data` with `resultType` before `result`, as Prometheus, Thanos, Mimir and
-/// VictoriaMetrics write it. serde's derived adjacently tagged enum would otherwise buffer a
-/// `result` that comes first into a generic tree, many times the size of the text, before any
-/// bound could apply: such an answer is refused.
-fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult<'de>>(
-    d: D,
-) -> Result<T, D::Error> {
+/// [`FromResult`] as a seed, for `MapAccess::next_value_seed`.
+struct ResultSeed<T>(ResultType, std::marker::PhantomData<T>);
+
+impl<'de, T: FromResult> serde::de::DeserializeSeed<'de> for ResultSeed<T> {
+    type Value = T;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+        T::result(self.0, d)
+    }
+}
+
+/// An answer's `data`, decoded by its `resultType` straight into the bounded decoders. Prometheus,
+/// Thanos, Mimir and VictoriaMetrics write `resultType` first; a proxy that re-encodes with
+/// sorted keys puts `result` first, and serde's derived adjacently tagged enum would then buffer
+/// it into a generic tree many times the size of its text before any bound applies. Here it is
+/// kept as its raw text instead (one copy, at most the body) and decoded once the type is known.
+fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult>(d: D) -> Result<T, D::Error> {
     struct Visit<T>(std::marker::PhantomData<T>);
-    impl<'de, T: FromResult<'de>> serde::de::Visitor<'de> for Visit<T> {
+    impl<'de, T: FromResult> serde::de::Visitor<'de> for Visit<T> {
         type Value = T;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an answer's data: resultType, then result")
+            f.write_str("an answer's data: resultType and result")
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
             use serde::de::Error;
-            let mut kind = None;
+            let mut kind: Option<ResultType> = None;
             let mut out = None;
+            let mut early: Option<Box<serde_json::value::RawValue>> = None;
             while let Some(key) = map.next_key()? {
                 match key {
                     DataKey::ResultType if kind.is_none() => kind = Some(map.next_value()?),
-                    DataKey::Result if out.is_none() => {
-                        let Some(kind) = kind else {
-                            return Err(A::Error::custom("result before resultType"));
-                        };
-                        out = Some(T::result(kind, &mut map)?);
-                    }
+                    DataKey::Result if out.is_none() && early.is_none() => match kind {
+                        Some(kind) => {
+                            out = Some(
+                                map.next_value_seed(ResultSeed(kind, std::marker::PhantomData))?,
+                            );
+                        }
+                        None => early = Some(map.next_value()?),
+                    },
                     DataKey::ResultType => return Err(A::Error::duplicate_field("resultType")),
                     DataKey::Result => return Err(A::Error::duplicate_field("result")),
                     DataKey::Other => {
@@ -501,7 +510,15 @@ fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult<'de>>(
                     }
                 }
             }
-            out.ok_or_else(|| A::Error::missing_field("result"))
+            if let Some(out) = out {
+                return Ok(out);
+            }
+            let raw = early.ok_or_else(|| A::Error::missing_field("result"))?;
+            let kind = kind.ok_or_else(|| A::Error::missing_field("resultType"))?;
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let out = T::result(kind, &mut de).map_err(A::Error::custom)?;
+            de.end().map_err(A::Error::custom)?;
+            Ok(out)
         }
     }
     d.deserialize_map(Visit(std::marker::PhantomData))
@@ -516,17 +533,14 @@ pub enum QueryData {
     Matrix(Vec<RawMatrixSeries>),
 }
 
-impl<'de> FromResult<'de> for QueryData {
-    fn result<A: serde::de::MapAccess<'de>>(
-        kind: ResultType,
-        map: &mut A,
-    ) -> Result<Self, A::Error> {
+impl FromResult for QueryData {
+    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error> {
         let point = |(t, Bounded(v)): (f64, Bounded)| (t, v);
         Ok(match kind {
-            ResultType::Vector => Self::Vector(map.next_value::<SeriesList<_>>()?.0),
-            ResultType::Scalar => Self::Scalar(point(map.next_value()?)),
-            ResultType::String => Self::String(point(map.next_value()?)),
-            ResultType::Matrix => Self::Matrix(map.next_value::<SeriesList<_>>()?.0),
+            ResultType::Vector => Self::Vector(SeriesList::<_>::deserialize(d)?.0),
+            ResultType::Scalar => Self::Scalar(point(Deserialize::deserialize(d)?)),
+            ResultType::String => Self::String(point(Deserialize::deserialize(d)?)),
+            ResultType::Matrix => Self::Matrix(SeriesList::<_>::deserialize(d)?.0),
         })
     }
 }
@@ -571,15 +585,12 @@ pub enum WindowData {
     Other,
 }
 
-impl<'de> FromResult<'de> for WindowData {
-    fn result<A: serde::de::MapAccess<'de>>(
-        kind: ResultType,
-        map: &mut A,
-    ) -> Result<Self, A::Error> {
+impl FromResult for WindowData {
+    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error> {
         Ok(match kind {
-            ResultType::Matrix => Self::Matrix(map.next_value::<SeriesList<_>>()?.0),
+            ResultType::Matrix => Self::Matrix(SeriesList::<_>::deserialize(d)?.0),
             ResultType::Vector | ResultType::Scalar | ResultType::String => {
-                map.next_value::<serde::de::IgnoredAny>()?;
+                serde::de::IgnoredAny::deserialize(d)?;
                 Self::Other
             }
         })
@@ -1467,23 +1478,45 @@ mod tests {
     }
 
     #[test]
-    fn result_must_follow_result_type() {
-        let swapped = r#"{"status":"success","data":{"result":[],"resultType":"matrix"}}"#;
-        let (full, window) = both(swapped);
-        for r in [full, window] {
-            let err = r.expect_err("refused");
-            assert!(
-                err.to_string().contains("result before resultType"),
-                "{err}"
-            );
-        }
+    fn result_before_result_type_decodes_alike_and_is_bounded() {
+        // serde_json::Value re-encodes with sorted keys: `result` before `resultType`.
+        let sorted = serde_json::from_str::<serde_json::Value>(WINDOW_ANSWER)
+            .expect("json")
+            .to_string();
+        assert!(sorted.contains(r#""data":{"result":"#), "{sorted}");
+        let (full, window) = both(&sorted);
+        let (full_in_order, window_in_order) = both(WINDOW_ANSWER);
+        assert_eq!(format!("{full:?}"), format!("{full_in_order:?}"));
+        assert_eq!(format!("{window:?}"), format!("{window_in_order:?}"));
+        let r: ApiResponse = serde_json::from_str(
+            r#"{"status":"success","data":{"result":[1,"2"],"resultType":"scalar"}}"#,
+        )
+        .expect("scalar");
+        assert_eq!(
+            r.data.expect("data").into_samples().expect("samples").len(),
+            1
+        );
+        let huge = WINDOW_ANSWER.replace(
+            r#""train-0""#,
+            &format!("{:?}", "v".repeat(MAX_LABEL_BYTES + 1)),
+        );
+        let huge = serde_json::from_str::<serde_json::Value>(&huge)
+            .expect("json")
+            .to_string();
+        assert_too_large(&huge, "bytes (at most 4096)");
         let extra =
             r#"{"status":"success","data":{"resultType":"matrix","stats":{"x":[1]},"result":[]}}"#;
         let (full, window) = both(extra);
         assert!(full.expect("unknown keys ignored").is_empty());
         assert!(window.expect("unknown keys ignored").is_empty());
-        let missing = r#"{"status":"success","data":{"resultType":"matrix"}}"#;
-        assert!(both(missing).0.is_err() && both(missing).1.is_err());
+        for bad in [
+            r#"{"status":"success","data":{"resultType":"matrix"}}"#,
+            r#"{"status":"success","data":{"result":[]}}"#,
+            r#"{"status":"success","data":{"resultType":"matrix","result":[],"result":[]}}"#,
+        ] {
+            let (full, window) = both(bad);
+            assert!(full.is_err() && window.is_err(), "{bad}");
+        }
     }
 
     #[test]
