@@ -88,6 +88,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
         Usage {
             devices,
             available: true,
+            partial: false,
         },
     )
 }

@@ -214,6 +214,7 @@ async fn every_case_yields_its_expected_ledger_live() {
                 &Usage {
                     devices,
                     available: true,
+                    partial: false,
                 },
                 now,
                 &policy,

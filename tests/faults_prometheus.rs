@@ -307,3 +307,264 @@ async fn prometheus_faults_blind_but_never_cull() {
     )
     .await;
 }
+
+const FAKE_PASS: u8 = 0;
+const FAKE_WARNINGS: u8 = 1;
+const FAKE_HUGE_LABEL: u8 = 2;
+
+/// Size of the label value [`FakePrometheus`] answers in [`FAKE_HUGE_LABEL`] mode: twice the
+/// bound gpu-ledger accepts is enough to be refused; 8 MiB makes a copy of it show in RSS.
+const HUGE_LABEL_BYTES: usize = 8 << 20;
+
+/// **Test double of Prometheus' HTTP API** (`POST /api/v1/query`), for answers a real Prometheus
+/// cannot be made to give. Every query is forwarded to the real Prometheus of the stack, and by
+/// mode the answer is:
+/// * [`FAKE_PASS`]: passed through unchanged;
+/// * [`FAKE_WARNINGS`]: the real answer with `"warnings"` added, as Thanos or Mimir answer when
+///   a store did not respond (a partial response; a lone Prometheus only warns when a remote
+///   read fails, so it cannot produce one on demand);
+/// * [`FAKE_HUGE_LABEL`]: a canned matrix with one series whose `pod` label is
+///   [`HUGE_LABEL_BYTES`] long (Prometheus never stores such a label from a sane exporter,
+///   but nothing stops a misconfigured or hostile endpoint answering it).
+struct FakePrometheus {
+    addr: std::net::SocketAddr,
+    mode: Arc<AtomicU8>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+#[derive(Clone)]
+struct FakeState {
+    upstream: String,
+    http: reqwest::Client,
+    mode: Arc<AtomicU8>,
+    huge: Arc<String>,
+}
+
+impl FakePrometheus {
+    async fn start(upstream: &str) -> Self {
+        let mode = Arc::new(AtomicU8::new(FAKE_PASS));
+        let state = FakeState {
+            upstream: upstream.trim_end_matches('/').to_string(),
+            http: reqwest::Client::new(),
+            mode: mode.clone(),
+            huge: Arc::new("x".repeat(HUGE_LABEL_BYTES)),
+        };
+        let app = axum::Router::new()
+            .fallback(fake_prometheus_answer)
+            .with_state(state);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        FakePrometheus {
+            addr,
+            mode,
+            stop: Some(stop),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FakePrometheus {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn fake_prometheus_answer(
+    axum::extract::State(s): axum::extract::State<FakeState>,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> (
+    axum::http::StatusCode,
+    [(&'static str, &'static str); 1],
+    String,
+) {
+    let json = [("content-type", "application/json")];
+    let mode = s.mode.load(Ordering::SeqCst);
+    if mode == FAKE_HUGE_LABEL {
+        let answer = format!(
+            r#"{{"status":"success","data":{{"resultType":"matrix","result":[{{"metric":{{"__name__":"DCGM_FI_DEV_GPU_UTIL","UUID":"GPU-huge","Hostname":"n1","namespace":"{NS}","pod":"{}"}},"values":[[{},"0"]]}}]}}}}"#,
+            s.huge,
+            chrono::Utc::now().timestamp()
+        );
+        return (axum::http::StatusCode::OK, json, answer);
+    }
+    let mut req = s.http.post(format!("{}{uri}", s.upstream)).body(body);
+    if let Some(ct) = headers.get("content-type") {
+        req = req.header("content-type", ct.as_bytes());
+    }
+    let Ok(resp) = req.send().await else {
+        return (axum::http::StatusCode::BAD_GATEWAY, json, String::new());
+    };
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    let text = match (mode, serde_json::from_str::<Value>(&text)) {
+        (FAKE_WARNINGS, Ok(mut v)) => {
+            v["warnings"] = serde_json::json!([
+                "fake: store gpu-store-b (10.0.0.7:10901) did not answer: context deadline exceeded"
+            ]);
+            v.to_string()
+        }
+        _ => text,
+    };
+    (
+        axum::http::StatusCode::from_u16(status.as_u16()).unwrap_or(axum::http::StatusCode::OK),
+        json,
+        text,
+    )
+}
+
+fn counter(text: &str, family: &str) -> f64 {
+    metric_value(text, family, &[]).unwrap_or(0.0)
+}
+
+/// Issue 22 (item 8 and the `warnings` part of item 12): a Prometheus answer is bounded and a
+/// partial one proves nothing idle. Through [`FakePrometheus`]: an idle pod is first proven
+/// idle (the double passes answers through); with `warnings` on every answer it is unknown
+/// while the busy pod stays busy and the warnings are counted; with one 8 MiB label value the
+/// answer is refused as a query error (`source_up` 0, counted, logged as `too_large`), the
+/// process lives and keeps its memory; each time the ledger recovers once answers are sane.
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_huge_labels_are_refused_and_partial_answers_prove_nothing_idle() {
+    let stack = Stack::start(&[GpuNode::new("n1", 1), GpuNode::new("n2", 1)])
+        .await
+        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    stack
+        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
+        .await
+        .expect("read-only RBAC");
+    stack.ensure_namespace(NS).await.expect("namespace");
+    stack
+        .create_gpu_pod(NS, "busy", 1, Some(90.0))
+        .await
+        .expect("busy pod");
+    stack
+        .create_gpu_pod(NS, "idle", 1, Some(0.0))
+        .await
+        .expect("idle pod");
+    stack.wait_pod_running(NS, "busy").await.expect("busy");
+    stack.wait_pod_running(NS, "idle").await.expect("idle");
+    let fake = FakePrometheus::start(stack.prometheus.url()).await;
+    let gl = stack
+        .start_gpu_ledger(
+            std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger")),
+            "gpu-ledger",
+            &["--prometheus-url", &fake.url()],
+        )
+        .await
+        .expect("gpu-ledger");
+    let idle_is = |want: Option<bool>| {
+        let gl = &gl;
+        async move {
+            row(gl, "idle")
+                .await
+                .filter(|r| r["idle"].as_bool() == want)
+        }
+    };
+    eventually("idle pod proven idle through the double", WAIT, || {
+        idle_is(Some(true))
+    })
+    .await;
+
+    // Partial answers: the idle pod is unknown, the busy one still busy, warnings counted.
+    fake.set(FAKE_WARNINGS);
+    eventually("idle pod unknown on partial answers", WAIT, || {
+        idle_is(None)
+    })
+    .await;
+    for _ in 0..6 {
+        let idle = row(&gl, "idle").await.expect("idle row");
+        assert!(
+            idle["idle"].is_null(),
+            "partial answers prove nothing: {idle}"
+        );
+        let busy = row(&gl, "busy").await.expect("busy row");
+        assert_eq!(
+            busy["idle"],
+            Value::Bool(false),
+            "busy evidence counts: {busy}\n{}",
+            gl.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let text = gl.metrics_text().await.expect("metrics");
+    assert!(
+        counter(&text, "gpu_ledger_prometheus_warnings_total") >= 1.0,
+        "warnings counted"
+    );
+    assert_eq!(
+        metric_value(&text, "gpu_ledger_source_up", &[("source", "prometheus")]),
+        Some(1.0),
+        "a partial answer is still an answer"
+    );
+    assert!(
+        gl.log_tail(400).contains("did not answer"),
+        "warning logged:\n{}",
+        gl.log_tail(20)
+    );
+    fake.set(FAKE_PASS);
+    eventually("idle again once answers are complete", WAIT, || {
+        idle_is(Some(true))
+    })
+    .await;
+
+    // A huge label value: refused as a query error, counted, visible, survived.
+    let before = gl.metrics_text().await.expect("metrics");
+    let errors_before = counter(&before, "gpu_ledger_prometheus_query_errors_total");
+    let rss_before = counter(&before, "process_resident_memory_bytes");
+    fake.set(FAKE_HUGE_LABEL);
+    let text = eventually("prometheus source down on a huge label", WAIT, || async {
+        let text = gl.metrics_text().await.ok()?;
+        (metric_value(&text, "gpu_ledger_source_up", &[("source", "prometheus")]) == Some(0.0))
+            .then_some(text)
+    })
+    .await;
+    assert!(
+        counter(&text, "gpu_ledger_prometheus_query_errors_total") > errors_before,
+        "the refused answer is a counted query error"
+    );
+    let idle = row(&gl, "idle").await.expect("idle row");
+    assert!(
+        idle["idle"].is_null() && idle["utilization"].is_null(),
+        "{idle}"
+    );
+    // Several refused answers in a row: none is kept.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let text = gl.metrics_text().await.expect("metrics");
+    let rss = counter(&text, "process_resident_memory_bytes");
+    assert!(
+        rss < rss_before + 64.0 * 1024.0 * 1024.0,
+        "memory returns after refused answers: {rss_before} -> {rss}"
+    );
+    assert!(
+        gl.log_tail(400).contains("too_large"),
+        "the refusal is logged with its kind:\n{}",
+        gl.log_tail(20)
+    );
+    fake.set(FAKE_PASS);
+    eventually("source up and idle again", WAIT, || async {
+        let text = gl.metrics_text().await.ok()?;
+        let up = metric_value(&text, "gpu_ledger_source_up", &[("source", "prometheus")]);
+        (up == Some(1.0)).then_some(())?;
+        idle_is(Some(true)).await
+    })
+    .await;
+}

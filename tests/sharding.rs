@@ -173,6 +173,7 @@ fn cluster() -> (Claims, Usage) {
         Usage {
             devices,
             available: true,
+            partial: false,
         },
     )
 }

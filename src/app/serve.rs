@@ -697,6 +697,7 @@ fn record_refresh(metrics: &SelfMetrics, fetched: Option<&Fetched>, started: Ins
         metrics
             .prometheus_queries
             .inc_by(u64::from(fetched.stats.queries));
+        metrics.prometheus_warnings.inc_by(fetched.stats.warnings);
     }
     if let Some(e) = fetched.and_then(|f| f.error.as_ref()) {
         metrics.prometheus_query_errors.inc();
@@ -782,6 +783,7 @@ impl Rechecker<'_> {
                 &Usage {
                     devices,
                     available: true,
+                    partial: false,
                 },
                 now,
                 &policy,

@@ -21,6 +21,7 @@ pub struct SelfMetrics {
     pub prometheus_queries: IntCounter,
     pub prometheus_query_errors: IntCounter,
     pub prometheus_several_clusters: Gauge,
+    pub prometheus_warnings: IntCounter,
     pub watch_restarts: IntCounterVec,
 }
 
@@ -58,6 +59,10 @@ impl SelfMetrics {
                 "gpu_ledger_prometheus_several_clusters",
                 "1 when the last refresh found DCGM series of several clusters (a `cluster` or `cluster_id` label with more than one value) and no --prometheus-selector narrowing them: nothing is joined, /readyz fails until the selector is set.",
             )?,
+            prometheus_warnings: IntCounter::new(
+                "gpu_ledger_prometheus_warnings_total",
+                "Warnings in Prometheus answers (partial responses: a Thanos or Mimir store did not answer); a partial answer proves nothing idle.",
+            )?,
             watch_restarts: IntCounterVec::new(
                 Opts::new(
                     "gpu_ledger_watch_restarts_total",
@@ -87,6 +92,7 @@ impl SelfMetrics {
         registry.register(Box::new(m.prometheus_queries.clone()))?;
         registry.register(Box::new(m.prometheus_query_errors.clone()))?;
         registry.register(Box::new(m.prometheus_several_clusters.clone()))?;
+        registry.register(Box::new(m.prometheus_warnings.clone()))?;
         registry.register(Box::new(m.watch_restarts.clone()))?;
         Ok(m)
     }

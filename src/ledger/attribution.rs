@@ -274,8 +274,8 @@ pub(super) fn attribute(
 ) {
     attribute_devices(row, p, held, index, usage, now, policy, claimed);
     // A pod whose node stopped reporting (phase Unknown) may be gone or running anything: its
-    // GPUs are unknown, never idle.
-    if p.phase == PodPhase::Unknown && row.idle == Some(true) {
+    // GPUs are unknown, never idle. A partial answer may lack the busy samples: the same.
+    if (p.phase == PodPhase::Unknown || usage.partial) && row.idle == Some(true) {
         row.idle = None;
         row.idle_seconds = None;
         row.evidence.idle_since = None;

@@ -155,6 +155,7 @@ fn usage(devices: Vec<DeviceUsage>) -> Usage {
     Usage {
         devices,
         available: true,
+        partial: false,
     }
 }
 
@@ -479,6 +480,7 @@ fn source_down_makes_everything_unknown() {
     let u = Usage {
         devices: vec![],
         available: false,
+        partial: false,
     };
     let l = build(&c, &u, now(), &Policy::default());
     let p = pod(&l, "p");
@@ -658,3 +660,36 @@ fn unknown_phase_is_never_idle() {
 }
 
 mod dra;
+
+#[test]
+fn a_partial_answer_proves_nothing_idle_but_busy_still_counts() {
+    let c = claims(
+        vec![
+            PodB::new("a", "idle").on_node("n1").gpu(1).build(),
+            PodB::new("a", "busy").on_node("n1").gpu(1).build(),
+        ],
+        vec![node("n1", 2)],
+    );
+    let mut u = usage(vec![
+        DevB::new("GPU-1", "n1")
+            .held_by("a", "idle")
+            .active_at(now() - Duration::minutes(30))
+            .build(),
+        DevB::new("GPU-2", "n1")
+            .held_by("a", "busy")
+            .util(0.9, 0.95)
+            .build(),
+    ]);
+    let complete = build(&c, &u, now(), &Policy::default());
+    assert_eq!(pod(&complete, "idle").idle, Some(true), "complete: idle");
+    u.partial = true;
+    let l = build(&c, &u, now(), &Policy::default());
+    let idle = pod(&l, "idle");
+    assert_eq!(
+        (idle.idle, idle.idle_seconds, idle.utilization),
+        (None, None, Some(0.0)),
+        "partial: unknown, the reading still shown"
+    );
+    assert_eq!(pod(&l, "busy").idle, Some(false), "busy evidence counts");
+    assert_eq!(l.namespaces[0].gpus_idle, 0.0);
+}

@@ -112,6 +112,10 @@ pub struct Usage {
     pub devices: Vec<DeviceUsage>,
     /// False when the source failed: every utilisation is then unknown.
     pub available: bool,
+    /// The source answered partially (Prometheus `warnings`: a Thanos or Mimir store missed):
+    /// the devices are true but may lack samples or series, so busy readings count and nothing
+    /// is proven idle.
+    pub partial: bool,
 }
 
 /// Window and threshold used to reduce samples.

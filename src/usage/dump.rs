@@ -175,6 +175,7 @@ pub fn load(
     let usage = Usage {
         devices: series::reduce(&parsed.series, &scheme, &window, at),
         available: true,
+        partial: false,
     };
     Ok(DumpUsage {
         usage,

@@ -167,9 +167,11 @@ pub async fn detect_scheme(
     if choice != SchemeChoice::Auto {
         return Ok(LabelScheme::of(choice));
     }
+    // Label names only: a partial answer names the scheme as well as a complete one.
     let recent = client
         .window_series(&field_names(), chrono::Duration::minutes(5), now)
-        .await?;
+        .await?
+        .value;
     Ok(LabelScheme::detect(
         choice,
         recent
@@ -179,7 +181,8 @@ pub async fn detect_scheme(
 }
 
 /// The usage of the whole window ending at `now`, read fresh (the pre-stop re-check), with the
-/// history merged into it.
+/// history merged into it. A partial answer is an error ([`PromError::Partial`]): a stop needs
+/// complete evidence.
 pub async fn fetch_window(
     client: &PromClient,
     settings: &LiveSettings,
@@ -189,7 +192,8 @@ pub async fn fetch_window(
     let window = settings.window;
     let fresh = client
         .window_series(&field_names(), window.length, now)
-        .await?;
+        .await?
+        .complete()?;
     one_cluster(fresh.iter().map(|s| &*s.labels))?;
     let scheme = LabelScheme::detect(
         settings.scheme,
@@ -323,7 +327,10 @@ impl LiveUsage {
         self.fetch_at(Utc::now()).await
     }
 
-    /// One refresh as of `now`.
+    /// One refresh as of `now`. A partial answer (Prometheus `warnings`) gives a usage marked
+    /// [`Usage::partial`] (busy samples count, nothing is proven idle), and is then forgotten:
+    /// it is not folded into the idle history, and the next refresh reads the whole window
+    /// afresh, so what the partial answer missed cannot read as idle later.
     pub async fn fetch_at(&mut self, now: DateTime<Utc>) -> Fetched {
         let Some(client) = self.client.clone() else {
             return Fetched {
@@ -343,44 +350,51 @@ impl LiveUsage {
             (now - t + window.interval * 2).clamp(window.interval, window.length)
         });
         let started = std::time::Instant::now();
-        match client.window_series(&field_names(), range, now).await {
-            Ok(fresh) => {
+        let answer = client.window_series(&field_names(), range, now).await;
+        let stats = QueryStats {
+            queries: 1,
+            duration: started.elapsed(),
+            warnings: client.take_warnings(),
+        };
+        match answer {
+            Ok(answer) => {
+                let partial = answer.is_partial();
                 let keep_after = now.timestamp_millis() - window.length.num_milliseconds();
-                self.samples.absorb(fresh, keep_after);
-                self.fetched_at = Some(now);
+                self.samples.absorb(answer.value, keep_after);
                 if let Err(e) = one_cluster(self.samples.label_sets()) {
+                    // Nothing of a mixed answer is kept: the next refresh reads the window anew.
+                    self.samples = SampleWindow::default();
+                    self.fetched_at = None;
                     return Fetched {
                         usage: Usage::default(),
-                        stats: QueryStats {
-                            queries: 1,
-                            duration: started.elapsed(),
-                        },
+                        stats,
                         error: Some(e),
                     };
                 }
                 let scheme = LabelScheme::detect(self.settings.scheme, self.samples.label_names());
                 let mut devices = series::reduce(self.samples.series(), &scheme, &window, now);
-                if let Some(h) = self.history.as_mut() {
-                    h.merge(&mut devices, &window, self.settings.min_coverage, now);
+                if partial {
+                    self.samples = SampleWindow::default();
+                    self.fetched_at = None;
+                } else {
+                    self.fetched_at = Some(now);
+                    if let Some(h) = self.history.as_mut() {
+                        h.merge(&mut devices, &window, self.settings.min_coverage, now);
+                    }
                 }
                 Fetched {
                     usage: Usage {
                         devices,
                         available: true,
+                        partial,
                     },
-                    stats: QueryStats {
-                        queries: 1,
-                        duration: started.elapsed(),
-                    },
+                    stats,
                     error: None,
                 }
             }
             Err(e) => Fetched {
                 usage: Usage::default(),
-                stats: QueryStats {
-                    queries: 1,
-                    duration: started.elapsed(),
-                },
+                stats,
                 error: Some(e),
             },
         }

@@ -7,10 +7,16 @@
 //! offline conclusions cannot differ. The one-off start-up history query
 //! ([`queries::bootstrap_query`]) is the only aggregating query.
 //!
-//! Answers are untrusted: their size is bounded ([`MAX_ANSWER_BYTES`]), values are parsed
-//! strictly, and an unexpected answer type is an error, never an empty result.
+//! Answers are untrusted: their size is bounded ([`MAX_ANSWER_BYTES`]), and so is what decoding
+//! may build from them (label names and values [`MAX_LABEL_BYTES`], labels per series
+//! [`MAX_LABELS_PER_SERIES`], series per answer [`MAX_SERIES`]), checked before anything is
+//! copied out of the body: an answer over a bound is refused whole ([`PromError::TooLarge`]).
+//! Values are parsed strictly, and an unexpected answer type is an error, never an empty result.
+//! `warnings` (a partial answer: Thanos or Mimir missed a store) are counted, logged
+//! (truncated) and reported ([`Answered`]); a partial answer never proves a device idle.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -26,6 +32,31 @@ use super::series::{Labels, Series};
 /// sets is about 15 MB; an answer 20 times that size is a misconfiguration (or a hostile
 /// endpoint), not telemetry.
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
+
+/// Longest label name or value accepted (bytes). Kubernetes names are at most 253 bytes, label
+/// values 63, GPU UUIDs 40, driver versions and model names a few dozen: a longer one is not
+/// telemetry, and one 200 MiB value took `serve` to a 1.84 GB peak (issue 22). A value over it
+/// refuses the whole answer (not the series): answers are already all or nothing for a bad
+/// sample value, and a dropped series would silently hide a device.
+pub const MAX_LABEL_BYTES: usize = 4096;
+
+/// Most labels on one series. dcgm-exporter writes about 15, service discovery adds a handful;
+/// Mimir refuses to ingest more than 30 by default.
+pub const MAX_LABELS_PER_SERIES: usize = 256;
+
+/// Most series (or vector samples) in one answer. The largest cluster Kubernetes supports (5,000
+/// nodes) of 8-GPU nodes split into 7 MIG instances each has 280,000 devices: 840,000 series
+/// for the three fields read. Every series is held for the window, so more would not fit
+/// anyway; a shared Thanos answering for many clusters wants `--prometheus-selector`.
+pub const MAX_SERIES: usize = 1_000_000;
+
+/// Warnings kept per answer for the log (all are counted), and the bytes kept of each one and
+/// of an error message.
+const KEPT_WARNINGS: usize = 4;
+const MAX_MESSAGE_BYTES: usize = 512;
+
+/// Marks a decoding error as a bound being exceeded ([`PromError::TooLarge`]).
+const OVER_BOUND: &str = "answer over gpu-ledger's bounds";
 
 /// Label added by `label_replace` to tell statistics apart in one answer.
 pub const STAT_LABEL: &str = "stat";
@@ -306,6 +337,13 @@ pub enum PromError {
         clusters.first().map_or("cluster=\"…\"", String::as_str)
     )]
     SeveralClusters { clusters: Vec<String> },
+    /// The answer, or something in it, exceeds a bound ([`MAX_ANSWER_BYTES`],
+    /// [`MAX_LABEL_BYTES`], [`MAX_LABELS_PER_SERIES`], [`MAX_SERIES`]).
+    #[error("prometheus answer refused: {0}")]
+    TooLarge(String),
+    /// The answer carried warnings (a partial response), where a complete one is needed.
+    #[error("prometheus answered partially ({} warnings, first: {})", .0.count, .0.first())]
+    Partial(Warnings),
 }
 
 impl PromError {
@@ -319,6 +357,8 @@ impl PromError {
             Self::Timeout => "timeout",
             Self::Config(_) => "config",
             Self::SeveralClusters { .. } => "several_clusters",
+            Self::TooLarge(_) => "too_large",
+            Self::Partial(_) => "partial",
         }
     }
 
@@ -352,22 +392,310 @@ fn without_url(e: &reqwest::Error) -> String {
 
 /// `/api/v1/query` envelope; `data` decodes as `D` ([`QueryData`], or [`WindowData`] for the
 /// window's range-vector answers).
+/// Strings of the envelope (`status`, `errorType`, `error`, each warning) are cut to
+/// [`MAX_MESSAGE_BYTES`].
 #[derive(Debug, Clone, Deserialize)]
 pub struct ApiResponse<D = QueryData> {
+    #[serde(deserialize_with = "truncated")]
     pub status: String,
     #[serde(default = "none")]
     pub data: Option<D>,
-    #[serde(default, rename = "errorType")]
+    #[serde(default, rename = "errorType", deserialize_with = "truncated_opt")]
     pub error_type: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "truncated_opt")]
     pub error: Option<String>,
     #[serde(default)]
-    pub warnings: Vec<String>,
+    pub warnings: Warnings,
+}
+
+/// The `warnings` of an answer: how many, and the first few, truncated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Warnings {
+    pub count: usize,
+    /// At most [`KEPT_WARNINGS`], each at most [`MAX_MESSAGE_BYTES`].
+    pub kept: Vec<String>,
+}
+
+impl Warnings {
+    /// The first warning (truncated), or "" when there is none.
+    pub fn first(&self) -> &str {
+        self.kept.first().map_or("", String::as_str)
+    }
+}
+
+impl<'de> Deserialize<'de> for Warnings {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Warnings;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of warning strings")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Warnings, E> {
+                Ok(Warnings::default())
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Warnings, A::Error> {
+                let mut w = Warnings::default();
+                while let Some(Truncated(text)) = seq.next_element()? {
+                    w.count = w.count.saturating_add(1);
+                    if w.kept.len() < KEPT_WARNINGS {
+                        w.kept.push(text);
+                    }
+                }
+                Ok(w)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+/// A string cut to [`MAX_MESSAGE_BYTES`] (at a character boundary) before it is copied.
+struct Truncated(String);
+
+impl<'de> Deserialize<'de> for Truncated {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = Truncated;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Truncated, E> {
+                Ok(Truncated(truncate(v, MAX_MESSAGE_BYTES).to_string()))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends at a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn truncated<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Truncated::deserialize(d).map(|t| t.0)
+}
+
+fn truncated_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Option::<Truncated>::deserialize(d).map(|t| t.map(|t| t.0))
+}
+
+fn over_bound<E: serde::de::Error>(what: std::fmt::Arguments<'_>) -> E {
+    E::custom(format_args!("{OVER_BOUND}: {what}"))
+}
+
+/// A label name or value (or a sample value string) of at most [`MAX_LABEL_BYTES`], refused
+/// before it is copied out of the body.
+struct Bounded(String);
+
+impl<'de> Deserialize<'de> for Bounded {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, |v| Bounded(v.to_string()))
+    }
+}
+
+/// A label value that is checked against [`MAX_LABEL_BYTES`] and dropped (no allocation).
+struct BoundedIgnored;
+
+impl<'de> Deserialize<'de> for BoundedIgnored {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, |_| BoundedIgnored)
+    }
+}
+
+/// Deserialises a string, refused over [`MAX_LABEL_BYTES`], into `keep(it)`.
+fn checked_str<'de, D: serde::Deserializer<'de>, T>(
+    d: D,
+    keep: fn(&str) -> T,
+) -> Result<T, D::Error> {
+    struct Visit<T>(fn(&str) -> T);
+    impl<T> serde::de::Visitor<'_> for Visit<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+            if v.len() > MAX_LABEL_BYTES {
+                return Err(over_bound(format_args!(
+                    "a string of {} bytes (at most {MAX_LABEL_BYTES})",
+                    v.len()
+                )));
+            }
+            Ok((self.0)(v))
+        }
+    }
+    d.deserialize_str(Visit(keep))
+}
+
+/// The labels of a series, each name and value bounded, at most [`MAX_LABELS_PER_SERIES`].
+fn bounded_labels<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Labels, D::Error> {
+    struct Visit;
+    impl<'de> serde::de::Visitor<'de> for Visit {
+        type Value = Labels;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a label map")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
+            let mut labels = Labels::new();
+            let mut seen = 0_usize;
+            while let Some(Bounded(name)) = map.next_key()? {
+                seen = count_label(seen)?;
+                let Bounded(value) = map.next_value()?;
+                labels.insert(name, value);
+            }
+            Ok(labels)
+        }
+    }
+    d.deserialize_map(Visit)
+}
+
+/// One more label on a series: refused past [`MAX_LABELS_PER_SERIES`].
+fn count_label<E: serde::de::Error>(seen: usize) -> Result<usize, E> {
+    if seen >= MAX_LABELS_PER_SERIES {
+        return Err(over_bound(format_args!(
+            "a series with more than {MAX_LABELS_PER_SERIES} labels"
+        )));
+    }
+    Ok(seen + 1)
+}
+
+/// A sample `[time, "value"]`, the value string bounded.
+fn bounded_point<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(f64, String), D::Error> {
+    let (t, Bounded(v)) = Deserialize::deserialize(d)?;
+    Ok((t, v))
+}
+
+fn bounded_points<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(f64, String)>, D::Error> {
+    let points: Vec<(f64, Bounded)> = Deserialize::deserialize(d)?;
+    Ok(points.into_iter().map(|(t, v)| (t, v.0)).collect())
+}
+
+/// The `result` list of an answer: at most `MAX` elements (series or vector samples), refused
+/// at the first one over.
+struct SeriesList<T, const MAX: usize = MAX_SERIES>(Vec<T>);
+
+impl<'de, T: Deserialize<'de>, const MAX: usize> Deserialize<'de> for SeriesList<T, MAX> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<T, const MAX: usize>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>, const MAX: usize> serde::de::Visitor<'de> for Visit<T, MAX> {
+            type Value = SeriesList<T, MAX>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of series")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<SeriesList<T, MAX>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(x) = seq.next_element()? {
+                    if out.len() >= MAX {
+                        return Err(over_bound(format_args!("more than {MAX} series")));
+                    }
+                    out.push(x);
+                }
+                Ok(SeriesList(out))
+            }
+        }
+        d.deserialize_seq(Visit(std::marker::PhantomData))
+    }
+}
+
+/// `resultType` of an answer's `data`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ResultType {
+    Vector,
+    Scalar,
+    String,
+    Matrix,
+}
+
+/// A key of an answer's `data`.
+#[derive(Deserialize)]
+#[serde(field_identifier)]
+enum DataKey {
+    #[serde(rename = "resultType")]
+    ResultType,
+    #[serde(rename = "result")]
+    Result,
+    #[serde(other)]
+    Other,
+}
+
+/// Decodes `result` once its `resultType` is known.
+trait FromResult: Sized {
+    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error>;
+}
+
+/// [`FromResult`] as a seed, for `MapAccess::next_value_seed`.
+struct ResultSeed<T>(ResultType, std::marker::PhantomData<T>);
+
+impl<'de, T: FromResult> serde::de::DeserializeSeed<'de> for ResultSeed<T> {
+    type Value = T;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+        T::result(self.0, d)
+    }
+}
+
+/// An answer's `data`, decoded by its `resultType` straight into the bounded decoders. Prometheus,
+/// Thanos, Mimir and VictoriaMetrics write `resultType` first; a proxy that re-encodes with
+/// sorted keys puts `result` first, and serde's derived adjacently tagged enum would then buffer
+/// it into a generic tree many times the size of its text before any bound applies. Here it is
+/// kept as its raw text instead (one copy, at most the body) and decoded once the type is known.
+fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult>(d: D) -> Result<T, D::Error> {
+    struct Visit<T>(std::marker::PhantomData<T>);
+    impl<'de, T: FromResult> serde::de::Visitor<'de> for Visit<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an answer's data: resultType and result")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+            use serde::de::Error;
+            let mut kind: Option<ResultType> = None;
+            let mut out = None;
+            let mut early: Option<Box<serde_json::value::RawValue>> = None;
+            while let Some(key) = map.next_key()? {
+                match key {
+                    DataKey::ResultType if kind.is_none() => kind = Some(map.next_value()?),
+                    DataKey::Result if out.is_none() && early.is_none() => match kind {
+                        Some(kind) => {
+                            out = Some(
+                                map.next_value_seed(ResultSeed(kind, std::marker::PhantomData))?,
+                            );
+                        }
+                        None => early = Some(map.next_value()?),
+                    },
+                    DataKey::ResultType => return Err(A::Error::duplicate_field("resultType")),
+                    DataKey::Result => return Err(A::Error::duplicate_field("result")),
+                    DataKey::Other => {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+            }
+            if let Some(out) = out {
+                return Ok(out);
+            }
+            let raw = early.ok_or_else(|| A::Error::missing_field("result"))?;
+            let kind = kind.ok_or_else(|| A::Error::missing_field("resultType"))?;
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let out = T::result(kind, &mut de).map_err(A::Error::custom)?;
+            de.end().map_err(A::Error::custom)?;
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Visit(std::marker::PhantomData))
 }
 
 /// `data` of a query answer. Values are strings (`"0.5"`, `"NaN"`, `"+Inf"`); times float seconds.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "resultType", content = "result", rename_all = "lowercase")]
+#[derive(Debug, Clone)]
 pub enum QueryData {
     Vector(Vec<RawVectorSample>),
     Scalar((f64, String)),
@@ -375,19 +703,39 @@ pub enum QueryData {
     Matrix(Vec<RawMatrixSeries>),
 }
 
+impl FromResult for QueryData {
+    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error> {
+        let point = |(t, Bounded(v)): (f64, Bounded)| (t, v);
+        Ok(match kind {
+            ResultType::Vector => Self::Vector(SeriesList::<_>::deserialize(d)?.0),
+            ResultType::Scalar => Self::Scalar(point(Deserialize::deserialize(d)?)),
+            ResultType::String => Self::String(point(Deserialize::deserialize(d)?)),
+            ResultType::Matrix => Self::Matrix(SeriesList::<_>::deserialize(d)?.0),
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for QueryData {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        data_in_order(d)
+    }
+}
+
 /// One element of a vector answer.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RawVectorSample {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded_labels")]
     pub metric: Labels,
+    #[serde(deserialize_with = "bounded_point")]
     pub value: (f64, String),
 }
 
 /// One element of a matrix answer.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RawMatrixSeries {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded_labels")]
     pub metric: Labels,
+    #[serde(deserialize_with = "bounded_points")]
     pub values: Vec<(f64, String)>,
 }
 
@@ -399,13 +747,30 @@ fn none<D>() -> Option<D> {
 /// and the labels the reduction reads ([`READ_LABELS`]); every other label, and each sample's
 /// value string, is decoded without an allocation. A profile of the live refresh put a quarter
 /// of its CPU in building full label maps that the window then cut down (docs/benchmarks.md).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "resultType", content = "result", rename_all = "lowercase")]
+/// The bounds are the full decoder's: both refuse the same answers.
+#[derive(Debug)]
 pub enum WindowData {
     Matrix(Vec<WindowRow>),
-    Vector(serde::de::IgnoredAny),
-    Scalar(serde::de::IgnoredAny),
-    String(serde::de::IgnoredAny),
+    /// Any other result type (an error once read as series).
+    Other,
+}
+
+impl FromResult for WindowData {
+    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error> {
+        Ok(match kind {
+            ResultType::Matrix => Self::Matrix(SeriesList::<_>::deserialize(d)?.0),
+            ResultType::Vector | ResultType::Scalar | ResultType::String => {
+                serde::de::IgnoredAny::deserialize(d)?;
+                Self::Other
+            }
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for WindowData {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        data_in_order(d)
+    }
 }
 
 /// One series of a [`WindowData`] answer.
@@ -433,16 +798,18 @@ impl<'de> Deserialize<'de> for ReadLabels {
                 mut map: A,
             ) -> Result<ReadLabels, A::Error> {
                 let mut labels = Labels::new();
+                let mut seen = 0_usize;
                 while let Some(LabelName(kept)) = map.next_key()? {
+                    seen = count_label(seen)?;
                     match kept {
                         Some(name) => {
-                            let value: String = map.next_value()?;
+                            let Bounded(value) = map.next_value()?;
                             if !value.is_empty() {
                                 labels.insert(name.to_string(), value);
                             }
                         }
                         None => {
-                            map.next_value::<serde::de::IgnoredAny>()?;
+                            map.next_value::<BoundedIgnored>()?;
                         }
                     }
                 }
@@ -465,6 +832,12 @@ impl<'de> Deserialize<'de> for LabelName {
                 f.write_str("a label name")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<LabelName, E> {
+                if v.len() > MAX_LABEL_BYTES {
+                    return Err(over_bound(format_args!(
+                        "a label name of {} bytes (at most {MAX_LABEL_BYTES})",
+                        v.len()
+                    )));
+                }
                 Ok(LabelName(
                     std::iter::once(&NAME_LABEL)
                         .chain(READ_LABELS)
@@ -490,6 +863,12 @@ impl<'de> Deserialize<'de> for PromValue {
                 f.write_str("a sample value string")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PromValue, E> {
+                if v.len() > MAX_LABEL_BYTES {
+                    return Err(over_bound(format_args!(
+                        "a sample value of {} bytes (at most {MAX_LABEL_BYTES})",
+                        v.len()
+                    )));
+                }
                 parse_value(v)
                     .map(PromValue)
                     .ok_or_else(|| E::custom(format!("bad sample value {v:?}")))
@@ -617,6 +996,38 @@ pub struct QueryStats {
     /// HTTP queries sent.
     pub queries: u32,
     pub duration: Duration,
+    /// Warnings in answers since the previous refresh (any query of the client).
+    pub warnings: u64,
+}
+
+/// A decoded answer and the warnings Prometheus attached to it.
+#[derive(Debug)]
+pub struct Answered<T> {
+    pub value: T,
+    /// Non-empty for a partial answer (Thanos or Mimir missed a store, a remote read failed):
+    /// what it holds is true, but something may be missing, so it proves no device idle.
+    pub warnings: Warnings,
+}
+
+impl<T> Answered<T> {
+    pub fn is_partial(&self) -> bool {
+        self.warnings.count > 0
+    }
+
+    /// The value of a complete answer; a partial one is [`PromError::Partial`].
+    pub fn complete(self) -> Result<T, PromError> {
+        if self.is_partial() {
+            return Err(PromError::Partial(self.warnings));
+        }
+        Ok(self.value)
+    }
+
+    fn map<U>(self, f: impl FnOnce(T) -> Result<U, PromError>) -> Result<Answered<U>, PromError> {
+        Ok(Answered {
+            value: f(self.value)?,
+            warnings: self.warnings,
+        })
+    }
 }
 
 /// Prometheus HTTP API client.
@@ -627,6 +1038,8 @@ pub struct PromClient {
     token_file: Option<PathBuf>,
     /// `,matchers` appended inside every DCGM selector (empty without `--prometheus-selector`).
     matchers: String,
+    /// Warnings in answers since [`Self::take_warnings`] last read them.
+    warnings: AtomicU64,
 }
 
 impl PromClient {
@@ -674,7 +1087,14 @@ impl PromClient {
                 .selector
                 .map(|s| format!(",{}", s.as_str()))
                 .unwrap_or_default(),
+            warnings: AtomicU64::new(0),
         })
+    }
+
+    /// Warnings in answers to every query of this client since the previous call (for
+    /// `gpu_ledger_prometheus_warnings_total`).
+    pub fn take_warnings(&self) -> u64 {
+        self.warnings.swap(0, Ordering::Relaxed)
     }
 
     /// The extra matchers of every DCGM selector, `,`-prefixed (empty when none).
@@ -712,7 +1132,9 @@ impl PromClient {
             .await
     }
 
-    /// One instant query answered with a vector or scalar; `timeout` replaces the client's.
+    /// One instant query answered with a vector or scalar; `timeout` replaces the client's. A
+    /// partial answer is an error: the only such query is the start-up history, and activity
+    /// missing from it would be read as idle time.
     async fn instant_with(
         &self,
         token: Option<&str>,
@@ -722,17 +1144,20 @@ impl PromClient {
     ) -> Result<Vec<Sample>, PromError> {
         self.query_data::<QueryData>(token, query, at, timeout)
             .await?
+            .complete()?
             .into_samples()
     }
 
-    /// One instant query (POST form `query`, `time`), its answer's `data`.
+    /// One instant query (POST form `query`, `time`), its answer's `data` and warnings (counted
+    /// and logged here). The body is read up to [`MAX_ANSWER_BYTES`] and decoded in one pass
+    /// that refuses an answer over a bound before copying the offending part out of the body.
     async fn query_data<D: serde::de::DeserializeOwned>(
         &self,
         token: Option<&str>,
         query: &str,
         at: DateTime<Utc>,
         timeout: Option<Duration>,
-    ) -> Result<D, PromError> {
+    ) -> Result<Answered<D>, PromError> {
         let time = format!("{:.3}", at.timestamp_millis() as f64 / 1000.0);
         let started = Instant::now();
         let mut req = self
@@ -748,14 +1173,14 @@ impl PromClient {
         let mut resp = req.send().await.map_err(|e| PromError::from_reqwest(&e))?;
         let status = resp.status();
         let too_large =
-            || PromError::Decode(format!("answer larger than {MAX_ANSWER_BYTES} bytes"));
-        if resp
-            .content_length()
-            .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
-        {
+            || PromError::TooLarge(format!("answer larger than {MAX_ANSWER_BYTES} bytes"));
+        let announced = resp.content_length();
+        if announced.is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
             return Err(too_large());
         }
-        let mut body: Vec<u8> = Vec::new();
+        // Sized once when announced: growing by doubling would hold two copies on the way.
+        let mut body: Vec<u8> =
+            Vec::with_capacity(announced.and_then(|n| usize::try_from(n).ok()).unwrap_or(0));
         while let Some(chunk) = resp
             .chunk()
             .await
@@ -790,24 +1215,47 @@ impl PromClient {
                 message,
             });
         }
-        let r = parsed.map_err(|e| PromError::Decode(e.to_string()))?;
+        drop(body);
+        let r = parsed.map_err(|e| {
+            let text = e.to_string();
+            if text.contains(OVER_BOUND) {
+                PromError::TooLarge(text)
+            } else {
+                PromError::Decode(text)
+            }
+        })?;
         if r.status != "success" {
             return Err(PromError::Api {
                 error_type: r.error_type.unwrap_or_default(),
                 error: r.error.unwrap_or_default(),
             });
         }
-        for w in &r.warnings {
-            tracing::debug!(warning = %w, "prometheus query warning");
+        if r.warnings.count > 0 {
+            self.warnings.fetch_add(
+                u64::try_from(r.warnings.count).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+            tracing::warn!(
+                warnings = r.warnings.count,
+                first = r.warnings.first(),
+                "prometheus answered partially; nothing in this answer is proof of idleness"
+            );
         }
-        r.data
-            .ok_or_else(|| PromError::Decode("success without data".into()))
+        let value = r
+            .data
+            .ok_or_else(|| PromError::Decode("success without data".into()))?;
+        Ok(Answered {
+            value,
+            warnings: r.warnings,
+        })
     }
 
     /// Raw samples of `fields` over `(at - range, at]`, with their own timestamps: one instant
     /// query of a range-vector selector (`{__name__=~"A|B"}[range]`), the cheapest question
     /// Prometheus answers (no evaluation per step). Each answer series becomes one [`Series`]
     /// named by its `__name__`; empty label values are dropped (as Prometheus itself treats them).
+    /// A partial answer is an error ([`PromError::Partial`]): `capture` writes what it reads as
+    /// a complete record.
     pub async fn range_series(
         &self,
         fields: &[&str],
@@ -816,21 +1264,23 @@ impl PromClient {
     ) -> Result<Vec<Series>, PromError> {
         self.raw_samples::<QueryData>(fields, range, at)
             .await?
+            .complete()?
             .into_series()
     }
 
     /// As [`Self::range_series`], keeping only the labels the reduction reads ([`WindowData`]):
     /// for everything that reduces (the sample window, scheme detection, the pre-stop re-check).
-    /// `capture` uses [`Self::range_series`], which keeps them all.
+    /// `capture` uses [`Self::range_series`], which keeps them all. A partial answer is
+    /// returned with its warnings: busy samples in it are still evidence.
     pub async fn window_series(
         &self,
         fields: &[&str],
         range: chrono::Duration,
         at: DateTime<Utc>,
-    ) -> Result<Vec<Series>, PromError> {
+    ) -> Result<Answered<Vec<Series>>, PromError> {
         self.raw_samples::<WindowData>(fields, range, at)
             .await?
-            .into_series()
+            .map(WindowData::into_series)
     }
 
     /// The answer to `{__name__=~"<fields>",<matchers>}[range]` at `at`, decoded as `D`.
@@ -839,7 +1289,7 @@ impl PromClient {
         fields: &[&str],
         range: chrono::Duration,
         at: DateTime<Utc>,
-    ) -> Result<D, PromError> {
+    ) -> Result<Answered<D>, PromError> {
         let token = self.token()?;
         let query = range_selector(fields, &self.matchers, range);
         self.query_data(token.as_deref(), &query, at, None).await
@@ -1094,6 +1544,199 @@ mod tests {
             .into_series()
             .expect_err("not a matrix");
         assert!(err.to_string().contains("expected a matrix"), "{err}");
+    }
+
+    /// Decodes `body` with both decoders as `query_data` does (the same error classification).
+    fn both(
+        body: &str,
+    ) -> (
+        Result<Vec<Series>, PromError>,
+        Result<Vec<Series>, PromError>,
+    ) {
+        fn classify(e: &serde_json::Error) -> PromError {
+            let text = e.to_string();
+            if text.contains(OVER_BOUND) {
+                PromError::TooLarge(text)
+            } else {
+                PromError::Decode(text)
+            }
+        }
+        let full = serde_json::from_str::<ApiResponse>(body)
+            .map_err(|e| classify(&e))
+            .and_then(|r| r.data.expect("data").into_series());
+        let window = serde_json::from_str::<ApiResponse<WindowData>>(body)
+            .map_err(|e| classify(&e))
+            .and_then(|r| r.data.expect("data").into_series());
+        (full, window)
+    }
+
+    fn assert_too_large(body: &str, what: &str) {
+        let (full, window) = both(body);
+        for (decoder, r) in [("full", full), ("window", window)] {
+            match r {
+                Err(e @ PromError::TooLarge(_)) => {
+                    assert_eq!(e.kind(), "too_large");
+                    let text = e.to_string();
+                    assert!(text.contains(what), "{decoder}: {text}");
+                    assert!(
+                        text.len() < 1000,
+                        "{decoder}: the error does not echo the input"
+                    );
+                }
+                other => panic!("{decoder}: expected too_large ({what}), got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn label_values_names_and_sample_strings_are_bounded() {
+        let at_bound = "v".repeat(MAX_LABEL_BYTES);
+        let over = "v".repeat(MAX_LABEL_BYTES + 1);
+        // A read label (`pod`), an ignored one (`pci_bus_id`): the bound is on every label.
+        for label in ["pod", "pci_bus_id"] {
+            let ok = WINDOW_ANSWER.replace(r#""train-0""#, &format!("{at_bound:?}"));
+            let ok = ok.replace(r#""00000000:00:1E.0""#, &format!("{at_bound:?}"));
+            let (full, window) = both(&ok);
+            assert!(
+                full.is_ok() && window.is_ok(),
+                "{MAX_LABEL_BYTES} bytes pass"
+            );
+            let bad = if label == "pod" {
+                WINDOW_ANSWER.replace(r#""train-0""#, &format!("{over:?}"))
+            } else {
+                WINDOW_ANSWER.replace(r#""00000000:00:1E.0""#, &format!("{over:?}"))
+            };
+            assert_too_large(&bad, &format!("a string of {} bytes", MAX_LABEL_BYTES + 1));
+        }
+        // Escaped text is measured decoded, as held.
+        let escaped = WINDOW_ANSWER.replace(
+            r#""train-0""#,
+            &format!("\"{}\"", "\\u0041".repeat(MAX_LABEL_BYTES + 1)),
+        );
+        assert_too_large(&escaped, "bytes (at most 4096)");
+        let long_name = WINDOW_ANSWER.replace(r#""job":"#, &format!("{over:?}:"));
+        assert_too_large(&long_name, "bytes (at most 4096)");
+        let long_value = WINDOW_ANSWER.replace(
+            r#""42""#,
+            &format!("\"{}\"", "4".repeat(MAX_LABEL_BYTES + 1)),
+        );
+        assert_too_large(&long_value, "bytes (at most 4096)");
+    }
+
+    #[test]
+    fn labels_per_series_are_bounded() {
+        let labels = |n: usize| {
+            (0..n)
+                .map(|i| format!(r#""l{i}":"x""#))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let answer = |n: usize| {
+            format!(
+                r#"{{"status":"success","data":{{"resultType":"matrix","result":[{{"metric":{{"__name__":"DCGM_FI_DEV_GPU_UTIL",{}}},"values":[[1,"1"]]}}]}}}}"#,
+                labels(n)
+            )
+        };
+        let (full, window) = both(&answer(MAX_LABELS_PER_SERIES - 1));
+        assert!(
+            full.is_ok() && window.is_ok(),
+            "__name__ plus 255 labels pass"
+        );
+        assert_too_large(&answer(MAX_LABELS_PER_SERIES), "more than 256 labels");
+    }
+
+    #[test]
+    fn series_per_answer_are_bounded() {
+        let list = |n: usize| format!("[{}]", vec!["1"; n].join(","));
+        let three = serde_json::from_str::<SeriesList<u8, 3>>(&list(3)).expect("3 of 3");
+        assert_eq!(three.0.len(), 3);
+        let err = serde_json::from_str::<SeriesList<u8, 3>>(&list(4))
+            .err()
+            .expect("4 of 3 refused");
+        assert!(err.to_string().contains("more than 3 series"), "{err}");
+        assert!(err.to_string().contains(OVER_BOUND), "{err}");
+        assert_eq!(MAX_SERIES, 1_000_000);
+    }
+
+    #[test]
+    fn result_before_result_type_decodes_alike_and_is_bounded() {
+        // serde_json::Value re-encodes with sorted keys: `result` before `resultType`.
+        let sorted = serde_json::from_str::<serde_json::Value>(WINDOW_ANSWER)
+            .expect("json")
+            .to_string();
+        assert!(sorted.contains(r#""data":{"result":"#), "{sorted}");
+        let (full, window) = both(&sorted);
+        let (full_in_order, window_in_order) = both(WINDOW_ANSWER);
+        assert_eq!(format!("{full:?}"), format!("{full_in_order:?}"));
+        assert_eq!(format!("{window:?}"), format!("{window_in_order:?}"));
+        let r: ApiResponse = serde_json::from_str(
+            r#"{"status":"success","data":{"result":[1,"2"],"resultType":"scalar"}}"#,
+        )
+        .expect("scalar");
+        assert_eq!(
+            r.data.expect("data").into_samples().expect("samples").len(),
+            1
+        );
+        let huge = WINDOW_ANSWER.replace(
+            r#""train-0""#,
+            &format!("{:?}", "v".repeat(MAX_LABEL_BYTES + 1)),
+        );
+        let huge = serde_json::from_str::<serde_json::Value>(&huge)
+            .expect("json")
+            .to_string();
+        assert_too_large(&huge, "bytes (at most 4096)");
+        let extra =
+            r#"{"status":"success","data":{"resultType":"matrix","stats":{"x":[1]},"result":[]}}"#;
+        let (full, window) = both(extra);
+        assert!(full.expect("unknown keys ignored").is_empty());
+        assert!(window.expect("unknown keys ignored").is_empty());
+        for bad in [
+            r#"{"status":"success","data":{"resultType":"matrix"}}"#,
+            r#"{"status":"success","data":{"result":[]}}"#,
+            r#"{"status":"success","data":{"resultType":"matrix","result":[],"result":[]}}"#,
+        ] {
+            let (full, window) = both(bad);
+            assert!(full.is_err() && window.is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn warnings_are_counted_kept_truncated_and_make_an_answer_partial() {
+        let long = "w".repeat(10_000);
+        let warnings: Vec<String> = (0..10).map(|i| format!("{i}: {long}")).collect();
+        let body = format!(
+            r#"{{"status":"success","warnings":{},"data":{{"resultType":"vector","result":[]}}}}"#,
+            serde_json::to_string(&warnings).expect("json")
+        );
+        let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
+        assert_eq!(r.warnings.count, 10);
+        assert_eq!(r.warnings.kept.len(), KEPT_WARNINGS);
+        assert!(r.warnings.kept.iter().all(|w| w.len() == MAX_MESSAGE_BYTES));
+        assert!(r.warnings.first().starts_with("0: www"));
+        let answered = Answered {
+            value: (),
+            warnings: r.warnings,
+        };
+        assert!(answered.is_partial());
+        let err = answered.complete().expect_err("partial");
+        assert_eq!(err.kind(), "partial");
+        assert!(err.to_string().contains("10 warnings"), "{err}");
+        // Absent, null or empty: complete.
+        for w in ["", r#""warnings":null,"#, r#""warnings":[],"#] {
+            let body = format!(
+                r#"{{"status":"success",{w}"data":{{"resultType":"vector","result":[]}}}}"#
+            );
+            let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
+            assert_eq!(r.warnings.count, 0, "{body}");
+        }
+        // A multi-byte character is never cut in half; error texts are cut the same way.
+        assert_eq!(truncate("aé", 2), "a");
+        let body = format!(
+            r#"{{"status":"error","errorType":"bad_data","error":"{}"}}"#,
+            "é".repeat(1000)
+        );
+        let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
+        assert_eq!(r.error.expect("error").len(), MAX_MESSAGE_BYTES);
     }
 
     #[test]
