@@ -107,7 +107,7 @@ fn urls(stores: &TwoClusters) -> [(&'static str, String); 2] {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_stores_are_refused_without_a_selector_and_narrowed_with_one() {
-    let stores = start().await;
+    let mut stores = start().await;
     for (store, url) in urls(&stores) {
         // No selector: both clusters' series answer; joining them would give research/nb-0 the
         // average of its own idle GPU and the other cluster's busy one. Refused.
@@ -159,6 +159,36 @@ async fn shared_stores_are_refused_without_a_selector_and_narrowed_with_one() {
             );
         }
     }
+
+    // West's Prometheus goes away behind its (running) sidecar: Thanos answers with east's
+    // series and a warning. Only one cluster answers, so nothing is refused, but the answer is
+    // partial, and a partial answer is no proof of idleness.
+    stores.clusters[1].prometheus.stop(Duration::from_secs(5));
+    let mut seen = None;
+    for _ in 0..30 {
+        let mut live = LiveUsage::new(Some(client(stores.thanos.url(), None)), settings());
+        let fetched = live.fetch().await;
+        if fetched.usage.partial {
+            seen = Some(fetched);
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let Some(fetched) = seen else {
+        panic!(
+            "Thanos never answered partially with west's Prometheus down\n{}",
+            stores.thanos.log_tail(15)
+        );
+    };
+    assert!(fetched.error.is_none(), "{:?}", fetched.error);
+    assert!(fetched.stats.warnings >= 1, "warnings counted");
+    let uuids: Vec<&str> = fetched
+        .usage
+        .devices
+        .iter()
+        .map(|d| d.key.uuid.as_str())
+        .collect();
+    assert_eq!(uuids, [EAST_GPU], "east's series still answer");
 }
 
 /// A kubectl-style pods and nodes dump of "this" cluster: `research/nb-0` holding one A100 on
