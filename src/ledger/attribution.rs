@@ -301,7 +301,7 @@ fn verdict(devs: &[&DeviceUsage], policy: &Policy, now: DateTime<Utc>) -> Option
 fn own_verdict(
     devs: &[&DeviceUsage],
     own: &[&OwnWindow],
-    policy: &super::Policy,
+    policy: &Policy,
     now: DateTime<Utc>,
 ) -> Option<bool> {
     if own
