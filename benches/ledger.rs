@@ -72,6 +72,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 workloads: vec![Workload { namespace: ns, pod }],
                 per_pod_utilization: vec![],
                 per_pod_memory_bytes: Vec::new(),
+                per_pod_windows: Vec::new(),
                 signal: Some(Signal::GrEngineActive),
                 utilization: Some(util),
                 peak: Some(util),

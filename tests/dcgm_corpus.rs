@@ -14,7 +14,7 @@ use corpus::{Case, cases};
 #[test]
 fn every_case_yields_its_expected_ledger_offline() {
     let cases = cases();
-    assert!(cases.len() >= 18, "the corpus has {} cases", cases.len());
+    assert!(cases.len() >= 20, "the corpus has {} cases", cases.len());
     let mut failures = Vec::new();
     for case in &cases {
         let ledger = case.offline_ledger();

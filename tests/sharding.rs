@@ -39,6 +39,7 @@ fn device(node: &str, g: u32, holder: Option<(&str, &str)>, util: Option<f64>) -
             .collect(),
         per_pod_utilization: vec![],
         per_pod_memory_bytes: Vec::new(),
+        per_pod_windows: Vec::new(),
         signal: util.map(|_| Signal::GrEngineActive),
         utilization: util,
         peak: util,

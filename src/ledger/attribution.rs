@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use super::claims::{Claims, GpuResourceKind, PodClaim, PodPhase};
 use super::dra::{DraJoin, Held};
-use super::usage::{DeviceUsage, Usage, Workload};
+use super::usage::{DeviceUsage, OwnWindow, Usage, Workload};
 use super::{PodRow, Policy, UnclaimedBusy, seconds};
 
 /// How confidently a pod's utilisation is known.
@@ -131,6 +131,9 @@ pub(super) struct DeviceIndex<'a> {
     node_of: Vec<Option<&'a str>>,
     /// Pods each device names (DaemonSet pods left out).
     holders: Vec<usize>,
+    /// Whole-GPU series of a MIG-enabled GPU (no `GPU_I_ID`) whose instances are reported too:
+    /// the parent and its instances are one piece of work, never counted twice.
+    mig_parent: Vec<bool>,
     /// Whole GPUs by UUID and MIG instances by MIG UUID (`dra_mig_device_uuid`), for devices
     /// handed out through DRA; empty unless a claim can hold one.
     by_uuid: HashMap<&'a str, usize>,
@@ -164,6 +167,17 @@ impl<'a> DeviceIndex<'a> {
             }
             node_of.push(node);
         }
+        let with_instances: foldhash::HashSet<&str> = usage
+            .devices
+            .iter()
+            .filter(|d| d.key.gpu_instance.is_some())
+            .map(|d| d.key.uuid.as_str())
+            .collect();
+        let mig_parent = usage
+            .devices
+            .iter()
+            .map(|d| d.key.gpu_instance.is_none() && with_instances.contains(d.key.uuid.as_str()))
+            .collect();
         let mut uuids = HashMap::default();
         let mut mig_uuids = HashMap::default();
         if by_uuid {
@@ -184,6 +198,7 @@ impl<'a> DeviceIndex<'a> {
             by_node,
             node_of,
             holders,
+            mig_parent,
             by_uuid: uuids,
             by_mig_uuid: mig_uuids,
         }
@@ -212,6 +227,23 @@ impl DeviceIndex<'_> {
         uuids.sort_unstable();
         uuids.dedup();
         uuids.len()
+    }
+
+    /// The GPU model DCGM's `modelName` names on `node`, for MIG slice counts where no GFD label
+    /// names one: the model of the node's MIG instances when they agree, else the one model of
+    /// all its GPUs; `None` when DCGM names none or several.
+    pub(super) fn dcgm_model_on<'u>(&self, node: &str, usage: &'u Usage) -> Option<&'u str> {
+        let ids = self.by_node.get(node)?;
+        let one = |mig: bool| {
+            let mut models = ids
+                .iter()
+                .map(|&i| &usage.devices[i])
+                .filter(|d| !mig || d.key.gpu_instance.is_some())
+                .map(|d| d.model.as_deref());
+            let first = models.next()??;
+            models.all(|m| m == Some(first)).then_some(first)
+        };
+        one(true).or_else(|| one(false))
     }
 
     /// UUIDs of the physical GPUs DCGM reports on `node` (with repeats).
@@ -257,6 +289,40 @@ fn verdict(devs: &[&DeviceUsage], policy: &Policy, now: DateTime<Utc>) -> Option
                 .is_some_and(|t| now - t <= policy.max_staleness)
     });
     proven.then_some(true)
+}
+
+/// Idle verdict of one sharer from its own per-process readings (`own[k]` on `devs[k]`):
+/// `Some(false)` when its own processes were busy; `Some(true)` only with full, fresh own
+/// coverage below the threshold on every device, and where a device was busy, a neighbour's own
+/// readings busy too (the device's activity is theirs). Busy device-wide signals are then not
+/// this pod's: the two measuring different things is no conflict. Busy with no sharer's own
+/// reading busy is activity nobody's processes account for (a process outside the pods, or NVML
+/// sampling nothing): unknown, never idle.
+fn own_verdict(
+    devs: &[&DeviceUsage],
+    own: &[&OwnWindow],
+    policy: &Policy,
+    now: DateTime<Utc>,
+) -> Option<bool> {
+    if own
+        .iter()
+        .any(|o| o.peak.is_some_and(|p| p >= policy.idle_threshold))
+    {
+        return Some(false);
+    }
+    let covered = own.iter().all(|o| {
+        o.peak.is_some_and(|p| p < policy.idle_threshold)
+            && o.coverage >= policy.min_coverage
+            && o.last_sample_at
+                .is_some_and(|t| now - t <= policy.max_staleness)
+    });
+    let explained = devs.iter().zip(own).all(|(d, me)| {
+        d.peak.is_some_and(|p| p < policy.idle_threshold)
+            || d.per_pod_windows.iter().any(|o| {
+                o.workload != me.workload && o.peak.is_some_and(|p| p >= policy.idle_threshold)
+            })
+    });
+    (covered && explained).then_some(true)
 }
 
 /// Fills attribution, utilisation, memory, idle and evidence of a pod that holds GPUs (through
@@ -322,7 +388,19 @@ fn attribute_devices(
     for &i in ids {
         claimed[i] = true;
     }
-    let devs: SmallVec<[&DeviceUsage; 8]> = ids.iter().map(|&i| &usage.devices[i]).collect();
+    // A MIG GPU's whole-GPU series next to one of its instances' is the same work: count the
+    // instance only.
+    let instance_of = |i: usize| {
+        ids.iter().any(|&j| {
+            usage.devices[j].key.gpu_instance.is_some()
+                && usage.devices[j].key.uuid == usage.devices[i].key.uuid
+        })
+    };
+    let devs: SmallVec<[&DeviceUsage; 8]> = ids
+        .iter()
+        .filter(|&&i| !(index.mig_parent[i] && instance_of(i)))
+        .map(|&i| &usage.devices[i])
+        .collect();
     row.devices = devs.iter().map(|d| d.key.clone()).collect();
     row.evidence.devices_found = devs.len();
 
@@ -415,8 +493,26 @@ fn attribute_devices(
                 .collect();
             row.memory_used_bytes =
                 (!own_mem.is_empty() && own_mem.len() == devs.len()).then(|| own_mem.iter().sum());
-            // An idle device proves every sharer idle; a busy one proves nothing about this pod
-            // unless its own per-process reading is busy.
+            // With per-process readings on every device, the sharer is judged by its own
+            // processes. Otherwise an idle device proves every sharer idle, and a busy one proves
+            // nothing about this pod unless its own current reading is busy.
+            let own: Option<SmallVec<[&OwnWindow; 8]>> = devs
+                .iter()
+                .map(|d| d.per_pod_windows.iter().find(|o| me(&o.workload)))
+                .collect();
+            if let Some(own) = own {
+                row.idle = own_verdict(&devs, &own, policy, now);
+                match row.idle {
+                    Some(true) => set_idle_since_from(
+                        row,
+                        own.iter().map(|o| (o.last_active_at, o.covered_since)),
+                        now,
+                    ),
+                    Some(false) => row.idle_seconds = Some(0.0),
+                    None => {}
+                }
+                return;
+            }
             row.idle = match verdict(&devs, policy, now) {
                 Some(true) => Some(true),
                 _ if row.utilization.is_some_and(|u| u >= policy.idle_threshold) => Some(false),
@@ -435,12 +531,25 @@ fn attribute_devices(
 /// Idle since the latest of: pod start, last activity, start of unbroken coverage. When the
 /// coverage start wins, the idleness may reach further back than the history shows.
 fn set_idle_since(row: &mut PodRow, devs: &[&DeviceUsage], now: DateTime<Utc>) {
+    set_idle_since_from(
+        row,
+        devs.iter().map(|d| (d.last_active_at, d.covered_since)),
+        now,
+    );
+}
+
+/// [`set_idle_since`] over `(last active, covered since)` pairs: the devices' or a sharer's own.
+fn set_idle_since_from(
+    row: &mut PodRow,
+    evidence: impl Iterator<Item = (Option<DateTime<Utc>>, Option<DateTime<Utc>>)>,
+    now: DateTime<Utc>,
+) {
     let latest = |a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>| a.max(b);
     let mut known = row.evidence.started_at;
     let mut covered = None;
-    for d in devs {
-        known = latest(known, d.last_active_at);
-        covered = latest(covered, d.covered_since);
+    for (active, since) in evidence {
+        known = latest(known, active);
+        covered = latest(covered, since);
     }
     let since = latest(known, covered);
     row.evidence.idle_bounded_by_history = covered.is_some_and(|c| known.is_none_or(|k| c > k));
@@ -468,11 +577,21 @@ pub(super) fn unclaimed_busy(
             open_claims.insert(p.node.as_deref().unwrap_or(""));
         }
     }
+    // A MIG GPU's whole-GPU series and its instances' are one piece of work: the instances are
+    // listed; the parent only when none of its instances is claimed or has a reading.
+    let instances_speak = |parent: &DeviceUsage| {
+        usage.devices.iter().enumerate().any(|(j, d)| {
+            d.key.gpu_instance.is_some()
+                && d.key.uuid == parent.key.uuid
+                && (claimed[j] || d.utilization.is_some())
+        })
+    };
     let mut out: Vec<UnclaimedBusy> = usage
         .devices
         .iter()
         .enumerate()
         .filter(|(i, d)| !claimed[*i] && d.utilization.is_some_and(|u| u >= policy.idle_threshold))
+        .filter(|(i, d)| !(index.mig_parent[*i] && instances_speak(d)))
         .filter(|(i, _)| match index.node_of[*i] {
             Some(node) => !open_claims.contains(node),
             None => open_claims.is_empty(),

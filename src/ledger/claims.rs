@@ -445,6 +445,8 @@ pub struct NodeShape<'a> {
     compute_slices: u8,
     /// Under the MIG single strategy: the slices of every advertised `nvidia.com/gpu` unit.
     single_mig_slices: Option<u8>,
+    /// `compute_slices` comes from DCGM's `modelName` (no GFD product label on the node).
+    dcgm_model: bool,
 }
 
 impl<'a> NodeShape<'a> {
@@ -476,7 +478,21 @@ impl<'a> NodeShape<'a> {
             table: Some(slices),
             compute_slices,
             single_mig_slices,
+            dcgm_model: false,
         }
+    }
+
+    /// The parent model from DCGM's `modelName` (`NVIDIA A30`) on a node without GFD's product
+    /// label (the device plugin's chart does not enable GFD by default). A product label wins.
+    #[must_use]
+    pub fn with_dcgm_model(mut self, model: Option<&str>) -> Self {
+        if let (Some(node), Some(model)) = (self.node, model)
+            && node.product.is_none()
+        {
+            self.compute_slices = self.table_slices(model);
+            self.dcgm_model = true;
+        }
+        self
     }
 
     fn table_slices(&self, product: &str) -> u8 {
@@ -491,6 +507,7 @@ impl<'a> NodeShape<'a> {
             table: None,
             compute_slices: DEFAULT_COMPUTE_SLICES,
             single_mig_slices: None,
+            dcgm_model: false,
         }
     }
 
@@ -520,15 +537,21 @@ impl<'a> NodeShape<'a> {
                 .map_or(1.0, |g| slice(g, self.compute_slices)),
             GpuResourceKind::Extra | GpuResourceKind::Shared => 1.0,
             GpuResourceKind::Mig { slices } => {
+                let by_profile = || {
+                    unplaced_parent_slices(resource.strip_prefix("nvidia.com/mig-").unwrap_or(""))
+                };
                 let parent = if let Some(node) = self.node {
                     // On a node with GPUs of several models, the parent of a MIG profile is
                     // named by its own product label (`nvidia.com/mig-1g.6gb.product`, GFD),
-                    // while `nvidia.com/gpu.product` names the full GPUs.
-                    node.gpu_labels
-                        .get(&format!("{resource}.product"))
-                        .map_or(self.compute_slices, |p| self.table_slices(p))
+                    // while `nvidia.com/gpu.product` names the full GPUs. Without GFD: DCGM's
+                    // model, else the profile name (A30-only profiles), before the default.
+                    match node.gpu_labels.get(&format!("{resource}.product")) {
+                        Some(p) => self.table_slices(p),
+                        None if node.product.is_some() || self.dcgm_model => self.compute_slices,
+                        None => by_profile(),
+                    }
                 } else {
-                    unplaced_parent_slices(resource.strip_prefix("nvidia.com/mig-").unwrap_or(""))
+                    by_profile()
                 };
                 slice(slices.min(parent), parent)
             }

@@ -265,15 +265,24 @@ fn state_of(p: &PodClaim) -> Option<PodState> {
 
 /// Joins claims with usage at `now`.
 pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy) -> Ledger {
-    let shapes: foldhash::HashMap<&str, NodeShape<'_>> = claims
-        .nodes
-        .iter()
-        .map(|n| (n.name.as_str(), NodeShape::of(n, &policy.slices)))
-        .collect();
     let locator = attribution::Locator::new(claims);
     // DRA devices join DCGM by UUID: index devices by UUID only when some claim can hold one.
     let dra_active = claims.dra_enabled && !claims.resource_claims.is_empty();
     let index = attribution::DeviceIndex::new(usage, &locator, dra_active);
+    let shapes: foldhash::HashMap<&str, NodeShape<'_>> = claims
+        .nodes
+        .iter()
+        .map(|n| {
+            let shape = NodeShape::of(n, &policy.slices);
+            // Only nodes without GFD's product label look at DCGM's model.
+            let shape = if n.product.is_none() {
+                shape.with_dcgm_model(index.dcgm_model_on(&n.name, usage))
+            } else {
+                shape
+            };
+            (n.name.as_str(), shape)
+        })
+        .collect();
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     // GPU equivalents each pod holds on devices that are not on its node (network-attached):

@@ -105,6 +105,7 @@ impl DevB {
             workloads: Vec::new(),
             per_pod_utilization: Vec::new(),
             per_pod_memory_bytes: Vec::new(),
+            per_pod_windows: Vec::new(),
             signal: Some(Signal::GrEngineActive),
             utilization: Some(0.0),
             peak: Some(0.0),
@@ -692,4 +693,237 @@ fn a_partial_answer_proves_nothing_idle_but_busy_still_counts() {
     );
     assert_eq!(pod(&l, "busy").idle, Some(false), "busy evidence counts");
     assert_eq!(l.namespaces[0].gpus_idle, 0.0);
+}
+
+fn own(ns: &str, pod: &str, peak: f64) -> super::usage::OwnWindow {
+    super::usage::OwnWindow {
+        workload: Workload {
+            namespace: ns.into(),
+            pod: pod.into(),
+        },
+        peak: Some(peak),
+        coverage: 1.0,
+        last_sample_at: Some(now() - Duration::seconds(10)),
+        last_active_at: (peak >= 0.05).then(|| now() - Duration::seconds(10)),
+        covered_since: Some(now() - Duration::hours(1)),
+    }
+}
+
+#[test]
+fn a_per_process_sharer_is_proven_idle_while_its_neighbour_is_busy() {
+    // dcgm-exporter's virtual GPUs with per-process GPU_UTIL (PR #594): the device is busy
+    // (GR_ENGINE_ACTIVE repeats the device's 0.6 on both sharers), s1's own processes are busy,
+    // s2's read 0 for the whole window: s2 is idle, and the busy device is no conflict.
+    let mut n = node("n1", 4);
+    n.replicas = 4;
+    let c = claims(
+        vec![
+            PodB::new("a", "s1").on_node("n1").gpu(1).build(),
+            PodB::new("b", "s2").on_node("n1").gpu(1).build(),
+        ],
+        vec![n],
+    );
+    let device = |windows: Vec<super::usage::OwnWindow>| {
+        let mut d = DevB::new("GPU-t", "n1")
+            .held_by("a", "s1")
+            .held_by("b", "s2")
+            .util(0.6, 0.6)
+            .active_at(now() - Duration::seconds(10))
+            .build();
+        d.per_pod_utilization = windows
+            .iter()
+            .map(|o| (o.workload.clone(), o.peak.unwrap_or_default()))
+            .collect();
+        d.per_pod_windows = windows;
+        d
+    };
+    let l = build(
+        &c,
+        &usage(vec![device(vec![
+            own("a", "s1", 0.58),
+            own("b", "s2", 0.0),
+        ])]),
+        now(),
+        &Policy::default(),
+    );
+    assert_eq!(pod(&l, "s1").idle, Some(false));
+    let s2 = pod(&l, "s2");
+    assert_eq!(s2.attribution, Attribution::Shared);
+    assert_eq!((s2.utilization, s2.idle), (Some(0.0), Some(true)));
+    // Idle since the later of its start (2 h ago) and its own covered run (1 h): not the
+    // device's last activity 10 s ago.
+    assert!((s2.idle_seconds.expect("idle seconds") - 3600.0).abs() < 1.0);
+    assert!(
+        l.namespaces
+            .iter()
+            .any(|n| n.namespace == "b" && n.gpus_idle > 0.0)
+    );
+    // The device busy while no sharer's own processes are: activity nobody accounts for
+    // (a process outside the pods, or NVML sampling nothing): unknown, never idle.
+    let l = build(
+        &c,
+        &usage(vec![device(vec![own("a", "s1", 0.0), own("b", "s2", 0.0)])]),
+        now(),
+        &Policy::default(),
+    );
+    assert_eq!((pod(&l, "s1").idle, pod(&l, "s2").idle), (None, None));
+    // Thin own coverage proves nothing either.
+    let mut thin = own("b", "s2", 0.0);
+    thin.coverage = 0.5;
+    let l = build(
+        &c,
+        &usage(vec![device(vec![own("a", "s1", 0.58), thin])]),
+        now(),
+        &Policy::default(),
+    );
+    assert_eq!(pod(&l, "s2").idle, None);
+}
+
+#[test]
+fn a_mig_gpus_parent_series_and_its_instances_are_one_piece_of_work() {
+    let mig_node = NodeInfo {
+        name: "n1".into(),
+        allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(),
+        replicas: 1,
+        product: Some("NVIDIA-A100-SXM4-80GB".into()),
+        gpu_labels: BTreeMap::new(),
+    };
+    let c = claims(
+        vec![
+            PodB::new("a", "m")
+                .on_node("n1")
+                .with("nvidia.com/mig-3g.40gb", 1)
+                .build(),
+        ],
+        vec![mig_node],
+    );
+    // The whole-GPU series (no GPU_I_ID) is busy with the pod's work on GI 1.
+    let parent = DevB::new("GPU-m", "n1").util(0.4, 0.4).build();
+    let gi1 = DevB::new("GPU-m", "n1")
+        .mig("1")
+        .held_by("a", "m")
+        .util(0.8, 0.8)
+        .build();
+    let gi2 = DevB::new("GPU-m", "n1").mig("2").build();
+    let l = build(
+        &c,
+        &usage(vec![parent.clone(), gi1.clone(), gi2.clone()]),
+        now(),
+        &Policy::default(),
+    );
+    assert_eq!(
+        l.unclaimed_busy,
+        vec![],
+        "the parent is the claimed instance's work"
+    );
+    assert_eq!(pod(&l, "m").utilization, Some(0.8));
+    // Busy work on an instance no pod holds: listed once, as the instance, not the parent too.
+    let gi2_busy = DevB::new("GPU-m", "n1").mig("2").util(0.7, 0.7).build();
+    let l = build(
+        &c,
+        &usage(vec![parent.clone(), gi1.clone(), gi2_busy]),
+        now(),
+        &Policy::default(),
+    );
+    let listed: Vec<(&str, Option<&str>)> = l
+        .unclaimed_busy
+        .iter()
+        .map(|u| (u.uuid.as_str(), u.gpu_instance.as_deref()))
+        .collect();
+    assert_eq!(listed, vec![("GPU-m", Some("2"))]);
+    // An exporter that names the pod on the parent too: the pod's work is counted once.
+    let parent_named = DevB::new("GPU-m", "n1")
+        .held_by("a", "m")
+        .util(0.4, 0.4)
+        .build();
+    let l = build(
+        &c,
+        &usage(vec![parent_named, gi1, gi2]),
+        now(),
+        &Policy::default(),
+    );
+    let m = pod(&l, "m");
+    assert_eq!(m.devices.len(), 1, "{:?}", m.devices);
+    assert_eq!(m.utilization, Some(0.8));
+}
+
+#[test]
+fn mig_slices_without_gfd_come_from_dcgm_model_or_the_profile_name() {
+    // The device plugin without GFD: no product label, allocatable MIG resources only.
+    let bare = |profiles: &[(&str, u64)]| NodeInfo {
+        name: "n1".into(),
+        allocatable: profiles
+            .iter()
+            .map(|(p, n)| (format!("nvidia.com/mig-{p}"), *n))
+            .collect(),
+        replicas: 1,
+        product: None,
+        gpu_labels: BTreeMap::new(),
+    };
+    let a30_pods = || {
+        vec![
+            PodB::new("a", "half")
+                .on_node("n1")
+                .with("nvidia.com/mig-2g.12gb", 1)
+                .build(),
+        ]
+    };
+    let instance = |model: Option<&str>, profile: &str| {
+        let mut d = DevB::new("GPU-a30", "n1").mig("1").build();
+        d.model = model.map(str::to_string);
+        d.mig_profile = Some(profile.into());
+        d
+    };
+    // DCGM's modelName names the A30 (4 slices).
+    let c = claims(a30_pods(), vec![bare(&[("2g.12gb", 1), ("1g.6gb", 2)])]);
+    let l = build(
+        &c,
+        &usage(vec![instance(Some("NVIDIA A30"), "2g.12gb")]),
+        now(),
+        &Policy::default(),
+    );
+    assert!(
+        (pod(&l, "half").gpus - 0.5).abs() < 1e-9,
+        "{}",
+        pod(&l, "half").gpus
+    );
+    assert!((l.nodes[0].gpus_allocatable - 1.0).abs() < 1e-9);
+    // No modelName (early exporters): the A30-only profile names say 4 slices.
+    let l = build(
+        &c,
+        &usage(vec![instance(None, "2g.12gb")]),
+        now(),
+        &Policy::default(),
+    );
+    assert!((pod(&l, "half").gpus - 0.5).abs() < 1e-9);
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    assert!((pod(&l, "half").gpus - 0.5).abs() < 1e-9);
+    // An A100 profile on an A100 without GFD stays in sevenths; DCGM's model never overrides
+    // GFD's product label.
+    let c = claims(
+        vec![
+            PodB::new("a", "third")
+                .on_node("n1")
+                .with("nvidia.com/mig-3g.40gb", 1)
+                .build(),
+        ],
+        vec![bare(&[("3g.40gb", 2)])],
+    );
+    let l = build(
+        &c,
+        &usage(vec![instance(Some("NVIDIA A100-SXM4-80GB"), "3g.40gb")]),
+        now(),
+        &Policy::default(),
+    );
+    assert!((pod(&l, "third").gpus - 3.0 / 7.0).abs() < 1e-9);
+    let mut labelled = bare(&[("2g.12gb", 1)]);
+    labelled.product = Some("NVIDIA-A100-SXM4-80GB".into());
+    let c = claims(a30_pods(), vec![labelled]);
+    let l = build(
+        &c,
+        &usage(vec![instance(Some("NVIDIA A30"), "2g.12gb")]),
+        now(),
+        &Policy::default(),
+    );
+    assert!((pod(&l, "half").gpus - 2.0 / 7.0).abs() < 1e-9);
 }

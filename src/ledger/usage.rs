@@ -88,6 +88,9 @@ pub struct DeviceUsage {
     pub per_pod_utilization: Vec<(Workload, f64)>,
     /// Per-pod framebuffer use from per-process series (bytes).
     pub per_pod_memory_bytes: Vec<(Workload, f64)>,
+    /// Each sharer's own per-process `GPU_UTIL` over the window (the same series as
+    /// `per_pod_utilization`), for proving one sharer idle while its neighbour is busy.
+    pub per_pod_windows: Vec<OwnWindow>,
     pub signal: Option<Signal>,
     /// Latest utilisation of the preferred signal, 0..1.
     pub utilization: Option<f64>,
@@ -103,6 +106,23 @@ pub struct DeviceUsage {
     pub last_active_at: Option<DateTime<Utc>>,
     /// Start of the unbroken run of samples that ends at the newest one (bounded by the history
     /// available): idleness can be proven back to here and no further.
+    pub covered_since: Option<DateTime<Utc>>,
+}
+
+/// One sharer's own readings of a time-sliced device over the window, from dcgm-exporter's
+/// per-process `DCGM_FI_DEV_GPU_UTIL` under virtual GPUs (PR #594): the utilisation of that pod's
+/// processes only, judged with the same evidence rules as a device's signal.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OwnWindow {
+    pub workload: Workload,
+    /// Highest own reading in the window, 0..1.
+    pub peak: Option<f64>,
+    /// Valid own samples in the window divided by samples expected (capped at 1).
+    pub coverage: f64,
+    pub last_sample_at: Option<DateTime<Utc>>,
+    /// Latest own reading at or above the idle threshold within known history.
+    pub last_active_at: Option<DateTime<Utc>>,
+    /// Start of the unbroken run of own samples that ends at the newest one.
     pub covered_since: Option<DateTime<Utc>>,
 }
 

@@ -286,6 +286,7 @@ mod tests {
             workloads: vec![],
             per_pod_utilization: vec![],
             per_pod_memory_bytes: Vec::new(),
+            per_pod_windows: Vec::new(),
             signal: None,
             utilization: Some(0.0),
             peak: Some(0.0),

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::LabelScheme;
-use crate::ledger::usage::{DeviceKey, DeviceUsage, Signal, Window, Workload, fields};
+use crate::ledger::usage::{DeviceKey, DeviceUsage, OwnWindow, Signal, Window, Workload, fields};
 
 /// Label name → value (empty values are dropped at parse time).
 pub type Labels = BTreeMap<String, String>;
@@ -195,6 +195,48 @@ fn newest_valid(s: &Series, field: &str, now_ms: i64) -> Option<(i64, f64)> {
         .copied()
 }
 
+/// Each sharer's own per-process `GPU_UTIL` over the window (its series merged by time, as a
+/// device's signal is), sorted by workload.
+fn own_windows(
+    list: &[&Series],
+    scheme: &LabelScheme,
+    window: &Window,
+    now_ms: i64,
+) -> Vec<OwnWindow> {
+    let start_ms = now_ms.saturating_sub(window.length.num_milliseconds());
+    let mut by_pod: BTreeMap<Workload, Vec<&Series>> = BTreeMap::new();
+    for s in list {
+        if let Some(w) = workload_of(&s.labels, scheme) {
+            by_pod.entry(w).or_default().push(s);
+        }
+    }
+    let at = |t: Option<i64>| t.and_then(DateTime::from_timestamp_millis);
+    by_pod
+        .into_iter()
+        .filter_map(|(workload, series)| {
+            let own = SignalSamples::new(Signal::GpuUtil, fields::GPU_UTIL, 0.01, &series, now_ms)?;
+            let (count, peak) = own
+                .in_window(start_ms, now_ms)
+                .fold((0_usize, None), |(n, m): (usize, Option<f64>), v| {
+                    (n + 1, Some(m.map_or(v, |m| m.max(v))))
+                });
+            Some(OwnWindow {
+                workload,
+                peak,
+                coverage: (count as f64 / window.expected_samples()).min(1.0),
+                last_sample_at: at(own.merged.keys().next_back().copied()),
+                last_active_at: at(own
+                    .merged
+                    .iter()
+                    .rev()
+                    .find(|(_, v)| **v >= window.idle_threshold)
+                    .map(|(t, _)| *t)),
+                covered_since: at(covered_since(&own.merged, window)),
+            })
+        })
+        .collect()
+}
+
 fn reduce_device(
     key: DeviceKey,
     dev: &DeviceSeries<'_>,
@@ -301,6 +343,7 @@ fn reduce_device(
         })
         .collect();
     per_pod_memory_bytes.sort_by(|a, b| a.0.cmp(&b.0));
+    let per_pod_windows = own_windows(&util_per_pod, scheme, window, now_ms);
     let memory_used_bytes = fb_device
         .iter()
         .filter_map(|s| newest_valid(s, fields::FB_USED, now_ms))
@@ -332,6 +375,7 @@ fn reduce_device(
         workloads: workloads.into_iter().collect(),
         per_pod_utilization,
         per_pod_memory_bytes,
+        per_pod_windows,
         signal: preferred.map(|s| s.signal),
         utilization,
         peak,
