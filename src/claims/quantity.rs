@@ -12,6 +12,28 @@ pub enum QuantityError {
     Invalid(String),
     #[error("quantity {0:?} is too large")]
     TooLarge(String),
+    #[error(
+        "quantity {0:?} is more than {max} units, more than any device plugin advertises",
+        max = MAX_GPU_UNITS
+    )]
+    Impossible(String),
+}
+
+/// Most units of one GPU resource a pod may claim or a node may offer: a million, where a large
+/// node offers 8 GPUs (times its time-slicing replicas, or 7 MIG slices each). Anything above
+/// is a corrupt or hostile object, not a count: summed and rendered it printed
+/// `92233720368547758.07` GPUs (issue 22).
+pub const MAX_GPU_UNITS: u64 = 1_000_000;
+
+/// [`parse_units`] for a GPU count (a pod's claim, a node's allocatable): more than
+/// [`MAX_GPU_UNITS`] is [`QuantityError::Impossible`]. Quota limits are not counts and may be
+/// larger (`parse_units`).
+pub fn parse_gpu_units(raw: &str) -> Result<u64, QuantityError> {
+    let units = parse_units(raw)?;
+    if units > MAX_GPU_UNITS {
+        return Err(QuantityError::Impossible(raw.to_string()));
+    }
+    Ok(units)
 }
 
 /// Parses a quantity such as `1`, `8`, `2000m`, `1k` into whole units.
@@ -145,6 +167,27 @@ mod tests {
         assert!(matches!(
             parse_units("99999999999999999999.5Gi"),
             Err(QuantityError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn gpu_counts_are_bounded() {
+        assert_eq!(parse_gpu_units("1000000"), Ok(MAX_GPU_UNITS));
+        assert_eq!(parse_gpu_units("1M"), Ok(MAX_GPU_UNITS));
+        assert_eq!(parse_gpu_units("8"), Ok(8));
+        for raw in ["1000001", "18446744073709551615", "1G", "2Mi"] {
+            assert_eq!(
+                parse_gpu_units(raw),
+                Err(QuantityError::Impossible(raw.into())),
+                "{raw}"
+            );
+        }
+        let msg = QuantityError::Impossible("1G".into()).to_string();
+        assert!(msg.contains("more than 1000000 units"), "{msg}");
+        // Other errors stay what they were.
+        assert!(matches!(
+            parse_gpu_units("0.5"),
+            Err(QuantityError::Fractional(_))
         ));
     }
 
