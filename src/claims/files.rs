@@ -401,7 +401,7 @@ fn read_list_here<T: DeserializeOwned>(
             return Err(FileError::Item {
                 path: path.into(),
                 index,
-                message: format!("expected kind {kind}, found {}", shown(k)),
+                message: format!("expected kind {kind}, found {}", shown_kind(k)),
             });
         }
         check_names(path, index, kind, &item)?;
@@ -430,6 +430,15 @@ fn shown(s: &str) -> String {
     match s.char_indices().nth(SHOWN_CHARS) {
         None => format!("{s:?}"),
         Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+    }
+}
+
+/// A kind as is when it looks like one (`Node`), else [`shown`].
+fn shown_kind(k: &str) -> String {
+    if k.len() <= SHOWN_CHARS && k.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        k.to_string()
+    } else {
+        shown(k)
     }
 }
 
@@ -730,10 +739,7 @@ mod tests {
         let msg = read_list::<Node>(&p, "Node", "nodes", DumpLimits::default())
             .expect_err("wrong item")
             .to_string();
-        assert!(
-            msg.contains("item 0") && msg.contains("found \"Pod\""),
-            "{msg}"
-        );
+        assert!(msg.contains("item 0") && msg.contains("found Pod"), "{msg}");
         let p = write(dir.path(), "bad.json", "{ nope");
         let msg = read_list::<Node>(&p, "Node", "nodes", DumpLimits::default())
             .expect_err("syntax")
