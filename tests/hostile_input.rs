@@ -637,13 +637,16 @@ fn rename_everywhere(dir: &Path, from: &str, to: &str) {
     }
 }
 
+/// Changes one dump directory.
+type DumpEdit = Box<dyn Fn(&Path)>;
+
 /// A dump can hold names the API server refuses. Named like options, the stuck pod and the idle
 /// notebook made the report suggest `kubectl delete pod -n team-ml --all --grace-period=0
 /// --force`: such a dump is now refused, naming the file and the object, the name escaped and
 /// cut short.
 #[test]
 fn dump_names_that_read_as_flags_are_refused() {
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, DumpEdit, Vec<&str>)> = vec![
         (
             "stuck pod named --all",
             Box::new(|d: &Path| {

@@ -577,7 +577,7 @@ fn dedupe(
 fn describe(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::Object(m) => match m.get("kind").and_then(|k| k.as_str()) {
-            Some(k) => format!("kind {k}"),
+            Some(k) => format!("kind {}", shown_kind(k)),
             None => "an object without kind".into(),
         },
         serde_json::Value::Array(_) => "a bare array".into(),
