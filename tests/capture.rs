@@ -360,12 +360,12 @@ async fn capture_then_offline_report_equals_the_live_report() {
     let stop = commands
         .iter()
         .find(|c| {
-            c.starts_with("kubectl annotate notebook -n research nb kubeflow-resource-stopped=")
+            c.starts_with("kubectl annotate notebook -n research -- nb kubeflow-resource-stopped=")
         })
         .unwrap_or_else(|| panic!("no stop command in\n{todo}"));
     let unhold = commands
         .iter()
-        .find(|c| c.starts_with("kubectl patch pod -n team-ml held "))
+        .find(|c| c.starts_with("kubectl patch pod -n team-ml ") && c.ends_with(" -- held"))
         .unwrap_or_else(|| panic!("no finalizer command in\n{todo}"));
     let cap = commands
         .iter()

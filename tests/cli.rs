@@ -260,16 +260,16 @@ fn report_says_what_to_do_with_exact_commands() {
         .unwrap_or_else(|| panic!("no What to do section in\n{text}"));
     // The idle notebook: Kubeflow's stop annotation, valued at the ledger's time (UTC, seconds).
     assert!(
-        todo.contains("kubectl annotate notebook -n team-ml alice-nb kubeflow-resource-stopped=2026-11-28T09:00:00Z"),
+        todo.contains("kubectl annotate notebook -n team-ml -- alice-nb kubeflow-resource-stopped=2026-11-28T09:00:00Z"),
         "{todo}"
     );
     // The stuck pod of the stopped notebook: clear its finalizers, or force it off a dead node.
     assert!(
-        todo.contains("kubectl patch pod -n team-ml bob-nb-0 --type=merge -p '{\"metadata\":{\"finalizers\":null}}'"),
+        todo.contains("kubectl patch pod -n team-ml --type=merge -p '{\"metadata\":{\"finalizers\":null}}' -- bob-nb-0"),
         "{todo}"
     );
     assert!(
-        todo.contains("kubectl delete pod -n team-ml bob-nb-0 --grace-period=0 --force"),
+        todo.contains("kubectl delete pod -n team-ml --grace-period=0 --force -- bob-nb-0"),
         "{todo}"
     );
     // Namespaces without a GPU quota get one at today's demand; `bench` has one already.

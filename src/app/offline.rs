@@ -85,7 +85,8 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
     let limits = files::DumpLimits {
         max_bytes: input.max_dump_bytes,
     };
-    let mut claims = files::load_with_limits(&input.paths, &input.policy.names, limits)?;
+    let loaded = files::load_with_limits(&input.paths, &input.policy.names, limits)?;
+    let mut claims = loaded.claims;
     if !input.namespaces.is_empty() {
         let wanted = |ns: &String| input.namespaces.contains(ns);
         claims.pods.retain(|p| wanted(&p.namespace));
@@ -104,7 +105,7 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
     let ledger = ledger::build(&claims, &usage.usage, usage.at, &input.policy);
     Ok(Offline {
         ledger,
-        warnings: usage.warnings,
+        warnings: loaded.warnings.into_iter().chain(usage.warnings).collect(),
         at: usage.at,
         scrape_interval: usage.scrape_interval,
         scheme: usage.scheme,

@@ -1,10 +1,18 @@
 //! Offline claims: `kubectl get <kind> -A -o json|yaml` dumps, read into the same projections as
 //! the live watches.
 //!
-//! Dumps are outside input: each file is bounded in size ([`DumpLimits::max_bytes`], checked
-//! before parsing) and in nesting depth ([`MAX_DEPTH`], enforced while parsing), so a hostile file
-//! is rejected early with an error naming the file and the limit (docs/security.md).
+//! Dumps are outside input: each file must be a regular file (a FIFO or `/dev/zero` is refused
+//! unread), is bounded in size ([`DumpLimits::max_bytes`], checked before parsing), in nesting
+//! depth ([`MAX_DEPTH`], enforced while parsing) and, in YAML, may hold no alias (an alias
+//! copies its anchor again: 20,000 of a 1 MiB scalar took 5.7 GB), so a hostile file is rejected
+//! early with an error naming the file and the limit (docs/security.md).
+//!
+//! A dump can hold what the API server never stores: every object's name must be a DNS-1123
+//! subdomain and its namespace a DNS-1123 label (else the file is refused, naming the item: a
+//! pod named `--all` became a flag in a suggested command), and an object listed twice (same
+//! namespace and name, or same uid) is kept once, with a warning.
 
+use std::collections::HashMap;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
@@ -77,6 +85,27 @@ pub enum FileError {
         plural: &'static str,
         found: String,
     },
+    #[error(
+        "{path}: not a regular file ({kind}); a dump is a file `kubectl get … -o json|yaml` wrote"
+    )]
+    NotRegular { path: PathBuf, kind: &'static str },
+    #[error(
+        "{path}: YAML alias{at}: over the limit of 0 aliases in a dump (kubectl never writes \
+         anchors or aliases, and each alias copies its anchored value again)"
+    )]
+    Alias { path: PathBuf, at: String },
+    #[error(
+        "{path}: item {index}: {kind} {field} {value} is not a valid Kubernetes name (a DNS-1123 \
+         {rule}); the API server refuses it, so kubectl cannot have written it"
+    )]
+    Name {
+        path: PathBuf,
+        index: usize,
+        kind: &'static str,
+        field: &'static str,
+        value: String,
+        rule: &'static str,
+    },
     #[error("{path}: item {index}: {message}")]
     Item {
         path: PathBuf,
@@ -109,11 +138,13 @@ impl DumpPaths {
     /// `DIR/{pods,nodes,notebooks,quotas,statefulsets,resourceclaims,resourceslices,
     /// deviceclasses}.{json,yaml,yml}`; pods and nodes are required.
     pub fn from_dir(dir: &Path) -> Self {
+        // Any entry, not only regular files: a FIFO or a link to a device is then refused by
+        // name when read, instead of skipped without a word.
         let find = |stem: &str| -> Option<PathBuf> {
             ["json", "yaml", "yml"]
                 .iter()
                 .map(|ext| dir.join(format!("{stem}.{ext}")))
-                .find(|p| p.is_file())
+                .find(|p| p.symlink_metadata().is_ok())
         };
         DumpPaths {
             pods: find("pods").unwrap_or_else(|| dir.join("pods.json")),
@@ -134,19 +165,55 @@ struct RawList {
     items: Option<Vec<serde_json::Value>>,
 }
 
-/// Reads at most `max_bytes` of `path` as UTF-8; a longer file is [`FileError::TooLarge`].
-/// The length is checked before reading (regular files) and while reading (pipes, growing files).
+/// What a file that is not a regular file is, for [`FileError::NotRegular`]; `None` for a
+/// regular file.
+fn not_regular(meta: &std::fs::Metadata) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let t = meta.file_type();
+    if t.is_file() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else if t.is_block_device() {
+        Some("a block device")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else {
+        Some("not a file")
+    }
+}
+
+/// Reads at most `max_bytes` of `path` as UTF-8; a longer file is [`FileError::TooLarge`], and
+/// anything but a regular file (after links) is [`FileError::NotRegular`], unread.
+/// The length is checked before reading and while reading (a growing file).
 pub(crate) fn read_bounded(path: &Path, max_bytes: u64) -> Result<String, FileError> {
     let read_err = |source| FileError::Read {
         path: path.into(),
         source,
     };
+    let refuse = |kind| FileError::NotRegular {
+        path: path.into(),
+        kind,
+    };
+    // Before opening: opening a FIFO waits for a writer, and a device never ends.
+    if let Some(kind) = not_regular(&std::fs::metadata(path).map_err(read_err)?) {
+        return Err(refuse(kind));
+    }
     let file = std::fs::File::open(path).map_err(read_err)?;
     let too_large = || FileError::TooLarge {
         path: path.into(),
         limit: max_bytes,
     };
-    let len = file.metadata().map_err(read_err)?.len();
+    // Again on what was opened, in case the path was swapped in between.
+    let meta = file.metadata().map_err(read_err)?;
+    if let Some(kind) = not_regular(&meta) {
+        return Err(refuse(kind));
+    }
+    let len = meta.len();
     if len > max_bytes {
         return Err(too_large());
     }
@@ -164,8 +231,14 @@ pub(crate) fn read_bounded(path: &Path, max_bytes: u64) -> Result<String, FileEr
 /// own YAML reader), one-line errors. Counts of nodes, events and scalar bytes are bounded by
 /// the file size instead of serde-saphyr's defaults, which are sized for configuration files
 /// (250,000 nodes is about 1,000 pods).
+///
+/// No aliases at all: serde-saphyr bounds how many events aliases replay, not how many bytes,
+/// so one anchored 1 MiB scalar referenced 20,000 times expanded to 20 GB (issue 22). kubectl
+/// never writes anchors or aliases (its YAML is its JSON, re-encoded), so with none the parsed
+/// value is never larger than the file, which [`DumpLimits::max_bytes`] bounds.
 fn yaml_options() -> serde_saphyr::Options {
     let mut budget = serde_saphyr::Budget::default();
+    budget.max_aliases = 0;
     budget.max_depth = MAX_DEPTH;
     budget.max_events = usize::MAX;
     budget.max_nodes = usize::MAX;
@@ -195,6 +268,21 @@ fn yaml_too_deep(e: &serde_saphyr::Error) -> bool {
                 if matches!(scan.kind(), ErrorKind::RecursionLimitExceeded)
         ),
         _ => false,
+    }
+}
+
+/// Where the first alias is, when the alias budget (0) stopped the parser.
+fn yaml_alias(e: &serde_saphyr::Error) -> Option<String> {
+    match e {
+        serde_saphyr::Error::Budget {
+            breach: serde_saphyr::budget::BudgetBreach::Aliases { .. },
+            location,
+        } => Some(if location.line() > 0 {
+            format!(" at line {}", location.line())
+        } else {
+            String::new()
+        }),
+        _ => None,
     }
 }
 
@@ -240,7 +328,12 @@ fn read_value(path: &Path, limits: DumpLimits) -> Result<serde_json::Value, File
         })
     } else {
         serde_saphyr::from_str_with_options(&text, yaml_options()).map_err(|e| {
-            if yaml_too_deep(&e) {
+            if let Some(at) = yaml_alias(&e) {
+                FileError::Alias {
+                    path: path.into(),
+                    at,
+                }
+            } else if yaml_too_deep(&e) {
                 FileError::TooDeep {
                     path: path.into(),
                     format: "YAML",
@@ -257,13 +350,14 @@ fn read_value(path: &Path, limits: DumpLimits) -> Result<serde_json::Value, File
     }
 }
 
-/// Items of a `List` whose items are all of `kind`.
+/// Items of a `List` whose items are all of `kind`, each with a valid name, each object once;
+/// with a warning per duplicate dropped.
 fn read_list<T: DeserializeOwned + Send>(
     path: &Path,
     kind: &'static str,
     plural: &'static str,
     limits: DumpLimits,
-) -> Result<Vec<T>, FileError> {
+) -> Result<(Vec<T>, Vec<String>), FileError> {
     on_parser_stack(|| read_list_here(path, kind, plural, limits)).map_err(|source| {
         FileError::Read {
             path: path.into(),
@@ -278,7 +372,7 @@ fn read_list_here<T: DeserializeOwned>(
     kind: &'static str,
     plural: &'static str,
     limits: DumpLimits,
-) -> Result<Vec<T>, FileError> {
+) -> Result<(Vec<T>, Vec<String>), FileError> {
     let value = read_value(path, limits)?;
     let found = describe(&value);
     let list: RawList = serde_json::from_value(value).map_err(|_| FileError::WrongKind {
@@ -297,34 +391,193 @@ fn read_list_here<T: DeserializeOwned>(
             found,
         });
     };
-    items
+    let mut checked = Vec::with_capacity(items.len());
+    for (index, item) in items.into_iter().enumerate() {
+        if let Some(k) = item
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .filter(|k| *k != kind)
+        {
+            return Err(FileError::Item {
+                path: path.into(),
+                index,
+                message: format!("expected kind {kind}, found {}", shown_kind(k)),
+            });
+        }
+        check_names(path, index, kind, &item)?;
+        checked.push((index, item));
+    }
+    let (unique, warnings) = dedupe(path, kind, checked);
+    let items = unique
         .into_iter()
-        .enumerate()
         .map(|(index, item)| {
-            let item_kind = item
-                .get("kind")
-                .and_then(|k| k.as_str())
-                .map(str::to_string);
-            if let Some(k) = item_kind.as_deref().filter(|k| *k != kind) {
-                return Err(FileError::Item {
-                    path: path.into(),
-                    index,
-                    message: format!("expected kind {kind}, found {k}"),
-                });
-            }
             serde_json::from_value(item).map_err(|e| FileError::Item {
                 path: path.into(),
                 index,
                 message: e.to_string(),
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((items, warnings))
+}
+
+/// Longest part of a value echoed in a message, in characters.
+const SHOWN_CHARS: usize = 64;
+
+/// `s` quoted with control characters escaped (`"a\n"`), cut after [`SHOWN_CHARS`]
+/// characters: a name from a dump may be megabytes of anything.
+fn shown(s: &str) -> String {
+    match s.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+    }
+}
+
+/// A kind as is when it looks like one (`Node`), else [`shown`].
+fn shown_kind(k: &str) -> String {
+    if k.len() <= SHOWN_CHARS && k.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        k.to_string()
+    } else {
+        shown(k)
+    }
+}
+
+/// One DNS-1123 label's characters: lowercase alphanumerics and `-`, alphanumeric at both ends.
+fn is_label_chars(s: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = s.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(&first), Some(&last)) => {
+            alnum(first) && alnum(last) && bytes.iter().all(|&b| alnum(b) || b == b'-')
+        }
+        _ => false,
+    }
+}
+
+/// A DNS-1123 label (at most 63 characters): what the API server accepts as a namespace.
+pub fn is_dns1123_label(s: &str) -> bool {
+    s.len() <= 63 && is_label_chars(s)
+}
+
+/// A DNS-1123 subdomain (labels joined by `.`, at most 253 characters): what the API server
+/// accepts as the name of a pod, node, notebook, quota or StatefulSet, and as a pod's node.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_label_chars)
+}
+
+/// The item's `metadata.name` (required), `metadata.namespace` and, for a pod, `spec.nodeName`
+/// are names the API server would have accepted.
+fn check_names(
+    path: &Path,
+    index: usize,
+    kind: &'static str,
+    item: &serde_json::Value,
+) -> Result<(), FileError> {
+    let refuse = |field, value: Option<&serde_json::Value>, rule| FileError::Name {
+        path: path.into(),
+        index,
+        kind,
+        field,
+        value: match value {
+            None => "(missing)".into(),
+            Some(serde_json::Value::String(s)) => shown(s),
+            Some(other) => shown(&other.to_string()),
+        },
+        rule,
+    };
+    let meta = item.get("metadata");
+    let name = meta.and_then(|m| m.get("name"));
+    if !name
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(is_dns1123_subdomain)
+    {
+        return Err(refuse("name", name, "subdomain"));
+    }
+    // Absent (or null) for cluster-scoped objects.
+    if let Some(ns) = meta
+        .and_then(|m| m.get("namespace"))
+        .filter(|v| !v.is_null())
+        && !ns.as_str().is_some_and(is_dns1123_label)
+    {
+        return Err(refuse("namespace", Some(ns), "label"));
+    }
+    // Empty or absent while the pod is not scheduled.
+    if kind == "Pod"
+        && let Some(node) = item
+            .get("spec")
+            .and_then(|s| s.get("nodeName"))
+            .filter(|v| !v.is_null() && v.as_str() != Some(""))
+        && !node.as_str().is_some_and(is_dns1123_subdomain)
+    {
+        return Err(refuse("spec.nodeName", Some(node), "subdomain"));
+    }
+    Ok(())
+}
+
+/// The items with each object once: a later item with the namespace and name, or the uid, of
+/// an earlier one is dropped, with a warning naming the file and both items (names are valid
+/// by now; uids are echoed escaped).
+fn dedupe(
+    path: &Path,
+    kind: &str,
+    items: Vec<(usize, serde_json::Value)>,
+) -> (Vec<(usize, serde_json::Value)>, Vec<String>) {
+    let field = |item: &serde_json::Value, key: &str| -> String {
+        item.get("metadata")
+            .and_then(|m| m.get(key))
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let what = kind.to_lowercase();
+    let mut by_name: HashMap<(String, String), usize> = HashMap::new();
+    let mut by_uid: HashMap<String, usize> = HashMap::new();
+    let mut kept = Vec::with_capacity(items.len());
+    let mut warnings = Vec::new();
+    for (index, item) in items {
+        let (ns, name, uid) = (
+            field(&item, "namespace"),
+            field(&item, "name"),
+            field(&item, "uid"),
+        );
+        let object = |ns: &str, name: &str| {
+            if ns.is_empty() {
+                format!("{what} {name}")
+            } else {
+                format!("{what} {ns}/{name}")
+            }
+        };
+        let same_name = by_name.get(&(ns.clone(), name.clone())).copied();
+        let same_uid = (!uid.is_empty())
+            .then(|| by_uid.get(&uid).copied())
+            .flatten();
+        if let Some(first) = same_name.or(same_uid) {
+            let why = if same_name.is_some() {
+                "the same namespace and name"
+            } else {
+                "the same uid"
+            };
+            warnings.push(format!(
+                "{}: item {index} ({}, uid {}) is a duplicate of item {first} ({why}): kept item {first}, ignored item {index}",
+                path.display(),
+                object(&ns, &name),
+                shown(&uid),
+            ));
+            continue;
+        }
+        by_name.insert((ns, name), index);
+        if !uid.is_empty() {
+            by_uid.insert(uid, index);
+        }
+        kept.push((index, item));
+    }
+    (kept, warnings)
 }
 
 fn describe(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::Object(m) => match m.get("kind").and_then(|k| k.as_str()) {
-            Some(k) => format!("kind {k}"),
+            Some(k) => format!("kind {}", shown_kind(k)),
             None => "an object without kind".into(),
         },
         serde_json::Value::Array(_) => "a bare array".into(),
@@ -347,9 +600,18 @@ struct MetaOnly {
     metadata: ObjectMeta,
 }
 
-/// Loads every dump and projects it, with the default [`DumpLimits`].
+/// Claims read from dumps, and what the reader should be told.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    pub claims: Claims,
+    /// Non-fatal problems, each naming the file (duplicate objects dropped).
+    pub warnings: Vec<String>,
+}
+
+/// Loads every dump and projects it, with the default [`DumpLimits`]; warnings are dropped
+/// (the fuzzer's and the corpus tests' entry: `report` uses [`load_with_limits`]).
 pub fn load(paths: &DumpPaths, names: &ResourceNames) -> Result<Claims, FileError> {
-    load_with_limits(paths, names, DumpLimits::default())
+    load_with_limits(paths, names, DumpLimits::default()).map(|l| l.claims)
 }
 
 /// Loads every dump and projects it; each file must stay within `limits`.
@@ -357,15 +619,29 @@ pub fn load_with_limits(
     paths: &DumpPaths,
     names: &ResourceNames,
     limits: DumpLimits,
-) -> Result<Claims, FileError> {
+) -> Result<Loaded, FileError> {
     fn q(path: &Path) -> impl Fn(ProjectError) -> FileError + '_ {
         move |source| FileError::Quantity {
             path: path.into(),
             source,
         }
     }
-    let pods: Vec<Pod> = read_list(&paths.pods, "Pod", "pods", limits)?;
-    let nodes: Vec<Node> = read_list(&paths.nodes, "Node", "nodes", limits)?;
+    /// [`read_list`], its warnings kept.
+    fn list<T: DeserializeOwned + Send>(
+        path: &Path,
+        kind: &'static str,
+        plural: &'static str,
+        limits: DumpLimits,
+        warnings: &mut Vec<String>,
+    ) -> Result<Vec<T>, FileError> {
+        let (items, w) = read_list(path, kind, plural, limits)?;
+        warnings.extend(w);
+        Ok(items)
+    }
+    let mut warnings = Vec::new();
+    let w = &mut warnings;
+    let pods: Vec<Pod> = list(&paths.pods, "Pod", "pods", limits, w)?;
+    let nodes: Vec<Node> = list(&paths.nodes, "Node", "nodes", limits, w)?;
     let mut claims = Claims::default();
     for p in &pods {
         match project::pod(names, p).map_err(q(&paths.pods))? {
@@ -385,8 +661,7 @@ pub fn load_with_limits(
             .push(project::node(names, n).map_err(q(&paths.nodes))?);
     }
     if let Some(path) = &paths.quotas {
-        let quotas: Vec<ResourceQuota> =
-            read_list(path, "ResourceQuota", "resourcequotas", limits)?;
+        let quotas: Vec<ResourceQuota> = list(path, "ResourceQuota", "resourcequotas", limits, w)?;
         for rq in &quotas {
             if let Some(info) = project::quota(names, rq).map_err(q(path))? {
                 claims.quotas.push(info);
@@ -394,8 +669,7 @@ pub fn load_with_limits(
         }
     }
     if let Some(path) = &paths.notebooks {
-        let notebooks: Vec<MetaOnly> =
-            read_list(path, "Notebook", "notebooks.kubeflow.org", limits)?;
+        let notebooks: Vec<MetaOnly> = list(path, "Notebook", "notebooks.kubeflow.org", limits, w)?;
         claims.notebooks = notebooks
             .iter()
             .map(|n| project::notebook(&n.metadata))
@@ -403,20 +677,20 @@ pub fn load_with_limits(
         claims.notebooks_enabled = true;
     }
     if let Some(path) = &paths.statefulsets {
-        let sets: Vec<StatefulSet> = read_list(path, "StatefulSet", "statefulsets", limits)?;
+        let sets: Vec<StatefulSet> = list(path, "StatefulSet", "statefulsets", limits, w)?;
         claims.statefulsets = sets.iter().map(project::statefulset).collect();
     }
     if let Some(path) = &paths.resource_claims {
-        let list: Vec<ResourceClaim> = read_list(path, "ResourceClaim", "resourceclaims", limits)?;
-        claims.resource_claims = list
+        let items: Vec<ResourceClaim> = list(path, "ResourceClaim", "resourceclaims", limits, w)?;
+        claims.resource_claims = items
             .iter()
             .filter_map(|rc| dra::resource_claim(names, rc))
             .collect();
         claims.dra_enabled = true;
     }
     if let Some(path) = &paths.resource_slices {
-        let list: Vec<ResourceSlice> = read_list(path, "ResourceSlice", "resourceslices", limits)?;
-        claims.dra_devices = list
+        let items: Vec<ResourceSlice> = list(path, "ResourceSlice", "resourceslices", limits, w)?;
+        claims.dra_devices = items
             .iter()
             .filter_map(|s| dra::slice_devices(names, s))
             .flatten()
@@ -424,10 +698,10 @@ pub fn load_with_limits(
         claims.dra_enabled = true;
     }
     if let Some(path) = &paths.device_classes {
-        let list: Vec<DeviceClass> = read_list(path, "DeviceClass", "deviceclasses", limits)?;
-        claims.device_classes = list.iter().map(dra::device_class).collect();
+        let items: Vec<DeviceClass> = list(path, "DeviceClass", "deviceclasses", limits, w)?;
+        claims.device_classes = items.iter().map(dra::device_class).collect();
     }
-    Ok(claims)
+    Ok(Loaded { claims, warnings })
 }
 
 #[cfg(test)]
@@ -527,7 +801,7 @@ mod tests {
             ]
         };
         for p in files(MAX_DEPTH) {
-            let nodes: Vec<Node> = read_list(&p, "Node", "nodes", DumpLimits::default())
+            let (nodes, _): (Vec<Node>, _) = read_list(&p, "Node", "nodes", DumpLimits::default())
                 .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             assert_eq!(nodes.len(), 1);
         }
@@ -575,7 +849,8 @@ mod tests {
             "nodes.yaml",
             "kind: List\nitems:\n- kind: Node\n  metadata:\n    name: n\n    labels:\n      a: on\n      b: yes\n      c: off\n",
         );
-        let nodes: Vec<Node> = read_list(&p, "Node", "nodes", DumpLimits::default()).expect("yaml");
+        let (nodes, _): (Vec<Node>, _) =
+            read_list(&p, "Node", "nodes", DumpLimits::default()).expect("yaml");
         let labels = nodes[0].metadata.labels.clone().unwrap_or_default();
         assert_eq!(labels.get("a").map(String::as_str), Some("on"));
         assert_eq!(labels.get("b").map(String::as_str), Some("yes"));
@@ -589,7 +864,7 @@ mod tests {
             "nodes.yaml",
             "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata:\n    name: n1\n  status:\n    allocatable:\n      nvidia.com/gpu: \"1\"\n",
         );
-        let nodes: Vec<Node> =
+        let (nodes, _): (Vec<Node>, _) =
             read_list(&p, "Node", "nodes", DumpLimits::default()).expect("yaml list");
         assert_eq!(nodes.len(), 1);
         let p = write(dir.path(), "bad.yaml", "kind: List\nitems: [\n");
@@ -597,5 +872,231 @@ mod tests {
             .expect_err("syntax")
             .to_string();
         assert!(msg.contains("not valid YAML"), "{msg}");
+    }
+
+    /// Issue 22: names the API server refuses, per field, are refused with the item, the field
+    /// and the value escaped; names it accepts pass.
+    #[test]
+    fn invalid_names_are_refused_naming_item_and_field() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let list = |kind: &str, item: serde_json::Value| {
+            serde_json::json!({"kind": "List", "items": [
+                {"kind": kind, "metadata": {"name": "ok-0", "namespace": "team-ml"}, "spec": {"nodeName": "lab-1.example"}},
+                item
+            ]})
+            .to_string()
+        };
+        let cases = [
+            (
+                "Pod",
+                serde_json::json!({"kind": "Pod", "metadata": {"name": "--all", "namespace": "ns"}}),
+                "name \"--all\"",
+                "subdomain",
+            ),
+            (
+                "Pod",
+                serde_json::json!({"kind": "Pod", "metadata": {"name": "p", "namespace": "-n"}}),
+                "namespace \"-n\"",
+                "label",
+            ),
+            (
+                "Pod",
+                serde_json::json!({"kind": "Pod", "metadata": {"name": "p", "namespace": "a.b"}}),
+                "namespace \"a.b\"",
+                "label",
+            ),
+            (
+                "Pod",
+                serde_json::json!({"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "-x"}}),
+                "spec.nodeName \"-x\"",
+                "subdomain",
+            ),
+            (
+                "Pod",
+                serde_json::json!({"kind": "Pod", "metadata": {"namespace": "ns"}}),
+                "name (missing)",
+                "subdomain",
+            ),
+            (
+                "Node",
+                serde_json::json!({"kind": "Node", "metadata": {"name": "Lab"}}),
+                "name \"Lab\"",
+                "subdomain",
+            ),
+            (
+                "Notebook",
+                serde_json::json!({"kind": "Notebook", "metadata": {"name": "-all", "namespace": "ns"}}),
+                "name \"-all\"",
+                "subdomain",
+            ),
+            (
+                "Notebook",
+                serde_json::json!({"kind": "Notebook", "metadata": {"name": 7, "namespace": "ns"}}),
+                "name \"7\"",
+                "subdomain",
+            ),
+        ];
+        for (kind, item, needle, rule) in cases {
+            let p = write(dir.path(), "dump.json", &list(kind, item));
+            let err = match kind {
+                "Pod" => read_list::<Pod>(&p, "Pod", "pods", DumpLimits::default()).map(|_| ()),
+                "Node" => read_list::<Node>(&p, "Node", "nodes", DumpLimits::default()).map(|_| ()),
+                _ => read_list::<MetaOnly>(&p, "Notebook", "notebooks", DumpLimits::default())
+                    .map(|_| ()),
+            }
+            .expect_err(needle);
+            assert!(matches!(err, FileError::Name { index: 1, .. }), "{err:?}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains("dump.json: item 1")
+                    && msg.contains(needle)
+                    && msg.contains(&format!("DNS-1123 {rule}")),
+                "{msg}"
+            );
+        }
+        // Cluster-scoped objects have no namespace; an unscheduled pod no node.
+        let p = write(
+            dir.path(),
+            "ok.json",
+            r#"{"kind":"List","items":[{"kind":"Pod","metadata":{"name":"a.b-1","namespace":"x"},"spec":{"nodeName":""}},{"kind":"Pod","metadata":{"name":"c","namespace":null}}]}"#,
+        );
+        let (pods, warnings): (Vec<Pod>, _) =
+            read_list(&p, "Pod", "pods", DumpLimits::default()).expect("valid names");
+        assert_eq!((pods.len(), warnings.len()), (2, 0));
+    }
+
+    #[test]
+    fn dns1123_names() {
+        assert!(is_dns1123_label("team-ml") && is_dns1123_label("0a"));
+        assert!(!is_dns1123_label("a.b") && !is_dns1123_label(&"a".repeat(64)));
+        assert!(is_dns1123_subdomain("a.b-c.d") && is_dns1123_subdomain(&"a".repeat(253)));
+        for bad in [
+            "", "-a", "a-", "--all", "a..b", ".a", "a.", "A", "a_b", "a b", "a.-b",
+        ] {
+            assert!(
+                !is_dns1123_subdomain(bad) && !is_dns1123_label(bad),
+                "{bad:?}"
+            );
+        }
+        assert!(!is_dns1123_subdomain(&"a".repeat(254)));
+    }
+
+    #[test]
+    fn echoed_values_are_escaped_and_cut() {
+        assert_eq!(shown("a\nb"), "\"a\\nb\"");
+        let long = format!("\u{1b}{}", "x".repeat(10_000));
+        let s = shown(&long);
+        assert!(
+            s.starts_with("\"\\u{1b}xxx") && s.ends_with("… (10001 bytes)"),
+            "{s}"
+        );
+        assert!(s.len() < 100, "{s}");
+    }
+
+    /// The same object twice: by namespace and name, or by uid; the first is kept.
+    #[test]
+    fn duplicates_are_dropped_with_a_warning() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = write(
+            dir.path(),
+            "pods.json",
+            r#"{"kind":"List","items":[
+                {"kind":"Pod","metadata":{"name":"a","namespace":"ns","uid":"u1"}},
+                {"kind":"Pod","metadata":{"name":"b","namespace":"ns","uid":"u2"}},
+                {"kind":"Pod","metadata":{"name":"a","namespace":"ns","uid":"u3"}},
+                {"kind":"Pod","metadata":{"name":"c","namespace":"ns","uid":"u2"}},
+                {"kind":"Pod","metadata":{"name":"a","namespace":"other","uid":"u4"}},
+                {"kind":"Pod","metadata":{"name":"d","namespace":"ns"}},
+                {"kind":"Pod","metadata":{"name":"e","namespace":"ns"}}
+            ]}"#,
+        );
+        let (pods, warnings): (Vec<Pod>, _) =
+            read_list(&p, "Pod", "pods", DumpLimits::default()).expect("pods");
+        let names: Vec<_> = pods
+            .iter()
+            .map(|p| p.metadata.uid.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            names,
+            ["u1", "u2", "u4", "", ""],
+            "no uid is not a shared uid"
+        );
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0].contains("pods.json: item 2 (pod ns/a, uid \"u3\") is a duplicate of item 0 (the same namespace and name): kept item 0, ignored item 2"),
+            "{}",
+            warnings[0]
+        );
+        assert!(
+            warnings[1]
+                .contains("item 3 (pod ns/c, uid \"u2\") is a duplicate of item 1 (the same uid)"),
+            "{}",
+            warnings[1]
+        );
+    }
+
+    /// Issue 22: kubectl never writes aliases, and serde-saphyr bounds replayed events, not
+    /// bytes: any alias is refused, naming the file and the limit.
+    #[test]
+    fn yaml_aliases_are_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = write(
+            dir.path(),
+            "nodes.yaml",
+            "kind: List\nx: &a big\nitems:\n- kind: Node\n  metadata:\n    name: n\n    labels:\n      l: *a\n",
+        );
+        let err = read_list::<Node>(&p, "Node", "nodes", DumpLimits::default()).expect_err("alias");
+        assert!(matches!(err, FileError::Alias { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("nodes.yaml: YAML alias at line 8") && msg.contains("limit of 0 aliases"),
+            "{msg}"
+        );
+        // Anchors alone are harmless.
+        let p = write(
+            dir.path(),
+            "anchors.yaml",
+            "kind: List\nx: &a big\nitems: []\n",
+        );
+        assert!(read_list::<Node>(&p, "Node", "nodes", DumpLimits::default()).is_ok());
+    }
+
+    /// Issue 22: a FIFO, a device or a directory is refused before it is opened.
+    #[test]
+    fn non_regular_files_are_refused_unread() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let zero = dir.path().join("zero.json");
+        std::os::unix::fs::symlink("/dev/zero", &zero).expect("symlink");
+        let err = read_bounded(&zero, DEFAULT_MAX_DUMP_BYTES).expect_err("device");
+        assert!(
+            matches!(
+                err,
+                FileError::NotRegular {
+                    kind: "a character device",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("zero.json: not a regular file"),
+            "{err}"
+        );
+        let err = read_bounded(dir.path(), DEFAULT_MAX_DUMP_BYTES).expect_err("dir");
+        assert!(
+            matches!(
+                err,
+                FileError::NotRegular {
+                    kind: "a directory",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        // Listed by from_dir, not skipped: the reader then refuses it by name.
+        std::os::unix::fs::symlink("/dev/null", dir.path().join("notebooks.json"))
+            .expect("symlink");
+        let paths = DumpPaths::from_dir(dir.path());
+        assert_eq!(paths.notebooks, Some(dir.path().join("notebooks.json")));
     }
 }

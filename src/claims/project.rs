@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Container, Node, Pod, ResourceQuota, ResourceRe
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::quantity::{QuantityError, parse_units};
+use super::quantity::{MAX_GPU_UNITS, QuantityError, parse_gpu_units, parse_units};
 use crate::ledger::claims::{
     CULL_OPT_OUT_ANNOTATION, DaemonPod, Deletion, GFD_LABEL_PREFIX, LabelSelector, NodeInfo,
     NotebookInfo, OwnerRef, PRODUCT_LABEL, PodClaim, PodPhase, QuotaInfo, REPLICAS_LABEL,
@@ -88,7 +88,7 @@ fn container_units(
             .and_then(|l| l.get(key))
             .or_else(|| requests.and_then(|r| r.get(key)));
         if let Some(q) = q {
-            let units = parse_units(&q.0).map_err(|source| ProjectError {
+            let units = parse_gpu_units(&q.0).map_err(|source| ProjectError {
                 object: object.to_string(),
                 resource: key.clone(),
                 source,
@@ -101,7 +101,8 @@ fn container_units(
 
 fn sum_into(total: &mut BTreeMap<String, u64>, add: &BTreeMap<String, u64>) {
     for (k, v) in add {
-        *total.entry(k.clone()).or_default() += v;
+        let e = total.entry(k.clone()).or_default();
+        *e = e.saturating_add(*v);
     }
 }
 
@@ -149,6 +150,14 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         &container_units(names, &object, spec.resources.as_ref())?,
     );
     resources.retain(|_, v| *v > 0);
+    // Each container is bounded; their sum must be a count too.
+    if let Some((resource, total)) = resources.iter().find(|(_, v)| **v > MAX_GPU_UNITS) {
+        return Err(ProjectError {
+            object,
+            resource: resource.clone(),
+            source: QuantityError::Impossible(total.to_string()),
+        });
+    }
     let status = pod.status.as_ref();
     let resource_claims = resource_claim_names(pod);
     // Extended resources the scheduler backed with DRA (DRAExtendedResource: a DeviceClass with
@@ -276,7 +285,7 @@ pub fn node(names: &ResourceNames, node: &Node) -> Result<NodeInfo, ProjectError
     let mut allocatable = BTreeMap::new();
     for (k, q) in source.into_iter().flatten() {
         if names.classify(k).is_some() {
-            let units = parse_units(&q.0).map_err(|source| ProjectError {
+            let units = parse_gpu_units(&q.0).map_err(|source| ProjectError {
                 object: object.clone(),
                 resource: k.clone(),
                 source,
@@ -478,6 +487,42 @@ mod tests {
         );
         assert!(err.contains("pod ns/p"), "{err}");
         assert!(err.contains("fractional"), "{err}");
+    }
+
+    /// Issue 22: no object counts more than a million units of a GPU resource, in one
+    /// container or summed over its containers (live and offline alike: both project here).
+    #[test]
+    fn impossible_gpu_counts_name_object_and_resource() {
+        let two = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "600000"}}},
+                {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "600000"}}}]}}));
+        let one = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "18446744073709551615"}}}]}}));
+        for p in [two, one] {
+            let err = format!(
+                "{:#}",
+                anyhow::Error::new(pod(&ResourceNames::default(), &p).expect_err("impossible"))
+            );
+            assert!(
+                err.contains("pod ns/p")
+                    && err.contains("nvidia.com/gpu")
+                    && err.contains("more than 1000000"),
+                "{err}"
+            );
+        }
+        let node_json = |n: &str| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n"},
+                "status": {"allocatable": {"nvidia.com/gpu": n}}}))
+            .expect("node")
+        };
+        assert!(node(&ResourceNames::default(), &node_json("1000000")).is_ok());
+        let err = node(&ResourceNames::default(), &node_json("1000001")).expect_err("too many");
+        assert!(
+            matches!(err.source, QuantityError::Impossible(_)),
+            "{err:?}"
+        );
     }
 
     #[test]

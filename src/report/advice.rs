@@ -1,8 +1,10 @@
 //! What to do about a finding, with the exact command: stop an idle notebook the way Kubeflow's
 //! UI does, clear what holds a stuck Terminating pod, cap a namespace that has no GPU quota.
 //!
-//! Commands are only offered for names Kubernetes itself would accept (DNS-1123), so a hostile
-//! name in an offline dump can never turn into a shell command a reader pastes.
+//! Commands are only offered for names Kubernetes itself would accept (a namespace is a DNS-1123
+//! label, an object name a DNS-1123 subdomain), so a hostile name in an offline dump can never
+//! turn into a shell command a reader pastes; every name is a positional argument after `--`, so
+//! none can be read as an option (`--all`) even if one got through.
 
 use std::collections::BTreeMap;
 
@@ -14,20 +16,40 @@ use crate::ledger::{NamespaceRow, PodRow, PodState};
 /// Annotation Kubeflow's notebook controller reads to scale a notebook to zero.
 const STOP_ANNOTATION: &str = crate::ledger::claims::STOP_ANNOTATION;
 
+/// Said instead of a command when a name is not one Kubernetes accepts.
+pub const NO_COMMAND: &str = "no command: not a valid Kubernetes name";
+
 /// A suggestion: one sentence, then commands, each with what it is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hint {
     pub text: String,
     /// (when to run it, command); the first element is empty when the command needs no condition.
     pub commands: Vec<(String, String)>,
+    /// Why there is no command ([`NO_COMMAND`]), when a name involved is not a Kubernetes name.
+    pub note: Option<&'static str>,
 }
 
-/// A name or namespace as the API server validates them: lowercase alphanumerics, `-` and `.`.
-pub fn is_kube_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+/// One DNS-1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric.
+fn is_label_chars(s: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = s.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(&first), Some(&last)) => {
+            alnum(first) && alnum(last) && bytes.iter().all(|&b| alnum(b) || b == b'-')
+        }
+        _ => false,
+    }
+}
+
+/// A namespace as the API server validates it: a DNS-1123 label (at most 63 characters).
+pub fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && is_label_chars(s)
+}
+
+/// An object name (pod, notebook, node) as the API server validates it: a DNS-1123 subdomain,
+/// labels joined by `.`, at most 253 characters. Never starts with `-`, so never an option.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_label_chars)
 }
 
 /// A resource name (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`).
@@ -45,16 +67,17 @@ pub fn stop_value(at: DateTime<Utc>) -> String {
 
 /// The hint for one pod, as of `at` (the ledger's time; the stop annotation's value).
 pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
-    let named = is_kube_name(&p.namespace) && is_kube_name(&p.pod);
+    let named = is_dns_label(&p.namespace) && is_dns_subdomain(&p.pod);
     match p.state {
         PodState::Running if p.idle == Some(true) && !notebook_stopped(p) => {
             let nb = p.notebook.as_deref()?;
             let mut commands = Vec::new();
-            if named && is_kube_name(nb) {
+            let named = named && is_dns_subdomain(nb);
+            if named {
                 commands.push((
                     String::new(),
                     format!(
-                        "kubectl annotate notebook -n {} {nb} {STOP_ANNOTATION}={}",
+                        "kubectl annotate notebook -n {} -- {nb} {STOP_ANNOTATION}={}",
                         p.namespace,
                         stop_value(at)
                     ),
@@ -66,6 +89,7 @@ pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
                     idle_for(p)
                 ),
                 commands,
+                note: (!named).then_some(NO_COMMAND),
             })
         }
         PodState::Terminating if p.stuck => {
@@ -80,12 +104,12 @@ pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
                 commands.push((
                     "if metadata.finalizers is set".into(),
                     format!(
-                        "kubectl patch pod -n {ns} {pod} --type=merge -p '{{\"metadata\":{{\"finalizers\":null}}}}'"
+                        "kubectl patch pod -n {ns} --type=merge -p '{{\"metadata\":{{\"finalizers\":null}}}}' -- {pod}"
                     ),
                 ));
                 commands.push((
                     format!("if {node} is down"),
-                    format!("kubectl delete pod -n {ns} {pod} --grace-period=0 --force"),
+                    format!("kubectl delete pod -n {ns} --grace-period=0 --force -- {pod}"),
                 ));
             }
             Some(Hint {
@@ -94,6 +118,7 @@ pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
                     gpu_count(p.gpus)
                 ),
                 commands,
+                note: (!named).then_some(NO_COMMAND),
             })
         }
         _ => None,
@@ -119,10 +144,8 @@ pub fn namespace_hint(ns: &NamespaceRow, pods: &[PodRow]) -> Option<Hint> {
         .map(|(name, n)| format!("requests.{name}={n}"))
         .collect();
     let mut commands = Vec::new();
-    if is_kube_name(&ns.namespace)
-        && !hard.is_empty()
-        && units.keys().all(|name| is_resource_name(name))
-    {
+    let named = is_dns_label(&ns.namespace);
+    if named && !hard.is_empty() && units.keys().all(|name| is_resource_name(name)) {
         commands.push((
             String::new(),
             format!(
@@ -139,6 +162,7 @@ pub fn namespace_hint(ns: &NamespaceRow, pods: &[PodRow]) -> Option<Hint> {
             gpus(ns.gpus_pending)
         ),
         commands,
+        note: (!named).then_some(NO_COMMAND),
     })
 }
 
@@ -148,12 +172,31 @@ mod tests {
 
     #[test]
     fn only_kubernetes_names_become_commands() {
-        assert!(is_kube_name("team-ml"));
-        assert!(is_kube_name("alice-nb-0"));
-        assert!(!is_kube_name("evil; rm -rf ~"));
-        assert!(!is_kube_name("a'b"));
-        assert!(!is_kube_name("Upper"));
-        assert!(!is_kube_name(""));
+        for ok in ["team-ml", "alice-nb-0", "a", "0", "x1"] {
+            assert!(is_dns_label(ok) && is_dns_subdomain(ok), "{ok}");
+        }
+        assert!(is_dns_subdomain("gpu.lab-1.example"));
+        assert!(!is_dns_label("gpu.lab-1"), "a namespace has no dots");
+        assert!(is_dns_label(&"a".repeat(63)) && !is_dns_label(&"a".repeat(64)));
+        assert!(is_dns_subdomain(&"a".repeat(253)) && !is_dns_subdomain(&"a".repeat(254)));
+        for bad in [
+            "evil; rm -rf ~",
+            "a'b",
+            "Upper",
+            "",
+            "-all",
+            "--all",
+            "-A",
+            "-",
+            "a-",
+            "a..b",
+            ".a",
+            "a.",
+            "a_b",
+            "a.-b",
+        ] {
+            assert!(!is_dns_label(bad) && !is_dns_subdomain(bad), "{bad:?}");
+        }
         assert!(is_resource_name("nvidia.com/mig-1g.10gb"));
         assert!(!is_resource_name("nvidia.com/gpu$(x)"));
     }

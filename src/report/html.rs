@@ -134,9 +134,11 @@ fn embedded_json(ledger: &Ledger) -> String {
 
 /// A number with exactly two decimals, halves away from zero (as the script writes it).
 fn fixed2(x: f64) -> String {
+    // Saturating cast, and `unsigned_abs`: `i64::MIN.abs()` overflows.
     let h = (x * 100.0).round() as i64;
     let sign = if h < 0 { "-" } else { "" };
-    format!("{sign}{}.{:02}", h.abs() / 100, h.abs() % 100)
+    let a = h.unsigned_abs();
+    format!("{sign}{}.{:02}", a / 100, a % 100)
 }
 
 /// The value a pod sorts by under `key`; unknown numbers sort below every known one.
@@ -405,6 +407,9 @@ fn hint_html(h: &mut String, hint: &Hint) {
             let _ = write!(h, "<span class=\"when\">{}:</span>", escape(when));
         }
         let _ = write!(h, "<code>{}</code></div>", escape(command));
+    }
+    if let Some(note) = hint.note {
+        let _ = write!(h, "<div class=\"cmd note\">{}</div>", escape(note));
     }
 }
 

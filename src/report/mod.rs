@@ -34,16 +34,24 @@ pub fn humanise_seconds(secs: i64) -> String {
     }
 }
 
-/// `x` rounded to hundredths, halves away from zero (as the page's script rounds).
-fn hundredths(x: f64) -> i64 {
-    (x * 100.0).round() as i64
-}
+/// 2^53: hundredths up to here are exact integers in an `f64` (and in the page's script).
+const EXACT_HUNDREDTHS: f64 = 9_007_199_254_740_992.0;
 
 /// GPU equivalents with up to two decimals, trailing zeros trimmed ("1", "0.43", "0.5").
+///
+/// Numbers past 2^53 hundredths (no cluster has 90 trillion GPUs, but a quota may say
+/// `u64::MAX`) print as the `f64` they are, whole, as the page's script prints them: before,
+/// a saturating cast and `abs` wrote `92233720368547758.07` and `--92233720368547758.-8`.
 pub fn gpus(x: f64) -> String {
-    let h = hundredths(x);
+    // Halves away from zero, as the page's script rounds.
+    let h = (x * 100.0).round();
+    if h.abs() >= EXACT_HUNDREDTHS {
+        return format!("{}", x.round());
+    }
+    // In range (NaN is 0): the cast is exact.
+    let h = h as i64;
     let sign = if h < 0 { "-" } else { "" };
-    let (whole, frac) = (h.abs() / 100, h.abs() % 100);
+    let (whole, frac) = (h.unsigned_abs() / 100, h.unsigned_abs() % 100);
     match frac {
         0 => format!("{sign}{whole}"),
         f if f % 10 == 0 => format!("{sign}{whole}.{}", f / 10),
@@ -221,6 +229,12 @@ mod tests {
         assert_eq!(gpus(0.125), "0.13", "a time-slice share of 1/8");
         assert_eq!(gpus(-0.125), "-0.13");
         assert_eq!(gpus(1.0 / 7.0), "0.14");
+        // Absurd values (issue 22): whole numbers, one sign, no saturated i64.
+        assert_eq!(gpus(1.844_674_407_370_955_2e19), "18446744073709552000");
+        assert_eq!(gpus(-1.844_674_407_370_955_2e19), "-18446744073709552000");
+        assert_eq!(gpus(-9.3e16), "-93000000000000000");
+        assert_eq!(gpus(1e13), "10000000000000");
+        assert_eq!(gpus(-123_456_789.125), "-123456789.13");
         assert_eq!(percent(0.125), "13%");
         assert_eq!(percent(0.0), "0%");
         assert_eq!(percent(0.98), "98%");

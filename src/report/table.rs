@@ -159,6 +159,9 @@ fn todo_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
                 writeln!(out, "    {command}")?;
             }
         }
+        if let Some(note) = hint.note {
+            writeln!(out, "    ({note})")?;
+        }
     }
     Ok(())
 }

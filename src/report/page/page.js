@@ -39,6 +39,8 @@
   function hundredths(x) { return Math.sign(x) * Math.round(Math.abs(x) * 100); }
   function gpus(x) {
     var h = hundredths(x);
+    // Past 2^53 hundredths: the whole number, as src/report prints it.
+    if (Math.abs(h) >= 9007199254740992) { return String(Math.sign(x) * Math.round(Math.abs(x))); }
     var sign = h < 0 ? "-" : "";
     var a = Math.abs(h), whole = Math.floor(a / 100), frac = a % 100;
     if (frac === 0) { return sign + whole; }
@@ -89,32 +91,43 @@
     }
     return parts.join("; ");
   }
-  function isKubeName(s) { return typeof s === "string" && s.length > 0 && s.length <= 253 && /^[a-z0-9.-]+$/.test(s); }
+  // DNS-1123, as src/report/advice.rs and the API server check names.
+  var NO_COMMAND = "no command: not a valid Kubernetes name";
+  function isDnsLabel(s) {
+    return typeof s === "string" && s.length <= 63 && /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(s);
+  }
+  function isDnsSubdomain(s) {
+    return typeof s === "string" && s.length <= 253 &&
+      /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/.test(s);
+  }
   function isResourceName(s) { return s.length > 0 && s.length <= 253 && /^[A-Za-z0-9._\/-]+$/.test(s); }
   function stopValue(at) { return new Date(at).toISOString().slice(0, 19) + "Z"; }
   function podHint(p, at) {
-    var named = isKubeName(p.namespace) && isKubeName(p.pod);
+    var named = isDnsLabel(p.namespace) && isDnsSubdomain(p.pod);
     if (p.state === "running" && p.idle === true && !p.notebook_stopped && p.notebook !== null) {
       var cmds = [];
-      if (named && isKubeName(p.notebook)) {
-        cmds.push(["", "kubectl annotate notebook -n " + p.namespace + " " + p.notebook +
+      var nbNamed = named && isDnsSubdomain(p.notebook);
+      if (nbNamed) {
+        cmds.push(["", "kubectl annotate notebook -n " + p.namespace + " -- " + p.notebook +
           " kubeflow-resource-stopped=" + stopValue(at)]);
       }
       return { text: "idle " + idleFor(p) + ": stop notebook " + p.notebook +
-        " (Kubeflow scales it to zero; its volumes stay)", commands: cmds };
+        " (Kubeflow scales it to zero; its volumes stay)", commands: cmds,
+        note: nbNamed ? null : NO_COMMAND };
     }
     if (p.state === "terminating" && p.stuck) {
       var age = p.terminating_seconds !== null ? " " + humanise(p.terminating_seconds) : "";
       var node = p.node !== null ? p.node : "its node";
       var c = [];
       if (named) {
-        c.push(["if metadata.finalizers is set", "kubectl patch pod -n " + p.namespace + " " + p.pod +
-          " --type=merge -p '{\"metadata\":{\"finalizers\":null}}'"]);
-        c.push(["if " + node + " is down", "kubectl delete pod -n " + p.namespace + " " + p.pod +
-          " --grace-period=0 --force"]);
+        c.push(["if metadata.finalizers is set", "kubectl patch pod -n " + p.namespace +
+          " --type=merge -p '{\"metadata\":{\"finalizers\":null}}' -- " + p.pod]);
+        c.push(["if " + node + " is down", "kubectl delete pod -n " + p.namespace +
+          " --grace-period=0 --force -- " + p.pod]);
       }
       return { text: "stuck terminating" + age + ", still holds " + gpuCount(p.gpus) +
-        ": a finalizer or an unreachable node keeps it", commands: c };
+        ": a finalizer or an unreachable node keeps it", commands: c,
+        note: named ? null : NO_COMMAND };
     }
     return null;
   }
@@ -129,11 +142,13 @@
     var hard = names.filter(function (r) { return units[r] > 0; })
       .map(function (r) { return "requests." + r + "=" + units[r]; });
     var cmds = [];
-    if (isKubeName(ns.namespace) && hard.length > 0 && names.every(isResourceName)) {
+    var named = isDnsLabel(ns.namespace);
+    if (named && hard.length > 0 && names.every(isResourceName)) {
       cmds.push(["", "kubectl create quota gpu-quota -n " + ns.namespace + " --hard=" + hard.join(",")]);
     }
     return { text: gpuCount(ns.gpus_claimed) + " held, " + gpus(ns.gpus_pending) +
-      " pending, no GPU quota: add one (here at today's demand)", commands: cmds };
+      " pending, no GPU quota: add one (here at today's demand)", commands: cmds,
+      note: named ? null : NO_COMMAND };
   }
   function quotaCell(n) {
     if (n.gpu_quota !== null) { return gpus(n.gpu_quota); }
@@ -174,6 +189,7 @@
       div.appendChild(el("code", null, c[1]));
       td.appendChild(div);
     });
+    if (hint.note) { td.appendChild(el("div", "cmd note", hint.note)); }
   }
   function cell(tr, text, cls) { tr.appendChild(el("td", cls || null, text)); }
 
