@@ -261,6 +261,16 @@ pub struct ServeArgs {
     /// (SubjectAccessReview).
     #[arg(long, env = "GPU_LEDGER_API_AUTH", value_enum, ignore_case = true, default_value_t = ApiAuthFlag::None)]
     pub api_auth: ApiAuthFlag,
+    /// Connections the HTTP server serves at once; 64 more get a 2 s header deadline and one
+    /// request, and beyond those new connections are closed at once (docs/security.md).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_MAX_CONNECTIONS",
+        default_value_t = 512,
+        value_parser = clap::value_parser!(u32).range(1..=65_536),
+        help_heading = "Server"
+    )]
+    pub max_connections: u32,
 }
 
 /// `--api-auth`: how API callers are checked besides `--api-token-file`.
