@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::ledger::Policy;
 use crate::ledger::claims::{ResourceNames, SliceTable};
+use crate::ledger::{ClaimsScope, Policy};
 use crate::usage::scheme::SchemeChoice;
 
 /// `0.1.0 (abc1234)`: the crate version and the git revision it was built from (`build.rs`).
@@ -206,6 +206,12 @@ impl LedgerArgs {
             min_coverage: self.min_coverage,
             max_staleness: self.max_staleness,
             stuck_after: self.stuck_after,
+            // Pods of other namespaces are not seen: they may hold any device or capacity.
+            claims_scope: if self.namespaces.is_empty() {
+                ClaimsScope::Complete
+            } else {
+                ClaimsScope::Namespaces
+            },
         }
     }
 }

@@ -108,7 +108,7 @@ fn ledger() -> Ledger {
             node: format!("node-{h}"),
             gpus_allocatable: 2.0,
             gpus_claimed: 1.0,
-            gpus_free: 1.0,
+            gpus_free: Some(1.0),
             gpus_unschedulable: 0.0,
         })
         .collect();

@@ -213,7 +213,7 @@ fn states_and_node_free_count_terminating_pods() {
             node: "n1".into(),
             gpus_allocatable: 4.0,
             gpus_claimed: 2.0,
-            gpus_free: 2.0,
+            gpus_free: Some(2.0),
             gpus_unschedulable: 0.0
         }]
     );
@@ -658,3 +658,4 @@ fn unknown_phase_is_never_idle() {
 }
 
 mod dra;
+mod scope;
