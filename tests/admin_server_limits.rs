@@ -2,8 +2,8 @@
 //! sees it: `export::tls::serve` over the real router on a loopback port, raw TCP clients.
 //!
 //! * `half_sent_requests_are_closed_by_the_header_timeout`: 200 clients that send a request
-//!   line and stop, and one idle keep-alive connection, are closed by the server within the
-//!   header-read timeout (plus slack for a busy machine).
+//!   line and stop, one that sends nothing, and one idle keep-alive connection are closed by
+//!   the server within the header-read timeout (plus slack for a busy machine).
 //! * `livez_answers_while_the_connection_cap_is_reached`: more half-sent connections than the
 //!   cap are not all held open (the process holds at most the cap plus the reserve), and a
 //!   fresh client's `/livez` is still answered well before the header timeout frees a slot.
@@ -111,6 +111,7 @@ async fn half_sent_requests_are_closed_by_the_header_timeout() -> Result<()> {
     for _ in 0..200 {
         slow.push(half_sent(addr).await?);
     }
+    let mut silent = TcpStream::connect(addr).await?;
     // An idle keep-alive connection: one full request answered, then nothing.
     let mut idle = TcpStream::connect(addr).await?;
     idle.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -134,6 +135,9 @@ async fn half_sent_requests_are_closed_by_the_header_timeout() -> Result<()> {
     closed_within(&mut idle, within)
         .await
         .context("idle keep-alive connection")?;
+    closed_within(&mut silent, within)
+        .await
+        .context("connection that sent nothing")?;
     cancel.cancel();
     Ok(())
 }
@@ -152,7 +156,7 @@ async fn livez_answers_while_the_connection_cap_is_reached() -> Result<()> {
     let started = tokio::time::Instant::now();
     // A fresh client is answered long before the header timeout frees a capped slot.
     let mut answered = None;
-    let within = tls::HEADER_READ_TIMEOUT - Duration::from_secs(3);
+    let within = tls::HEADER_READ_TIMEOUT.saturating_sub(Duration::from_secs(3));
     while started.elapsed() < within {
         match tokio::time::timeout(Duration::from_secs(2), livez(addr)).await {
             Ok(Ok(line)) if line.starts_with("HTTP/1.1 200") => {

@@ -486,6 +486,8 @@ fn sample_sum(text: &str, family: &str, labels: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_token_review_is_bounded() -> Result<()> {
     use gpu_ledger::export::auth::{MAX_TOKEN_BYTES, REVIEW_BURST, REVIEW_RATE};
+    const REVIEWS: &str = "gpu_ledger_api_auth_reviews_total";
+    const REFUSED: &str = "gpu_ledger_api_auth_refused_total";
     let cp = ControlPlane::shared(false)?;
     let kubeconfig = kube_auth_setup(cp)?;
     let server = serve(
@@ -508,8 +510,6 @@ async fn kubernetes_token_review_is_bounded() -> Result<()> {
             .text()
             .await?)
     };
-    const REVIEWS: &str = "gpu_ledger_api_auth_reviews_total";
-    const REFUSED: &str = "gpu_ledger_api_auth_refused_total";
 
     // A token of 4 times the bound: 401, and no TokenReview sent.
     let before = metrics().await?;
