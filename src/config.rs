@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::ledger::Policy;
 use crate::ledger::claims::{ResourceNames, SliceTable};
+use crate::ledger::{ClaimsScope, Policy};
 use crate::usage::scheme::SchemeChoice;
 
 /// `0.1.0 (abc1234)`: the crate version and the git revision it was built from (`build.rs`).
@@ -217,6 +217,12 @@ impl LedgerArgs {
             min_coverage: self.min_coverage,
             max_staleness: self.max_staleness,
             stuck_after: self.stuck_after,
+            // Pods of other namespaces are not seen: they may hold any device or capacity.
+            claims_scope: if self.namespaces.is_empty() {
+                ClaimsScope::Complete
+            } else {
+                ClaimsScope::Namespaces
+            },
         }
     }
 }
@@ -272,6 +278,16 @@ pub struct ServeArgs {
     /// (SubjectAccessReview).
     #[arg(long, env = "GPU_LEDGER_API_AUTH", value_enum, ignore_case = true, default_value_t = ApiAuthFlag::None)]
     pub api_auth: ApiAuthFlag,
+    /// Connections the HTTP server serves at once; 64 more get a 2 s header deadline and one
+    /// request, and beyond those new connections are closed at once (docs/security.md).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_MAX_CONNECTIONS",
+        default_value_t = 512,
+        value_parser = clap::value_parser!(u32).range(1..=65_536),
+        help_heading = "Server"
+    )]
+    pub max_connections: u32,
 }
 
 /// `--api-auth`: how API callers are checked besides `--api-token-file`.

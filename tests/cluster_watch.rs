@@ -187,7 +187,7 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
         "no telemetry source: unknown, never idle"
     );
     assert_eq!(l.nodes[0].gpus_claimed, 2.0);
-    assert_eq!(l.nodes[0].gpus_free, 0.0);
+    assert_eq!(l.nodes[0].gpus_free, Some(0.0));
     let ns = l
         .namespaces
         .iter()
@@ -220,7 +220,8 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
     assert_eq!(t.state, PodState::Terminating);
     assert!(t.stuck, "past its deadline");
     assert_eq!(
-        l.nodes[0].gpus_free, 0.0,
+        l.nodes[0].gpus_free,
+        Some(0.0),
         "a terminating pod still holds its GPU"
     );
 
@@ -330,7 +331,8 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
     assert_eq!((row.state, row.stuck), (PodState::Terminating, true));
     let node_row = l.nodes.iter().find(|n| n.node == node).expect("node row");
     assert_eq!(
-        node_row.gpus_free, 0.0,
+        node_row.gpus_free,
+        Some(0.0),
         "the card stays held while Terminating"
     );
     pods.patch(
@@ -346,7 +348,10 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
     .await;
     let l = ledger::build(&stores.claims(), &Usage::default(), Utc::now(), &policy);
     assert_eq!(
-        l.nodes.iter().find(|n| n.node == node).map(|n| n.gpus_free),
+        l.nodes
+            .iter()
+            .find(|n| n.node == node)
+            .and_then(|n| n.gpus_free),
         Some(1.0),
         "card free again"
     );

@@ -110,7 +110,7 @@ fn ledger() -> Ledger {
             node: format!("node-{h}"),
             gpus_allocatable: 2.0,
             gpus_claimed: 1.0,
-            gpus_free: 1.0,
+            gpus_free: Some(1.0),
             gpus_unschedulable: 0.0,
         })
         .collect();
@@ -791,7 +791,7 @@ fn absurd_ledger_numbers_render_as_numbers() {
         node: "lab-1".into(),
         gpus_allocatable: 1.0,
         gpus_claimed: 1.844_674_407_370_955_2e19,
-        gpus_free: -1.844_674_407_370_955_2e19,
+        gpus_free: Some(-1.844_674_407_370_955_2e19),
         gpus_unschedulable: 0.0,
     });
     l.namespaces.push(NamespaceRow {

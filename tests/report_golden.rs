@@ -143,11 +143,13 @@ fn homelab_tells_the_story() {
     assert_eq!(bob.notebook.as_deref(), Some("bob-nb"));
     let lab2 = l.nodes.iter().find(|n| n.node == "lab-2").expect("lab-2");
     assert!(
-        (lab2.gpus_claimed - 1.0).abs() < 1e-9 && lab2.gpus_free.abs() < 1e-9,
+        (lab2.gpus_claimed - 1.0).abs() < 1e-9 && lab2.gpus_free.is_some_and(|f| f.abs() < 1e-9),
         "{lab2:?}"
     );
     assert!(
-        l.nodes.iter().all(|n| n.gpus_free.abs() < 1e-9),
+        l.nodes
+            .iter()
+            .all(|n| n.gpus_free.is_some_and(|f| f.abs() < 1e-9)),
         "every card is held: {:?}",
         l.nodes
     );

@@ -396,10 +396,11 @@ fn chart_api_auth_objects(ns: &str) -> Result<Vec<Value>> {
     Ok(out)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubernetes_token_review() -> Result<()> {
+/// Namespace `NS`, the chart's `--api-auth=kubernetes` objects, ServiceAccounts `reader` (bound
+/// to the chart's api-reader role) and `nosy` (not bound); a kubeconfig of gpu-ledger's own
+/// ServiceAccount. Idempotent (server-side apply), so tests may share it.
+fn kube_auth_setup(cp: &ControlPlane) -> Result<PathBuf> {
     const NS: &str = "gl-auth";
-    let cp = ControlPlane::shared(false)?;
     let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}});
     apply(cp, &[ns])?;
     let objs = chart_api_auth_objects(NS)?;
@@ -423,7 +424,14 @@ async fn kubernetes_token_review() -> Result<()> {
     };
     apply(cp, &[sa("reader"), sa("nosy"), reader_binding])?;
     let ledger_token = create_token(cp, NS, "gl-auth-gpu-ledger")?;
-    let kubeconfig = kubeconfig_with_token(cp, "gl-auth-gpu-ledger", &ledger_token)?;
+    kubeconfig_with_token(cp, "gl-auth-gpu-ledger", &ledger_token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_token_review() -> Result<()> {
+    const NS: &str = "gl-auth";
+    let cp = ControlPlane::shared(false)?;
+    let kubeconfig = kube_auth_setup(cp)?;
     let server = serve(
         cp,
         "gpu-ledger-kube-auth",
@@ -457,5 +465,114 @@ async fn kubernetes_token_review() -> Result<()> {
     );
     // The API server's own verdict: system:masters may read it.
     assert_eq!(status(&http, &ledger, Some(cp.token("admin")?)).await?, 200);
+    Ok(())
+}
+
+/// Sum of the samples of `family` in a text exposition whose labels contain `labels`.
+fn sample_sum(text: &str, family: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                && l.contains(labels)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A caller without a valid token cannot make gpu-ledger hold or send much: a huge token is
+/// refused without a TokenReview, and a flood of distinct bad tokens is rate-limited (429)
+/// after a burst, while a valid caller gets in again a moment later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_token_review_is_bounded() -> Result<()> {
+    use gpu_ledger::export::auth::{MAX_TOKEN_BYTES, REVIEW_BURST, REVIEW_RATE};
+    const REVIEWS: &str = "gpu_ledger_api_auth_reviews_total";
+    const REFUSED: &str = "gpu_ledger_api_auth_refused_total";
+    let cp = ControlPlane::shared(false)?;
+    let kubeconfig = kube_auth_setup(cp)?;
+    let server = serve(
+        cp,
+        "gpu-ledger-kube-auth-bounded",
+        &kubeconfig,
+        None,
+        &["--api-auth", "kubernetes"],
+    )
+    .await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let ledger = server.url("/api/v1/ledger");
+    let metrics = async || -> Result<String> {
+        Ok(http
+            .get(server.url("/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?)
+    };
+
+    // A token of 4 times the bound: 401, and no TokenReview sent.
+    let before = metrics().await?;
+    let huge = "h".repeat(MAX_TOKEN_BYTES * 4);
+    assert_eq!(status(&http, &ledger, Some(&huge)).await?, 401);
+    let after = metrics().await?;
+    assert_eq!(
+        sample_sum(&after, REFUSED, "reason=\"token_too_large\""),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample_sum(&after, REVIEWS, ""),
+        sample_sum(&before, REVIEWS, ""),
+        "a token over the bound must not be sent for review"
+    );
+
+    // A flood of distinct bad tokens: reviews stop after the burst, the rest get 429.
+    let started = tokio::time::Instant::now();
+    let mut flood = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let (http, ledger) = (http.clone(), ledger.clone());
+        flood.spawn(async move {
+            let token = format!("bad-token-{i}-{}", "z".repeat(900));
+            http.get(&ledger)
+                .bearer_auth(token)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        });
+    }
+    let mut codes = std::collections::BTreeMap::<u16, u32>::new();
+    while let Some(r) = flood.join_next().await {
+        *codes.entry(r??).or_default() += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let after_flood = metrics().await?;
+    let reviewed = sample_sum(&after_flood, REVIEWS, "result=\"unauthenticated\"")
+        - sample_sum(&after, REVIEWS, "result=\"unauthenticated\"");
+    ensure!(
+        codes.keys().all(|c| [401, 429].contains(c)),
+        "only 401 and 429: {codes:?}"
+    );
+    ensure!(
+        codes.get(&429).copied().unwrap_or(0) > 0,
+        "the flood was not rate-limited: {codes:?}"
+    );
+    ensure!(
+        reviewed <= f64::from(REVIEW_BURST) + REVIEW_RATE * (elapsed + 1.0),
+        "{reviewed} TokenReviews in {elapsed:.1} s for {codes:?}"
+    );
+    ensure!(
+        sample_sum(&after_flood, REFUSED, "reason=\"rate_limited\"")
+            == f64::from(codes.get(&429).copied().unwrap_or(0)),
+        "{after_flood}"
+    );
+
+    // A valid caller is served again once the bucket refills.
+    let reader = create_token(cp, "gl-auth", "reader")?;
+    poll_until("the reader after the flood", async || {
+        matches!(status(&http, &ledger, Some(&reader)).await, Ok(200))
+    })
+    .await
+    .with_context(|| server.guard.log_tail(20))?;
     Ok(())
 }

@@ -370,10 +370,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     // TLS and API authentication (docs/security.md): export::tls, export::auth.
     let kube_auth =
         (args.api_auth == crate::config::ApiAuthFlag::Kubernetes).then(|| client.clone());
-    let api_auth = auth::ApiAuth::new(args.api_token_file.clone(), kube_auth)?;
+    let api_auth = auth::ApiAuth::new(args.api_token_file.clone(), kube_auth, &registry)?;
     let app = auth::protect(server::router(state), api_auth);
+    let limits = tls::Limits {
+        max_connections: args.max_connections as usize,
+    };
     tasks.spawn_critical("http", info_span!("http"), async move {
-        if let Err(e) = tls::serve(listener, app, tls_config, server_cancel).await {
+        if let Err(e) = tls::serve(listener, app, tls_config, limits, server_cancel).await {
             error!(error = &e as &dyn std::error::Error, "http server failed");
         }
     });

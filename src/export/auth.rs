@@ -10,6 +10,12 @@
 //!
 //! No token: 401. A token nobody accepts: 401. Authenticated but not allowed: 403. The API
 //! server cannot be asked: 503 (never open).
+//!
+//! What a caller without a valid token can make the process hold or send is bounded: tokens
+//! over [`MAX_TOKEN_BYTES`] are refused (401) without a review; answers are cached by a SHA-256
+//! of (token, verb, path), at most [`REVIEW_CACHE_ENTRIES`] of them; reviews of tokens not in
+//! the cache draw from a token bucket ([`REVIEW_BURST`], refilled at [`REVIEW_RATE`] per
+//! second; a review that authenticates gives its draw back), and an empty bucket answers 429.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +32,7 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
+use prometheus::{IntCounterVec, Opts, Registry};
 use subtle::ConstantTimeEq as _;
 use tracing::{debug, warn};
 
@@ -33,8 +40,14 @@ use tracing::{debug, warn};
 pub const OPEN_PATHS: [&str; 4] = ["/metrics", "/healthz", "/livez", "/readyz"];
 /// How long a TokenReview + SubjectAccessReview answer is reused for the same token and request.
 pub const REVIEW_CACHE_TTL: Duration = Duration::from_secs(30);
-/// Most answers kept (older ones are dropped first when full).
-const REVIEW_CACHE_ENTRIES: usize = 1024;
+/// Most answers kept (expired ones, then the oldest, are dropped first when full).
+pub const REVIEW_CACHE_ENTRIES: usize = 1024;
+/// Longest bearer token sent for review: Kubernetes ServiceAccount tokens are about 1 KiB.
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
+/// Reviews of tokens not in the cache that may be sent at once after a quiet spell.
+pub const REVIEW_BURST: u32 = 20;
+/// Reviews of tokens not in the cache per second, sustained.
+pub const REVIEW_RATE: f64 = 5.0;
 /// API group of the virtual resource a caller must be allowed to `get` (no such API is served).
 pub const REVIEW_GROUP: &str = "gpu-ledger.io";
 /// The virtual resource: the ledger behind `/api/v1/*`.
@@ -53,6 +66,8 @@ pub enum AuthError {
     },
     #[error("--api-token-file {path}: the file is empty")]
     Empty { path: PathBuf },
+    #[error("registering the API authentication metrics")]
+    Metrics(#[source] prometheus::Error),
 }
 
 /// The outcome for one request.
@@ -65,6 +80,8 @@ enum Decision {
     Forbidden,
     /// The API server could not be asked (503).
     Unavailable,
+    /// Too many reviews of unknown tokens lately (429).
+    RateLimited,
 }
 
 /// How the API is protected; cheap to clone.
@@ -80,19 +97,28 @@ struct Inner {
 
 impl ApiAuth {
     /// `None` when neither a token file nor Kubernetes reviews are asked for. The token file is
-    /// read now: missing or empty is an error.
+    /// read now: missing or empty is an error. With Kubernetes reviews, their metrics are
+    /// registered in `registry`.
     pub fn new(
         token_file: Option<PathBuf>,
         kubernetes: Option<kube::Client>,
+        registry: &Registry,
     ) -> Result<Option<Self>, AuthError> {
         if token_file.is_none() && kubernetes.is_none() {
             return Ok(None);
         }
         let token_file = token_file.map(TokenFile::new).transpose()?;
+        let kubernetes = match kubernetes {
+            Some(client) => Some(KubeReviews::new(
+                client,
+                ReviewMetrics::register(registry).map_err(AuthError::Metrics)?,
+            )),
+            None => None,
+        };
         Ok(Some(ApiAuth {
             inner: Arc::new(Inner {
                 token_file,
-                kubernetes: kubernetes.map(KubeReviews::new),
+                kubernetes,
             }),
         }))
     }
@@ -143,6 +169,12 @@ async fn require(State(auth): State<ApiAuth>, req: Request, next: Next) -> Respo
         Decision::Unavailable => (
             StatusCode::SERVICE_UNAVAILABLE,
             "cannot check the bearer token with the Kubernetes API; try again\n",
+        )
+            .into_response(),
+        Decision::RateLimited => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "1")],
+            "too many unknown bearer tokens lately; try again\n",
         )
             .into_response(),
     }
@@ -230,15 +262,157 @@ impl TokenFile {
 
 // === Kubernetes reviews ===
 
-/// TokenReview + SubjectAccessReview, with a short cache keyed by (token, verb, path) (the path
-/// is not part of the review today; keyed by it so a per-path review needs no cache change).
+/// TokenReview + SubjectAccessReview, with a short cache keyed by a hash of (token, verb,
+/// path) (the path is not part of the review today; keyed by it so a per-path review needs no
+/// cache change), and a rate limit on reviews of tokens the cache does not know.
 struct KubeReviews {
     client: kube::Client,
     cache: Mutex<ReviewCache>,
+    bucket: Mutex<TokenBucket>,
+    metrics: ReviewMetrics,
 }
 
-/// (token, verb, path) → when it was decided, and how.
-type ReviewCache = HashMap<(String, String, String), (Instant, Decision)>;
+/// Counters of `--api-auth=kubernetes` (bounded labels).
+struct ReviewMetrics {
+    /// TokenReviews sent, by outcome.
+    reviews: IntCounterVec,
+    /// Requests refused without a review, by reason.
+    refused: IntCounterVec,
+}
+
+impl ReviewMetrics {
+    fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let reviews = IntCounterVec::new(
+            Opts::new(
+                "gpu_ledger_api_auth_reviews_total",
+                "TokenReviews sent for API callers (--api-auth=kubernetes), by outcome: allowed, forbidden, unauthenticated, unavailable.",
+            ),
+            &["result"],
+        )?;
+        let refused = IntCounterVec::new(
+            Opts::new(
+                "gpu_ledger_api_auth_refused_total",
+                "API requests refused without a TokenReview (--api-auth=kubernetes), by reason: token_too_large (401), rate_limited (429).",
+            ),
+            &["reason"],
+        )?;
+        for r in ["allowed", "forbidden", "unauthenticated", "unavailable"] {
+            reviews.with_label_values(&[r]);
+        }
+        for r in ["token_too_large", "rate_limited"] {
+            refused.with_label_values(&[r]);
+        }
+        registry.register(Box::new(reviews.clone()))?;
+        registry.register(Box::new(refused.clone()))?;
+        Ok(ReviewMetrics { reviews, refused })
+    }
+}
+
+/// SHA-256 of (token, verb, path): what the cache keeps instead of the caller's text.
+type CacheKey = [u8; 32];
+
+fn cache_key(token: &str, verb: &str, path: &str) -> CacheKey {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    // Lengths first, so no two different triples hash the same bytes.
+    for part in [token, verb, path] {
+        ctx.update(&(part.len() as u64).to_le_bytes());
+        ctx.update(part.as_bytes());
+    }
+    let mut key = [0u8; 32];
+    key.copy_from_slice(ctx.finish().as_ref());
+    key
+}
+
+/// Answers by key, for [`REVIEW_CACHE_TTL`], at most `cap` of them: a fixed size per entry, so
+/// the cache's memory is bounded whatever callers send.
+#[derive(Debug)]
+struct ReviewCache {
+    entries: HashMap<CacheKey, (Instant, Decision)>,
+    cap: usize,
+}
+
+impl ReviewCache {
+    fn new(cap: usize) -> Self {
+        ReviewCache {
+            entries: HashMap::with_capacity(cap.min(REVIEW_CACHE_ENTRIES)),
+            cap: cap.max(1),
+        }
+    }
+
+    fn get(&self, key: &CacheKey, now: Instant) -> Option<Decision> {
+        self.entries
+            .get(key)
+            .filter(|(at, _)| now.saturating_duration_since(*at) < REVIEW_CACHE_TTL)
+            .map(|(_, d)| *d)
+    }
+
+    /// Keeps `decision` for `key`; when full, expired answers go first, then the oldest.
+    fn insert(&mut self, key: CacheKey, decision: Decision, now: Instant) {
+        if self.entries.len() >= self.cap && !self.entries.contains_key(&key) {
+            self.entries
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < REVIEW_CACHE_TTL);
+            while self.entries.len() >= self.cap {
+                let Some(oldest) = self
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(k, _)| *k)
+                else {
+                    break;
+                };
+                self.entries.remove(&oldest);
+            }
+        }
+        self.entries.insert(key, (now, decision));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// A token bucket: `capacity` draws at once, refilled at `per_second`.
+#[derive(Debug)]
+struct TokenBucket {
+    capacity: f64,
+    per_second: f64,
+    available: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    fn new(capacity: u32, per_second: f64, now: Instant) -> Self {
+        TokenBucket {
+            capacity: f64::from(capacity),
+            per_second,
+            available: f64::from(capacity),
+            at: now,
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.available = (self.available + elapsed * self.per_second).min(self.capacity);
+        self.at = now;
+    }
+
+    /// Takes one draw if there is one.
+    fn try_take(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        if self.available >= 1.0 {
+            self.available -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Gives a draw back (the review authenticated the caller).
+    fn give_back(&mut self) {
+        self.available = (self.available + 1.0).min(self.capacity);
+    }
+}
 
 /// The RBAC verb of an HTTP method (as the API server maps them for non-resource URLs).
 fn verb(method: &Method) -> String {
@@ -252,37 +426,55 @@ fn verb(method: &Method) -> String {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl KubeReviews {
-    fn new(client: kube::Client) -> Self {
+    fn new(client: kube::Client, metrics: ReviewMetrics) -> Self {
         KubeReviews {
             client,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(ReviewCache::new(REVIEW_CACHE_ENTRIES)),
+            bucket: Mutex::new(TokenBucket::new(REVIEW_BURST, REVIEW_RATE, Instant::now())),
+            metrics,
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, ReviewCache> {
-        self.cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn decide(&self, token: &str, method: &Method, path: &str) -> Decision {
-        let key = (token.to_string(), verb(method), path.to_string());
-        if let Some((at, d)) = self.lock().get(&key)
-            && at.elapsed() < REVIEW_CACHE_TTL
-        {
-            return *d;
+        if token.len() > MAX_TOKEN_BYTES {
+            self.metrics
+                .refused
+                .with_label_values(&["token_too_large"])
+                .inc();
+            debug!(bytes = token.len(), "bearer token too large for a review");
+            return Decision::Unauthenticated;
         }
-        let decision = self.review(&key.0, &key.1, &key.2).await;
+        let verb = verb(method);
+        let key = cache_key(token, &verb, path);
+        if let Some(d) = lock(&self.cache).get(&key, Instant::now()) {
+            return d;
+        }
+        if !lock(&self.bucket).try_take(Instant::now()) {
+            self.metrics
+                .refused
+                .with_label_values(&["rate_limited"])
+                .inc();
+            return Decision::RateLimited;
+        }
+        let decision = self.review(token, &verb, path).await;
+        let result = match decision {
+            Decision::Allowed => "allowed",
+            Decision::Forbidden => "forbidden",
+            Decision::Unauthenticated => "unauthenticated",
+            Decision::Unavailable | Decision::RateLimited => "unavailable",
+        };
+        self.metrics.reviews.with_label_values(&[result]).inc();
+        if matches!(decision, Decision::Allowed | Decision::Forbidden) {
+            // A known caller: only failures are rate-limited.
+            lock(&self.bucket).give_back();
+        }
         if decision != Decision::Unavailable {
-            let mut cache = self.lock();
-            if cache.len() >= REVIEW_CACHE_ENTRIES {
-                cache.retain(|_, (at, _)| at.elapsed() < REVIEW_CACHE_TTL);
-                if cache.len() >= REVIEW_CACHE_ENTRIES {
-                    cache.clear();
-                }
-            }
-            cache.insert(key, (Instant::now(), decision));
+            lock(&self.cache).insert(key, decision, Instant::now());
         }
         decision
     }
@@ -363,6 +555,7 @@ impl KubeReviews {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+    use std::fmt::Write as _;
 
     #[test]
     fn bearer_token_is_read_from_the_header() {
@@ -416,6 +609,70 @@ mod tests {
         std::fs::write(&path, "").expect("write");
         assert!(!f.matches(""), "an emptied file accepts nothing");
         assert!(matches!(TokenFile::new(path), Err(AuthError::Empty { .. })));
+    }
+
+    #[test]
+    fn review_cache_stays_within_its_cap_whatever_the_tokens() {
+        let mut cache = ReviewCache::new(64);
+        let start = Instant::now();
+        let mut token = String::new();
+        for i in 0..10_000u32 {
+            // Large, distinct tokens: the cache keeps 32 bytes of each, not the text.
+            token.clear();
+            let _ = write!(token, "{i:08}-{}", "x".repeat(4096));
+            cache.insert(
+                cache_key(&token, "get", "/api/v1/ledger"),
+                Decision::Unauthenticated,
+                start + Duration::from_millis(u64::from(i)),
+            );
+            assert!(cache.len() <= 64, "{} entries after {i}", cache.len());
+        }
+        // The newest answers are kept, the oldest went first.
+        let now = start + Duration::from_secs(10);
+        let newest = format!("{:08}-{}", 9_999, "x".repeat(4096));
+        let oldest = format!("{:08}-{}", 0, "x".repeat(4096));
+        assert_eq!(
+            cache.get(&cache_key(&newest, "get", "/api/v1/ledger"), now),
+            Some(Decision::Unauthenticated)
+        );
+        assert_eq!(
+            cache.get(&cache_key(&oldest, "get", "/api/v1/ledger"), now),
+            None
+        );
+        // Expired answers are not served.
+        assert_eq!(
+            cache.get(
+                &cache_key(&newest, "get", "/api/v1/ledger"),
+                now + REVIEW_CACHE_TTL
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn cache_keys_tell_tokens_verbs_and_paths_apart() {
+        let k = cache_key("ab", "get", "/x");
+        assert_ne!(k, cache_key("a", "bget", "/x"));
+        assert_ne!(k, cache_key("ab", "get", "/y"));
+        assert_ne!(k, cache_key("ab", "create", "/x"));
+        assert_eq!(k, cache_key("ab", "get", "/x"));
+    }
+
+    #[test]
+    fn token_bucket_limits_the_rate_and_takes_draws_back() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(3, 2.0, t0);
+        assert!(b.try_take(t0) && b.try_take(t0) && b.try_take(t0));
+        assert!(!b.try_take(t0), "burst spent");
+        b.give_back();
+        assert!(b.try_take(t0), "a draw given back is available again");
+        assert!(!b.try_take(t0 + Duration::from_millis(400)));
+        assert!(b.try_take(t0 + Duration::from_millis(500)), "2 per second");
+        assert!(!b.try_take(t0 + Duration::from_millis(500)));
+        // Never more than the burst, however long the pause.
+        let later = t0 + Duration::from_secs(3600);
+        assert!((0..3).all(|_| b.try_take(later)));
+        assert!(!b.try_take(later));
     }
 
     #[test]

@@ -465,7 +465,9 @@ fn emit(snapshot: &Snapshot, out: &mut impl Sink) {
     for n in &l.nodes {
         out.push(idx::NODE_ALLOC, &[&n.node], n.gpus_allocatable);
         out.push(idx::NODE_CLAIMED, &[&n.node], n.gpus_claimed);
-        out.push(idx::NODE_FREE, &[&n.node], n.gpus_free);
+        if let Some(free) = n.gpus_free {
+            out.push(idx::NODE_FREE, &[&n.node], free);
+        }
         out.push(idx::NODE_UNSCHEDULABLE, &[&n.node], n.gpus_unschedulable);
     }
     for ns in &l.namespaces {

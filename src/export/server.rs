@@ -14,7 +14,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus::Registry;
-use tokio_util::sync::CancellationToken;
 
 use super::SharedSnapshot;
 
@@ -106,15 +105,4 @@ async fn ledger(State(state): State<AppState>) -> Response {
         )
             .into_response(),
     }
-}
-
-/// Serves until `cancel` fires, then drains in-flight requests.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: AppState,
-    cancel: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await
 }

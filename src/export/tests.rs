@@ -51,7 +51,7 @@ fn ledger(pods: Vec<PodRow>) -> Ledger {
             node: "n1".into(),
             gpus_allocatable: 2.0,
             gpus_claimed: 1.0,
-            gpus_free: 1.0,
+            gpus_free: Some(1.0),
             gpus_unschedulable: 0.0,
         }],
         namespaces: vec![NamespaceRow {

@@ -1,6 +1,6 @@
 //! TLS for the admin server: a certificate and key from PEM files, reloaded when the files
 //! change (checked at most once per [`RELOAD_CHECK`] on a handshake), and the serve loop for
-//! plain HTTP or HTTPS with graceful shutdown.
+//! plain HTTP or HTTPS with graceful shutdown and bounds on slow and numerous clients.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -15,16 +15,52 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 /// Shortest time between two checks of the files for a change.
 pub const RELOAD_CHECK: Duration = Duration::from_secs(1);
-/// Longest a client may take to finish the TLS handshake, or to send request headers.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a client may take to finish the TLS handshake, to send a request's headers, or to
+/// start its next request on a kept-alive connection (so it also bounds idle connections).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of `--max-connections`: well below the 1024 descriptors a container often gets as
+/// its soft limit, so the process keeps descriptors for its own clients (API server, Prometheus).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Connections served beyond `max_connections`, each under [`RESERVE_HEADER_TIMEOUT`] and for
+/// one request: a probe from a fresh client is answered while slow clients hold the cap.
+pub const RESERVE_CONNECTIONS: usize = 64;
+/// Header-read (and TLS handshake) deadline of a reserve connection.
+pub const RESERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a connection is kept (a slow reader of a large `/metrics` answer, a client that
+/// never stops asking); then it is shut down gracefully, and dropped after [`DRAIN_TIMEOUT`].
+const MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
+/// Longest a reserve connection is kept.
+const MAX_RESERVE_AGE: Duration = Duration::from_secs(45);
+/// Largest request head (request line and headers) buffered per connection; larger is refused
+/// with 431 (hyper's default of about 400 KiB let a few thousand clients take gigabytes).
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Longest wait for open connections to finish after shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Least time between two warnings about refused connections.
+const REFUSED_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Bounds on the connections the admin server keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once (`--max-connections`); beyond it, [`RESERVE_CONNECTIONS`]
+    /// more under short deadlines, and beyond those, new connections are closed at once.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
 
 /// Why the certificate or key could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -184,20 +220,40 @@ pub fn from_files(
     }
 }
 
+/// How one connection is served: a regular one, or one of the reserve.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    header: Duration,
+    keep_alive: bool,
+    max_age: Duration,
+}
+
+const REGULAR: Deadlines = Deadlines {
+    header: HEADER_READ_TIMEOUT,
+    keep_alive: true,
+    max_age: MAX_CONNECTION_AGE,
+};
+const RESERVE: Deadlines = Deadlines {
+    header: RESERVE_HEADER_TIMEOUT,
+    keep_alive: false,
+    max_age: MAX_RESERVE_AGE,
+};
+
 /// Serves `app` on `listener` until `cancel` fires, then drains open connections: plain HTTP
-/// without `tls`, HTTPS with it.
+/// without `tls`, HTTPS with it. One loop for both, so both have the same bounds: a header-read
+/// timeout (which also closes idle kept-alive connections), a largest request head, a longest
+/// connection age, and at most `limits.max_connections` (+ [`RESERVE_CONNECTIONS`]) at once.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     tls: Option<Arc<rustls::ServerConfig>>,
+    limits: Limits,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    let Some(tls) = tls else {
-        return axum::serve(listener, app)
-            .with_graceful_shutdown(async move { cancel.cancelled().await })
-            .await;
-    };
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let regular = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let reserve = Arc::new(Semaphore::new(RESERVE_CONNECTIONS));
+    let mut refused = Refused::default();
     let connections = TaskTracker::new();
     loop {
         let (tcp, peer) = tokio::select! {
@@ -212,43 +268,108 @@ pub async fn serve(
                 }
             },
         };
+        // Accepting beyond the bounds and closing at once, rather than not accepting: the
+        // kernel's queue would otherwise keep slow clients in front of a fresh probe.
+        let (permit, deadlines) = if let Ok(p) = regular.clone().try_acquire_owned() {
+            (p, REGULAR)
+        } else if let Ok(p) = reserve.clone().try_acquire_owned() {
+            (p, RESERVE)
+        } else {
+            drop(tcp);
+            refused.note(limits.max_connections);
+            continue;
+        };
         let (acceptor, app, cancel) = (acceptor.clone(), app.clone(), cancel.clone());
         connections.spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
+            let _permit = permit;
+            let Some(acceptor) = acceptor else {
+                return http1(tcp, peer, app, deadlines, cancel).await;
+            };
+            match tokio::time::timeout(deadlines.header, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => http1(stream, peer, app, deadlines, cancel).await,
                 Ok(Err(e)) => {
                     debug!(%peer, error = &e as &dyn std::error::Error, "TLS handshake failed");
-                    return;
                 }
-                Err(_) => {
-                    debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let service = TowerToHyperService::new(app);
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HANDSHAKE_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                () = cancel.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = result {
-                debug!(%peer, error = &e as &dyn std::error::Error, "connection ended with an error");
+                Err(_) => debug!(%peer, "TLS handshake timed out"),
             }
         });
     }
+    // New connections are refused while the open ones finish.
+    drop(listener);
     connections.close();
     if tokio::time::timeout(DRAIN_TIMEOUT, connections.wait())
         .await
         .is_err()
     {
-        warn!("open HTTPS connections did not finish in time");
+        warn!("open HTTP connections did not finish in time");
     }
     Ok(())
+}
+
+/// Serves HTTP/1.1 on one connection within `deadlines`, until the client is done, the
+/// connection is too old, or `cancel` fires.
+async fn http1<I>(
+    io: I,
+    peer: std::net::SocketAddr,
+    app: Router,
+    deadlines: Deadlines,
+    cancel: CancellationToken,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(app);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(deadlines.header)
+        .keep_alive(deadlines.keep_alive)
+        .max_buf_size(MAX_HEADER_BYTES)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = cancel.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        () = tokio::time::sleep(deadlines.max_age) => {
+            // Finish the request in flight, but not forever (a client that stopped reading).
+            conn.as_mut().graceful_shutdown();
+            if let Ok(r) = tokio::time::timeout(DRAIN_TIMEOUT, conn.as_mut()).await {
+                r
+            } else {
+                debug!(%peer, "connection dropped: too old and not finishing");
+                return;
+            }
+        }
+    };
+    if let Err(e) = result {
+        debug!(%peer, error = &e as &dyn std::error::Error, "connection ended with an error");
+    }
+}
+
+/// Connections closed at once because every slot was taken; warned about at most once per
+/// [`REFUSED_WARN_EVERY`].
+#[derive(Default)]
+struct Refused {
+    since_warning: u64,
+    warned_at: Option<Instant>,
+}
+
+impl Refused {
+    fn note(&mut self, max_connections: usize) {
+        self.since_warning = self.since_warning.saturating_add(1);
+        if self
+            .warned_at
+            .is_none_or(|at| at.elapsed() >= REFUSED_WARN_EVERY)
+        {
+            warn!(
+                refused = self.since_warning,
+                max_connections,
+                reserve = RESERVE_CONNECTIONS,
+                "HTTP connections refused: every connection slot is taken"
+            );
+            self.since_warning = 0;
+            self.warned_at = Some(Instant::now());
+        }
+    }
 }

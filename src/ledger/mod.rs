@@ -1,7 +1,9 @@
 //! The ledger: a pure join of claims and usage at one instant — no I/O, no clock.
 //!
 //! `build(claims, usage, now, policy)` returns pod, node, namespace and unclaimed-busy rows. The
-//! live service, the offline report and the tests all call it; culling reads its output.
+//! live service, the offline report and the tests all call it; culling reads its output. Claims
+//! of only some namespaces ([`ClaimsScope::Namespaces`]) prove no device unclaimed and no node's
+//! free capacity.
 
 mod attribution;
 pub mod capacity;
@@ -33,6 +35,22 @@ pub struct Policy {
     pub max_staleness: Duration,
     /// A terminating pod is stuck this long past its deletion deadline.
     pub stuck_after: Duration,
+    /// Whether the claims show every pod of their nodes.
+    pub claims_scope: ClaimsScope,
+}
+
+/// Which pods the claims can show: what the ledger may conclude from a device or a node that no
+/// visible claim accounts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimsScope {
+    /// Every pod bound to the nodes in the claims (all namespaces; a shard's nodes and their
+    /// pods): a busy device no claim owns is unclaimed, a node's free count is known.
+    #[default]
+    Complete,
+    /// Only the pods of some namespaces (`--namespaces`): a pod of another namespace may hold
+    /// any device or node capacity, so no device is reported unclaimed busy and node free is
+    /// unknown.
+    Namespaces,
 }
 
 impl Default for Policy {
@@ -44,6 +62,7 @@ impl Default for Policy {
             min_coverage: 0.9,
             max_staleness: Duration::minutes(2),
             stuck_after: Duration::minutes(5),
+            claims_scope: ClaimsScope::Complete,
         }
     }
 }
@@ -172,7 +191,9 @@ pub struct NodeRow {
     pub node: String,
     pub gpus_allocatable: f64,
     pub gpus_claimed: f64,
-    pub gpus_free: f64,
+    /// Allocatable minus claimed; `None` when the claims do not show every pod on the node
+    /// ([`ClaimsScope::Namespaces`]).
+    pub gpus_free: Option<f64>,
     /// GPUs the node has (GFD labels, or DCGM where the node advertises none) that its
     /// allocatable does not offer: the device plugin is down, a card fell off the bus, ….
     pub gpus_unschedulable: f64,
@@ -400,8 +421,13 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         },
     );
     let namespaces = namespace_rows(claims, &pods, policy);
-    let unclaimed_busy =
-        attribution::unclaimed_busy(usage, &index, &claimed_devices, &pods, policy);
+    // A device no visible claim owns may be held by a pod the claims do not show.
+    let unclaimed_busy = match policy.claims_scope {
+        ClaimsScope::Complete => {
+            attribution::unclaimed_busy(usage, &index, &claimed_devices, &pods, policy)
+        }
+        ClaimsScope::Namespaces => Vec::new(),
+    };
     Ledger {
         generated_at: now,
         pods,
@@ -523,7 +549,7 @@ fn node_rows(
         node: node.to_string(),
         gpus_allocatable: 0.0,
         gpus_claimed: 0.0,
-        gpus_free: 0.0,
+        gpus_free: None,
         gpus_unschedulable: 0.0,
     };
     // Rows in a Vec found through a hash of the borrowed name, sorted once at the end: a
@@ -564,8 +590,11 @@ fn node_rows(
         rows[i].gpus_claimed += p.gpus - off;
     }
     rows.sort_unstable_by(|a, b| a.node.cmp(&b.node));
-    for r in &mut rows {
-        r.gpus_free = r.gpus_allocatable - r.gpus_claimed;
+    // Pods the claims do not show may hold any of a node's capacity: free is unknown then.
+    if policy.claims_scope == ClaimsScope::Complete {
+        for r in &mut rows {
+            r.gpus_free = Some(r.gpus_allocatable - r.gpus_claimed);
+        }
     }
     rows
 }

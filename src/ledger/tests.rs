@@ -215,7 +215,7 @@ fn states_and_node_free_count_terminating_pods() {
             node: "n1".into(),
             gpus_allocatable: 4.0,
             gpus_claimed: 2.0,
-            gpus_free: 2.0,
+            gpus_free: Some(2.0),
             gpus_unschedulable: 0.0
         }]
     );
@@ -661,6 +661,7 @@ fn unknown_phase_is_never_idle() {
 }
 
 mod dra;
+mod scope;
 
 #[test]
 fn a_partial_answer_proves_nothing_idle_but_busy_still_counts() {

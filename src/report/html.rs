@@ -432,7 +432,7 @@ fn nodes(h: &mut String, ledger: &Ledger, view: &View) {
             gpus(n.gpus_allocatable),
             gpus(n.gpus_claimed),
             gpus(used),
-            gpus(n.gpus_free)
+            n.gpus_free.map_or_else(|| "?".into(), gpus)
         );
         if unknown > 0.0 {
             let _ = write!(nums, " · {} unknown", gpus(unknown));

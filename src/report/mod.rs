@@ -157,8 +157,9 @@ pub struct Summary {
     pub idle: f64,
     /// Asked for by pending pods.
     pub pending: f64,
-    /// Allocatable minus claimed, summed over nodes (negative when over-committed).
-    pub free: f64,
+    /// Allocatable minus claimed, summed over nodes (negative when over-committed); `None`
+    /// when a node's free count is unknown (claims of only some namespaces).
+    pub free: Option<f64>,
 }
 
 impl Summary {
@@ -168,12 +169,12 @@ impl Summary {
             claimed: 0.0,
             idle: 0.0,
             pending: 0.0,
-            free: 0.0,
+            free: Some(0.0),
         };
         for n in &ledger.nodes {
             s.allocatable += n.gpus_allocatable;
             s.claimed += n.gpus_claimed;
-            s.free += n.gpus_free;
+            s.free = s.free.zip(n.gpus_free).map(|(a, b)| a + b);
         }
         for n in &ledger.namespaces {
             s.idle += n.gpus_idle;
@@ -189,7 +190,7 @@ impl Summary {
             (gpus(self.claimed), "claimed"),
             (gpus(self.idle), "proven idle"),
             (gpus(self.pending), "pending"),
-            (gpus(self.free), "free"),
+            (self.free.map_or_else(|| "?".into(), gpus), "free"),
         ]
     }
 

@@ -183,13 +183,13 @@ fn nodes_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
             columns.push(("UNSCHEDULABLE", Align::Right));
         }
         let mut t = Table::new(&columns);
-        let (mut alloc, mut claimed, mut free, mut lost) = (0.0, 0.0, 0.0, 0.0);
+        let (mut alloc, mut claimed, mut free, mut lost) = (0.0, 0.0, Some(0.0), 0.0);
         for n in &ledger.nodes {
             let mut row = vec![
                 n.node.clone(),
                 gpus(n.gpus_allocatable),
                 gpus(n.gpus_claimed),
-                gpus(n.gpus_free),
+                n.gpus_free.map_or_else(|| "?".into(), gpus),
             ];
             if unschedulable_any {
                 row.push(gpus(n.gpus_unschedulable));
@@ -197,10 +197,15 @@ fn nodes_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
             t.row(row);
             alloc += n.gpus_allocatable;
             claimed += n.gpus_claimed;
-            free += n.gpus_free;
+            free = free.zip(n.gpus_free).map(|(a, b)| a + b);
             lost += n.gpus_unschedulable;
         }
-        let mut total = vec!["TOTAL".into(), gpus(alloc), gpus(claimed), gpus(free)];
+        let mut total = vec![
+            "TOTAL".into(),
+            gpus(alloc),
+            gpus(claimed),
+            free.map_or_else(|| "?".into(), gpus),
+        ];
         if unschedulable_any {
             total.push(gpus(lost));
         }

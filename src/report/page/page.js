@@ -195,14 +195,14 @@
 
   function renderSummary() {
     var s = { allocatable: 0, claimed: 0, idle: 0, pending: 0, free: 0 };
-    ledger.nodes.forEach(function (n) { s.allocatable += n.gpus_allocatable; s.claimed += n.gpus_claimed; s.free += n.gpus_free; });
+    ledger.nodes.forEach(function (n) { s.allocatable += n.gpus_allocatable; s.claimed += n.gpus_claimed; s.free = (s.free === null || n.gpus_free === null) ? null : s.free + n.gpus_free; });
     ledger.namespaces.forEach(function (n) { s.idle += n.gpus_idle; s.pending += n.gpus_pending; });
     var ul = document.getElementById("summary");
     clear(ul);
     [[s.allocatable, "allocatable"], [s.claimed, "claimed"], [s.idle, "proven idle"],
      [s.pending, "pending"], [s.free, "free"]].forEach(function (part) {
       var li = el("li");
-      li.appendChild(el("b", null, gpus(part[0])));
+      li.appendChild(el("b", null, part[0] === null ? "?" : gpus(part[0])));
       li.appendChild(document.createTextNode(part[1]));
       ul.appendChild(li);
     });
@@ -308,7 +308,7 @@
       bar.appendChild(svg("rect", { "class": "used", x: "0", y: "2.5", height: "5", width: width(used) }));
       div.appendChild(bar);
       var nums = gpus(n.gpus_allocatable) + " allocatable \u00b7 " + gpus(n.gpus_claimed) + " claimed \u00b7 " +
-        gpus(used) + " in use \u00b7 " + gpus(n.gpus_free) + " free";
+        gpus(used) + " in use \u00b7 " + (n.gpus_free === null ? "?" : gpus(n.gpus_free)) + " free";
       if (unknown > 0) { nums += " \u00b7 " + gpus(unknown) + " unknown"; }
       if (n.gpus_unschedulable > 0) { nums += " \u00b7 " + gpus(n.gpus_unschedulable) + " not schedulable"; }
       div.appendChild(el("div", "node-nums", nums));
