@@ -77,7 +77,10 @@ fn alice_in_json(dir: &Path) -> (Option<String>, usize) {
         .find(|s| s["pod"] == "alice-nb-0")
         .and_then(|s| s["reason"].as_str())
         .map(str::to_string);
-    (reason, cull["would_stop"].as_array().expect("would_stop").len())
+    (
+        reason,
+        cull["would_stop"].as_array().expect("would_stop").len(),
+    )
 }
 
 #[test]

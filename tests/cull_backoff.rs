@@ -113,7 +113,9 @@ async fn a_forbidden_notebook_backs_off_and_the_allowed_one_is_stopped() {
     // Within a few cycles of becoming a candidate, allowed-nb gets the one slot of a cycle in
     // which forbidden-nb sits out.
     eventually("allowed-nb stopped", WAIT, || async {
-        stopped(&admin, ALLOWED_NS, "allowed-nb").await.then_some(())
+        stopped(&admin, ALLOWED_NS, "allowed-nb")
+            .await
+            .then_some(())
     })
     .await;
     assert!(

@@ -102,8 +102,9 @@ impl Backoff {
                 Some((row.namespace.as_str(), nb.name.as_str(), nb.uid.as_str()))
             })
             .collect();
-        self.entries
-            .retain(|(ns, name), e| present.contains(&(ns.as_str(), name.as_str(), e.uid.as_str())));
+        self.entries.retain(|(ns, name), e| {
+            present.contains(&(ns.as_str(), name.as_str(), e.uid.as_str()))
+        });
     }
 
     /// Notebooks whose last stop failed (held back now or not).
@@ -122,7 +123,6 @@ impl Backoff {
 
     /// The entry of `namespace/name`, if any.
     pub fn get(&self, namespace: &str, name: &str) -> Option<&Entry> {
-        self.entries
-            .get(&(namespace.to_string(), name.to_string()))
+        self.entries.get(&(namespace.to_string(), name.to_string()))
     }
 }

@@ -25,8 +25,8 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::ledger::Ledger;
 
-pub use backoff::Backoff;
 pub use actuator::{Actuator, CullApi, KubeCullApi, Outcome, Recheck, RecheckError, StopResult};
+pub use backoff::Backoff;
 pub use lease::{API_TIMEOUT, Leadership, StaticLeadership};
 pub use metrics::CullMetrics;
 pub use plan::{Action, CircuitReason, CullPolicy, Plan, Skip, SkipReason, plan, plan_with};

@@ -2,7 +2,8 @@
 //!
 //! Every GPU pod that holds a GPU is judged once per plan. A notebook becomes a *candidate* only
 //! when every rule in [`plan`] holds; candidates become [`Action`]s in longest-idle-first order
-//! until the blast-radius caps are reached. A fleet-wide circuit breaker can veto all actions.
+//! until the blast-radius caps are reached, passing over those backing off after a failed stop
+//! (the culler's [`Backoff`], given as data). A fleet-wide circuit breaker can veto all actions.
 
 use std::collections::{BTreeMap, BTreeSet};
 

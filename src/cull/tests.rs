@@ -350,12 +350,21 @@ async fn a_forbidden_stop_backs_off_and_does_not_starve_the_others() {
     let l = at_time(&[&forbidden, &allowed], at);
     let r = cycle(&mut c, &l, at).await;
     assert_eq!(tried(&r), [("nb".to_string(), StopResult::Error)]);
-    assert!(r.outcomes[0].detail.contains("403") || r.outcomes[0].detail.contains("Forbidden"), "{:?}", r.outcomes);
+    assert!(
+        r.outcomes[0].detail.contains("403") || r.outcomes[0].detail.contains("Forbidden"),
+        "{:?}",
+        r.outcomes
+    );
 
     // Next cycle: nb sits out, ok-nb takes the slot.
     at += Duration::seconds(30);
     let r = cycle(&mut c, &at_time(&[&forbidden, &allowed], at), at).await;
-    assert_eq!(tried(&r), [("ok-nb".to_string(), StopResult::Stopped)], "{:?}", r.plan);
+    assert_eq!(
+        tried(&r),
+        [("ok-nb".to_string(), StopResult::Stopped)],
+        "{:?}",
+        r.plan
+    );
     assert!(
         r.plan
             .skips
@@ -422,7 +431,8 @@ fn opt_out_annotation_is_parsed_strictly() {
     assert!(!opted_out(None), "no annotation: culling allowed");
     assert!(!opted_out(Some("true")), "\"true\": allowed");
     assert!(opted_out(Some("false")), "\"false\": opted out");
-    // Anything else is not understood: fail closed, as opted out (skip reason opted_out).
+    // Anything else is not understood: fail closed, as opted out (and named as invalid, so the
+    // skip reason is invalid_annotation).
     for v in ["False", "TRUE", "no", "0", "yes", "", " true", "disabled"] {
         assert!(opted_out(Some(v)), "{v:?} is treated as opted out");
     }

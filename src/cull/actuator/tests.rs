@@ -370,16 +370,26 @@ async fn fresh_notebook_recheck_blocks_changed_objects() {
 
 #[tokio::test]
 async fn fresh_notebook_with_an_annotation_not_understood_is_not_stopped() {
-    use crate::ledger::claims::{CULL_OPT_OUT_ANNOTATION, SNOOZE_ANNOTATION, STOPPED_AT_ANNOTATION};
+    use crate::ledger::claims::{
+        CULL_OPT_OUT_ANNOTATION, SNOOZE_ANNOTATION, STOPPED_AT_ANNOTATION,
+    };
     // Planned on a clean notebook; by the time of the write a user has set a malformed snooze
     // (which reads as no snooze at all).
-    for key in [SNOOZE_ANNOTATION, STOPPED_AT_ANNOTATION, CULL_OPT_OUT_ANNOTATION] {
+    for key in [
+        SNOOZE_ANNOTATION,
+        STOPPED_AT_ANNOTATION,
+        CULL_OPT_OUT_ANNOTATION,
+    ] {
         let mut nb = notebook();
         nb.invalid_annotations = vec![key];
         let api = Arc::new(FakeApi::with_notebook(nb.clone()));
         let o = run(&api, CullMode::On, false, Ok(true)).await;
         assert_eq!(o.result, StopResult::Changed, "{key}");
-        assert!(o.detail.contains(key), "the detail names {key}: {}", o.detail);
+        assert!(
+            o.detail.contains(key),
+            "the detail names {key}: {}",
+            o.detail
+        );
         assert_eq!(api.patch_count(), 0, "{key}");
         assert!(api.event_reasons().is_empty(), "{key}");
         assert!(verify_fresh(&nb, &stop_action(), Duration::hours(1), now()).is_err());

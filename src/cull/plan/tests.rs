@@ -247,7 +247,12 @@ fn backoff_for(rows: &[&PodRow]) -> Backoff {
     let mut b = Backoff::default();
     for r in rows {
         let (nb, _) = r.evidence.notebook.as_ref().expect("notebook");
-        b.failed(&r.namespace, &nb.name, &nb.uid, t0() - Duration::seconds(30));
+        b.failed(
+            &r.namespace,
+            &nb.name,
+            &nb.uid,
+            t0() - Duration::seconds(30),
+        );
     }
     b
 }
@@ -263,7 +268,10 @@ fn a_backed_off_candidate_takes_no_cap_and_the_next_is_chosen() {
     };
     let l = ledger(vec![forbidden.clone(), allowed.clone()]);
     let p = plan_with(&l, &policy, &Backoff::default(), t0());
-    assert_eq!(p.actions.iter().map(Action::notebook).collect::<Vec<_>>(), ["forbidden"]);
+    assert_eq!(
+        p.actions.iter().map(Action::notebook).collect::<Vec<_>>(),
+        ["forbidden"]
+    );
 
     let backoff = backoff_for(&[&forbidden]);
     let p = plan_with(&l, &policy, &backoff, t0());
@@ -272,7 +280,10 @@ fn a_backed_off_candidate_takes_no_cap_and_the_next_is_chosen() {
         ["allowed"],
         "{p:?}"
     );
-    assert_eq!(p.candidates, 2, "a backed-off notebook is still a candidate");
+    assert_eq!(
+        p.candidates, 2,
+        "a backed-off notebook is still a candidate"
+    );
     assert_eq!(
         p.skips
             .iter()
@@ -296,7 +307,10 @@ fn a_backed_off_candidate_takes_no_cap_and_the_next_is_chosen() {
     down.usage_available = false;
     let p = plan_with(&down, &policy, &backoff, t0());
     assert!(p.actions.is_empty());
-    assert!(p.skips.iter().all(|s| s.reason == SkipReason::CircuitOpen), "{p:?}");
+    assert!(
+        p.skips.iter().all(|s| s.reason == SkipReason::CircuitOpen),
+        "{p:?}"
+    );
 
     // A notebook re-created under the same name (another uid) is not held.
     let mut recreated = forbidden;
@@ -319,7 +333,10 @@ fn backoff_doubles_per_failure_and_ends_by_cycles_or_after_an_hour() {
             b.tick();
         }
         now += Duration::seconds(30);
-        assert!(!b.holds(ns, name, uid, now), "retried after {expected} cycles");
+        assert!(
+            !b.holds(ns, name, uid, now),
+            "retried after {expected} cycles"
+        );
     }
     // Never held longer than an hour after the last failure, however many cycles are left.
     for _ in 0..40 {
@@ -331,7 +348,11 @@ fn backoff_doubles_per_failure_and_ends_by_cycles_or_after_an_hour() {
     // Success clears it; so does the notebook leaving the ledger or changing uid.
     b.succeeded(ns, name);
     assert!(!b.holds(ns, name, uid, now));
-    assert_eq!(b.failed(ns, name, uid, now).failures, 1, "counting starts afresh");
+    assert_eq!(
+        b.failed(ns, name, uid, now).failures,
+        1,
+        "counting starts afresh"
+    );
     let row = idle_row(ns, name, 3);
     let nb_uid = row.evidence.notebook.as_ref().expect("nb").0.uid.clone();
     b.failed(ns, name, &nb_uid, now);
@@ -610,8 +631,7 @@ fn arb_notebook() -> impl Strategy<Value = Option<(NotebookInfo, bool)>> {
             |(stopped, deleting, opt_out, snooze, last_stop, verified, n, invalid)| {
                 let mut info = notebook("x", &format!("nb{n}"));
                 if invalid {
-                    info.invalid_annotations =
-                        vec![crate::ledger::claims::SNOOZE_ANNOTATION];
+                    info.invalid_annotations = vec![crate::ledger::claims::SNOOZE_ANNOTATION];
                 }
                 info.stopped = stopped;
                 info.deleting = deleting;
