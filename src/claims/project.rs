@@ -370,14 +370,11 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
     let mut invalid_annotations = Vec::new();
     // RFC 3339 with a zone (surrounding whitespace ignored); anything else is not understood.
     let mut parse_time = |k: &'static str| {
-        let v = get(k)?;
-        match DateTime::parse_from_rfc3339(v.trim()) {
-            Ok(t) => Some(t.with_timezone(&Utc)),
-            Err(_) => {
-                invalid_annotations.push(k);
-                None
-            }
+        let parsed = DateTime::parse_from_rfc3339(get(k)?.trim()).ok();
+        if parsed.is_none() {
+            invalid_annotations.push(k);
         }
+        parsed.map(|t| t.with_timezone(&Utc))
     };
     let snooze_until = parse_time(SNOOZE_ANNOTATION);
     let last_stopped_by_us = parse_time(STOPPED_AT_ANNOTATION);
