@@ -606,10 +606,17 @@ fn log_plan(plan: &Plan, mode: CullMode) {
         let notebook = s.notebook.as_deref().unwrap_or("");
         match s.reason {
             // With culling off nothing is held back: the caps and the breaker block nothing.
-            SkipReason::PerCycleCap | SkipReason::PerNamespaceCap | SkipReason::CircuitOpen
+            SkipReason::PerCycleCap
+            | SkipReason::PerNamespaceCap
+            | SkipReason::CircuitOpen
+            | SkipReason::Backoff
                 if mode != CullMode::Off =>
             {
                 info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "idle notebook held back");
+            }
+            // A user's annotation that fails closed: say so where it would otherwise be silent.
+            SkipReason::InvalidAnnotation if mode != CullMode::Off => {
+                info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "culling annotation not understood; notebook held back");
             }
             _ => {
                 debug!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "not culled");
