@@ -228,34 +228,42 @@ pub fn stop_patch(action: &Action, resource_version: &str) -> serde_json::Value 
 }
 
 /// Re-checks a freshly read Notebook against the action: same object, still not stopped, not
-/// deleting, not opted out, not snoozed, not within the restart grace.
+/// deleting, no culling annotation that is not understood, not opted out, not snoozed, not
+/// within the restart grace. The error says which check failed.
 pub fn verify_fresh(
     nb: &NotebookInfo,
     action: &Action,
     restart_grace: Duration,
     now: DateTime<Utc>,
-) -> Result<(), &'static str> {
+) -> Result<(), String> {
     let Action::Stop { notebook_uid, .. } = action;
     if &nb.uid != notebook_uid {
-        return Err("notebook was replaced (uid changed)");
+        return Err("notebook was replaced (uid changed)".into());
     }
     if nb.stopped.is_some() {
-        return Err("notebook is already stopped");
+        return Err("notebook is already stopped".into());
     }
     if nb.deleting {
-        return Err("notebook is being deleted");
+        return Err("notebook is being deleted".into());
+    }
+    // A malformed snooze reads as no snooze: it must hold the stop back, not let it through.
+    if !nb.invalid_annotations.is_empty() {
+        return Err(format!(
+            "notebook has annotations that are not understood: {}",
+            nb.invalid_annotations.join(", ")
+        ));
     }
     if nb.cull_opt_out {
-        return Err("notebook opted out");
+        return Err("notebook opted out".into());
     }
     if nb.snooze_until.is_some_and(|t| t > now) {
-        return Err("notebook is snoozed");
+        return Err("notebook is snoozed".into());
     }
     if nb
         .last_stopped_by_us
         .is_some_and(|t| now - t < restart_grace)
     {
-        return Err("notebook was restarted after our stop (restart grace)");
+        return Err("notebook was restarted after our stop (restart grace)".into());
     }
     Ok(())
 }
@@ -351,7 +359,7 @@ impl Actuator {
             Err(e) => return (StopResult::Error, chain(&e)),
         };
         if let Err(why) = verify_fresh(&fresh, action, self.restart_grace, now) {
-            return (StopResult::Changed, why.into());
+            return (StopResult::Changed, why);
         }
         match tokio::time::timeout(RECHECK_TIMEOUT, recheck.recheck(action)).await {
             Ok(Ok(true)) => {}

@@ -32,6 +32,8 @@ pub struct CullMetrics {
     /// 1 for the reason the last acting cycle was held back.
     pub held_back: IntGaugeVec,
     pub lease_errors: IntCounterVec,
+    /// Notebooks whose last stop failed and that back off (see [`super::backoff`]).
+    pub backoff: IntGauge,
 }
 
 /// `gpu_ledger_cull_leader`, set from the leadership claim when scraped: a claim that ran out
@@ -73,6 +75,7 @@ impl CullMetrics {
         registry.register(Box::new(m.enabled.clone()))?;
         registry.register(Box::new(m.held_back.clone()))?;
         registry.register(Box::new(m.lease_errors.clone()))?;
+        registry.register(Box::new(m.backoff.clone()))?;
         Ok(m)
     }
 
@@ -127,6 +130,10 @@ impl CullMetrics {
                 ),
                 &["reason"],
             )?,
+            backoff: IntGauge::with_opts(Opts::new(
+                "gpu_ledger_cull_backoff_notebooks",
+                "Notebooks whose last stop failed: they sit out 1, 2, 4, ... cycles (at most 1 h) and are skipped as reason backoff.",
+            ))?,
             time_to_free: Histogram::with_opts(
                 HistogramOpts::new(
                     "gpu_ledger_cull_time_to_free_seconds",
@@ -206,6 +213,7 @@ mod tests {
         assert_eq!(
             names,
             [
+                "gpu_ledger_cull_backoff_notebooks",
                 "gpu_ledger_cull_candidates",
                 "gpu_ledger_cull_circuit_open",
                 "gpu_ledger_cull_enabled",

@@ -7,6 +7,7 @@
 //! `docs/culling.md`.
 
 pub mod actuator;
+pub mod backoff;
 pub mod lease;
 pub mod metrics;
 pub mod plan;
@@ -25,9 +26,10 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::ledger::Ledger;
 
 pub use actuator::{Actuator, CullApi, KubeCullApi, Outcome, Recheck, RecheckError, StopResult};
+pub use backoff::Backoff;
 pub use lease::{API_TIMEOUT, Leadership, StaticLeadership};
 pub use metrics::CullMetrics;
-pub use plan::{Action, CircuitReason, CullPolicy, Plan, Skip, SkipReason, plan};
+pub use plan::{Action, CircuitReason, CullPolicy, Plan, Skip, SkipReason, plan, plan_with};
 
 /// Whether culling acts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -236,6 +238,8 @@ pub struct Culler {
     leadership: Arc<dyn Leadership>,
     actuator: Option<Actuator>,
     tracked: BTreeMap<String, Tracked>,
+    /// Notebooks whose stops failed, sitting out cycles (handed to the plan as data).
+    backoff: Backoff,
     was_leader: bool,
     /// The election we started: its cancel token and the signal that it released the Lease.
     lease_task: Option<(CancellationToken, oneshot::Receiver<()>)>,
@@ -270,6 +274,7 @@ impl Culler {
             leadership,
             actuator,
             tracked: BTreeMap::new(),
+            backoff: Backoff::default(),
             was_leader: false,
             lease_task: None,
         }
@@ -386,7 +391,10 @@ impl Culler {
             held_back = self.prepare().await;
         }
 
-        let mut plan = plan::plan(ledger, &self.config.policy, now);
+        // Gone or re-created notebooks start afresh; then one more cycle sat out by the others.
+        self.backoff.retain_present(ledger);
+        let mut plan = plan::plan_with(ledger, &self.config.policy, &self.backoff, now);
+        self.backoff.tick();
         if !claims_fresh {
             plan::open_circuit(&mut plan, CircuitReason::ClaimsStale);
         }
@@ -409,6 +417,7 @@ impl Culler {
         }
         for o in &outcomes {
             self.metrics.observe_stop(o.result);
+            self.observe_backoff(o, now);
             if o.result == StopResult::Stopped {
                 let Action::Stop {
                     namespace,
@@ -431,6 +440,9 @@ impl Culler {
                 );
             }
         }
+        self.metrics
+            .backoff
+            .set(i64::try_from(self.backoff.len()).unwrap_or(i64::MAX));
         CycleReport {
             plan,
             outcomes,
@@ -438,6 +450,29 @@ impl Culler {
             acted,
             held_back,
             freed,
+        }
+    }
+
+    /// A successful stop (or dry-run stop) clears the notebook's backoff; a failed one (API
+    /// error such as a 403, conflict, re-check that no longer agrees) makes it sit out cycles,
+    /// so that it does not take the per-cycle cap from the others every cycle. A stop not made
+    /// because leadership ran out says nothing about the notebook.
+    fn observe_backoff(&mut self, o: &Outcome, now: DateTime<Utc>) {
+        let Action::Stop {
+            namespace,
+            notebook,
+            notebook_uid,
+            ..
+        } = &o.action;
+        match o.result {
+            StopResult::Stopped | StopResult::DryRun => {
+                self.backoff.succeeded(namespace, notebook);
+            }
+            StopResult::Error | StopResult::Conflict | StopResult::Changed => {
+                let e = self.backoff.failed(namespace, notebook, notebook_uid, now);
+                info!(%namespace, %notebook, failures = e.failures, cycles = e.cycles_left, "stop failed; notebook backs off");
+            }
+            StopResult::NotLeader => {}
         }
     }
 
@@ -571,10 +606,17 @@ fn log_plan(plan: &Plan, mode: CullMode) {
         let notebook = s.notebook.as_deref().unwrap_or("");
         match s.reason {
             // With culling off nothing is held back: the caps and the breaker block nothing.
-            SkipReason::PerCycleCap | SkipReason::PerNamespaceCap | SkipReason::CircuitOpen
+            SkipReason::PerCycleCap
+            | SkipReason::PerNamespaceCap
+            | SkipReason::CircuitOpen
+            | SkipReason::Backoff
                 if mode != CullMode::Off =>
             {
                 info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "idle notebook held back");
+            }
+            // A user's annotation that fails closed: say so where it would otherwise be silent.
+            SkipReason::InvalidAnnotation if mode != CullMode::Off => {
+                info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "culling annotation not understood; notebook held back");
             }
             _ => {
                 debug!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "not culled");

@@ -2,12 +2,14 @@
 //!
 //! Every GPU pod that holds a GPU is judged once per plan. A notebook becomes a *candidate* only
 //! when every rule in [`plan`] holds; candidates become [`Action`]s in longest-idle-first order
-//! until the blast-radius caps are reached. A fleet-wide circuit breaker can veto all actions.
+//! until the blast-radius caps are reached, passing over those backing off after a failed stop
+//! (the culler's [`Backoff`], given as data). A fleet-wide circuit breaker can veto all actions.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Duration, Utc};
 
+use super::backoff::Backoff;
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
 
 /// Knobs of the culling policy. Every duration is inclusive ("at least").
@@ -85,6 +87,10 @@ pub enum SkipReason {
     Deleting,
     /// `kubeflow-resource-stopped` is present (any value, including the ODH lock).
     AlreadyStopped,
+    /// A culling annotation is present but not understood (a snooze that is not RFC 3339 with
+    /// a zone, a `gpu-ledger.io/cull` value other than `"true"`/`"false"`, a malformed
+    /// `gpu-ledger.io/stopped-at`): fail closed.
+    InvalidAnnotation,
     /// `gpu-ledger.io/cull: "false"`.
     OptedOut,
     /// Allow list, deny list or namespace selector excludes the namespace.
@@ -120,15 +126,19 @@ pub enum SkipReason {
     PerNamespaceCap,
     /// A candidate held back by the circuit breaker.
     CircuitOpen,
+    /// A candidate sitting out cycles after a failed stop (see [`Backoff`]); it takes neither
+    /// the per-cycle nor the per-namespace cap.
+    Backoff,
 }
 
 impl SkipReason {
     /// Every reason, for pre-initialising metric label values.
-    pub const ALL: [SkipReason; 21] = [
+    pub const ALL: [SkipReason; 23] = [
         Self::NotNotebook,
         Self::UnverifiedOwner,
         Self::Deleting,
         Self::AlreadyStopped,
+        Self::InvalidAnnotation,
         Self::OptedOut,
         Self::NamespaceExcluded,
         Self::Snoozed,
@@ -146,6 +156,7 @@ impl SkipReason {
         Self::PerCycleCap,
         Self::PerNamespaceCap,
         Self::CircuitOpen,
+        Self::Backoff,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -154,6 +165,7 @@ impl SkipReason {
             Self::UnverifiedOwner => "unverified_owner",
             Self::Deleting => "deleting",
             Self::AlreadyStopped => "already_stopped",
+            Self::InvalidAnnotation => "invalid_annotation",
             Self::OptedOut => "opted_out",
             Self::NamespaceExcluded => "namespace_excluded",
             Self::Snoozed => "snoozed",
@@ -171,6 +183,7 @@ impl SkipReason {
             Self::PerCycleCap => "per_cycle_cap",
             Self::PerNamespaceCap => "per_namespace_cap",
             Self::CircuitOpen => "circuit_open",
+            Self::Backoff => "backoff",
         }
     }
 }
@@ -323,6 +336,10 @@ pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<()
     if nb.stopped.is_some() {
         return Err(SkipReason::AlreadyStopped);
     }
+    // Before the opt-out and the snooze: a value not understood must not read as "go ahead".
+    if !nb.invalid_annotations.is_empty() {
+        return Err(SkipReason::InvalidAnnotation);
+    }
     if nb.cull_opt_out {
         return Err(SkipReason::OptedOut);
     }
@@ -420,9 +437,22 @@ pub fn circuit(ledger: &Ledger, policy: &CullPolicy) -> Option<CircuitReason> {
 /// excluded namespace, not snoozed; the pod is Running + Ready for at least `min_runtime` since
 /// the later of start/Ready, and we did not stop the notebook within `min_runtime`; every GPU is
 /// attributed `exclusive` or `mig`; coverage is full and fresh; and it is idle for at least
-/// `idle_after`. Candidates are taken longest-idle first, at most `max_per_cycle` and one per
-/// namespace; nothing is taken while the circuit breaker is open. Pending pods are ignored.
+/// `idle_after`; no culling annotation of it is present but not understood. Candidates are
+/// taken longest-idle first, at most `max_per_cycle` and one per namespace; nothing is taken
+/// while the circuit breaker is open. Pending pods are ignored.
 pub fn plan(ledger: &Ledger, policy: &CullPolicy, now: DateTime<Utc>) -> Plan {
+    plan_with(ledger, policy, &Backoff::default(), now)
+}
+
+/// [`plan`] with the notebooks backing off after failed stops (the culler's state): a held
+/// candidate is skipped as [`SkipReason::Backoff`] and takes neither cap, so the next candidate
+/// is chosen in its place.
+pub fn plan_with(
+    ledger: &Ledger,
+    policy: &CullPolicy,
+    backoff: &Backoff,
+    now: DateTime<Utc>,
+) -> Plan {
     let mut out = Plan {
         circuit: circuit(ledger, policy),
         ..Plan::default()
@@ -467,8 +497,14 @@ pub fn plan(ledger: &Ledger, policy: &CullPolicy, now: DateTime<Utc>) -> Plan {
     let stop_value = now.format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let mut per_namespace: BTreeMap<&str, usize> = BTreeMap::new();
     for row in candidates {
+        let Some((nb, _)) = &row.evidence.notebook else {
+            continue;
+        };
         let reason = if out.circuit.is_some() {
             Some(SkipReason::CircuitOpen)
+        } else if backoff.holds(&row.namespace, &nb.name, &nb.uid, now) {
+            // Checked before the caps, so a notebook whose stops keep failing uses neither.
+            Some(SkipReason::Backoff)
         } else if per_namespace.contains_key(row.namespace.as_str()) {
             Some(SkipReason::PerNamespaceCap)
         } else if out.actions.len() >= policy.max_per_cycle {
@@ -480,9 +516,6 @@ pub fn plan(ledger: &Ledger, policy: &CullPolicy, now: DateTime<Utc>) -> Plan {
             out.skips.push(skip(row, reason));
             continue;
         }
-        let Some((nb, _)) = &row.evidence.notebook else {
-            continue;
-        };
         *per_namespace.entry(row.namespace.as_str()).or_default() += 1;
         out.actions.push(Action::Stop {
             namespace: row.namespace.clone(),

@@ -7,6 +7,7 @@ use chrono::Duration;
 
 use super::actuator::tests::{FakeApi, notebook, now};
 use super::*;
+use crate::ledger::claims::NotebookInfo;
 use crate::ledger::{Attribution, Evidence, PodRow, PodState};
 
 fn idle_pod() -> PodRow {
@@ -295,6 +296,114 @@ async fn with_culling_off_the_circuit_never_reads_open() {
     );
 }
 
+/// A second idle notebook, `team-b/ok-nb`, idle for less time than `idle_pod()`'s.
+fn allowed_pod() -> (PodRow, NotebookInfo) {
+    let nb = NotebookInfo {
+        namespace: "team-b".into(),
+        name: "ok-nb".into(),
+        uid: "ok-uid".into(),
+        ..notebook()
+    };
+    let mut row = idle_pod();
+    row.namespace = "team-b".into();
+    row.pod = "ok-nb-0".into();
+    row.notebook = Some("ok-nb".into());
+    row.idle_seconds = Some(2.5 * 3600.0);
+    row.evidence.uid = "ok-pod-uid".into();
+    row.evidence.notebook = Some((nb.clone(), true));
+    (row, nb)
+}
+
+#[tokio::test]
+async fn a_forbidden_stop_backs_off_and_does_not_starve_the_others() {
+    // `team-a/nb` (the longest idle) may not be patched (403); `team-b/ok-nb` may. One stop per
+    // cycle. Without a backoff team-a/nb is retried first every cycle and ok-nb never reached.
+    let (allowed, ok_nb) = allowed_pod();
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    api.notebooks
+        .lock()
+        .expect("lock")
+        .insert(("team-b".into(), "ok-nb".into()), ok_nb);
+    api.forbidden.lock().expect("lock").insert("nb".into());
+    let (mut c, _) = culler(&api, CullMode::On, true);
+    c.config.policy.max_per_cycle = 1;
+    let tried = |r: &CycleReport| -> Vec<(String, StopResult)> {
+        r.outcomes
+            .iter()
+            .map(|o| (o.action.notebook().to_string(), o.result))
+            .collect()
+    };
+    // Both notebooks as a refresh at `at` sees them (samples fresh).
+    let at_time = |rows: &[&PodRow], at: chrono::DateTime<Utc>| {
+        let rows = rows
+            .iter()
+            .map(|r| {
+                let mut r = (*r).clone();
+                r.evidence.newest_sample_at = Some(at);
+                r
+            })
+            .collect();
+        ledger_with(rows, at)
+    };
+    let forbidden = idle_pod();
+    let mut at = now();
+    let l = at_time(&[&forbidden, &allowed], at);
+    let r = cycle(&mut c, &l, at).await;
+    assert_eq!(tried(&r), [("nb".to_string(), StopResult::Error)]);
+    assert!(
+        r.outcomes[0].detail.contains("403") || r.outcomes[0].detail.contains("Forbidden"),
+        "{:?}",
+        r.outcomes
+    );
+
+    // Next cycle: nb sits out, ok-nb takes the slot.
+    at += Duration::seconds(30);
+    let r = cycle(&mut c, &at_time(&[&forbidden, &allowed], at), at).await;
+    assert_eq!(
+        tried(&r),
+        [("ok-nb".to_string(), StopResult::Stopped)],
+        "{:?}",
+        r.plan
+    );
+    assert!(
+        r.plan
+            .skips
+            .iter()
+            .any(|s| s.notebook.as_deref() == Some("nb") && s.reason == SkipReason::Backoff),
+        "{:?}",
+        r.plan.skips
+    );
+    assert_eq!(c.metrics.skips.with_label_values(&["backoff"]).get(), 1);
+    assert_eq!(api.patches.lock().expect("lock")[0].1, "ok-nb");
+
+    // ok-nb is stopped now; nb is retried after one cycle, fails again and sits out two.
+    let mut stopped = allowed;
+    if let Some((nb, _)) = stopped.evidence.notebook.as_mut() {
+        nb.stopped = Some("2026-01-31T12:00:30Z".into());
+    }
+    let mut results = Vec::new();
+    for _ in 0..4 {
+        at += Duration::seconds(30);
+        let l = at_time(&[&forbidden, &stopped], at);
+        let r = cycle(&mut c, &l, at).await;
+        results.push((tried(&r), c.metrics.backoff.get()));
+    }
+    let failed = vec![("nb".to_string(), StopResult::Error)];
+    assert_eq!(
+        results,
+        [
+            (failed.clone(), 1),
+            (Vec::new(), 1),
+            (Vec::new(), 1),
+            (failed, 1)
+        ]
+    );
+    // A notebook that is gone is forgotten.
+    at += Duration::seconds(30);
+    cycle(&mut c, &ledger_with(Vec::new(), at), at).await;
+    assert_eq!(c.metrics.backoff.get(), 0);
+}
+
 #[test]
 fn opt_out_annotation_is_parsed_strictly() {
     use std::collections::BTreeMap;
@@ -322,7 +431,8 @@ fn opt_out_annotation_is_parsed_strictly() {
     assert!(!opted_out(None), "no annotation: culling allowed");
     assert!(!opted_out(Some("true")), "\"true\": allowed");
     assert!(opted_out(Some("false")), "\"false\": opted out");
-    // Anything else is not understood: fail closed, as opted out (skip reason opted_out).
+    // Anything else is not understood: fail closed, as opted out (and named as invalid, so the
+    // skip reason is invalid_annotation).
     for v in ["False", "TRUE", "no", "0", "yes", "", " true", "disabled"] {
         assert!(opted_out(Some(v)), "{v:?} is treated as opted out");
     }

@@ -200,6 +200,10 @@ pub struct NotebookInfo {
     pub snooze_until: Option<DateTime<Utc>>,
     /// Our own history annotation: when we last stopped it (restart grace).
     pub last_stopped_by_us: Option<DateTime<Utc>>,
+    /// Culling annotations that are present but not understood, by name (e.g.
+    /// [`SNOOZE_ANNOTATION`] that is not RFC 3339 with a zone): culling holds the notebook back
+    /// (fail closed) instead of reading them as absent.
+    pub invalid_annotations: Vec<&'static str>,
 }
 
 /// A StatefulSet's identity and controller, for pod → StatefulSet → Notebook verification.

@@ -504,6 +504,7 @@ fn quotas_and_notebooks() {
         cull_opt_out: false,
         snooze_until: None,
         last_stopped_by_us: None,
+        invalid_annotations: Vec::new(),
     };
     let mut c = claims(
         vec![

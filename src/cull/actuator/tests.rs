@@ -21,12 +21,15 @@ pub(crate) struct FakeApi {
     pub gets: Mutex<usize>,
     /// Calls that never answer (a hung API server), by name: `get_notebook`, `kill_switch`, ...
     pub hang: Mutex<BTreeSet<&'static str>>,
+    /// Notebook names whose every patch is refused with 403 (RBAC `resourceNames`).
+    pub forbidden: Mutex<BTreeSet<String>>,
 }
 
 pub(crate) fn api_error(code: u16) -> kube::Error {
     let reason = match code {
         409 => "Conflict",
         404 => "NotFound",
+        403 => "Forbidden",
         _ => "InternalError",
     };
     kube::Error::Api(Box::new(Status::failure("fake", reason).with_code(code)))
@@ -43,6 +46,7 @@ impl Default for FakeApi {
             selected: Mutex::new(Ok(BTreeSet::new())),
             gets: Mutex::default(),
             hang: Mutex::default(),
+            forbidden: Mutex::default(),
         }
     }
 }
@@ -105,7 +109,13 @@ impl CullApi for FakeApi {
         body: &'a serde_json::Value,
         dry_run: bool,
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        let status = self.patch_status.lock().expect("lock").take();
+        let status = self.patch_status.lock().expect("lock").take().or_else(|| {
+            self.forbidden
+                .lock()
+                .expect("lock")
+                .contains(name)
+                .then_some(403)
+        });
         Box::pin(async move {
             self.maybe_hang("patch_notebook").await;
             if let Some(code) = status {
@@ -187,6 +197,7 @@ pub(crate) fn notebook() -> NotebookInfo {
         cull_opt_out: false,
         snooze_until: None,
         last_stopped_by_us: None,
+        invalid_annotations: Vec::new(),
     }
 }
 
@@ -355,6 +366,34 @@ async fn fresh_notebook_recheck_blocks_changed_objects() {
         StopResult::Changed,
         "gone"
     );
+}
+
+#[tokio::test]
+async fn fresh_notebook_with_an_annotation_not_understood_is_not_stopped() {
+    use crate::ledger::claims::{
+        CULL_OPT_OUT_ANNOTATION, SNOOZE_ANNOTATION, STOPPED_AT_ANNOTATION,
+    };
+    // Planned on a clean notebook; by the time of the write a user has set a malformed snooze
+    // (which reads as no snooze at all).
+    for key in [
+        SNOOZE_ANNOTATION,
+        STOPPED_AT_ANNOTATION,
+        CULL_OPT_OUT_ANNOTATION,
+    ] {
+        let mut nb = notebook();
+        nb.invalid_annotations = vec![key];
+        let api = Arc::new(FakeApi::with_notebook(nb.clone()));
+        let o = run(&api, CullMode::On, false, Ok(true)).await;
+        assert_eq!(o.result, StopResult::Changed, "{key}");
+        assert!(
+            o.detail.contains(key),
+            "the detail names {key}: {}",
+            o.detail
+        );
+        assert_eq!(api.patch_count(), 0, "{key}");
+        assert!(api.event_reasons().is_empty(), "{key}");
+        assert!(verify_fresh(&nb, &stop_action(), Duration::hours(1), now()).is_err());
+    }
 }
 
 #[tokio::test]

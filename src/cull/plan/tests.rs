@@ -26,6 +26,7 @@ fn notebook(ns: &str, name: &str) -> NotebookInfo {
         cull_opt_out: false,
         snooze_until: None,
         last_stopped_by_us: None,
+        invalid_annotations: Vec::new(),
     }
 }
 
@@ -212,6 +213,158 @@ fn snooze_in_future_blocks_and_past_snooze_does_not() {
     assert_eq!(reason_of(&r), Some(SkipReason::Snoozed));
     nb_mut(&mut r).snooze_until = Some(t0());
     assert_eq!(reason_of(&r), None);
+}
+
+#[test]
+fn a_culling_annotation_that_is_not_understood_holds_back() {
+    use crate::ledger::claims::{
+        CULL_OPT_OUT_ANNOTATION, SNOOZE_ANNOTATION, STOPPED_AT_ANNOTATION,
+    };
+    for key in [
+        SNOOZE_ANNOTATION,
+        STOPPED_AT_ANNOTATION,
+        CULL_OPT_OUT_ANNOTATION,
+    ] {
+        let mut r = idle_row("a", "nb", 3);
+        // A malformed snooze reads as no snooze; it must not read as "go ahead".
+        nb_mut(&mut r).invalid_annotations = vec![key];
+        assert_eq!(reason_of(&r), Some(SkipReason::InvalidAnnotation), "{key}");
+        let p = plan(&ledger(vec![r]), &CullPolicy::default(), t0());
+        assert!(p.actions.is_empty(), "{key}: {:?}", p.actions);
+        assert_eq!(p.candidates, 0);
+        assert_eq!(p.skips[0].reason, SkipReason::InvalidAnnotation);
+        assert_eq!(p.skips[0].notebook.as_deref(), Some("nb"));
+    }
+    // A stopped or deleting notebook keeps its more telling reason.
+    let mut r = idle_row("a", "nb", 3);
+    nb_mut(&mut r).invalid_annotations = vec![SNOOZE_ANNOTATION];
+    nb_mut(&mut r).stopped = Some("2026-01-01T00:00:00Z".into());
+    assert_eq!(reason_of(&r), Some(SkipReason::AlreadyStopped));
+}
+
+/// A backoff that holds `rows`' notebooks after one failed stop at `t0()`.
+fn backoff_for(rows: &[&PodRow]) -> Backoff {
+    let mut b = Backoff::default();
+    for r in rows {
+        let (nb, _) = r.evidence.notebook.as_ref().expect("notebook");
+        b.failed(
+            &r.namespace,
+            &nb.name,
+            &nb.uid,
+            t0() - Duration::seconds(30),
+        );
+    }
+    b
+}
+
+#[test]
+fn a_backed_off_candidate_takes_no_cap_and_the_next_is_chosen() {
+    // The failing notebook is the longest idle: without backoff it takes the only slot.
+    let forbidden = idle_row("team-a", "forbidden", 9);
+    let allowed = idle_row("team-b", "allowed", 3);
+    let policy = CullPolicy {
+        max_per_cycle: 1,
+        ..CullPolicy::default()
+    };
+    let l = ledger(vec![forbidden.clone(), allowed.clone()]);
+    let p = plan_with(&l, &policy, &Backoff::default(), t0());
+    assert_eq!(
+        p.actions.iter().map(Action::notebook).collect::<Vec<_>>(),
+        ["forbidden"]
+    );
+
+    let backoff = backoff_for(&[&forbidden]);
+    let p = plan_with(&l, &policy, &backoff, t0());
+    assert_eq!(
+        p.actions.iter().map(Action::notebook).collect::<Vec<_>>(),
+        ["allowed"],
+        "{p:?}"
+    );
+    assert_eq!(
+        p.candidates, 2,
+        "a backed-off notebook is still a candidate"
+    );
+    assert_eq!(
+        p.skips
+            .iter()
+            .map(|s| (s.notebook.as_deref(), s.reason))
+            .collect::<Vec<_>>(),
+        [(Some("forbidden"), SkipReason::Backoff)]
+    );
+
+    // Nor does it take its namespace's one stop.
+    let sibling = idle_row("team-a", "sibling", 3);
+    let l = ledger(vec![forbidden.clone(), sibling]);
+    let p = plan_with(&l, &CullPolicy::default(), &backoff, t0());
+    assert_eq!(
+        p.actions.iter().map(Action::notebook).collect::<Vec<_>>(),
+        ["sibling"],
+        "{p:?}"
+    );
+
+    // The circuit breaker still wins: nothing is stopped, the reason says why.
+    let mut down = ledger(vec![forbidden.clone(), allowed]);
+    down.usage_available = false;
+    let p = plan_with(&down, &policy, &backoff, t0());
+    assert!(p.actions.is_empty());
+    assert!(
+        p.skips.iter().all(|s| s.reason == SkipReason::CircuitOpen),
+        "{p:?}"
+    );
+
+    // A notebook re-created under the same name (another uid) is not held.
+    let mut recreated = forbidden;
+    nb_mut(&mut recreated).uid = "nb-new-uid".into();
+    let p = plan_with(&ledger(vec![recreated]), &policy, &backoff, t0());
+    assert_eq!(p.actions.len(), 1, "{p:?}");
+}
+
+#[test]
+fn backoff_doubles_per_failure_and_ends_by_cycles_or_after_an_hour() {
+    let (ns, name, uid) = ("team-a", "nb", "nb-uid");
+    let mut b = Backoff::default();
+    let mut now = t0();
+    // Failure k sits out 2^(k-1) cycles; the cycle after that retries.
+    for expected in [1_u64, 2, 4, 8] {
+        assert_eq!(b.failed(ns, name, uid, now).cycles_left, expected);
+        for _ in 0..expected {
+            now += Duration::seconds(30);
+            assert!(b.holds(ns, name, uid, now));
+            b.tick();
+        }
+        now += Duration::seconds(30);
+        assert!(
+            !b.holds(ns, name, uid, now),
+            "retried after {expected} cycles"
+        );
+    }
+    // Never held longer than an hour after the last failure, however many cycles are left.
+    for _ in 0..40 {
+        b.failed(ns, name, uid, now);
+    }
+    assert!(b.holds(ns, name, uid, now + Duration::minutes(59)));
+    assert!(!b.holds(ns, name, uid, now + Duration::hours(1)));
+    assert_eq!(b.held(now), 1);
+    // Success clears it; so does the notebook leaving the ledger or changing uid.
+    b.succeeded(ns, name);
+    assert!(!b.holds(ns, name, uid, now));
+    assert_eq!(
+        b.failed(ns, name, uid, now).failures,
+        1,
+        "counting starts afresh"
+    );
+    let row = idle_row(ns, name, 3);
+    let nb_uid = row.evidence.notebook.as_ref().expect("nb").0.uid.clone();
+    b.failed(ns, name, &nb_uid, now);
+    b.retain_present(&ledger(vec![row.clone()]));
+    assert!(b.holds(ns, name, &nb_uid, now), "still in the ledger: kept");
+    let mut other = row;
+    nb_mut(&mut other).uid = "replaced".into();
+    b.retain_present(&ledger(vec![other]));
+    assert_eq!(b.get(ns, name), None, "replaced: forgotten");
+    b.failed(ns, name, &nb_uid, now);
+    b.retain_present(&ledger(Vec::new()));
+    assert_eq!(b.get(ns, name), None, "gone: forgotten");
 }
 
 #[test]
@@ -470,12 +623,16 @@ fn arb_notebook() -> impl Strategy<Value = Option<(NotebookInfo, bool)>> {
         arb_time_offset(),
         prop::bool::weighted(0.85),
         0_u8..4,
+        prop::bool::weighted(0.1),
     );
     prop::option::weighted(
         0.9,
         nb.prop_map(
-            |(stopped, deleting, opt_out, snooze, last_stop, verified, n)| {
+            |(stopped, deleting, opt_out, snooze, last_stop, verified, n, invalid)| {
                 let mut info = notebook("x", &format!("nb{n}"));
+                if invalid {
+                    info.invalid_annotations = vec![crate::ledger::claims::SNOOZE_ANNOTATION];
+                }
                 info.stopped = stopped;
                 info.deleting = deleting;
                 info.cull_opt_out = opt_out;
@@ -620,6 +777,7 @@ fn safe_to_stop(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> bool {
         && nb.stopped.is_none()
         && !nb.deleting
         && !nb.cull_opt_out
+        && nb.invalid_annotations.is_empty()
         && nb.snooze_until.is_none_or(|s| s <= now)
         && !policy.exclude_namespaces.contains(&row.namespace)
 }
@@ -662,6 +820,50 @@ proptest! {
         let mut reversed = l.clone();
         reversed.pods.reverse();
         prop_assert_eq!(plan(&reversed, &policy, now).actions, p.actions.clone());
+    }
+
+    #[test]
+    fn held_notebooks_are_never_stopped_and_free_their_slots(
+        l in arb_ledger(),
+        policy in arb_policy(),
+        mask in any::<u32>(),
+    ) {
+        let now = t0();
+        let mut backoff = Backoff::default();
+        for (i, row) in l.pods.iter().enumerate() {
+            if let Some((nb, _)) = &row.evidence.notebook
+                && mask & (1 << (i % 32)) != 0
+            {
+                backoff.failed(&row.namespace, &nb.name, &nb.uid, now - Duration::seconds(1));
+            }
+        }
+        let held = plan_with(&l, &policy, &backoff, now);
+        let free = plan(&l, &policy, now);
+        prop_assert!(held.actions.len() <= policy.max_per_cycle);
+        prop_assert_eq!(held.candidates, free.candidates);
+        prop_assert_eq!(held.circuit, free.circuit);
+        for a in &held.actions {
+            let Action::Stop { namespace, notebook, notebook_uid, .. } = a;
+            prop_assert!(!backoff.holds(namespace, notebook, notebook_uid, now), "held {}", notebook);
+        }
+        // Held candidates give their slots to the others: one stop per namespace that has an
+        // unheld candidate, up to the cap.
+        if held.circuit.is_none() {
+            let unheld_namespaces: BTreeSet<&str> = held
+                .actions
+                .iter()
+                .map(Action::namespace)
+                .chain(held.skips.iter().filter(|s| {
+                    matches!(s.reason, SkipReason::PerCycleCap | SkipReason::PerNamespaceCap)
+                }).map(|s| s.namespace.as_str()))
+                .collect();
+            prop_assert_eq!(
+                held.actions.len(),
+                unheld_namespaces.len().min(policy.max_per_cycle)
+            );
+        }
+        let holding = l.pods.iter().filter(|r| r.state.holds()).count();
+        prop_assert_eq!(held.actions.len() + held.skips.len(), holding);
     }
 
     #[test]

@@ -1,0 +1,128 @@
+//! Per-notebook backoff after a failed stop, kept by the [`Culler`](super::Culler) and handed to
+//! the pure [`plan_with`](super::plan::plan_with) as data.
+//!
+//! Without it a stop that keeps failing (a 403 from RBAC or an admission webhook on some
+//! notebooks, a recheck that keeps disagreeing) would be retried first every cycle — it is the
+//! longest idle — and use up `--cull-max-per-cycle`, so an allowed idle notebook behind it would
+//! never be reached. After a failed stop the notebook sits out the next cycle; every further
+//! failure in a row doubles the cycles it sits out (1, 2, 4, …), never longer than
+//! [`MAX_BACKOFF`] after its last failure. A held notebook is skipped as `backoff` and takes
+//! neither the per-cycle nor the per-namespace cap. The entry is cleared by a successful stop
+//! (or dry-run stop), and when the notebook leaves the ledger or comes back with another uid.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Duration, Utc};
+
+use crate::ledger::Ledger;
+
+/// Longest a notebook is held back after its last failed stop.
+pub const MAX_BACKOFF: Duration = Duration::hours(1);
+
+/// Failures in a row beyond which the cycles to sit out stop doubling (2^20 cycles is past
+/// [`MAX_BACKOFF`] at any refresh interval; the time bound ends the hold first).
+const MAX_DOUBLINGS: u32 = 20;
+
+/// One notebook's failed stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The Notebook uid that failed: a notebook re-created under the same name starts afresh.
+    pub uid: String,
+    /// Failed stops in a row.
+    pub failures: u32,
+    /// When the last stop failed.
+    pub failed_at: DateTime<Utc>,
+    /// Cycles still to sit out.
+    pub cycles_left: u64,
+}
+
+impl Entry {
+    /// Whether this entry holds the notebook back at `now`.
+    pub fn holds(&self, now: DateTime<Utc>) -> bool {
+        self.cycles_left > 0 && now - self.failed_at < MAX_BACKOFF
+    }
+}
+
+/// The notebooks backing off, keyed by `(namespace, name)`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Backoff {
+    entries: BTreeMap<(String, String), Entry>,
+}
+
+impl Backoff {
+    /// Whether Notebook `namespace/name` with `uid` sits out the cycle at `now`.
+    pub fn holds(&self, namespace: &str, name: &str, uid: &str, now: DateTime<Utc>) -> bool {
+        self.entries
+            .get(&(namespace.to_string(), name.to_string()))
+            .is_some_and(|e| e.uid == uid && e.holds(now))
+    }
+
+    /// A stop of `namespace/name` (`uid`) failed at `now`: it sits out the next 1, 2, 4, …
+    /// cycles (doubling with every failure in a row). Returns the entry.
+    pub fn failed(&mut self, namespace: &str, name: &str, uid: &str, now: DateTime<Utc>) -> &Entry {
+        let key = (namespace.to_string(), name.to_string());
+        let failures = match self.entries.get(&key) {
+            Some(e) if e.uid == uid => e.failures.saturating_add(1),
+            _ => 1,
+        };
+        let doublings = failures.saturating_sub(1).min(MAX_DOUBLINGS);
+        let entry = Entry {
+            uid: uid.to_string(),
+            failures,
+            failed_at: now,
+            cycles_left: 1_u64 << doublings,
+        };
+        self.entries.insert(key.clone(), entry);
+        &self.entries[&key]
+    }
+
+    /// A stop of `namespace/name` succeeded: forget its failures.
+    pub fn succeeded(&mut self, namespace: &str, name: &str) {
+        self.entries
+            .remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    /// One cycle has been planned: every held notebook has sat out one more.
+    pub fn tick(&mut self) {
+        for e in self.entries.values_mut() {
+            e.cycles_left = e.cycles_left.saturating_sub(1);
+        }
+    }
+
+    /// Forgets notebooks that are gone from `ledger` (no GPU pod of theirs left) or came back
+    /// with another uid (deleted and re-created). The failure count of a notebook that stays is
+    /// kept past [`MAX_BACKOFF`], so a stop that keeps failing is retried about once an hour,
+    /// not once a cycle again.
+    pub fn retain_present(&mut self, ledger: &Ledger) {
+        let present: BTreeSet<(&str, &str, &str)> = ledger
+            .pods
+            .iter()
+            .filter_map(|row| {
+                let (nb, _) = row.evidence.notebook.as_ref()?;
+                Some((row.namespace.as_str(), nb.name.as_str(), nb.uid.as_str()))
+            })
+            .collect();
+        self.entries.retain(|(ns, name), e| {
+            present.contains(&(ns.as_str(), name.as_str(), e.uid.as_str()))
+        });
+    }
+
+    /// Notebooks whose last stop failed (held back now or not).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Notebooks held back at `now`.
+    pub fn held(&self, now: DateTime<Utc>) -> usize {
+        self.entries.values().filter(|e| e.holds(now)).count()
+    }
+
+    /// The entry of `namespace/name`, if any.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<&Entry> {
+        self.entries.get(&(namespace.to_string(), name.to_string()))
+    }
+}
