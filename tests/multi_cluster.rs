@@ -215,8 +215,17 @@ fn write_claims(dir: &std::path::Path) {
 
 fn report(dir: &std::path::Path, selector: Option<&str>) -> std::process::Output {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    cmd.args(["report", "-o", "json", "--window", "1m", "--scrape-interval", "2s", "--from"])
-        .arg(dir);
+    cmd.args([
+        "report",
+        "-o",
+        "json",
+        "--window",
+        "1m",
+        "--scrape-interval",
+        "2s",
+        "--from",
+    ])
+    .arg(dir);
     if let Some(s) = selector {
         cmd.arg("--prometheus-selector").arg(s);
     }
@@ -279,7 +288,18 @@ async fn a_dump_of_a_shared_store_is_refused_without_a_selector_and_agrees_with_
     let fetched = live.fetch().await;
     let device = fetched.usage.devices.first().expect("east's GPU");
     assert_eq!(device.key.uuid, EAST_GPU);
-    assert_eq!(device.utilization, Some(offline_util), "live and offline agree");
-    assert!(offline_util < 0.05, "east's own GPU is idle, not the average with west's busy one");
-    assert_eq!(json["unclaimed_busy"], serde_json::json!([]), "west's GPU is not this cluster's");
+    assert_eq!(
+        device.utilization,
+        Some(offline_util),
+        "live and offline agree"
+    );
+    assert!(
+        offline_util < 0.05,
+        "east's own GPU is idle, not the average with west's busy one"
+    );
+    assert_eq!(
+        json["unclaimed_busy"],
+        serde_json::json!([]),
+        "west's GPU is not this cluster's"
+    );
 }

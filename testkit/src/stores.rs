@@ -164,7 +164,10 @@ impl Thanos {
                 let state = s
                     .try_exit_status()
                     .map_or_else(|| "running".to_string(), |st| format!("exited: {st}"));
-                out.push_str(&format!("\nthanos sidecar {i} ({state}):\n{}", s.log_tail(n)));
+                out.push_str(&format!(
+                    "\nthanos sidecar {i} ({state}):\n{}",
+                    s.log_tail(n)
+                ));
             }
         }
         out
