@@ -11,6 +11,7 @@
 //! range selector only up to the query time and never returns a sample stamped a day ahead; a
 //! backend that does (a federating proxy, a store with a skewed clock) is what this double plays.
 
+use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -101,8 +102,7 @@ fn alice(report: &Value) -> Value {
 fn alice_line(dcgm: &str, field: &str) -> (String, i64) {
     let line = dcgm
         .lines()
-        .filter(|l| l.starts_with(field) && l.contains("Hostname=\"lab-1\""))
-        .last()
+        .rfind(|l| l.starts_with(field) && l.contains("Hostname=\"lab-1\""))
         .expect("alice's series");
     let (head, ts) = line.rsplit_once(' ').expect("timestamp");
     (head.to_string(), ts.parse().expect("ms timestamp"))
@@ -143,7 +143,7 @@ fn impossible_sample_times_change_nothing_and_are_reported() {
         (lab2("DCGM_FI_DEV_GPU_UTIL"), "0"),
     ];
     for (head, ts) in lines {
-        dcgm.push_str(&format!("{head} {ts}\n"));
+        writeln!(dcgm, "{head} {ts}").expect("write to string");
     }
     std::fs::write(&path, dcgm).expect("write");
     let hostile = report(dir.path(), &["--cull-dry-run", "--cull-idle-after", "3h"]);
@@ -248,7 +248,7 @@ fn one_future_sample_does_not_move_the_offline_report() {
     let path = dir.path().join("dcgm.prom");
     let mut dcgm = std::fs::read_to_string(&path).expect("dcgm");
     let (head, newest) = alice_line(&dcgm, "DCGM_FI_PROF_GR_ENGINE_ACTIVE");
-    dcgm.push_str(&format!("{head} {}\n", newest + 86_400_000));
+    writeln!(dcgm, "{head} {}", newest + 86_400_000).expect("write to string");
     std::fs::write(&path, dcgm).expect("write");
     let out = report(dir.path(), &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
