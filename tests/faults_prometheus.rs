@@ -6,12 +6,13 @@
 //! outage — not a broken culler — is what held it back).
 //!
 //! **Test double:** [`FaultProxy`] is a small HTTP proxy in front of the real Prometheus that
-//! injects the faults; no real component answers 500 or truncated JSON on demand.
+//! injects the faults; no real component answers 500 or truncated JSON on demand, nor adds a
+//! sample stamped a day after the query time to an answer (`FUTURE_ONCE`, issue 22 item 10).
 
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gpu_ledger_testkit::GpuNode;
@@ -32,11 +33,16 @@ const PASS: u8 = 0;
 const ERROR_500: u8 = 1;
 const MALFORMED: u8 = 2;
 const SLOW: u8 = 3;
+/// Forward, add one sample stamped a day after each series' newest to the next matrix answer,
+/// then back to `PASS`.
+const FUTURE_ONCE: u8 = 4;
 
 /// One request per connection: read it, then forward it or inject the current fault.
 struct FaultProxy {
     addr: std::net::SocketAddr,
     mode: Arc<AtomicU8>,
+    /// Answers `FUTURE_ONCE` has changed.
+    injected: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -49,16 +55,27 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("addr");
         let mode = Arc::new(AtomicU8::new(PASS));
-        let m = mode.clone();
+        let injected = Arc::new(AtomicUsize::new(0));
+        let (m, inj) = (mode.clone(), injected.clone());
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
-                let (m, up) = (m.clone(), upstream.clone());
+                let (m, inj, up) = (m.clone(), inj.clone(), upstream.clone());
                 tokio::spawn(async move {
-                    let _ = handle(sock, &up, m.load(Ordering::SeqCst)).await;
+                    let mode = m.load(Ordering::SeqCst);
+                    if mode == FUTURE_ONCE {
+                        let _ = inject_future(sock, &up, &m, &inj).await;
+                    } else {
+                        let _ = handle(sock, &up, mode).await;
+                    }
                 });
             }
         });
-        FaultProxy { addr, mode, task }
+        FaultProxy {
+            addr,
+            mode,
+            injected,
+            task,
+        }
     }
 
     fn url(&self) -> String {
@@ -306,6 +323,139 @@ async fn prometheus_faults_blind_but_never_cull() {
         || async { stopped(&admin, "idle-nb").await.then_some(()) },
     )
     .await;
+}
+
+/// `FUTURE_ONCE`: forwards the request as HTTP/1.0 (so the answer is not chunked); when the
+/// answer is a matrix and no other request got there first, adds one sample a day after each
+/// series' newest (value 0.9) and switches the proxy back to `PASS`.
+async fn inject_future(
+    mut sock: TcpStream,
+    upstream: &str,
+    mode: &AtomicU8,
+    injected: &AtomicUsize,
+) -> std::io::Result<()> {
+    let request = read_request(&mut sock).await?;
+    let text = String::from_utf8_lossy(&request).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines: Vec<String> = head
+        .lines()
+        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .map(str::to_string)
+        .collect();
+    if let Some(first) = lines.first_mut() {
+        *first = first.replace("HTTP/1.1", "HTTP/1.0");
+    }
+    let forwarded = format!("{}\r\nConnection: close\r\n\r\n{body}", lines.join("\r\n"));
+    let mut up = TcpStream::connect(upstream).await?;
+    up.write_all(forwarded.as_bytes()).await?;
+    let mut response = Vec::new();
+    up.read_to_end(&mut response).await?;
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(response.len(), |i| i + 4);
+    let mut answer: Option<Value> = serde_json::from_slice(&response[split..]).ok();
+    let is_matrix = answer
+        .as_ref()
+        .is_some_and(|a| a["data"]["resultType"] == "matrix");
+    let reply = match answer.as_mut() {
+        Some(a)
+            if is_matrix
+                && mode
+                    .compare_exchange(FUTURE_ONCE, PASS, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok() =>
+        {
+            for series in a["data"]["result"].as_array_mut().into_iter().flatten() {
+                let Some(values) = series["values"].as_array_mut() else {
+                    continue;
+                };
+                let newest = values
+                    .last()
+                    .and_then(|v| v[0].as_f64())
+                    .unwrap_or_default();
+                values.push(serde_json::json!([newest + 86_400.0, "0.9"]));
+            }
+            injected.fetch_add(1, Ordering::SeqCst);
+            let body = a.to_string();
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        }
+        _ => response,
+    };
+    sock.write_all(&reply).await?;
+    sock.shutdown().await
+}
+
+/// Issue 22 item 10: one sample stamped a day ahead in an answer must not blind a busy GPU. The
+/// sample is dropped before the window and counted; the busy pod keeps reading 90 % on every
+/// refresh after it (before the fix the window refused every later sample of the series, and the
+/// pod's utilisation went unknown within the 5 s staleness limit, for a day).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_future_sample_in_an_answer_does_not_blind_a_busy_gpu() {
+    let stack = Stack::start(&[GpuNode::new("n1", 1)])
+        .await
+        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    stack
+        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
+        .await
+        .expect("read-only RBAC");
+    stack.ensure_namespace(NS).await.expect("namespace");
+    stack
+        .create_gpu_pod(NS, "busy", 1, Some(90.0))
+        .await
+        .expect("busy pod");
+    stack
+        .wait_pod_running(NS, "busy")
+        .await
+        .expect("busy running");
+    let proxy = FaultProxy::start(stack.prometheus.url()).await;
+    let gl = stack
+        .start_gpu_ledger(
+            std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger")),
+            "gpu-ledger",
+            &["--prometheus-url", &proxy.url()],
+        )
+        .await
+        .expect("gpu-ledger ready");
+    let busy = |r: &Value| {
+        r["utilization"]
+            .as_f64()
+            .is_some_and(|u| (u - 0.9).abs() < 0.01)
+    };
+    eventually("busy pod reads 90 %", WAIT, || async {
+        row(&gl, "busy").await.filter(|r| busy(r))
+    })
+    .await;
+
+    proxy.set(FUTURE_ONCE);
+    eventually("a future sample injected", WAIT, || async {
+        (proxy.injected.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+    // Longer than the window (10 s) plus the staleness limit (5 s), one look per refresh.
+    for second in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let r = row(&gl, "busy").await.expect("busy row");
+        assert!(
+            busy(&r),
+            "{second} s after the future sample: {r}\n{}",
+            gl.log_tail(20)
+        );
+    }
+    let text = gl.metrics_text().await.expect("metrics");
+    let rejected = metric_value(
+        &text,
+        "gpu_ledger_prometheus_samples_rejected_total",
+        &[("reason", "future")],
+    );
+    assert!(rejected.is_some_and(|n| n >= 1.0), "counted: {rejected:?}");
+    assert_eq!(
+        metric_value(&text, "gpu_ledger_source_up", &[("source", "prometheus")]),
+        Some(1.0)
+    );
 }
 
 const FAKE_PASS: u8 = 0;

@@ -701,6 +701,16 @@ fn record_refresh(metrics: &SelfMetrics, fetched: Option<&Fetched>, started: Ins
             .prometheus_queries
             .inc_by(u64::from(fetched.stats.queries));
         metrics.prometheus_warnings.inc_by(fetched.stats.warnings);
+        for (reason, n) in [
+            ("future", fetched.rejected.future),
+            ("impossible", fetched.rejected.impossible),
+        ] {
+            // Touched at 0 too, so the series exist from the first refresh (alerts need them).
+            metrics
+                .prometheus_samples_rejected
+                .with_label_values(&[reason])
+                .inc_by(n);
+        }
     }
     if let Some(e) = fetched.and_then(|f| f.error.as_ref()) {
         metrics.prometheus_query_errors.inc();

@@ -23,6 +23,8 @@ pub struct SelfMetrics {
     pub prometheus_several_clusters: Gauge,
     pub prometheus_warnings: IntCounter,
     pub watch_restarts: IntCounterVec,
+    /// Samples of Prometheus answers dropped before the sample window, by `reason`.
+    pub prometheus_samples_rejected: IntCounterVec,
 }
 
 impl SelfMetrics {
@@ -70,6 +72,13 @@ impl SelfMetrics {
                 ),
                 &["resource"],
             )?,
+            prometheus_samples_rejected: IntCounterVec::new(
+                Opts::new(
+                    "gpu_ledger_prometheus_samples_rejected_total",
+                    "DCGM samples of Prometheus answers dropped before the idle window: future (stamped after the query time), impossible (before 2000 or after 9999).",
+                ),
+                &["reason"],
+            )?,
         };
         let build_info = GaugeVec::new(
             Opts::new(
@@ -94,6 +103,7 @@ impl SelfMetrics {
         registry.register(Box::new(m.prometheus_several_clusters.clone()))?;
         registry.register(Box::new(m.prometheus_warnings.clone()))?;
         registry.register(Box::new(m.watch_restarts.clone()))?;
+        registry.register(Box::new(m.prometheus_samples_rejected.clone()))?;
         Ok(m)
     }
 }

@@ -1,6 +1,11 @@
 //! Offline usage: a dcgm-exporter `/metrics` or Prometheus `/federate` dump (text format or
 //! `OpenMetrics`, with or without sample timestamps), reduced to the ledger's usage inputs by the
 //! same [`series::reduce`] as every other path.
+//!
+//! Hostile input: only regular files are read (a FIFO or a link to `/dev/zero` is refused before
+//! anything is read), lines are bounded ([`exposition::MAX_LINE_BYTES`]), impossible timestamps
+//! are skipped by the parser, and samples stamped beyond the bulk of the dump do not move the
+//! report's time ([`plausible_newest`]).
 
 use std::io::{BufReader, Read as _};
 use std::path::{Path, PathBuf};
@@ -64,6 +69,8 @@ pub enum DumpError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path}: not a regular file ({kind}): a DCGM dump must be a file")]
+    NotRegular { path: PathBuf, kind: &'static str },
     #[error(
         "{path}: larger than the dump size limit of {limit} bytes (raise it with --max-dump-size)"
     )]
@@ -109,23 +116,63 @@ pub fn load(
             .map(|(line, why)| format!(" (first: line {line}: {why})"))
             .unwrap_or_default();
         let s = if parsed.skipped_lines == 1 { "" } else { "s" };
+        let mut why = Vec::new();
+        if parsed.impossible_timestamps > 0 {
+            why.push(format!(
+                "{} with an impossible timestamp",
+                parsed.impossible_timestamps
+            ));
+        }
+        if parsed.oversized_lines > 0 {
+            why.push(format!(
+                "{} longer than {} bytes",
+                parsed.oversized_lines,
+                exposition::MAX_LINE_BYTES
+            ));
+        }
+        let why = if why.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", why.join(", "))
+        };
         warnings.push(format!(
-            "{file}: skipped {} unparsable line{s}{first}",
+            "{file}: skipped {} unparsable line{s}{why}{first}",
             parsed.skipped_lines
         ));
     }
 
-    let newest_stamped = parsed
-        .series
-        .iter()
-        .filter_map(|s| {
-            s.samples
-                .iter()
-                .map(|(t, _)| *t)
-                .filter(|t| *t != sentinel_ms)
-                .max()
-        })
-        .max();
+    let newest_stamped = if settings.at.is_some() {
+        None
+    } else {
+        plausible_newest(&parsed.series, sentinel_ms, settings.window)
+    };
+    if let Some(limit) = newest_stamped {
+        let mut beyond = 0usize;
+        for s in &mut parsed.series {
+            let before = s.samples.len();
+            s.samples.retain(|(t, _)| *t <= limit);
+            beyond += before - s.samples.len();
+        }
+        parsed.series.retain(|s| !s.samples.is_empty());
+        if beyond > 0 {
+            let s = if beyond == 1 { "" } else { "s" };
+            let at = DateTime::from_timestamp_millis(limit)
+                .map_or_else(|| limit.to_string(), |t| t.to_rfc3339());
+            warnings.push(format!(
+                "{file}: ignored {beyond} sample{s} stamped beyond {at}, the newest time the bulk of the dump reaches (more than the {} window after it; a clock ahead?)",
+                humantime::format_duration(settings.window.to_std().unwrap_or_default())
+            ));
+        }
+    }
+    let newest_stamped = newest_stamped.or_else(|| {
+        // With --at: the newest sample, for the staleness warning below.
+        parsed
+            .series
+            .iter()
+            .filter_map(|s| s.samples.last().map(|(t, _)| *t))
+            .filter(|t| *t != sentinel_ms)
+            .max()
+    });
     let at = settings
         .at
         .or_else(|| newest_stamped.and_then(DateTime::from_timestamp_millis))
@@ -154,7 +201,8 @@ pub fn load(
         ));
     }
     if settings.at.is_some()
-        && newest_stamped.is_some_and(|t| t < at_ms - settings.max_staleness.num_milliseconds())
+        && newest_stamped
+            .is_some_and(|t| t < at_ms.saturating_sub(settings.max_staleness.num_milliseconds()))
     {
         warnings.push(format!("{file}: newest sample is older than --at minus the staleness limit: utilisation is unknown"));
     }
@@ -211,9 +259,24 @@ fn read_bounded(
         path: path.to_path_buf(),
         limit: max_bytes,
     };
+    let not_regular = |meta: &std::fs::Metadata| DumpError::NotRegular {
+        path: path.to_path_buf(),
+        kind: kind_of(meta.file_type()),
+    };
     let keep: Vec<&str> = fields::all_spellings().collect();
+    // Checked before opening (following links): opening a FIFO blocks until a writer comes, and
+    // a device such as /dev/zero never ends.
+    let meta = std::fs::metadata(path).map_err(read_err)?;
+    if !meta.is_file() {
+        return Err(not_regular(&meta));
+    }
     let mut file = std::fs::File::open(path).map_err(read_err)?;
-    if file.metadata().map_err(read_err)?.len() > max_bytes {
+    // And again on what was opened: the path may have been swapped in between.
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.is_file() {
+        return Err(not_regular(&meta));
+    }
+    if meta.len() > max_bytes {
         return Err(too_large());
     }
     let parsed = if let Ok(openmetrics) = exposition::ends_with_eof_marker(&mut file) {
@@ -237,6 +300,49 @@ fn read_bounded(
     Ok(parsed)
 }
 
+/// What a path that is not a regular file is, for [`DumpError::NotRegular`].
+fn kind_of(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt as _;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
+    }
+}
+
+/// The report time of a dump without `--at`: the newest sample time the bulk of its series
+/// reaches. Per series, take its newest timestamped sample; sort those; start at their median
+/// and step up to the next one while it is at most one `window` later. A series' newest time
+/// beyond the first larger step (one sample a day ahead, from a clock set wrong or a hostile
+/// dump) is no evidence of "now": samples after the result are ignored, with a warning.
+/// `None` when no sample carries a timestamp (samples at `sentinel_ms` carry none).
+fn plausible_newest(series: &[Series], sentinel_ms: i64, window: Duration) -> Option<i64> {
+    let mut newest: Vec<i64> = series
+        .iter()
+        .filter_map(|s| s.samples.last().map(|(t, _)| *t))
+        .filter(|t| *t != sentinel_ms)
+        .collect();
+    newest.sort_unstable();
+    let mid = newest.len() / 2;
+    let mut limit = *newest.get(mid)?;
+    let step = window.num_milliseconds().max(0);
+    for &t in &newest[mid + 1..] {
+        if t.saturating_sub(limit) > step {
+            break;
+        }
+        limit = t;
+    }
+    Some(limit)
+}
+
 /// Median spacing between consecutive samples of the utilisation series; `None` without history.
 fn infer_interval(series: &[Series]) -> Option<Duration> {
     let mut gaps: Vec<i64> = series
@@ -247,7 +353,11 @@ fn infer_interval(series: &[Series]) -> Option<Duration> {
                 Some(fields::GR_ENGINE_ACTIVE | fields::GPU_UTIL)
             )
         })
-        .flat_map(|s| s.samples.windows(2).map(|w| w[1].0 - w[0].0))
+        .flat_map(|s| {
+            s.samples
+                .windows(2)
+                .filter_map(|w| w[1].0.checked_sub(w[0].0))
+        })
         .filter(|gap| *gap > 0)
         .collect();
     if gaps.is_empty() {
@@ -277,5 +387,14 @@ mod tests {
         ];
         assert_eq!(infer_interval(&s), Some(Duration::seconds(15)));
         assert_eq!(infer_interval(&[series(fields::GPU_UTIL, &[5])]), None);
+    }
+
+    #[test]
+    fn interval_inference_survives_extreme_times() {
+        let s = vec![series(
+            fields::GPU_UTIL,
+            &[i64::MIN, 0, 30_000, 60_000, i64::MAX],
+        )];
+        assert_eq!(infer_interval(&s), Some(Duration::seconds(30)));
     }
 }

@@ -3,7 +3,13 @@
 //!
 //! Memory is proportional to the series kept, not to the input: [`parse_reader`] reads one line
 //! at a time, and a line of any other metric is dropped once its name is read (no label is
-//! decoded, nothing is stored).
+//! decoded, nothing is stored). A line longer than [`MAX_LINE_BYTES`] is skipped without being
+//! held (read and discarded up to its newline), and what a warning quotes of a bad line is cut to
+//! [`EXCERPT_CHARS`] characters.
+//!
+//! Sample timestamps outside [`MIN_SAMPLE_MS`]..=[`MAX_SAMPLE_MS`] (before 2000, after 9999, or
+//! not finite) are impossible for a DCGM reading: such a line is skipped and counted, so no later
+//! time arithmetic sees them.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher as _;
@@ -13,6 +19,22 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::series::{Labels, Series};
+
+/// Longest line read (bytes, `\n` excluded). dcgm-exporter lines are under 1 KiB; gpu-ledger's
+/// own exposition re-parsed with hostile 16 KiB names reaches about 100 KiB. A longer line is
+/// skipped without being buffered.
+pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+/// Characters of a bad line (or of its name or labels) quoted in a skip reason.
+pub const EXCERPT_CHARS: usize = 80;
+/// Earliest sample time accepted: 2000-01-01T00:00:00Z, in Unix milliseconds.
+pub const MIN_SAMPLE_MS: i64 = 946_684_800_000;
+/// Latest sample time accepted: 9999-12-31T23:59:59.999Z, in Unix milliseconds.
+pub const MAX_SAMPLE_MS: i64 = 253_402_300_799_999;
+
+/// True for a sample time (Unix ms) a DCGM reading can carry.
+pub fn plausible_sample_ms(t: i64) -> bool {
+    (MIN_SAMPLE_MS..=MAX_SAMPLE_MS).contains(&t)
+}
 
 /// Result of parsing a dump: the series kept and what had to be skipped.
 #[derive(Debug, Default)]
@@ -24,6 +46,10 @@ pub struct Parsed {
     pub first_skip: Option<(usize, String)>,
     /// Lines (kept or not) whose metric name starts with `DCGM_FI_`.
     pub dcgm_lines: usize,
+    /// Skipped lines whose timestamp no DCGM reading can carry (also in `skipped_lines`).
+    pub impossible_timestamps: usize,
+    /// Skipped lines longer than [`MAX_LINE_BYTES`] (also in `skipped_lines`).
+    pub oversized_lines: usize,
 }
 
 /// Parses `text`, keeping samples whose metric name is in `keep`; samples without a timestamp are
@@ -43,7 +69,8 @@ pub fn parse(text: &str, keep: &[&str], default_time: DateTime<Utc>) -> Parsed {
 
 /// [`parse`] over a reader, one line at a time. `openmetrics` says how to read sample
 /// timestamps (seconds, not milliseconds): [`ends_with_eof_marker`] tells it for a file. A line
-/// that is not UTF-8 is an [`std::io::ErrorKind::InvalidData`] error naming the line.
+/// that is not UTF-8 is an [`std::io::ErrorKind::InvalidData`] error naming the line. A line
+/// longer than [`MAX_LINE_BYTES`] is skipped: memory stays bounded whatever the input.
 pub fn parse_reader<R: BufRead>(
     mut reader: R,
     keep: &[&str],
@@ -54,8 +81,13 @@ pub fn parse_reader<R: BufRead>(
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        if reader.read_until(b'\n', &mut buf)? == 0 {
-            break;
+        match read_line_bounded(&mut reader, &mut buf, MAX_LINE_BYTES)? {
+            LineRead::End => break,
+            LineRead::Oversized => {
+                parser.oversized();
+                continue;
+            }
+            LineRead::Line => {}
         }
         let line = std::str::from_utf8(&buf).map_err(|e| {
             std::io::Error::new(
@@ -72,14 +104,88 @@ pub fn parse_reader<R: BufRead>(
     Ok(parser.finish())
 }
 
+/// What [`read_line_bounded`] found.
+enum LineRead {
+    /// A line (with its `\n`, unless it was the last) is in the buffer.
+    Line,
+    /// A line longer than the bound was read and discarded; the buffer holds nothing of it.
+    Oversized,
+    /// End of input.
+    End,
+}
+
+/// Reads one line into `buf` like `read_until(b'\n')`, but a line of more than `max` bytes
+/// (line end excluded) is consumed to its newline without being kept.
+fn read_line_bounded<R: BufRead>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<LineRead> {
+    let mut read_any = false;
+    let mut oversized = false;
+    loop {
+        let available = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            break;
+        }
+        read_any = true;
+        let (chunk, done) = match available.iter().position(|b| *b == b'\n') {
+            Some(i) => (&available[..=i], true),
+            None => (available, false),
+        };
+        let used = chunk.len();
+        if !oversized {
+            // The `\n` does not count against the bound (a `\r` before it does).
+            let body = chunk.strip_suffix(b"\n").unwrap_or(chunk);
+            if buf.len().saturating_add(body.len()) > max {
+                oversized = true;
+                buf.clear();
+            } else {
+                buf.extend_from_slice(chunk);
+            }
+        }
+        reader.consume(used);
+        if done {
+            break;
+        }
+    }
+    Ok(match (read_any, oversized) {
+        (false, _) => LineRead::End,
+        (true, true) => LineRead::Oversized,
+        (true, false) => LineRead::Line,
+    })
+}
+
+/// At most [`EXCERPT_CHARS`] characters of `s`, escaped (control and non-printing characters
+/// spelled out), with `…` when cut: safe and short enough to quote in a warning.
+pub fn excerpt(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    for c in chars.by_ref().take(EXCERPT_CHARS) {
+        out.extend(c.escape_debug());
+    }
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    format!("\"{out}\"")
+}
+
 /// True when the last non-blank line of `r` is `# EOF` (an OpenMetrics exposition), as [`parse`]
-/// decides it, reading only the end of the input. Leaves `r` at its start.
+/// decides it, reading only the end of the input (at most [`EOF_SCAN_BYTES`]: a last line or a
+/// blank tail longer than that is no `# EOF` marker). Leaves `r` at its start.
 pub fn ends_with_eof_marker<R: Read + Seek>(r: &mut R) -> std::io::Result<bool> {
     ends_with_eof_marker_chunked(r, 64 * 1024)
 }
 
+/// Most bytes [`ends_with_eof_marker`] reads from the end of the input.
+pub const EOF_SCAN_BYTES: u64 = 2 * MAX_LINE_BYTES as u64;
+
 /// [`ends_with_eof_marker`], reading `chunk` bytes first and twice as many each time more is
-/// needed.
+/// needed, up to [`EOF_SCAN_BYTES`].
 fn ends_with_eof_marker_chunked<R: Read + Seek>(r: &mut R, chunk: u64) -> std::io::Result<bool> {
     let len = r.seek(SeekFrom::End(0))?;
     let mut tail = chunk.max(1).min(len);
@@ -103,8 +209,10 @@ fn ends_with_eof_marker_chunked<R: Read + Seek>(r: &mut R, chunk: u64) -> std::i
         match found {
             Some((is_eof, first_of_chunk)) if !first_of_chunk || start == 0 => break is_eof,
             None if start == 0 => break false,
+            // A blank tail or a last line this long is no marker (and must not fill memory).
+            _ if tail >= EOF_SCAN_BYTES => break false,
             // Blank to the chunk's start, or the line may begin before it: read further back.
-            _ => tail = (tail * 2).min(len),
+            _ => tail = tail.saturating_mul(2).min(len).min(EOF_SCAN_BYTES),
         }
     };
     r.seek(SeekFrom::Start(0))?;
@@ -145,7 +253,20 @@ impl<'k> Parser<'k> {
         }
     }
 
+    /// Counts a line that [`read_line_bounded`] skipped as longer than [`MAX_LINE_BYTES`].
+    fn oversized(&mut self) {
+        self.lines += 1;
+        self.out.oversized_lines += 1;
+        self.out.skip(
+            self.lines,
+            format!("line longer than {MAX_LINE_BYTES} bytes (not read)"),
+        );
+    }
+
     fn line(&mut self, raw: &str) {
+        if raw.len() > MAX_LINE_BYTES {
+            return self.oversized();
+        }
         self.lines += 1;
         let n = self.lines;
         let line = raw.trim();
@@ -164,13 +285,25 @@ impl<'k> Parser<'k> {
         }
         let t_ms = match ts {
             Some(ts) => match parse_timestamp(ts, self.openmetrics) {
-                Some(t) => t,
-                None => return self.out.skip(n, format!("bad timestamp {ts:?}")),
+                Timestamp::Ms(t) => t,
+                Timestamp::Impossible => {
+                    self.out.impossible_timestamps += 1;
+                    return self.out.skip(
+                        n,
+                        format!(
+                            "impossible timestamp {} (outside 2000-01-01 to 9999-12-31)",
+                            excerpt(ts)
+                        ),
+                    );
+                }
+                Timestamp::Bad => {
+                    return self.out.skip(n, format!("bad timestamp {}", excerpt(ts)));
+                }
             },
             None => self.default_ms,
         };
         let Some(value) = parse_value(value) else {
-            return self.out.skip(n, format!("bad value {value:?}"));
+            return self.out.skip(n, format!("bad value {}", excerpt(value)));
         };
         self.raw_key.clear();
         self.raw_key.push_str(name);
@@ -240,7 +373,7 @@ fn split_sample(line: &str) -> Result<(&str, &str, &str, Option<&str>), String> 
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
     {
-        return Err(format!("bad metric name {name:?}"));
+        return Err(format!("bad metric name {}", excerpt(name)));
     }
     let rest = &line[name_end..];
     let (labels, rest) = if rest.starts_with('{') {
@@ -286,15 +419,15 @@ fn parse_labels(text: &str) -> Result<Labels, String> {
     while !rest.is_empty() {
         let eq = rest
             .find('=')
-            .ok_or_else(|| format!("label without value in {{{text}}}"))?;
+            .ok_or_else(|| format!("label without value in {{{}}}", excerpt(text)))?;
         let name = rest[..eq].trim();
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(format!("bad label name {name:?}"));
+            return Err(format!("bad label name {}", excerpt(name)));
         }
         let after = rest[eq + 1..].trim_start();
         let body = after
             .strip_prefix('"')
-            .ok_or_else(|| format!("label {name} value is not quoted"))?;
+            .ok_or_else(|| format!("label {} value is not quoted", excerpt(name)))?;
         let mut value = String::new();
         let mut chars = body.char_indices();
         let mut end = None;
@@ -317,7 +450,7 @@ fn parse_labels(text: &str) -> Result<Labels, String> {
                 c => value.push(c),
             }
         }
-        let end = end.ok_or_else(|| format!("label {name} value is not terminated"))?;
+        let end = end.ok_or_else(|| format!("label {} value is not terminated", excerpt(name)))?;
         // Empty values are the same as an absent label (as in Prometheus).
         if !value.is_empty() {
             labels.insert(name.to_string(), value);
@@ -337,13 +470,48 @@ fn parse_value(v: &str) -> Option<f64> {
     }
 }
 
+/// A sample timestamp as read.
+enum Timestamp {
+    /// Unix milliseconds within [`MIN_SAMPLE_MS`]..=[`MAX_SAMPLE_MS`].
+    Ms(i64),
+    /// A number, but no time a DCGM reading can carry (or not finite).
+    Impossible,
+    /// Not a number.
+    Bad,
+}
+
 /// Text format: integer milliseconds; OpenMetrics: (fractional) seconds.
-fn parse_timestamp(ts: &str, openmetrics: bool) -> Option<i64> {
-    if openmetrics {
-        let secs: f64 = ts.parse().ok()?;
-        secs.is_finite().then(|| (secs * 1000.0).round() as i64)
+fn parse_timestamp(ts: &str, openmetrics: bool) -> Timestamp {
+    let ms = if openmetrics {
+        let Ok(secs) = ts.parse::<f64>() else {
+            return Timestamp::Bad;
+        };
+        let ms = (secs * 1000.0).round();
+        // Compared as floats: the bounds are exact in f64, and NaN fails both comparisons.
+        let inside = ms >= MIN_SAMPLE_MS as f64 && ms <= MAX_SAMPLE_MS as f64;
+        if !inside {
+            return Timestamp::Impossible;
+        }
+        ms as i64
     } else {
-        ts.parse::<i64>().ok()
+        match ts.parse::<i64>() {
+            Ok(ms) => ms,
+            // Digits beyond i64 are a number too, just an impossible one.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::num::IntErrorKind::PosOverflow | std::num::IntErrorKind::NegOverflow
+                ) =>
+            {
+                return Timestamp::Impossible;
+            }
+            Err(_) => return Timestamp::Bad,
+        }
+    };
+    if plausible_sample_ms(ms) {
+        Timestamp::Ms(ms)
+    } else {
+        Timestamp::Impossible
     }
 }
 
@@ -446,13 +614,17 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
     /// Found by the `exposition` fuzz target: label sets spelled differently were two series.
     #[test]
     fn one_series_per_identity() {
-        let text = "a{x=\"1\",y=\"2\"} 1 1000\na{x=\"1\",y=\"2\",} 2 2000\na{ y=\"2\" , x=\"1\"} 3 3000\na{x=\"1\"} 4 4000\n";
+        let text = "a{x=\"1\",y=\"2\"} 1 1700000001000\na{x=\"1\",y=\"2\",} 2 1700000002000\na{ y=\"2\" , x=\"1\"} 3 1700000003000\na{x=\"1\"} 4 1700000004000\n";
         let p = parse(text, &["a"], t0());
         assert_eq!(p.skipped_lines, 0);
         assert_eq!(p.series.len(), 2);
         assert_eq!(
             p.series[0].samples,
-            vec![(1000, 1.0), (2000, 2.0), (3000, 3.0)]
+            vec![
+                (1_700_000_001_000, 1.0),
+                (1_700_000_002_000, 2.0),
+                (1_700_000_003_000, 3.0)
+            ]
         );
     }
 
@@ -465,13 +637,16 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
 
     #[test]
     fn reader_and_text_agree_on_a_federate_dump() {
-        let text = "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\r\nDCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 1 1000\r\nnode_cpu{cpu=\"0\"} 5 1000\nDCGM_FI_DEV_GPU_TEMP{UUID=\"GPU-a\"} 40\nDCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\",} 2 2000\nbroken{\n";
+        let text = "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\r\nDCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 1 1700000001000\r\nnode_cpu{cpu=\"0\"} 5 1000\nDCGM_FI_DEV_GPU_TEMP{UUID=\"GPU-a\"} 40\nDCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\",} 2 1700000002000\nbroken{\n";
         let keep = ["DCGM_FI_DEV_GPU_UTIL"];
         let a = parse(text, &keep, t0());
         let b = parse_reader(text.as_bytes(), &keep, t0(), false).expect("read");
         assert!(same(&a, &b), "{a:?} vs {b:?}");
         assert_eq!(a.series.len(), 1);
-        assert_eq!(a.series[0].samples, vec![(1000, 1.0), (2000, 2.0)]);
+        assert_eq!(
+            a.series[0].samples,
+            vec![(1_700_000_001_000, 1.0), (1_700_000_002_000, 2.0)]
+        );
         assert_eq!(a.dcgm_lines, 3);
         assert_eq!(a.skipped_lines, 1);
     }
@@ -584,5 +759,53 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c" 5
             .find(|s| s.name == "DCGM_FI_DEV_FB_USED")
             .expect("fb");
         assert_eq!(fb.samples, series[1].samples);
+    }
+
+    #[test]
+    fn impossible_timestamps_are_skipped_with_their_reason() {
+        let text = "DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 1 -9223372036854775808\n\
+DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 2 -9000000000000000\n\
+DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 3 0\n\
+DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 4 9223372036854775807\n\
+DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 5 1700000000000\n";
+        let p = parse(text, &["DCGM_FI_DEV_GPU_UTIL"], t0());
+        assert_eq!(p.series[0].samples, vec![(1_700_000_000_000, 5.0)]);
+        assert_eq!(p.skipped_lines, 4);
+        assert_eq!(p.impossible_timestamps, 4);
+        let (line, why) = p.first_skip.expect("first skip");
+        assert_eq!(line, 1);
+        assert!(why.contains("impossible timestamp"), "{why}");
+        // OpenMetrics seconds: the same bounds, and non-finite values.
+        let om = "DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 1 -1e300\n\
+DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 1 1e300\n\
+DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 1 NaN\n\
+DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 1 1700000000.5\n# EOF\n";
+        let p = parse(om, &["DCGM_FI_DEV_GPU_UTIL"], t0());
+        assert_eq!(p.series[0].samples, vec![(1_700_000_000_500, 1.0)]);
+        assert_eq!(p.skipped_lines, 3);
+    }
+
+    #[test]
+    fn an_oversized_line_is_skipped_unbuffered_and_not_echoed() {
+        let mut input = b"DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 5\n".to_vec();
+        input.extend(std::iter::repeat_n(0u8, 4 * MAX_LINE_BYTES));
+        input.extend(b"\nDCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-b\"} 6\n");
+        input.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + 1));
+        let p = parse_reader(&input[..], &["DCGM_FI_DEV_GPU_UTIL"], t0(), false).expect("parse");
+        assert_eq!(p.series.len(), 2);
+        assert_eq!(p.skipped_lines, 2);
+        let (line, why) = p.first_skip.expect("skip");
+        assert_eq!(line, 2);
+        assert!(why.len() < 200, "{why}");
+        // A short bad line is echoed, cut to a bounded excerpt.
+        let long_name = format!("{}\0 1\n", "é".repeat(1000));
+        let p = parse_reader(long_name.as_bytes(), &["x"], t0(), false).expect("parse");
+        let (_, why) = p.first_skip.expect("skip");
+        assert!(why.chars().count() < 200, "{why}");
+        // `parse` over text in memory applies the same bound.
+        let text = format!("{}\n", "y".repeat(MAX_LINE_BYTES + 1));
+        let p = parse(&text, &["x"], t0());
+        assert_eq!(p.skipped_lines, 1);
+        assert!(p.first_skip.expect("skip").1.len() < 200);
     }
 }

@@ -17,6 +17,10 @@
 //!   its own window, so `covered_since` is at most `now − window × coverage`; refreshes further
 //!   apart than that break the chain.
 //! * Entries unseen for longer than the lookback are dropped.
+//! * Times come from Prometheus: a bootstrap time the query cannot produce (before the lookback,
+//!   allowing one window and Prometheus' 5-minute lookback delta, or after `now`) proves no
+//!   covered run, and activity stamped after `now` counts as activity at `now`. Instant
+//!   arithmetic saturates at chrono's range instead of panicking.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +32,14 @@ use crate::ledger::usage::{DeviceKey, DeviceUsage, Window};
 
 /// Default lookback of the start-up query.
 pub const DEFAULT_LOOKBACK: chrono::Duration = chrono::Duration::hours(24);
+
+/// Prometheus' default lookback delta: how far before an evaluation step `timestamp(f)` may reach.
+const LOOKBACK_DELTA: chrono::Duration = chrono::Duration::minutes(5);
+
+/// `t - d`, or the earliest instant chrono represents.
+fn minus(t: DateTime<Utc>, d: chrono::Duration) -> DateTime<Utc> {
+    t.checked_sub_signed(d).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
 
 /// Timeout of the start-up query: it reads every sample of the lookback (hours × every GPU), so
 /// it is given far more headroom than a refresh query; `serve` runs it beside the refreshes.
@@ -137,6 +149,9 @@ impl History {
                 .insert(stat.clone(), s.value);
         }
         let mut h = Self::new(lookback);
+        // Earliest time the bootstrap query can answer (buckets are at most one window wide).
+        let earliest = minus(minus(minus(now, lookback), window.length), LOOKBACK_DELTA);
+        let possible = |t: &DateTime<Utc>| *t >= earliest && *t <= now;
         let interval_ms = window.interval.num_milliseconds().max(1) as f64;
         for (key, fields) in by {
             let mut last_active_at = None;
@@ -144,10 +159,16 @@ impl History {
             let mut trusted = true;
             for stats in fields.values() {
                 let get = |n: &str| stats.get(n).copied().and_then(secs);
-                last_active_at = last_active_at.max(get("active")).max(get("active_now"));
+                let active = |n: &str| get(n).map(|t| t.min(now)).filter(|t| *t >= earliest);
+                last_active_at = last_active_at
+                    .max(active("active"))
+                    .max(active("active_now"));
                 let first = get("first");
-                run_start = run_start.max(first.max(get("gap_end")));
+                let gap_end = get("gap_end");
+                run_start = run_start.max(first.max(gap_end));
                 let count = stats.get("count").copied().unwrap_or(0.0);
+                trusted &=
+                    first.is_some_and(|t| possible(&t)) && gap_end.is_none_or(|t| possible(&t));
                 trusted &= first.is_some_and(|f| {
                     let expected = ((now - f).num_milliseconds() as f64 / interval_ms)
                         .floor()
@@ -202,7 +223,7 @@ impl History {
                 // This refresh proves (at least) the covered part of its own window.
                 let proven_ms =
                     (window.length.num_milliseconds() as f64 * d.coverage.min(1.0)) as i64;
-                let proven = now - chrono::Duration::milliseconds(proven_ms);
+                let proven = minus(now, chrono::Duration::milliseconds(proven_ms));
                 match prev {
                     // The chain holds only if the previous refresh lies inside what this one proves.
                     Some(e) if e.last_seen >= proven => {
@@ -224,7 +245,7 @@ impl History {
             d.last_active_at = last_active_at;
             d.covered_since = Some(covered_since);
         }
-        let horizon = now - self.lookback;
+        let horizon = minus(now, self.lookback);
         self.entries.retain(|_, e| e.last_seen >= horizon);
     }
 
@@ -509,5 +530,55 @@ mod tests {
         let c = *h.get(&key("c")).expect("c");
         assert_eq!(c.covered_since, Some(at(-5 * 3600)));
         assert_eq!(c.last_seen, now);
+    }
+
+    #[test]
+    fn impossible_bootstrap_times_prove_nothing_and_extreme_instants_do_not_panic() {
+        let now = at(0);
+        let ts = |s: i64| (T0 + s) as f64;
+        let rows = vec![
+            // A run that "began" 31 years ago, far outside the lookback the query reads.
+            row("a", "gr", "first", ts(-1_000_000_000)),
+            row("a", "gr", "gap_end", ts(-1_000_000_000)),
+            row("a", "gr", "count", 1e12),
+            // Activity stamped a day ahead counts as activity now, not later.
+            row("b", "gr", "active", ts(86_400)),
+            row("b", "gr", "first", ts(-3600)),
+            row("b", "gr", "count", 120.0),
+            // Times no clock can show.
+            row("c", "gr", "active", f64::MAX),
+            row("c", "gr", "first", -f64::MAX),
+            row("c", "gr", "gap_end", f64::NAN),
+            row("c", "gr", "count", f64::INFINITY),
+        ];
+        let w = window();
+        let h = History::from_bootstrap_rows(
+            &rows,
+            &LabelScheme::default(),
+            &w,
+            DEFAULT_LOOKBACK,
+            0.9,
+            now,
+        );
+        let key = |u: &str| DeviceKey {
+            uuid: u.into(),
+            gpu_instance: None,
+        };
+        assert_eq!(h.get(&key("a")).expect("a").covered_since, Some(now));
+        let b = h.get(&key("b")).expect("b");
+        assert_eq!(b.last_active_at, Some(now));
+        assert_eq!(b.covered_since, Some(at(-3600)));
+        let c = h.get(&key("c")).expect("c");
+        assert_eq!(c.covered_since, Some(now));
+        assert_eq!(c.last_active_at, None);
+        // Merging at the ends of time must not panic (chrono's `-` does on overflow).
+        for now in [DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC] {
+            let mut h = History::default();
+            let mut d = vec![device("x", 1.0, None)];
+            d[0].last_active_at = Some(DateTime::<Utc>::MIN_UTC);
+            h.merge(&mut d, &w, 0.9, now);
+            h.merge(&mut d, &w, 0.9, now);
+            assert_eq!(h.len(), 1);
+        }
     }
 }

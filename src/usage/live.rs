@@ -7,6 +7,11 @@
 //! per series. `serve` starts the slow start-up history query in the background and keeps
 //! refreshing beside it; a one-shot caller (`report` against a live cluster) rebuilds the history
 //! inline.
+//!
+//! Samples stamped after the query time (the range selector asks for samples at or before it, so
+//! only a misbehaving backend or a hostile answer sends them) or at a time no DCGM reading can
+//! carry are dropped before they reach the window and counted in [`Fetched::rejected`]: one
+//! sample a day ahead would otherwise hold back every later sample of its series for a day.
 
 use std::sync::Arc;
 
@@ -18,6 +23,7 @@ use tracing::{Instrument, info, info_span, warn};
 use std::collections::HashMap;
 
 use super::LabelScheme;
+use super::exposition::plausible_sample_ms;
 use super::history::{self, History};
 use super::prom::{PromClient, PromError, QueryStats};
 use super::scheme::{READ_LABELS, SchemeChoice};
@@ -42,6 +48,36 @@ pub struct Fetched {
     pub stats: QueryStats,
     /// Why Prometheus could not be used (the usage is then unavailable).
     pub error: Option<PromError>,
+    /// Samples of the answer that were dropped, by reason.
+    pub rejected: Rejected,
+}
+
+/// Samples of one answer dropped before the window (`gpu_ledger_prometheus_samples_rejected_total`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rejected {
+    /// Stamped after the query time.
+    pub future: u64,
+    /// Stamped before 2000 or after 9999 (or not a finite time).
+    pub impossible: u64,
+}
+
+/// Drops the samples of `fresh` stamped after `now_ms` or at an impossible time, and counts them.
+fn reject_implausible(fresh: &mut [Series], now_ms: i64) -> Rejected {
+    let mut rejected = Rejected::default();
+    for s in fresh {
+        s.samples.retain(|(t, _)| {
+            if *t > now_ms {
+                rejected.future += 1;
+                false
+            } else if !plausible_sample_ms(*t) {
+                rejected.impossible += 1;
+                false
+            } else {
+                true
+            }
+        });
+    }
+    rejected
 }
 
 /// The raw samples of the window: one series per metric name and label set (labels cut to
@@ -190,10 +226,12 @@ pub async fn fetch_window(
     now: DateTime<Utc>,
 ) -> Result<Vec<DeviceUsage>, PromError> {
     let window = settings.window;
-    let fresh = client
+    let mut fresh = client
         .window_series(&field_names(), window.length, now)
         .await?
         .complete()?;
+    // Nothing is held here, but the re-check reads what a refresh would: the same samples.
+    reject_implausible(&mut fresh, now.timestamp_millis());
     one_cluster(fresh.iter().map(|s| &*s.labels))?;
     let scheme = LabelScheme::detect(
         settings.scheme,
@@ -337,6 +375,7 @@ impl LiveUsage {
                 usage: Usage::default(),
                 stats: QueryStats::default(),
                 error: None,
+                rejected: Rejected::default(),
             };
         };
         // One-shot paths (report) rebuild the history inline: they have one refresh only.
@@ -359,8 +398,19 @@ impl LiveUsage {
         match answer {
             Ok(answer) => {
                 let partial = answer.is_partial();
-                let keep_after = now.timestamp_millis() - window.length.num_milliseconds();
-                self.samples.absorb(answer.value, keep_after);
+                let mut fresh = answer.value;
+                let rejected = reject_implausible(&mut fresh, now.timestamp_millis());
+                if rejected != Rejected::default() {
+                    warn!(
+                        future = rejected.future,
+                        impossible = rejected.impossible,
+                        "ignored prometheus samples stamped after the query time or at an impossible time"
+                    );
+                }
+                let keep_after = now
+                    .timestamp_millis()
+                    .saturating_sub(window.length.num_milliseconds());
+                self.samples.absorb(fresh, keep_after);
                 if let Err(e) = one_cluster(self.samples.label_sets()) {
                     // Nothing of a mixed answer is kept: the next refresh reads the window anew.
                     self.samples = SampleWindow::default();
@@ -369,6 +419,7 @@ impl LiveUsage {
                         usage: Usage::default(),
                         stats,
                         error: Some(e),
+                        rejected,
                     };
                 }
                 let scheme = LabelScheme::detect(self.settings.scheme, self.samples.label_names());
@@ -390,12 +441,14 @@ impl LiveUsage {
                     },
                     stats,
                     error: None,
+                    rejected,
                 }
             }
             Err(e) => Fetched {
                 usage: Usage::default(),
                 stats,
                 error: Some(e),
+                rejected: Rejected::default(),
             },
         }
     }

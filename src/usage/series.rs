@@ -10,6 +10,9 @@
 //! for `FB_USED`); anything else is unknown and gives no coverage. A device's peak is the highest
 //! reading on ANY utilisation signal it reports and its coverage the LOWEST over them, so
 //! conflicting signals (GPU_UTIL 90 % while GR_ENGINE_ACTIVE reads 0) never make it idle.
+//!
+//! Sample times come from input (a dump, a Prometheus answer): every difference of two of them
+//! saturates, so a sample at the far end of the i64 range cannot wrap a gap into a small one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -148,7 +151,7 @@ fn covered_since(merged: &BTreeMap<i64, f64>, window: &Window) -> Option<i64> {
     let mut times = merged.keys().rev();
     let mut start = *times.next()?;
     for &t in times {
-        if start - t > max_gap {
+        if start.saturating_sub(t) > max_gap {
             break;
         }
         start = t;
@@ -182,7 +185,9 @@ impl SignalSamples {
     }
 
     fn in_window(&self, start_ms: i64, now_ms: i64) -> impl Iterator<Item = f64> + '_ {
-        self.merged.range(start_ms + 1..=now_ms).map(|(_, v)| *v)
+        // `range` panics on an inverted range; `merged` holds nothing after `now_ms` anyway.
+        let from = start_ms.saturating_add(1);
+        self.merged.range(from..=now_ms.max(from)).map(|(_, v)| *v)
     }
 }
 
@@ -245,7 +250,7 @@ fn reduce_device(
     now_ms: i64,
 ) -> DeviceUsage {
     let start_ms = now_ms.saturating_sub(window.length.num_milliseconds());
-    let fresh = |t: i64| now_ms - t <= window.max_staleness.num_milliseconds();
+    let fresh = |t: i64| now_ms.saturating_sub(t) <= window.max_staleness.num_milliseconds();
     let (util_device, util_per_pod) = split_per_process(&dev.util, scheme);
     let (fb_device, fb_per_pod) = split_per_process(&dev.fb, scheme);
     // Preferred signal first: GR_ENGINE_ACTIVE where present (it also works per MIG instance).
@@ -671,5 +676,31 @@ DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=
                 pod: "dcgm-exporter-abcde".into()
             })
         );
+    }
+
+    #[test]
+    fn extreme_sample_times_neither_panic_nor_stretch_the_history() {
+        // Thirty minutes of idle samples, plus samples at the ends of the i64 range (a hostile
+        // dump or answer): the covered run stays thirty minutes, nothing wraps or panics.
+        let mut samples = vec![(i64::MIN, 0.0), (i64::MIN + 1, 0.0)];
+        samples.extend(every_30s(30, 0.0));
+        samples.push((i64::MAX - 1, 0.9));
+        samples.push((i64::MAX, 0.9));
+        let s = vec![
+            series(fields::GR_ENGINE_ACTIVE, &[("UUID", "GPU-x")], &samples),
+            series(fields::GPU_UTIL, &[("UUID", "GPU-x")], &samples),
+        ];
+        let d = reduce(&s, &LabelScheme::default(), &window(), now());
+        assert_eq!(
+            d[0].covered_since.map(|t| t.timestamp_millis()),
+            Some(T0 - 30 * 60_000)
+        );
+        assert_eq!(d[0].last_active_at, None);
+        assert_eq!(d[0].utilization, Some(0.0));
+        // Seen from the far ends of time, too.
+        for at in [DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC] {
+            let d = reduce(&s, &LabelScheme::default(), &window(), at);
+            assert_eq!(d.len(), 1);
+        }
     }
 }
