@@ -12,6 +12,7 @@ use crate::claims::files::{self, DumpPaths, FileError};
 use crate::ledger::{self, Ledger, Policy};
 use crate::usage::LabelScheme;
 use crate::usage::dump::{self, DumpError, DumpSettings};
+use crate::usage::prom::Selector;
 use crate::usage::scheme::SchemeChoice;
 
 /// Default idle window of the offline report.
@@ -37,6 +38,8 @@ pub struct OfflineInput {
     pub namespaces: Vec<String>,
     /// Largest dump file accepted, in bytes (each file; `--max-dump-size`).
     pub max_dump_bytes: u64,
+    /// `--prometheus-selector`, applied to the DCGM dump's series.
+    pub selector: Option<Selector>,
 }
 
 impl OfflineInput {
@@ -53,6 +56,7 @@ impl OfflineInput {
             policy: Policy::default(),
             namespaces: Vec::new(),
             max_dump_bytes: dump::DEFAULT_MAX_DUMP_BYTES,
+            selector: None,
         }
     }
 }
@@ -100,6 +104,7 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
         idle_threshold: input.policy.idle_threshold,
         max_staleness: input.policy.max_staleness,
         max_bytes: input.max_dump_bytes,
+        selector: input.selector.clone(),
     };
     let usage = dump::load(&input.dcgm, &settings, fallback_now)?;
     let ledger = ledger::build(&claims, &usage.usage, usage.at, &input.policy);

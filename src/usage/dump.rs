@@ -14,6 +14,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::LabelScheme;
 use super::exposition;
+use super::prom::{Selector, clusters_of};
 use super::scheme::SchemeChoice;
 use super::series::{self, Series};
 use crate::ledger::usage::{Usage, Window, fields};
@@ -44,6 +45,8 @@ pub struct DumpSettings {
     /// Largest dump accepted, in bytes. Memory does not grow with the file (it is read line by
     /// line, and only [`KEEP`] series are stored), but reading time does.
     pub max_bytes: u64,
+    /// `--prometheus-selector`: only series it matches are read, as a live query would see them.
+    pub selector: Option<Selector>,
 }
 
 /// The usage read from a dump, and what the caller should tell the user.
@@ -84,6 +87,57 @@ pub enum DumpError {
         KEEP.join(", ")
     )]
     NoUsageFields { path: PathBuf },
+    #[error("{path}: no DCGM series match --prometheus-selector {selector}")]
+    NoneSelected { path: PathBuf, selector: String },
+    #[error("--prometheus-selector {selector}: {reason}")]
+    BadSelector { selector: String, reason: String },
+    /// The dump holds several clusters' DCGM series (a /federate of a shared store) and no
+    /// selector narrows them: joined by pod name, another cluster's GPUs would be this one's.
+    #[error(
+        "{path}: DCGM series of {} clusters ({}): pass --prometheus-selector with this cluster's, e.g. {}",
+        clusters.len(),
+        clusters.join(", "),
+        clusters.first().map_or("cluster=\"…\"", String::as_str)
+    )]
+    SeveralClusters {
+        path: PathBuf,
+        clusters: Vec<String>,
+    },
+}
+
+/// Applies `--prometheus-selector` to the dump's series (as Prometheus applies it to a query),
+/// then refuses series of several clusters, as the live source does.
+fn narrow_to_one_cluster(
+    path: &Path,
+    series: &mut Vec<Series>,
+    selector: Option<&Selector>,
+) -> Result<(), DumpError> {
+    if let Some(sel) = selector {
+        let matchers = sel.matchers().map_err(|reason| DumpError::BadSelector {
+            selector: sel.as_str().to_string(),
+            reason,
+        })?;
+        let any = !series.is_empty();
+        series.retain(|s| {
+            matchers
+                .iter()
+                .all(|m| m.matches(s.labels.get(&m.name).map(String::as_str)))
+        });
+        if any && series.is_empty() {
+            return Err(DumpError::NoneSelected {
+                path: path.to_path_buf(),
+                selector: sel.as_str().to_string(),
+            });
+        }
+    }
+    let clusters = clusters_of(series.iter().map(|s| &*s.labels));
+    if clusters.len() > 1 {
+        return Err(DumpError::SeveralClusters {
+            path: path.to_path_buf(),
+            clusters,
+        });
+    }
+    Ok(())
 }
 
 /// Reads `path` and reduces it at `settings.at`, or the newest sample, or `fallback_now`.
@@ -96,6 +150,7 @@ pub fn load(
     let sentinel = DateTime::<Utc>::MIN_UTC;
     let sentinel_ms = sentinel.timestamp_millis();
     let mut parsed = read_bounded(path, settings.max_bytes, sentinel)?;
+    narrow_to_one_cluster(path, &mut parsed.series, settings.selector.as_ref())?;
     let file = display_name(path);
     let mut warnings = Vec::new();
     if parsed.series.is_empty() {
