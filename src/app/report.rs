@@ -69,7 +69,9 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
     input.policy = policy.clone();
     input.namespaces = listed(&args.ledger.namespaces);
     input.max_dump_bytes = args.max_dump_size;
-    input.selector = args.ledger.prometheus.prometheus_selector.clone();
+    input
+        .selector
+        .clone_from(&args.ledger.prometheus.prometheus_selector);
     let offline = offline::load(&input, Utc::now())?;
     for w in &offline.warnings {
         eprintln!("warning: {w}");
