@@ -26,6 +26,7 @@ use serde::de::DeserializeOwned;
 use super::dra;
 use super::project::{self, ProjectError};
 use crate::ledger::claims::{Claims, ResourceNames};
+use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain};
 
 /// Deepest nesting of arrays and objects accepted in a dump, JSON or YAML. serde_json's recursion
 /// limit (128, fixed) rejects the 128th level; YAML is held to the same bound. Kubernetes objects
@@ -440,29 +441,6 @@ fn shown_kind(k: &str) -> String {
     } else {
         shown(k)
     }
-}
-
-/// One DNS-1123 label's characters: lowercase alphanumerics and `-`, alphanumeric at both ends.
-fn is_label_chars(s: &str) -> bool {
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let bytes = s.as_bytes();
-    match (bytes.first(), bytes.last()) {
-        (Some(&first), Some(&last)) => {
-            alnum(first) && alnum(last) && bytes.iter().all(|&b| alnum(b) || b == b'-')
-        }
-        _ => false,
-    }
-}
-
-/// A DNS-1123 label (at most 63 characters): what the API server accepts as a namespace.
-pub fn is_dns1123_label(s: &str) -> bool {
-    s.len() <= 63 && is_label_chars(s)
-}
-
-/// A DNS-1123 subdomain (labels joined by `.`, at most 253 characters): what the API server
-/// accepts as the name of a pod, node, notebook, quota or StatefulSet, and as a pod's node.
-pub fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_label_chars)
 }
 
 /// The item's `metadata.name` (required), `metadata.namespace` and, for a pod, `spec.nodeName`

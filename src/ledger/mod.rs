@@ -9,6 +9,7 @@ mod attribution;
 pub mod capacity;
 pub mod claims;
 mod dra;
+pub mod names;
 pub mod usage;
 
 use std::collections::BTreeMap;

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::{gpu_count, gpus, humanise_seconds, idle_for, notebook_stopped};
+use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain};
 use crate::ledger::{NamespaceRow, PodRow, PodState};
 
 /// Annotation Kubeflow's notebook controller reads to scale a notebook to zero.
@@ -29,29 +30,6 @@ pub struct Hint {
     pub note: Option<&'static str>,
 }
 
-/// One DNS-1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric.
-fn is_label_chars(s: &str) -> bool {
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let bytes = s.as_bytes();
-    match (bytes.first(), bytes.last()) {
-        (Some(&first), Some(&last)) => {
-            alnum(first) && alnum(last) && bytes.iter().all(|&b| alnum(b) || b == b'-')
-        }
-        _ => false,
-    }
-}
-
-/// A namespace as the API server validates it: a DNS-1123 label (at most 63 characters).
-pub fn is_dns_label(s: &str) -> bool {
-    s.len() <= 63 && is_label_chars(s)
-}
-
-/// An object name (pod, notebook, node) as the API server validates it: a DNS-1123 subdomain,
-/// labels joined by `.`, at most 253 characters. Never starts with `-`, so never an option.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_label_chars)
-}
-
 /// A resource name (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`).
 fn is_resource_name(s: &str) -> bool {
     !s.is_empty()
@@ -67,12 +45,12 @@ pub fn stop_value(at: DateTime<Utc>) -> String {
 
 /// The hint for one pod, as of `at` (the ledger's time; the stop annotation's value).
 pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
-    let named = is_dns_label(&p.namespace) && is_dns_subdomain(&p.pod);
+    let named = is_dns1123_label(&p.namespace) && is_dns1123_subdomain(&p.pod);
     match p.state {
         PodState::Running if p.idle == Some(true) && !notebook_stopped(p) => {
             let nb = p.notebook.as_deref()?;
             let mut commands = Vec::new();
-            let named = named && is_dns_subdomain(nb);
+            let named = named && is_dns1123_subdomain(nb);
             if named {
                 commands.push((
                     String::new(),
@@ -144,7 +122,7 @@ pub fn namespace_hint(ns: &NamespaceRow, pods: &[PodRow]) -> Option<Hint> {
         .map(|(name, n)| format!("requests.{name}={n}"))
         .collect();
     let mut commands = Vec::new();
-    let named = is_dns_label(&ns.namespace);
+    let named = is_dns1123_label(&ns.namespace);
     if named && !hard.is_empty() && units.keys().all(|name| is_resource_name(name)) {
         commands.push((
             String::new(),
@@ -173,12 +151,12 @@ mod tests {
     #[test]
     fn only_kubernetes_names_become_commands() {
         for ok in ["team-ml", "alice-nb-0", "a", "0", "x1"] {
-            assert!(is_dns_label(ok) && is_dns_subdomain(ok), "{ok}");
+            assert!(is_dns1123_label(ok) && is_dns1123_subdomain(ok), "{ok}");
         }
-        assert!(is_dns_subdomain("gpu.lab-1.example"));
-        assert!(!is_dns_label("gpu.lab-1"), "a namespace has no dots");
-        assert!(is_dns_label(&"a".repeat(63)) && !is_dns_label(&"a".repeat(64)));
-        assert!(is_dns_subdomain(&"a".repeat(253)) && !is_dns_subdomain(&"a".repeat(254)));
+        assert!(is_dns1123_subdomain("gpu.lab-1.example"));
+        assert!(!is_dns1123_label("gpu.lab-1"), "a namespace has no dots");
+        assert!(is_dns1123_label(&"a".repeat(63)) && !is_dns1123_label(&"a".repeat(64)));
+        assert!(is_dns1123_subdomain(&"a".repeat(253)) && !is_dns1123_subdomain(&"a".repeat(254)));
         for bad in [
             "evil; rm -rf ~",
             "a'b",
@@ -195,7 +173,10 @@ mod tests {
             "a_b",
             "a.-b",
         ] {
-            assert!(!is_dns_label(bad) && !is_dns_subdomain(bad), "{bad:?}");
+            assert!(
+                !is_dns1123_label(bad) && !is_dns1123_subdomain(bad),
+                "{bad:?}"
+            );
         }
         assert!(is_resource_name("nvidia.com/mig-1g.10gb"));
         assert!(!is_resource_name("nvidia.com/gpu$(x)"));
