@@ -160,6 +160,21 @@ struct Health {
     beats: Vec<Arc<Beat>>,
 }
 
+impl Health {
+    /// Keeps why the last refresh refused Prometheus' answer although it came (several clusters'
+    /// series without a selector), for `/readyz`; any other outcome clears it.
+    fn record_usage_refusal(&self, fetched: Option<&Fetched>) {
+        let refused = fetched
+            .and_then(|f| f.error.as_ref())
+            .filter(|e| matches!(e, PromError::SeveralClusters { .. }))
+            .map(ToString::to_string);
+        *self
+            .usage_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = refused;
+    }
+}
+
 impl server::Probes for Health {
     fn live(&self) -> Result<(), String> {
         for b in &self.beats {
@@ -675,15 +690,7 @@ async fn refresh_loop(mut r: RefreshLoop) {
             r.metrics.prometheus_query_errors.inc();
         }
         record_refresh(&r.metrics, fetched.as_ref(), started);
-        let refused = fetched
-            .as_ref()
-            .and_then(|f| f.error.as_ref())
-            .filter(|e| matches!(e, PromError::SeveralClusters { .. }))
-            .map(ToString::to_string);
-        *r.health
-            .usage_refused
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = refused;
+        r.health.record_usage_refusal(fetched.as_ref());
         let refreshed = Refreshed {
             usage: fetched.map(|f| f.usage).unwrap_or_default(),
             history: r.source.history().cloned().map(Arc::new),
@@ -849,4 +856,73 @@ fn spawn_signal_handler(tasks: &Tasks) {
         }
         .instrument(info_span!("signals")),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::server::Probes as _;
+    use crate::usage::live::Rejected;
+    use crate::usage::prom::QueryStats;
+
+    fn refused_by_several_clusters() -> Fetched {
+        Fetched {
+            usage: Usage::default(),
+            stats: QueryStats::default(),
+            error: Some(PromError::SeveralClusters {
+                clusters: vec!["cluster=\"east\"".into(), "cluster=\"west\"".into()],
+            }),
+            rejected: Rejected::default(),
+        }
+    }
+
+    #[test]
+    fn several_clusters_make_serve_not_ready_and_say_so_until_a_clean_refresh() {
+        let health = Health {
+            started: AtomicBool::new(true),
+            broken_watches: Mutex::default(),
+            usage_refused: Mutex::default(),
+            beats: Vec::new(),
+        };
+        assert!(health.ready().is_ok());
+        health.record_usage_refusal(Some(&refused_by_several_clusters()));
+        let why = health
+            .ready()
+            .expect_err("not ready while the store is ambiguous");
+        assert!(
+            why.contains("cluster=\"east\"") && why.contains("--prometheus-selector"),
+            "{why}"
+        );
+        // The next refresh without that refusal clears it.
+        health.record_usage_refusal(Some(&Fetched {
+            error: None,
+            ..refused_by_several_clusters()
+        }));
+        assert!(health.ready().is_ok());
+    }
+
+    #[test]
+    fn several_clusters_set_their_gauge_and_the_source_down() {
+        let registry = prometheus::Registry::new();
+        let metrics = SelfMetrics::register(&registry).expect("metrics");
+        record_refresh(
+            &metrics,
+            Some(&refused_by_several_clusters()),
+            Instant::now(),
+        );
+        assert_eq!(metrics.prometheus_several_clusters.get(), 1.0);
+        assert_eq!(
+            metrics.source_up.with_label_values(&["prometheus"]).get(),
+            0.0
+        );
+        let mut clean = refused_by_several_clusters();
+        clean.error = None;
+        clean.usage.available = true;
+        record_refresh(&metrics, Some(&clean), Instant::now());
+        assert_eq!(metrics.prometheus_several_clusters.get(), 0.0);
+        assert_eq!(
+            metrics.source_up.with_label_values(&["prometheus"]).get(),
+            1.0
+        );
+    }
 }
