@@ -212,7 +212,22 @@ async fn wait_ready(
 impl ControlPlane {
     /// Starts the processes for `tier` and waits until each is ready (timeout:
     /// `KUBEBUILDER_CONTROLPLANE_START_TIMEOUT`, default 120 s per process).
+    ///
+    /// Ports are probed free, then bound by the processes: a parallel test can take one in
+    /// between ("address already in use"), so such a start is retried from scratch on new ports
+    /// (the failed attempt's processes and directory go with it).
     pub async fn start(tier: Tier) -> Result<Self> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(tier.clone()).await {
+                Err(e) if attempt < 4 && format!("{e:#}").contains("address already in use") => {}
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(tier: Tier) -> Result<Self> {
         let timeout = start_timeout();
         let etcd_bin = binary("etcd")?;
         let apiserver_bin = binary("kube-apiserver")?;
