@@ -11,9 +11,11 @@
 //! range selector only up to the query time and never returns a sample stamped a day ahead; a
 //! backend that does (a federating proxy, a store with a skewed clock) is what this double plays.
 
+mod support;
+
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,33 +29,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-fn homelab() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/homelab")
-}
-
-/// A copy of the homelab dumps in a temp dir, to make one change to.
-fn homelab_copy() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tmp");
-    for f in std::fs::read_dir(homelab()).expect("homelab") {
-        let f = f.expect("entry").path();
-        let name = f.file_name().expect("name").to_owned();
-        if f.extension().is_some_and(|x| x == "json") || name == "dcgm.prom" {
-            std::fs::copy(&f, dir.path().join(&name)).expect("copy");
-        }
-    }
-    dir
-}
-
-fn report(dir: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
-        .args(["report", "--from"])
-        .arg(dir)
-        .args(["-o", "json"])
-        .args(extra)
-        .env_remove("GPU_LEDGER_MAX_DUMP_SIZE")
-        .output()
-        .expect("run gpu-ledger")
-}
+use support::{homelab, homelab_copy, report_json as report};
 
 /// Runs the report, killing it after `limit` (a hang or a slow refusal is a failure, not a stuck
 /// suite). `None` when it had to be killed.

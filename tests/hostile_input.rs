@@ -7,6 +7,8 @@
 //! a renderer must not let them forge a sample, a JSON field, or a table row. Whatever a dump
 //! holds, the report must refuse it early with a message naming the file and the limit.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -270,33 +272,7 @@ fn table_rows_cannot_be_forged() {
 // Hostile dump files through the binary (`report --from DIR`)
 // --------------------------------------------------------------------------------------------
 
-fn homelab() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/homelab")
-}
-
-/// A copy of the homelab dumps in a temp dir, to replace one file with a hostile one.
-fn homelab_copy() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tmp");
-    for f in std::fs::read_dir(homelab()).expect("homelab") {
-        let f = f.expect("entry").path();
-        let name = f.file_name().expect("name").to_owned();
-        if f.extension().is_some_and(|x| x == "json") || name == "dcgm.prom" {
-            std::fs::copy(&f, dir.path().join(&name)).expect("copy");
-        }
-    }
-    dir
-}
-
-fn report(dir: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
-        .args(["report", "--from"])
-        .arg(dir)
-        .args(["-o", "json"])
-        .args(extra)
-        .env_remove("GPU_LEDGER_MAX_DUMP_SIZE")
-        .output()
-        .expect("run gpu-ledger")
-}
+use support::{homelab_copy, report_json as report};
 
 fn assert_refused(out: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);

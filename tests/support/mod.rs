@@ -66,3 +66,33 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The bundled homelab example (`examples/homelab`).
+pub fn homelab() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/homelab")
+}
+
+/// A copy of the homelab dumps in a temp dir, to replace or change one file.
+pub fn homelab_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    for f in std::fs::read_dir(homelab()).expect("homelab") {
+        let f = f.expect("entry").path();
+        let name = f.file_name().expect("name").to_owned();
+        if f.extension().is_some_and(|x| x == "json") || name == "dcgm.prom" {
+            std::fs::copy(&f, dir.path().join(&name)).expect("copy");
+        }
+    }
+    dir
+}
+
+/// `gpu-ledger report --from DIR -o json EXTRA…`, with the dump size limit at its default.
+pub fn report_json(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+        .args(["report", "--from"])
+        .arg(dir)
+        .args(["-o", "json"])
+        .args(extra)
+        .env_remove("GPU_LEDGER_MAX_DUMP_SIZE")
+        .output()
+        .expect("run gpu-ledger")
+}
