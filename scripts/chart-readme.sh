@@ -31,9 +31,15 @@ utilisation: who holds each GPU, is it used, where did the free cards go. Cullin
 notebooks is off by default. Installation, RBAC and upgrades: [docs/install.md](../../../docs/install.md).
 
 \`\`\`sh
-helm install gpu-ledger deploy/helm/gpu-ledger -n gpu-ledger --create-namespace \\
+helm install gpu-ledger oci://ghcr.io/gpu-ledger/charts/gpu-ledger --version ${version} \\
+  -n gpu-ledger --create-namespace \\
   --set prometheus.url=http://prometheus-operated.monitoring.svc:9090
 \`\`\`
+
+From a checkout, \`deploy/helm/gpu-ledger\` instead of the \`oci://\` reference. On
+kube-prometheus-stack the ServiceMonitor and PrometheusRule are on (their CRDs are served) and
+labelled \`release: kube-prometheus-stack\`: set \`prometheusRelease\` to the stack's release name
+if it differs.
 
 \`values.schema.json\` rejects unknown keys, durations without units (\`10\` instead of \`10m\`) and
 unknown modes or formats at \`helm lint\`, \`helm template\` and \`helm install\`.

@@ -4,7 +4,8 @@
 #     scripts/dashboards/build.py generates, and the ConfigMap embeds exactly the dashboard JSON;
 #  2. the dashboard type-checks against Grafana's published types (@grafana/schema, via tsc),
 #     and deliberately broken copies are rejected (negative tests);
-#  3. every panel query and variable query runs against a real Prometheus (Debian 2.42) loaded
+#  3. every panel query and variable query runs against a real Prometheus (Debian 2.42), once per
+#     label scheme of dcgm-exporter's workload labels (exported_* and plain, see run_scheme), loaded
 #     with SYNTHETIC OpenMetrics history (scripts/dashboards/synth_openmetrics.py: gpu-ledger
 #     families per docs/metrics.md + dcgm-exporter series; a later Rust test may feed real
 #     gpu-ledger output instead) and with alerts/gpu-ledger.rules.yaml as rule file; the hardware
@@ -96,58 +97,72 @@ broken no-node-variable '.templating.list |= map(select(.name != "node"))'
 echo '{"title": "x", "panels": [' > "$TMP/broken-json.json"
 if $CHECK "$TMP/broken-json.json" >/dev/null 2>&1; then fail "invalid JSON accepted"; else ok "invalid JSON rejected"; fi
 
-# ---- 3. queries against a real Prometheus ----------------------------------------------
+# ---- 3. queries against a real Prometheus, under both label schemes ----------------------
+# exported: dcgm-exporter scraped without honor_labels (kube-prometheus-stack's default
+# ServiceMonitor), no cluster label. plain: with honor_labels, and a `cluster` label on every
+# series as in a store shared by several clusters. Each run gets its own Prometheus and TSDB.
 NOW=$(date +%s)
-python3 scripts/dashboards/synth_openmetrics.py "$TMP/history.om" "$NOW"
-if "$PROMTOOL" tsdb create-blocks-from openmetrics "$TMP/history.om" "$TMP/data" >"$TMP/backfill.log" 2>&1; then
-  ok "backfilled $(grep -c '^[A-Za-z]' "$TMP/history.om") samples"
-else
-  cat "$TMP/backfill.log"; fail "promtool tsdb create-blocks-from openmetrics"; finish
-fi
-cat > "$TMP/prometheus.yml" <<YML
+run_scheme() {  # scheme [synth args...]
+  local scheme=$1; shift
+  local dir="$TMP/$scheme"
+  mkdir -p "$dir"
+  python3 scripts/dashboards/synth_openmetrics.py "$dir/history.om" "$NOW" --scheme "$scheme" "$@"
+  if "$PROMTOOL" tsdb create-blocks-from openmetrics "$dir/history.om" "$dir/data" >"$dir/backfill.log" 2>&1; then
+    ok "[$scheme] backfilled $(grep -c '^[A-Za-z]' "$dir/history.om") samples"
+  else
+    cat "$dir/backfill.log"; fail "[$scheme] promtool tsdb create-blocks-from openmetrics"; return
+  fi
+  cat > "$dir/prometheus.yml" <<YML
 global:
   evaluation_interval: 5s
 rule_files:
   - $ROOT/alerts/gpu-ledger.rules.yaml
 YML
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-URL=http://127.0.0.1:$PORT
-"$PROMETHEUS" --config.file="$TMP/prometheus.yml" --storage.tsdb.path="$TMP/data" \
-  --storage.tsdb.retention.time=100y --web.listen-address="127.0.0.1:$PORT" \
-  >"$TMP/prometheus.log" 2>&1 &
-PROM_PID=$!
-ready=
-for _ in $(seq 1 120); do
-  if curl -fsS "$URL/-/ready" >/dev/null 2>&1; then ready=1; break; fi
-  kill -0 "$PROM_PID" 2>/dev/null || break
-  sleep 0.5
-done
-if [ -z "$ready" ]; then tail -20 "$TMP/prometheus.log"; fail "prometheus did not become ready on $URL"; finish; fi
-ok "prometheus ready on $URL (pid $PROM_PID)"
-# wait until the recording rules have been evaluated at least once
-for _ in $(seq 1 60); do
-  if curl -fsS "$URL/api/v1/query" --data-urlencode 'query=cluster:gpu_ledger_gpus_used:sum' | grep -q '"value"' \
-     && curl -fsS "$URL/api/v1/query" --data-urlencode 'query=uuid_xid:dcgm_xid_events:new10m' | grep -q '"value"'; then break; fi
-  sleep 0.5
-done
+  local port url ready=
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  url=http://127.0.0.1:$port
+  "$PROMETHEUS" --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
+    --storage.tsdb.retention.time=100y --web.listen-address="127.0.0.1:$port" \
+    >"$dir/prometheus.log" 2>&1 &
+  PROM_PID=$!
+  for _ in $(seq 1 120); do
+    if curl -fsS "$url/-/ready" >/dev/null 2>&1; then ready=1; break; fi
+    kill -0 "$PROM_PID" 2>/dev/null || break
+    sleep 0.5
+  done
+  if [ -z "$ready" ]; then tail -20 "$dir/prometheus.log"; fail "[$scheme] prometheus did not become ready on $url"; return; fi
+  ok "[$scheme] prometheus ready on $url (pid $PROM_PID)"
+  # wait until the recording rules have been evaluated at least once
+  for _ in $(seq 1 60); do
+    if curl -fsS "$url/api/v1/query" --data-urlencode 'query=cluster:gpu_ledger_gpus_used:sum' | grep -q '"value"' \
+       && curl -fsS "$url/api/v1/query" --data-urlencode 'query=uuid_xid:dcgm_xid_events:new10m' | grep -q '"value"'; then break; fi
+    sleep 0.5
+  done
 
-if python3 scripts/dashboards/query_panels.py "$URL" dashboards/gpu-ledger.json team-a gpu-node-1 >"$TMP/queries.log" 2>&1; then
-  grep -v '^ok' "$TMP/queries.log"
-  ok "every panel and variable query returns data"
-else
-  grep -v '^ok' "$TMP/queries.log"
-  fail "panel queries"
-fi
-# Absent is absent (a GPU without clock-event reasons or power gets no line, never a 0) and the
-# hardware panels show the synthetic XID events and unschedulable GPUs.
-if python3 scripts/dashboards/check_absent.py "$URL" dashboards/gpu-ledger.json >"$TMP/absent.log" 2>&1; then
-  ok "hardware panels: $(tail -1 "$TMP/absent.log")"
-else
-  cat "$TMP/absent.log"; fail "hardware panels / absent stays absent"
-fi
-
-q_line=$(tail -1 "$TMP/queries.log")
-qp=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' <<<"$q_line")
-qf=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' <<<"$q_line")
-passed=$((passed + ${qp:-0})); failed=$((failed + ${qf:-0}))
+  local allow=()
+  [[ " $* " == *" --cluster "* ]] || allow=(--allow-empty cluster)
+  if python3 scripts/dashboards/query_panels.py "$url" dashboards/gpu-ledger.json team-a gpu-node-1 "${allow[@]}" >"$dir/queries.log" 2>&1; then
+    grep -v '^ok' "$dir/queries.log"
+    ok "[$scheme] every panel and variable query returns data"
+  else
+    grep -v '^ok' "$dir/queries.log"
+    fail "[$scheme] panel queries"
+  fi
+  # Absent is absent (a GPU without clock-event reasons or power gets no line, never a 0), the
+  # hardware panels show the synthetic XID events and unschedulable GPUs, and every GPU's
+  # workload is named in either scheme.
+  if python3 scripts/dashboards/check_absent.py "$url" dashboards/gpu-ledger.json >"$dir/absent.log" 2>&1; then
+    ok "[$scheme] hardware and workload panels: $(tail -1 "$dir/absent.log")"
+  else
+    cat "$dir/absent.log"; fail "[$scheme] hardware and workload panels / absent stays absent"
+  fi
+  local q_line qp qf
+  q_line=$(tail -1 "$dir/queries.log")
+  qp=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' <<<"$q_line")
+  qf=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' <<<"$q_line")
+  passed=$((passed + ${qp:-0})); failed=$((failed + ${qf:-0}))
+  kill "$PROM_PID" 2>/dev/null; wait "$PROM_PID" 2>/dev/null; PROM_PID=
+}
+run_scheme exported
+run_scheme plain --cluster lab-east
 finish

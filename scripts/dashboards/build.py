@@ -8,6 +8,7 @@ committed copies differ (used by scripts/test-dashboards.sh).
 Queries use the recording rules of alerts/gpu-ledger.rules.yaml where noted; load those rules.
 """
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,8 +25,25 @@ HELD = ('sum by (namespace, pod, node, state) (max by (namespace, pod, node, sta
 DEV = "Hostname, hostname, UUID, gpu"  # device key; DCGM device-wide fields: max, never sum
 
 
+# Every series selector gets the `cluster` variable, gpu-ledger's own families also `job`
+# (kubernetes-mixin style: one dashboard for one cluster of a shared store, and for the scrape job
+# that names gpu-ledger). Metric names: gpu_ledger_*, recording rules (level:metric:op), DCGM_*;
+# label names never match these shapes.
+CLUSTER = 'cluster=~"$cluster"'
+JOB = 'job=~"$job"'
+SELECTOR = re.compile(r'\b(gpu_ledger_\w+|[a-z_]+:[a-z0-9_]+:[a-z0-9_]+|DCGM_\w+)(\{[^}]*\})?')
+
+
+def scoped(expr):
+    def one(m):
+        extra = [CLUSTER] + ([JOB] if m.group(1).startswith("gpu_ledger_") else [])
+        inner = m.group(2)[1:-1].strip() if m.group(2) else ""
+        return "%s{%s}" % (m.group(1), ", ".join(([inner] if inner else []) + extra))
+    return SELECTOR.sub(one, expr)
+
+
 def target(ref, expr, legend=None, instant=False, fmt=None):
-    t = {"datasource": DS, "refId": ref, "expr": expr, "editorMode": "code", "range": not instant,
+    t = {"datasource": DS, "refId": ref, "expr": scoped(expr), "editorMode": "code", "range": not instant,
          "instant": instant}
     if legend:
         t["legendFormat"] = legend
@@ -224,11 +242,23 @@ def panels():
         [target("A", 'max by (%s) (DCGM_FI_DEV_FB_USED) / (max by (%s) (DCGM_FI_DEV_FB_USED) + max by (%s) (DCGM_FI_DEV_FB_FREE))' % (fbkey, fbkey, fbkey),
                 "{{Hostname}}{{hostname}} gpu {{gpu}} {{GPU_I_ID}}")],
         unit="percentunit", maxv=1), 8, 8)
+    # The workload is in exported_namespace/exported_pod when Prometheus scraped dcgm-exporter
+    # without honor_labels (then namespace/pod name the exporter pod), in namespace/pod with
+    # honor_labels (src/usage/scheme.rs). Both become workload_namespace/workload_pod; the
+    # namespace/pod branch counts only where no series has exported_pod (the exported scheme's
+    # namespace/pod would name the exporter), and GPUs without a workload keep their line.
+    # With honor_labels a series without a workload keeps the target's namespace/pod, the exporter
+    # pod: the GPU Operator's nvidia-dcgm-exporter-* and the dcgm-exporter chart's
+    # dcgm-exporter-* pods are not workloads.
+    act = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+    wl = 'label_replace(label_replace(%s{%s!=""%s}, "workload_namespace", "$1", "%s", "(.*)"), "workload_pod", "$1", "%s", "(.*)")'
     add(timeseries(
         "GPU activity by workload",
-        "Which workloads keep their GPUs busy? DCGM_FI_PROF_GR_ENGINE_ACTIVE (0..1) per GPU / MIG instance, labelled with the workload (exported_pod or pod, depending on how dcgm-exporter is scraped).",
-        [target("A", 'max by (%s, exported_namespace, exported_pod) (DCGM_FI_PROF_GR_ENGINE_ACTIVE)' % fbkey,
-                "{{exported_namespace}}/{{exported_pod}} {{UUID}} {{GPU_I_ID}}")],
+        "Which workloads keep their GPUs busy? DCGM_FI_PROF_GR_ENGINE_ACTIVE (0..1) per GPU / MIG instance, labelled with the workload: exported_namespace/exported_pod or namespace/pod, whichever way dcgm-exporter is scraped (without or with honor_labels).",
+        [target("A", 'max by (%s, workload_namespace, workload_pod) (%s or (%s unless on () %s{exported_pod!=""})) or on (%s) max by (%s) (%s)'
+                % (fbkey, wl % (act, "exported_pod", "", "exported_namespace", "exported_pod"),
+                   wl % (act, "pod", ', pod!~"(nvidia-)?dcgm-exporter-.*"', "namespace", "pod"), act, fbkey, fbkey, act),
+                "{{workload_namespace}}/{{workload_pod}} {{UUID}} {{GPU_I_ID}}")],
         unit="percentunit", maxv=1), 8, 8)
 
     add(stat("Seconds since last ledger refresh",
@@ -290,6 +320,12 @@ def dashboard():
             var_query("namespace", "namespace", "gpu_ledger_namespace_gpus_claimed",
                       "Namespaces known to gpu-ledger (any GPU pod or a GPU quota)"),
             var_query("node", "node", "gpu_ledger_node_gpus_allocatable", "GPU nodes known to gpu-ledger"),
+            # One cluster at a time (joins match on namespace/pod); "All" (.*) also matches series
+            # without a cluster label, as in a single-cluster Prometheus.
+            dict(var_query("cluster", "cluster", "gpu_ledger_build_info",
+                           "Cluster (the `cluster` label of a store shared by several clusters; All where there is none)"),
+                 multi=False, current={"selected": True, "text": "All", "value": "$__all"}),
+            var_query("job", "job", "gpu_ledger_build_info", "Scrape job(s) of gpu-ledger"),
         ]},
         "time": {"from": "now-6h", "to": "now"},
         "timepicker": {},

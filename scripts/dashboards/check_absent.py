@@ -23,7 +23,8 @@ def main():
     def expr(title, ref="A"):
         p = next(p for p in dash["panels"] if p["title"] == title)
         e = next(t["expr"] for t in p["targets"] if t["refId"] == ref)
-        return e.replace("$__range", "1h").replace("$node", ".*")
+        return (e.replace("$__range", "1h").replace("$node", ".*").replace("$cluster", ".*")
+                .replace("$job", ".*"))
 
     def query(e):
         q = urllib.parse.urlencode({"query": e})
@@ -46,6 +47,18 @@ def main():
     nodes = {r["metric"]["node"]: r["value"][1] for r in query(expr("GPUs present but not schedulable"))}
     if nodes != {"gpu-node-1": "1", "gpu-node-3": "3"}:
         return "GPUs present but not schedulable: got %s" % nodes
+    # The workload of each GPU / MIG instance, the same under either label scheme; GPUs without a
+    # workload keep their line without one, and the exporter pod is never a workload.
+    got = {(r["metric"]["UUID"], r["metric"].get("GPU_I_ID", "")):
+           "%s/%s" % (r["metric"].get("workload_namespace", ""), r["metric"].get("workload_pod", ""))
+           for r in query(expr("GPU activity by workload"))}
+    want = {("GPU-1-0", ""): "team-a/train-0", ("GPU-1-1", ""): "team-a/train-0",
+            ("GPU-1-2", ""): "team-a/nb-alice-0", ("GPU-1-3", ""): "team-a/stuck-0",
+            ("GPU-1-4", "1"): "team-a/mig-0", ("GPU-1-4", "2"): "/", ("GPU-1-7", ""): "/"}
+    want.update({("GPU-2-%d" % g, ""): "team-b/llm-0" for g in range(4)})
+    want.update({("GPU-3-%d" % g, ""): "/" for g in range(3)})
+    if got != want:
+        return "GPU activity by workload: want %s, got %s" % (sorted(want.items()), sorted(got.items()))
     print("thermal slowdown on %d GPUs, none for the %d without reasons; XID events %s; unschedulable %s"
           % (len(slow), len(A1000S), sorted(x[1] for x in xids), nodes))
     return None

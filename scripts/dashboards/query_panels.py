@@ -4,9 +4,13 @@
 Each target's expr is run with variables substituted, once with "All" ($namespace/$node -> .*)
 and once with concrete values, through /api/v1/query (instant) and, for timeseries panels, also
 /api/v1/query_range over the last 2h. A query fails unless it parses (status success) and returns
-at least one series. Dashboard variables (label_values(metric, label)) must return values.
+at least one series, and every label its legend names ({{a}}{{b}} side by side: either) is set on
+at least one of them: a panel grouping by labels the data does not carry (the workload under
+the other label scheme) shows lines without names. Dashboard variables (label_values(metric,
+label)) must return values, except those named with --allow-empty (`cluster` where the store has
+no cluster label: "All" is .*, which matches series without one). $cluster and $job are .*.
 
-usage: query_panels.py PROM_URL DASHBOARD_JSON NAMESPACE NODE
+usage: query_panels.py PROM_URL DASHBOARD_JSON NAMESPACE NODE [--allow-empty VAR]...
 Prints one line per check and "dashboard-queries: N passed, M failed"; exits 1 on any failure.
 """
 import json
@@ -31,14 +35,28 @@ def get(url, params):
 
 
 def substitute(expr, ns, node):
-    for var, val in (("namespace", ns), ("node", node), ("__rate_interval", "5m"),
+    for var, val in (("namespace", ns), ("node", node), ("cluster", ".*"), ("job", ".*"), ("__rate_interval", "5m"),
                      ("__range", "1h"), ("__interval", "1m"), ("datasource", "")):
         expr = expr.replace("${%s}" % var, val).replace("$" + var, val)
     return expr
 
 
+def legend_groups(legend):
+    """{{a}}{{b}} x {{c}} -> [["a", "b"], ["c"]]: adjacent placeholders are alternatives."""
+    groups, last_end = [], None
+    for m in re.finditer(r"\{\{\s*(\w+)\s*\}\}", legend or ""):
+        if last_end == m.start() and groups:
+            groups[-1].append(m.group(1))
+        else:
+            groups.append([m.group(1)])
+        last_end = m.end()
+    return groups
+
+
 def main():
     prom, dash_file, ns, node = sys.argv[1:5]
+    rest = sys.argv[5:]
+    allow_empty = {rest[k + 1] for k in range(len(rest) - 1) if rest[k] == "--allow-empty"}
     dash = json.load(open(dash_file))
     passed = failed = 0
     now = time.time()
@@ -65,15 +83,26 @@ def main():
             failed += 1
             print("FAIL variable %s: unsupported query %r" % (v["name"], q))
             continue
-        check("variable $%s = %s" % (v["name"], q),
-              get(prom + "/api/v1/label/%s/values" % m.group(2), {"match[]": m.group(1)}), key=None)
+        resp = get(prom + "/api/v1/label/%s/values" % m.group(2), {"match[]": m.group(1)})
+        if v["name"] in allow_empty and resp.get("status") == "success" and not resp["data"]:
+            passed += 1
+            print("ok   variable $%s = %s (no values; allowed)" % (v["name"], q))
+            continue
+        check("variable $%s = %s" % (v["name"], q), resp, key=None)
 
     for p in dash["panels"]:
         for t in p.get("targets", []):
             for label, (nsv, nodev) in (("all", (".*", ".*")), ("%s,%s" % (ns, node), (ns, node))):
                 expr = substitute(t["expr"], nsv, nodev)
                 name = "panel %d %r %s [%s]" % (p["id"], p["title"], t["refId"], label)
-                check(name + " instant", get(prom + "/api/v1/query", {"query": expr, "time": "%.3f" % now}))
+                resp = get(prom + "/api/v1/query", {"query": expr, "time": "%.3f" % now})
+                check(name + " instant", resp)
+                if resp.get("status") == "success" and resp["data"]["result"]:
+                    series = [r["metric"] for r in resp["data"]["result"]]
+                    for group in legend_groups(t.get("legendFormat")):
+                        if not any(m.get(label) for m in series for label in group):
+                            failed += 1
+                            print("FAIL %s legend: no series carries %s" % (name, " or ".join(group)))
                 if p["type"] == "timeseries":
                     check(name + " range", get(prom + "/api/v1/query_range", {
                         "query": expr, "start": "%.3f" % (now - 7200), "end": "%.3f" % now, "step": "60"}))

@@ -15,7 +15,14 @@ reasons), and XID events in the last minutes that the recording rules, evaluated
 Prometheus start, can see: DCGM_EXP_XID_ERRORS_COUNT (application XID 43 on GPU-1-3) and
 DCGM_EXP_XID_ERRORS_TOTAL (hardware XID 79 on GPU-2-0, series new 3 minutes ago).
 
-usage: synth_openmetrics.py OUT_FILE [NOW_UNIX_SECONDS]
+Label schemes (--scheme, src/usage/scheme.rs): "exported" is dcgm-exporter scraped without
+honor_labels (workload in exported_namespace/exported_pod, namespace/pod name the exporter pod);
+"plain" is with honor_labels (workload in namespace/pod; series without a workload keep the
+target labels namespace/pod of the exporter pod). --cluster adds a `cluster` label to every
+series, as a store shared by several clusters has it. gpu-ledger's own families carry the
+scrape's job and instance (job="gpu-ledger", as the chart's ServiceMonitor names it).
+
+usage: synth_openmetrics.py OUT_FILE [NOW_UNIX_SECONDS] [--scheme exported|plain] [--cluster NAME]
 """
 import sys
 import time
@@ -25,13 +32,29 @@ SPAN = 2 * 3600 + 15 * 60
 
 
 def main():
-    out = sys.argv[1]
-    now = int(float(sys.argv[2])) if len(sys.argv) > 2 else int(time.time())
+    args = sys.argv[1:]
+    opts = {}
+    for flag in ("--scheme", "--cluster"):
+        if flag in args:
+            k = args.index(flag)
+            opts[flag] = args[k + 1]
+            del args[k:k + 2]
+    scheme = opts.get("--scheme", "exported")
+    if scheme not in ("exported", "plain"):
+        sys.exit("--scheme must be exported or plain, not %r" % scheme)
+    cluster = opts.get("--cluster")
+    out = args[0]
+    now = int(float(args[1])) if len(args) > 1 else int(time.time())
     start = now - SPAN
     ts = list(range(start, now + 1, STEP))
     fams = {}  # name -> (type, help, [(labels, fn(t_index, t) -> value)])
 
     def s(name, typ, labels, fn, help_="synthetic"):
+        labels = dict(labels)
+        if name.startswith("gpu_ledger_"):
+            labels.update(job="gpu-ledger", instance="10.0.0.10:8080")
+        if cluster:
+            labels["cluster"] = cluster
         fams.setdefault(name, (typ, help_, []))[2].append((labels, fn))
 
     const = lambda v: (lambda i, t: v)
@@ -113,8 +136,10 @@ def main():
         base = dict(gpu=gpu, UUID=uuid, device="nvidia" + gpu, modelName=model, Hostname=host, **extra)
         base["pod"] = "nvidia-dcgm-exporter-" + host[-1]
         base.update(exporter)
-        if wl:
+        if wl and scheme == "exported":
             base.update(exported_namespace=wl[0], exported_pod=wl[1], exported_container="main")
+        elif wl:  # honor_labels: the exporter's workload labels replace the target's
+            base.update(namespace=wl[0], pod=wl[1], container="main")
         s("DCGM_FI_DEV_GPU_TEMP", "gauge", base, lambda i, t, v=temp: v + (i % 4))
         s("DCGM_FI_DEV_FB_USED", "gauge", base, const(used))
         s("DCGM_FI_DEV_FB_FREE", "gauge", base, const(free))
@@ -138,7 +163,7 @@ def main():
             s("DCGM_EXP_XID_ERRORS_TOTAL", "unknown", dict(base, xid="79"), lambda i, t: 1 if recent(i, 3) else None)
 
     # up for both jobs
-    s("up", "gauge", dict(job="gpu-ledger", instance="10.0.0.10:8080"), const(1))
+    s("up", "gauge", dict(job="gpu-ledger", instance="10.0.0.10:8080", **({"cluster": cluster} if cluster else {})), const(1))
 
     def fmt_labels(d):
         if not d:

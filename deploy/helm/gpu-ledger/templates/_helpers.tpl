@@ -177,9 +177,20 @@ metadata:
     {{- with .Values.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
-  {{- with .Values.podAnnotations }}
+  {{- if or .Values.podAnnotations .Values.scrapeAnnotations.enabled }}
   annotations:
+    {{- with .Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- if .Values.scrapeAnnotations.enabled }}
+    # Plain Prometheus' kubernetes_sd pod discovery (the community chart's kubernetes-pods job).
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ .Values.port | quote }}
+    prometheus.io/path: /metrics
+    {{- if .Values.tls.secretName }}
+    prometheus.io/scheme: https
+    {{- end }}
+    {{- end }}
   {{- end }}
 spec:
   serviceAccountName: {{ include "gpu-ledger.serviceAccountName" . }}
@@ -397,4 +408,19 @@ Namespaces of dcgm-exporter's DaemonSet pods, as a JSON array: ledger.exporterNa
 {{- else -}}
 []
 {{- end -}}
+{{- end }}
+
+{{/* "true" when the ServiceMonitor is rendered: enabled true, or auto where the CRD is served. */}}
+{{- define "gpu-ledger.serviceMonitorOn" -}}
+{{- $enabled := .Values.serviceMonitor.enabled | toString }}
+{{- if or (eq $enabled "true") (and (eq $enabled "auto") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor")) -}}
+true
+{{- end }}
+{{- end }}
+
+{{/* kube-prometheus-stack's selector label (serviceMonitorSelector, ruleSelector). */}}
+{{- define "gpu-ledger.prometheusReleaseLabel" -}}
+{{- with .Values.prometheusRelease }}
+release: {{ . | quote }}
+{{- end }}
 {{- end }}
