@@ -3,6 +3,7 @@
 //! install lines of README.md and docs/install.md, and the registry names the release workflow
 //! publishes to. A release bumps them together or this fails.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -134,13 +135,10 @@ fn krew_manifest_is_generated_for_the_crate_version() -> Result<()> {
             &body,
         )?;
         let digest = ring::digest::digest(&ring::digest::SHA256, body.as_bytes());
-        sums.push(
-            digest
-                .as_ref()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>(),
-        );
+        sums.push(digest.as_ref().iter().fold(String::new(), |mut hex, b| {
+            let _ = write!(hex, "{b:02x}");
+            hex
+        }));
     }
     let base = format!(
         "https://github.com/{}/gpu-ledger/releases/download/v{VERSION}",
