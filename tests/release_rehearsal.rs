@@ -477,6 +477,24 @@ fn alert_expr<'a>(rule: &'a Value, alert: &str) -> Result<&'a str> {
         .with_context(|| format!("no alert {alert}"))
 }
 
+/// `promtool check rules` on a rendered PrometheusRule's spec (a Prometheus rule file).
+fn promtool_check_rules(dir: &Path, rule: &Value) -> Result<()> {
+    let promtool = tool("promtool", "apt-get install prometheus")?;
+    std::fs::create_dir_all(dir)?;
+    let file = dir.join(format!(
+        "rendered-rules-{}.yaml",
+        std::thread::current()
+            .name()
+            .unwrap_or("test")
+            .replace("::", "-")
+    ));
+    std::fs::write(&file, serde_norway::to_string(&rule["spec"])?)?;
+    let mut c = Command::new(promtool);
+    c.args(["check", "rules"]).arg(&file);
+    run_ok(c, None).context("the chart's rendered rules do not load")?;
+    Ok(())
+}
+
 #[test]
 fn kube_prometheus_stack_default_selectors_pick_up_the_chart() -> Result<()> {
     let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("release-rehearsal-helm");
@@ -573,6 +591,9 @@ fn kube_prometheus_stack_default_selectors_pick_up_the_chart() -> Result<()> {
         "GpuLedgerDown does not watch job {job:?}: {down}"
     );
 
+    // The rules as the chart rendered them (thresholds and the job substituted) still load.
+    promtool_check_rules(&home, rule)?;
+
     // Another stack release name: one value.
     let objs = render(&home, true, &["prometheusRelease=monitoring"])?;
     for kind in ["ServiceMonitor", "PrometheusRule"] {
@@ -598,6 +619,7 @@ fn kube_prometheus_stack_default_selectors_pick_up_the_chart() -> Result<()> {
         "GpuLedgerDown pages when nothing scrapes gpu-ledger: {down}"
     );
     ensure!(down.contains("== 0"), "{down}");
+    promtool_check_rules(&home, find(&objs, "PrometheusRule")?)?;
     // ... until the chart configures a scrape (plain Prometheus, annotations).
     let objs = render(
         &home,
