@@ -351,6 +351,14 @@ pub struct CullPolicyArgs {
         value_delimiter = ','
     )]
     pub cull_exclude_namespaces: Vec<String>,
+    /// Notice before a stop: annotate the notebook and publish a Warning Event this long before
+    /// stopping it (0 = stop without notice). Never shortens --cull-idle-after.
+    #[arg(long, env = "GPU_LEDGER_CULL_NOTICE", default_value = "0s", value_parser = duration, help_heading = "Culling")]
+    pub cull_notice: chrono::Duration,
+    /// A `gpu-ledger.io/snooze-until` counts at most this long after the notebook first
+    /// qualified for a stop (0 = no bound).
+    #[arg(long, env = "GPU_LEDGER_CULL_MAX_SNOOZE", default_value = "0s", value_parser = duration, help_heading = "Culling")]
+    pub cull_max_snooze: chrono::Duration,
 }
 
 /// `--cull`: what culling may do (mapped onto the culler's own mode by `app`).

@@ -212,6 +212,8 @@ fn cull_policy(args: &CullPolicyArgs, ledger: &Policy) -> CullPolicy {
         max_per_cycle: args.cull_max_per_cycle,
         namespaces: listed(&args.cull_namespaces),
         exclude_namespaces: listed(&args.cull_exclude_namespaces),
+        notice: args.cull_notice,
+        max_snooze: args.cull_max_snooze,
         ..CullPolicy::default()
     }
 }

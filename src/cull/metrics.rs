@@ -7,7 +7,7 @@ use prometheus::proto::MetricFamily;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::HoldBack;
-use super::actuator::StopResult;
+use super::actuator::{NoticeResult, StopResult};
 use super::lease::{Leadership, LeaseError};
 use super::plan::{CircuitReason, Plan, SkipReason};
 
@@ -34,6 +34,8 @@ pub struct CullMetrics {
     pub lease_errors: IntCounterVec,
     /// Notebooks whose last stop failed and that back off (see [`super::backoff`]).
     pub backoff: IntGauge,
+    /// Notices before a stop written or cancelled (`--cull-notice`), by kind and result.
+    pub notices: IntCounterVec,
 }
 
 /// `gpu_ledger_cull_leader`, set from the leadership claim when scraped: a claim that ran out
@@ -76,6 +78,7 @@ impl CullMetrics {
         registry.register(Box::new(m.held_back.clone()))?;
         registry.register(Box::new(m.lease_errors.clone()))?;
         registry.register(Box::new(m.backoff.clone()))?;
+        registry.register(Box::new(m.notices.clone()))?;
         Ok(m)
     }
 
@@ -134,6 +137,13 @@ impl CullMetrics {
                 "gpu_ledger_cull_backoff_notebooks",
                 "Notebooks whose last stop failed: they sit out 1, 2, 4, ... cycles (at most 1 h) and are skipped as reason backoff.",
             ))?,
+            notices: IntCounterVec::new(
+                Opts::new(
+                    "gpu_ledger_cull_notices_total",
+                    "Notices before a stop (--cull-notice) by kind (schedule, cancel) and result.",
+                ),
+                &["kind", "result"],
+            )?,
             time_to_free: Histogram::with_opts(
                 HistogramOpts::new(
                     "gpu_ledger_cull_time_to_free_seconds",
@@ -153,6 +163,11 @@ impl CullMetrics {
         }
         for r in HoldBack::ALL {
             m.held_back.with_label_values(&[r.as_str()]).set(0);
+        }
+        for kind in ["schedule", "cancel"] {
+            for r in NoticeResult::ALL {
+                m.notices.with_label_values(&[kind, r.as_str()]);
+            }
         }
         for r in LeaseError::REASONS {
             m.lease_errors.with_label_values(&[r]);
@@ -220,6 +235,7 @@ mod tests {
                 "gpu_ledger_cull_held_back",
                 "gpu_ledger_cull_leader",
                 "gpu_ledger_cull_lease_errors_total",
+                "gpu_ledger_cull_notices_total",
                 "gpu_ledger_cull_skips_total",
                 "gpu_ledger_cull_stops_total",
                 "gpu_ledger_cull_time_to_free_seconds",

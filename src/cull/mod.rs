@@ -25,11 +25,17 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::ledger::Ledger;
 
-pub use actuator::{Actuator, CullApi, KubeCullApi, Outcome, Recheck, RecheckError, StopResult};
+pub use actuator::{
+    Actuator, CullApi, KubeCullApi, NoticeOutcome, NoticeResult, Outcome, Recheck, RecheckError,
+    StopResult,
+};
 pub use backoff::Backoff;
 pub use lease::{API_TIMEOUT, Leadership, StaticLeadership};
 pub use metrics::CullMetrics;
-pub use plan::{Action, CircuitReason, CullPolicy, Plan, Skip, SkipReason, plan, plan_with};
+pub use plan::{
+    Action, CancelReason, CircuitReason, CullPolicy, Notice, Plan, Skip, SkipReason, plan,
+    plan_with,
+};
 
 /// Whether culling acts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -218,6 +224,8 @@ pub struct CycleReport {
     pub held_back: Option<HoldBack>,
     /// Seconds from stop to pod gone, observed this cycle.
     pub freed: Vec<(String, f64)>,
+    /// What became of the plan's notices (`--cull-notice`).
+    pub notices: Vec<NoticeOutcome>,
 }
 
 /// A pod we stopped, followed until it is gone.
@@ -266,8 +274,10 @@ impl Culler {
         metrics: CullMetrics,
         leadership: Arc<dyn Leadership>,
     ) -> Self {
-        let actuator =
-            api.map(|api| Actuator::new(api, config.server_dry_run, config.policy.min_runtime));
+        let actuator = api.map(|api| {
+            Actuator::new(api, config.server_dry_run, config.policy.min_runtime)
+                .with_policy(config.policy.clone())
+        });
         Culler {
             config,
             metrics,
@@ -403,7 +413,28 @@ impl Culler {
         log_plan(&plan, self.config.mode);
 
         let mut outcomes = Vec::new();
-        let acted = wants_to_act && held_back.is_none() && !plan.actions.is_empty();
+        let mut notices = Vec::new();
+        let may_act = wants_to_act && held_back.is_none();
+        if may_act
+            && !plan.notices.is_empty()
+            && let Some(actuator) = &self.actuator
+        {
+            notices = actuator
+                .notify(
+                    &plan.notices,
+                    self.config.mode,
+                    now,
+                    self.leadership.as_ref(),
+                )
+                .await;
+            for n in &notices {
+                self.metrics
+                    .notices
+                    .with_label_values(&[n.notice.kind(), n.result.as_str()])
+                    .inc();
+            }
+        }
+        let acted = may_act && !plan.actions.is_empty();
         if acted && let Some(actuator) = &self.actuator {
             outcomes = actuator
                 .execute(
@@ -450,6 +481,7 @@ impl Culler {
             acted,
             held_back,
             freed,
+            notices,
         }
     }
 
@@ -602,6 +634,10 @@ fn log_plan(plan: &Plan, mode: CullMode) {
         } = a;
         info!(%namespace, %notebook, %pod, mode = %mode, reason = %a.reason_text(), "idle notebook selected for stop");
     }
+    for n in &plan.notices {
+        let (namespace, notebook, _) = n.target();
+        info!(%namespace, %notebook, kind = n.kind(), mode = %mode, reason = %n.reason_text(), "cull notice planned");
+    }
     for s in &plan.skips {
         let notebook = s.notebook.as_deref().unwrap_or("");
         match s.reason {
@@ -647,6 +683,23 @@ pub fn render_plan(plan: &Plan, out: &mut impl std::io::Write) -> std::io::Resul
             "  STOP  {namespace}/{notebook}  pod={pod}  {}",
             a.reason_text()
         )?;
+    }
+    for n in &plan.notices {
+        let (namespace, notebook, _) = n.target();
+        match n {
+            Notice::Schedule { stop_at, pod, .. } => writeln!(
+                out,
+                "  NOTICE  {namespace}/{notebook}  pod={pod}  stops at {} unless used or snoozed: {}",
+                plan::rfc3339(*stop_at),
+                n.reason_text()
+            )?,
+            Notice::Cancel { stop_at, pod, .. } => writeln!(
+                out,
+                "  CANCEL  {namespace}/{notebook}  pod={pod}  stop at {} cancelled: {}",
+                plan::rfc3339(*stop_at),
+                n.reason_text()
+            )?,
+        }
     }
     let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
     for s in &plan.skips {
