@@ -342,7 +342,8 @@ variables:
   - name: owned
     expression: >-
       ['kubeflow-resource-stopped', 'gpu-ledger.io/stopped-at', 'gpu-ledger.io/stopped-by',
-      'gpu-ledger.io/stop-reason']
+      'gpu-ledger.io/stop-reason', 'gpu-ledger.io/stop-scheduled-at',
+      'gpu-ledger.io/stop-notice-reason']
   - name: isUpdate
     expression: >-
       request.operation == 'UPDATE' && (!has(request.subResource) || request.subResource == '')
@@ -377,7 +378,8 @@ validations:
       variables.oldAnnotations.all(k, k in variables.owned || k in variables.newAnnotations)
     message: >-
       gpu-ledger may only write the annotations kubeflow-resource-stopped,
-      gpu-ledger.io/stopped-at, gpu-ledger.io/stopped-by and gpu-ledger.io/stop-reason.
+      gpu-ledger.io/stopped-at, gpu-ledger.io/stopped-by, gpu-ledger.io/stop-reason and
+      the notice annotations gpu-ledger.io/stop-scheduled-at and gpu-ledger.io/stop-notice-reason.
   - expression: >-
       !('kubeflow-resource-stopped' in variables.oldAnnotations) ||
       ('kubeflow-resource-stopped' in variables.newAnnotations &&
