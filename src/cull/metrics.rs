@@ -36,6 +36,8 @@ pub struct CullMetrics {
     pub backoff: IntGauge,
     /// Notices before a stop written or cancelled (`--cull-notice`), by kind and result.
     pub notices: IntCounterVec,
+    /// Notice webhook posts by result (`sent`, `error`).
+    pub notice_webhook: IntCounterVec,
 }
 
 /// `gpu_ledger_cull_leader`, set from the leadership claim when scraped: a claim that ran out
@@ -79,6 +81,7 @@ impl CullMetrics {
         registry.register(Box::new(m.lease_errors.clone()))?;
         registry.register(Box::new(m.backoff.clone()))?;
         registry.register(Box::new(m.notices.clone()))?;
+        registry.register(Box::new(m.notice_webhook.clone()))?;
         Ok(m)
     }
 
@@ -144,6 +147,13 @@ impl CullMetrics {
                 ),
                 &["kind", "result"],
             )?,
+            notice_webhook: IntCounterVec::new(
+                Opts::new(
+                    "gpu_ledger_cull_notice_webhook_total",
+                    "Notice webhook posts (--cull-notice-webhook-url-file) by result (sent, error).",
+                ),
+                &["result"],
+            )?,
             time_to_free: Histogram::with_opts(
                 HistogramOpts::new(
                     "gpu_ledger_cull_time_to_free_seconds",
@@ -168,6 +178,9 @@ impl CullMetrics {
             for r in NoticeResult::ALL {
                 m.notices.with_label_values(&[kind, r.as_str()]);
             }
+        }
+        for r in ["sent", "error"] {
+            m.notice_webhook.with_label_values(&[r]);
         }
         for r in LeaseError::REASONS {
             m.lease_errors.with_label_values(&[r]);
@@ -235,6 +248,7 @@ mod tests {
                 "gpu_ledger_cull_held_back",
                 "gpu_ledger_cull_leader",
                 "gpu_ledger_cull_lease_errors_total",
+                "gpu_ledger_cull_notice_webhook_total",
                 "gpu_ledger_cull_notices_total",
                 "gpu_ledger_cull_skips_total",
                 "gpu_ledger_cull_stops_total",

@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod lease;
 pub mod metrics;
 pub mod plan;
+pub mod webhook;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -87,6 +88,8 @@ pub enum CullError {
     Metrics(#[source] prometheus::Error),
     #[error("invalid culling lease: {0}")]
     Lease(String),
+    #[error("notice webhook")]
+    Webhook(#[source] webhook::WebhookError),
 }
 
 /// Why the leader's cycle did not act although it wanted to (the `reason` label of
@@ -181,6 +184,9 @@ pub struct CullConfig {
     pub server_dry_run: bool,
     /// Stop tracking a stopped pod for `time to free` after this long (default 24 h).
     pub track_for: Duration,
+    /// `--cull-notice-webhook-url-file` and `--cull-notice-webhook-format`: where notices are
+    /// also posted (the URL is read from the file, a mounted Secret, at every post).
+    pub notice_webhook: Option<(std::path::PathBuf, webhook::WebhookFormat)>,
 }
 
 impl Default for CullConfig {
@@ -196,6 +202,7 @@ impl Default for CullConfig {
             kill_switch: None,
             server_dry_run: false,
             track_for: Duration::hours(24),
+            notice_webhook: None,
         }
     }
 }
@@ -251,6 +258,8 @@ pub struct Culler {
     was_leader: bool,
     /// The election we started: its cancel token and the signal that it released the Lease.
     lease_task: Option<(CancellationToken, oneshot::Receiver<()>)>,
+    /// Where written notices are also posted (`--cull-notice-webhook-url-file`).
+    webhook: Option<webhook::Webhook>,
 }
 
 impl Culler {
@@ -287,7 +296,15 @@ impl Culler {
             backoff: Backoff::default(),
             was_leader: false,
             lease_task: None,
+            webhook: None,
         }
+    }
+
+    /// The same culler, also posting every notice it writes or cancels to `webhook`.
+    #[must_use]
+    pub fn with_webhook(mut self, webhook: webhook::Webhook) -> Self {
+        self.webhook = Some(webhook.with_counter(self.metrics.notice_webhook.clone()));
+        self
     }
 
     /// Wiring for `serve`: metrics on `registry`, and (when culling is not off and a client
@@ -349,8 +366,17 @@ impl Culler {
             );
             (token, done)
         });
+        let webhook = match &config.notice_webhook {
+            Some((file, format)) => {
+                Some(webhook::Webhook::new(file, *format).map_err(CullError::Webhook)?)
+            }
+            None => None,
+        };
         let mut culler = Self::new(client, config, metrics, leadership);
         culler.lease_task = lease_task;
+        if let Some(w) = webhook {
+            culler = culler.with_webhook(w);
+        }
         Ok(culler)
     }
 
@@ -432,6 +458,12 @@ impl Culler {
                     .notices
                     .with_label_values(&[n.notice.kind(), n.result.as_str()])
                     .inc();
+                // In the background: a slow receiver never holds the cycle (or a stop) back.
+                if n.result == NoticeResult::Written
+                    && let Some(hook) = &self.webhook
+                {
+                    drop(hook.post(&n.notice, now));
+                }
             }
         }
         let acted = may_act && !plan.actions.is_empty();
