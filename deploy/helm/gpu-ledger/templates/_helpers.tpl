@@ -149,6 +149,16 @@ compares them for the default values).
 {{- else }}
 - --lease-name={{ .Values.culling.leaseName }}
 {{- end }}
+{{- if not (has (toString .Values.culling.notice) (list "" "0" "0s")) }}
+- --cull-notice={{ .Values.culling.notice }}
+{{- end }}
+{{- if not (has (toString .Values.culling.maxSnooze) (list "" "0" "0s")) }}
+- --cull-max-snooze={{ .Values.culling.maxSnooze }}
+{{- end }}
+{{- if .Values.culling.noticeWebhook.secretName }}
+- --cull-notice-webhook-url-file=/etc/gpu-ledger/notice-webhook/{{ .Values.culling.noticeWebhook.secretKey }}
+- --cull-notice-webhook-format={{ .Values.culling.noticeWebhook.format }}
+{{- end }}
 {{- end }}
 {{- if gt (int (include "gpu-ledger.totalShards" .)) 1 }}
 - --shard=$(POD_INDEX)
@@ -265,6 +275,11 @@ spec:
           mountPath: /etc/gpu-ledger/api-token
           readOnly: true
         {{- end }}
+        {{- if and (ne (include "gpu-ledger.cullMode" .) "off") .Values.culling.noticeWebhook.secretName }}
+        - name: notice-webhook
+          mountPath: /etc/gpu-ledger/notice-webhook
+          readOnly: true
+        {{- end }}
   volumes:
     - name: tmp
       emptyDir:
@@ -304,6 +319,15 @@ spec:
         items:
           - key: {{ .Values.apiAuth.tokenSecretKey }}
             path: {{ .Values.apiAuth.tokenSecretKey }}
+    {{- end }}
+    {{- if and (ne (include "gpu-ledger.cullMode" .) "off") .Values.culling.noticeWebhook.secretName }}
+    # A directory mount (no subPath): a rotated Secret reaches the file, read at every post.
+    - name: notice-webhook
+      secret:
+        secretName: {{ .Values.culling.noticeWebhook.secretName }}
+        items:
+          - key: {{ .Values.culling.noticeWebhook.secretKey }}
+            path: {{ .Values.culling.noticeWebhook.secretKey }}
     {{- end }}
   {{- with .Values.nodeSelector }}
   nodeSelector:
