@@ -199,4 +199,4 @@ impl Webhook {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -39,7 +39,7 @@ fn cancel() -> Notice {
 }
 
 /// The test double: a local HTTP receiver on a secret-looking path, answering `status`.
-async fn receiver(status: StatusCode) -> (String, mpsc::UnboundedReceiver<Value>) {
+pub(crate) async fn receiver(status: StatusCode) -> (String, mpsc::UnboundedReceiver<Value>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let app = axum::Router::new().route(
         "/hooks/s3cr3t-token",
@@ -61,7 +61,7 @@ async fn receiver(status: StatusCode) -> (String, mpsc::UnboundedReceiver<Value>
     (format!("http://{addr}/hooks/s3cr3t-token"), rx)
 }
 
-fn url_file(url: &str) -> tempfile::NamedTempFile {
+pub(crate) fn url_file(url: &str) -> tempfile::NamedTempFile {
     let f = tempfile::NamedTempFile::new().expect("tmp");
     // A mounted Secret may end in a newline.
     std::fs::write(f.path(), format!("{url}\n")).expect("write");
