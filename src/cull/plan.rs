@@ -94,7 +94,7 @@ impl CullPolicy {
         idle_seconds: Option<f64>,
         now: DateTime<Utc>,
     ) -> bool {
-        if !snooze_until.is_some_and(|t| t > now) {
+        if snooze_until.is_none_or(|t| t <= now) {
             return false;
         }
         if self.max_snooze <= Duration::zero() {
