@@ -326,6 +326,27 @@ pub struct CullArgs {
     /// Namespace of the Lease (defaults to the pod's namespace).
     #[arg(long, env = "GPU_LEDGER_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
+    /// File holding the URL every notice before a stop is also posted to (mount it from a
+    /// Secret; the URL itself is never a flag and never logged).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_CULL_NOTICE_WEBHOOK_URL_FILE",
+        value_name = "PATH",
+        help_heading = "Culling"
+    )]
+    pub cull_notice_webhook_url_file: Option<std::path::PathBuf>,
+    /// Body of the notice webhook: alertmanager (webhook_config, version 4) or slack (text).
+    #[arg(long, env = "GPU_LEDGER_CULL_NOTICE_WEBHOOK_FORMAT", value_enum, ignore_case = true, default_value_t = WebhookFormatFlag::Alertmanager, help_heading = "Culling")]
+    pub cull_notice_webhook_format: WebhookFormatFlag,
+}
+
+/// `--cull-notice-webhook-format` (mapped onto the culler's own format by `app`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WebhookFormatFlag {
+    /// Alertmanager's webhook body (version 4).
+    Alertmanager,
+    /// Slack's incoming-webhook body.
+    Slack,
 }
 
 /// The culling rules a plan applies: shared by `serve --cull` and `report --cull-dry-run`.
@@ -351,6 +372,14 @@ pub struct CullPolicyArgs {
         value_delimiter = ','
     )]
     pub cull_exclude_namespaces: Vec<String>,
+    /// Notice before a stop: annotate the notebook and publish a Warning Event this long before
+    /// stopping it (0 = stop without notice). Never shortens --cull-idle-after.
+    #[arg(long, env = "GPU_LEDGER_CULL_NOTICE", default_value = "0s", value_parser = duration, help_heading = "Culling")]
+    pub cull_notice: chrono::Duration,
+    /// A `gpu-ledger.io/snooze-until` counts at most this long after the notebook first
+    /// qualified for a stop (0 = no bound).
+    #[arg(long, env = "GPU_LEDGER_CULL_MAX_SNOOZE", default_value = "0s", value_parser = duration, help_heading = "Culling")]
+    pub cull_max_snooze: chrono::Duration,
 }
 
 /// `--cull`: what culling may do (mapped onto the culler's own mode by `app`).

@@ -3,7 +3,8 @@
 //! malformed `gpu-ledger.io/snooze-until` (or `gpu-ledger.io/stopped-at`) on the idle notebook
 //! `team-ml/alice-nb` lists no stop, and says why (`invalid_annotation`) in the table, the JSON
 //! and the metrics. Without the annotation, or with a well-formed one in the past, alice-nb is
-//! the one stop (so the fixture can show a stop at all).
+//! the one stop (so the fixture can show a stop at all). With `--cull-notice` alice-nb gets a
+//! notice first, and a notebook under a notice shows when it stops and how to snooze.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -133,4 +134,54 @@ fn a_malformed_stopped_at_holds_back_too() {
     // Well-formed and long ago: no restart grace, alice-nb is stopped.
     let old = homelab_with(&[("gpu-ledger.io/stopped-at", "2026-08-01T00:00:00Z")]);
     assert_eq!(stops(&report(old.path(), &[])).len(), 1);
+}
+
+#[test]
+fn a_notice_shows_when_the_stop_comes_and_how_to_snooze() {
+    // With --cull-notice, the idle alice-nb first gets a notice, not a stop.
+    let plain = homelab_with(&[]);
+    let table = report(plain.path(), &["--cull-notice", "30m"]);
+    assert!(stops(&table).is_empty(), "a notice comes first:\n{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.trim_start().starts_with("NOTICE  team-ml/alice-nb")
+                && l.contains("unless used or snoozed")),
+        "{table}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&report(
+        plain.path(),
+        &["--cull-notice", "30m", "-o", "json"],
+    ))
+    .expect("JSON");
+    let notices = v["cull"]["notices"].as_array().expect("notices");
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0]["kind"], "schedule");
+    assert_eq!(notices[0]["notebook"], "alice-nb");
+
+    // Under a notice that has not run out: no stop, no second notice, and the table says when
+    // the stop comes with the exact command to snooze (a day past it).
+    let noticed = homelab_with(&[("gpu-ledger.io/stop-scheduled-at", "2099-01-01T09:00:00Z")]);
+    let table = report(noticed.path(), &["--cull-notice", "30m"]);
+    assert!(stops(&table).is_empty(), "{table}");
+    assert!(table.contains("notice_pending=1"), "{table}");
+    assert!(!table.contains("NOTICE  "), "{table}");
+    assert!(
+        table.contains("stops at 2099-01-01T09:00:00Z unless used or snoozed"),
+        "{table}"
+    );
+    assert!(
+        table.contains(
+            "kubectl annotate --overwrite notebook -n team-ml -- alice-nb gpu-ledger.io/snooze-until=2099-01-02T09:00:00Z"
+        ),
+        "{table}"
+    );
+    let html = report(noticed.path(), &["--cull-notice", "30m", "-o", "html"]);
+    assert!(
+        html.contains("stops at 2099-01-01T09:00:00Z unless used or snoozed"),
+        "the page shows it too"
+    );
+    // Without --cull-notice the annotation delays nothing (and is still shown).
+    let table = report(noticed.path(), &[]);
+    assert_eq!(stops(&table).len(), 1, "{table}");
 }

@@ -20,12 +20,17 @@
 //!    own namespace) publishes `IdleGPUWouldStop` and writes nothing;
 //! 2. SIGTERM the leader: the Lease is released and the other replica takes over;
 //! 3. Prometheus outage before a new notebook's idle period elapses: nobody is stopped.
+//!
+//! `notice_before_a_stop_and_a_snooze_that_cancels_it` (a stack of its own, `--cull-notice`):
+//! two idle notebooks get the notice annotation and a Warning Event first; one is stopped only
+//! once its notice has run out, the other is snoozed during its notice, which cancels the stop
+//! with a Normal Event; both stories read as `kubectl describe notebook` shows them.
 
 mod support;
 
 use std::time::Duration;
 
-use chrono::NaiveDateTime;
+use chrono::{DateTime, NaiveDateTime, Utc};
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
     GpuLedgerProcess, LEDGER_NAMESPACE, Notebook, STOP_ANNOTATION, Stack, metric_value,
@@ -35,7 +40,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
 use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
 
@@ -485,6 +490,216 @@ async fn culling_end_to_end() {
         1,
         "still exactly one stop Event for idle-nb"
     );
+}
+
+/// The notice annotation's due time, once the notebook has one.
+async fn notice_due(admin: &kube::Client, nb: &str) -> Option<DateTime<Utc>> {
+    let a = annotations(admin, NS, nb).await;
+    let due = DateTime::parse_from_rfc3339(a.get(NOTICE_ANNOTATION)?).expect("RFC 3339 notice");
+    assert!(
+        !a.contains_key(STOP_ANNOTATION),
+        "the notice comes before the stop: {a:?}"
+    );
+    assert!(
+        a.get("gpu-ledger.io/stop-notice-reason")
+            .is_some_and(|r| r.contains("GPU idle for")),
+        "the notice says why: {a:?}"
+    );
+    Some(due.with_timezone(&Utc))
+}
+
+const NOTICE_ANNOTATION: &str = "gpu-ledger.io/stop-scheduled-at";
+
+/// `kubectl describe notebook`'s Events, as (type, reason, message) lines.
+fn described_events(stack: &Stack, nb: &str) -> String {
+    let out = stack
+        .cp
+        .kubectl("admin")
+        .expect("kubectl")
+        .args(["describe", "notebook", "-n", NS, nb])
+        .output()
+        .expect("run kubectl describe");
+    assert!(out.status.success(), "kubectl describe: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_once("\nEvents:")
+        .map(|(_, events)| events.to_string())
+        .unwrap_or_default()
+}
+
+fn has_event_line(events: &str, kind: &str, reason: &str) -> bool {
+    events.lines().any(|l| {
+        let mut words = l.split_whitespace();
+        words.next() == Some(kind) && words.next() == Some(reason)
+    })
+}
+
+// A stack of its own: the notice changes every stop, so it cannot share the first one.
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
+    let nodes: Vec<GpuNode> = (1..=2).map(|i| GpuNode::new(&format!("n{i}"), 1)).collect();
+    let stack = Stack::start(&nodes)
+        .await
+        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let admin = stack.admin();
+    stack
+        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
+        .await
+        .expect("read-only RBAC");
+    stack
+        .grant_rbac(CULLING_RBAC, "gpu-ledger")
+        .await
+        .expect("culling RBAC");
+    let _controller = AbortOnDrop(spawn_notebook_stop_rule(admin.clone()));
+    let notebooks = [
+        Notebook::new(NS, "notice-nb").node("n1"),
+        Notebook::new(NS, "snooze-nb").node("n2"),
+    ];
+    for nb in &notebooks {
+        stack.create_notebook(nb).await.expect("notebook");
+    }
+    for nb in &notebooks {
+        stack
+            .wait_pod_running(&nb.namespace, &nb.pod_name())
+            .await
+            .expect("notebook pod Running");
+    }
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    // 20 s of notice: long enough to snooze by hand in the test, short enough to wait out.
+    let mut args = vec!["--cull=on", "--lease-name", LEASE, "--cull-notice", "20s"];
+    args.extend(CULL_TIMINGS);
+    let gl = stack
+        .start_gpu_ledger(bin, "gpu-ledger", &args)
+        .await
+        .expect("serve");
+
+    // The owner of snooze-nb sees the notice and snoozes it at once.
+    let snooze_due = eventually("snooze-nb notice", Duration::from_secs(120), || {
+        notice_due(&admin, "snooze-nb")
+    })
+    .await;
+    let until = (Utc::now() + chrono::Duration::hours(1))
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let nb_api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &notebook_resource());
+    nb_api
+        .patch(
+            "snooze-nb",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                "gpu-ledger.io/snooze-until": until}}})),
+        )
+        .await
+        .expect("snooze");
+    assert!(
+        Utc::now() < snooze_due,
+        "snoozed within the notice (due {snooze_due})"
+    );
+
+    // notice-nb had its notice too, and is stopped only once it has run out.
+    let due = eventually("notice-nb notice", WAIT, || notice_due(&admin, "notice-nb")).await;
+    let scheduled = events(&admin, NS, "notice-nb", "GpuIdleStopScheduled").await;
+    let warning = eventually("GpuIdleStopScheduled Event", WAIT, || async {
+        events(&admin, NS, "notice-nb", "GpuIdleStopScheduled")
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert!(scheduled.len() <= 1, "one notice Event: {scheduled:?}");
+    assert_eq!(warning.type_.as_deref(), Some("Warning"), "{warning:?}");
+    let note = warning.note.clone().unwrap_or_default();
+    assert!(
+        note.contains("unless it is used or snoozed")
+            && note.contains(&format!(
+                "kubectl annotate --overwrite notebook -n {NS} -- notice-nb gpu-ledger.io/snooze-until="
+            )),
+        "{note}"
+    );
+    let ann = eventually("notice-nb stopped", Duration::from_secs(120), || async {
+        let a = annotations(&admin, NS, "notice-nb").await;
+        if a.contains_key(STOP_ANNOTATION) {
+            assert!(
+                Utc::now() >= due,
+                "stopped before the notice ran out ({due}): {a:?}"
+            );
+            return Some(a);
+        }
+        None
+    })
+    .await;
+    let stamp = DateTime::parse_from_rfc3339(&ann[STOP_ANNOTATION]).expect("stop stamp");
+    assert!(
+        stamp >= due,
+        "the stop ({stamp}) comes after the notice ran out ({due})"
+    );
+    assert!(
+        !ann.contains_key(NOTICE_ANNOTATION),
+        "the spent notice is removed with the stop: {ann:?}"
+    );
+
+    // The snooze cancelled snooze-nb's notice, with a Normal Event, and it is not stopped.
+    eventually("snooze-nb notice removed", WAIT, || async {
+        (!annotations(&admin, NS, "snooze-nb")
+            .await
+            .contains_key(NOTICE_ANNOTATION))
+        .then_some(())
+    })
+    .await;
+    let cancelled = eventually("GpuIdleStopCancelled Event", WAIT, || async {
+        events(&admin, NS, "snooze-nb", "GpuIdleStopCancelled")
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(cancelled.type_.as_deref(), Some("Normal"), "{cancelled:?}");
+    assert!(
+        cancelled
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains(&format!("snoozed until {until}"))),
+        "{cancelled:?}"
+    );
+    // Past the cancelled notice's due time, with slack for a few refreshes.
+    while Utc::now() < snooze_due + chrono::Duration::seconds(5) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_not_stopped(&admin, NS, &["snooze-nb"], "snoozed during its notice").await;
+
+    // The whole story, as `kubectl describe notebook` shows it.
+    let stopped = eventually("notice-nb's story in kubectl describe", WAIT, || async {
+        let e = described_events(&stack, "notice-nb");
+        (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
+            && has_event_line(&e, "Normal", "IdleGPUStopped"))
+        .then_some(e)
+    })
+    .await;
+    assert!(
+        !has_event_line(&stopped, "Normal", "GpuIdleStopCancelled"),
+        "{stopped}"
+    );
+    let snoozed = eventually("snooze-nb's story in kubectl describe", WAIT, || async {
+        let e = described_events(&stack, "snooze-nb");
+        (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
+            && has_event_line(&e, "Normal", "GpuIdleStopCancelled"))
+        .then_some(e)
+    })
+    .await;
+    assert!(
+        !has_event_line(&snoozed, "Normal", "IdleGPUStopped"),
+        "{snoozed}"
+    );
+    for (kind, at_least) in [("schedule", 2.0), ("cancel", 1.0)] {
+        let n = metric(
+            &gl,
+            "gpu_ledger_cull_notices_total",
+            &[("kind", kind), ("result", "written")],
+        )
+        .await
+        .unwrap_or(0.0);
+        assert!(n >= at_least, "{kind} notices written: {n}");
+    }
 }
 
 fn ledger_row_absent(ledger: &Value, ns: &str, pod: &str) -> bool {

@@ -13,7 +13,8 @@
 //!   ValidatingAdmissionPolicy plugin and `admissionregistration.k8s.io/v1` by default): with the
 //!   chart's policy the ServiceAccount's stop patch (`cull::actuator::stop_patch`, sent as the
 //!   actuator sends it) passes; a spec, label, finalizer or foreign-annotation change, and
-//!   removing or changing `kubeflow-resource-stopped`, are denied. The same writes succeed before
+//!   removing or changing `kubeflow-resource-stopped`, are denied. The notice before a stop
+//!   (`cull::actuator::notice_patch`: written, then removed) passes too. The same writes succeed before
 //!   the policy exists (RBAC's `notebooks: patch` allows them), and other users are not limited.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,8 +23,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gpu_ledger::cull::actuator::stop_patch;
-use gpu_ledger::cull::plan::Action;
+use gpu_ledger::cull::actuator::{notice_patch, stop_patch};
+use gpu_ledger::cull::plan::{Action, CancelReason, Notice};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::process::run_ok;
 use gpu_ledger_testkit::stack::{
@@ -201,6 +202,53 @@ fn the_stop_patch(nb: &DynamicObject) -> Value {
     )
 }
 
+/// gpu-ledger's notice patches for `nb` (schedule, then cancel) pass the policy; returns the
+/// Notebook as it is afterwards (its new resourceVersion).
+async fn the_notices_pass(
+    admin: &kube::Client,
+    sa: &Api<DynamicObject>,
+    nb: &DynamicObject,
+) -> Result<DynamicObject> {
+    let name = nb.metadata.name.clone().unwrap_or_default();
+    let stop_at = chrono::DateTime::parse_from_rfc3339("2026-12-01T09:10:00Z")?.to_utc();
+    let schedule = Notice::Schedule {
+        namespace: nb.metadata.namespace.clone().unwrap_or_default(),
+        notebook: name.clone(),
+        notebook_uid: nb.metadata.uid.clone().unwrap_or_default(),
+        pod: "nb-0".into(),
+        stop_at,
+        idle_seconds: 7200.0,
+        peak_utilization: Some(0.0),
+    };
+    let cancel = Notice::Cancel {
+        namespace: nb.metadata.namespace.clone().unwrap_or_default(),
+        notebook: name.clone(),
+        notebook_uid: nb.metadata.uid.clone().unwrap_or_default(),
+        pod: "nb-0".into(),
+        stop_at,
+        why: CancelReason::Activity,
+        snooze_until: None,
+    };
+    let ns = nb.metadata.namespace.clone().unwrap_or_default();
+    for notice in [schedule, cancel] {
+        let fresh = notebooks(admin, &ns).get(&name).await?;
+        let rv = fresh.metadata.resource_version.clone().unwrap_or_default();
+        merge_patch(sa, &name, &notice_patch(&notice, &rv))
+            .await
+            .with_context(|| {
+                format!("gpu-ledger's {} notice must pass the policy", notice.kind())
+            })?;
+        let after = notebooks(admin, &ns).get(&name).await?;
+        let ann = after.metadata.annotations.unwrap_or_default();
+        ensure!(
+            ann.contains_key("gpu-ledger.io/stop-scheduled-at") == (notice.kind() == "schedule"),
+            "{} notice: {ann:?}",
+            notice.kind()
+        );
+    }
+    Ok(notebooks(admin, &ns).get(&name).await?)
+}
+
 /// A JSON merge patch as the actuator sends it (field manager gpu-ledger).
 async fn merge_patch(
     api: &Api<DynamicObject>,
@@ -333,6 +381,8 @@ async fn notebook_policy_allows_only_the_stop_annotations() -> Result<()> {
     for (what, body, message) in forbidden_changes() {
         assert_denied(merge_patch(&sa_a, "nb", &body).await, what, message);
     }
+    // The notice before a stop passes: written, then removed, as the actuator sends them.
+    let nb = the_notices_pass(&admin, &sa_a, &nb).await?;
     // The stop itself passes: gpu-ledger's exact patch.
     merge_patch(&sa_a, "nb", &the_stop_patch(&nb))
         .await

@@ -10,7 +10,9 @@ mod serve;
 
 use std::sync::Arc;
 
-use crate::config::{CullArgs, CullModeFlag, CullPolicyArgs, KubeArgs, LedgerArgs, PrometheusArgs};
+use crate::config::{
+    CullArgs, CullModeFlag, CullPolicyArgs, KubeArgs, LedgerArgs, PrometheusArgs, WebhookFormatFlag,
+};
 use crate::cull::{CullConfig, CullMode, CullPolicy};
 use crate::ledger::Policy;
 use crate::ledger::usage::Window;
@@ -212,6 +214,8 @@ fn cull_policy(args: &CullPolicyArgs, ledger: &Policy) -> CullPolicy {
         max_per_cycle: args.cull_max_per_cycle,
         namespaces: listed(&args.cull_namespaces),
         exclude_namespaces: listed(&args.cull_exclude_namespaces),
+        notice: args.cull_notice,
+        max_snooze: args.cull_max_snooze,
         ..CullPolicy::default()
     }
 }
@@ -236,6 +240,15 @@ fn cull_config(args: &CullArgs, ledger: &Policy) -> CullConfig {
             .as_ref()
             .map(|k| k.resolve(&lease_namespace)),
         lease_namespace: Some(lease_namespace),
+        notice_webhook: args.cull_notice_webhook_url_file.clone().map(|file| {
+            let format = match args.cull_notice_webhook_format {
+                WebhookFormatFlag::Alertmanager => {
+                    crate::cull::webhook::WebhookFormat::Alertmanager
+                }
+                WebhookFormatFlag::Slack => crate::cull::webhook::WebhookFormat::Slack,
+            };
+            (file, format)
+        }),
         ..CullConfig::default()
     }
 }

@@ -12,8 +12,8 @@ use super::quantity::{MAX_GPU_UNITS, QuantityError, parse_gpu_units, parse_units
 use crate::ledger::claims::{
     CULL_OPT_OUT_ANNOTATION, DaemonPod, Deletion, GFD_LABEL_PREFIX, LabelSelector, NodeInfo,
     NotebookInfo, OwnerRef, PRODUCT_LABEL, PodClaim, PodPhase, QuotaInfo, REPLICAS_LABEL,
-    ResourceNames, SNOOZE_ANNOTATION, STOP_ANNOTATION, STOPPED_AT_ANNOTATION, SelectorOp,
-    SelectorRequirement, StatefulSetInfo,
+    ResourceNames, SNOOZE_ANNOTATION, STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION,
+    STOPPED_AT_ANNOTATION, SelectorOp, SelectorRequirement, StatefulSetInfo,
 };
 
 /// A quantity that cannot be a GPU count, with where it was found.
@@ -387,6 +387,7 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
     };
     let snooze_until = parse_time(SNOOZE_ANNOTATION);
     let last_stopped_by_us = parse_time(STOPPED_AT_ANNOTATION);
+    let stop_scheduled_at = parse_time(STOP_SCHEDULED_AT_ANNOTATION);
     // Strict: absent or exactly "true" allows culling, "false" opts out, anything else is not
     // understood: it fails closed as opted out and is named as invalid (docs/culling.md).
     let opt_out = get(CULL_OPT_OUT_ANNOTATION);
@@ -404,6 +405,7 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
         snooze_until,
         last_stopped_by_us,
         invalid_annotations,
+        stop_scheduled_at,
     }
 }
 

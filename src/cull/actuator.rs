@@ -25,11 +25,13 @@ use tracing::{info, warn};
 
 use super::CullMode;
 use super::lease::{API_TIMEOUT, Leadership};
-use super::plan::Action;
+use super::plan::{Action, CullPolicy, Notice, rfc3339};
 use crate::ledger::claims::{
-    NotebookInfo, STOP_ANNOTATION, STOP_REASON_ANNOTATION, STOPPED_AT_ANNOTATION,
+    CULL_OPT_OUT_ANNOTATION, NotebookInfo, STOP_ANNOTATION, STOP_NOTICE_REASON_ANNOTATION,
+    STOP_REASON_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION,
     STOPPED_BY_ANNOTATION,
 };
+use crate::ledger::names::snooze_command;
 
 /// Value of `gpu-ledger.io/stopped-by`, the Event reporter and the field manager.
 pub const MANAGER: &str = "gpu-ledger";
@@ -39,6 +41,57 @@ pub const REASON_STOPPED: &str = "IdleGPUStopped";
 pub const REASON_WOULD_STOP: &str = "IdleGPUWouldStop";
 /// Warning Event reason when a stopped notebook's pod is stuck terminating.
 pub const REASON_STOP_STUCK: &str = "IdleGPUStopStuck";
+/// Warning Event reason of a notice before a stop (`--cull-notice`).
+pub const REASON_STOP_SCHEDULED: &str = "GpuIdleStopScheduled";
+/// Normal Event reason when a notice is cancelled (activity, snooze, opt-out).
+pub const REASON_STOP_CANCELLED: &str = "GpuIdleStopCancelled";
+
+/// Result of one notice write (the `result` label of `gpu_ledger_cull_notices_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NoticeResult {
+    /// The annotation was written (schedule) or removed (cancel).
+    Written,
+    /// The Notebook changed since it was read (HTTP 409); re-planned next cycle.
+    Conflict,
+    /// The fresh Notebook no longer agrees (replaced, stopped, opted out, already noticed, …).
+    Changed,
+    /// An API error; nothing was written.
+    Error,
+    /// Dry-run: reported, not written.
+    DryRun,
+    /// The leadership claim ran out before the write.
+    NotLeader,
+}
+
+impl NoticeResult {
+    pub const ALL: [NoticeResult; 6] = [
+        Self::Written,
+        Self::Conflict,
+        Self::Changed,
+        Self::Error,
+        Self::DryRun,
+        Self::NotLeader,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Written => "written",
+            Self::Conflict => "conflict",
+            Self::Changed => "changed",
+            Self::Error => "error",
+            Self::DryRun => "dry_run",
+            Self::NotLeader => "not_leader",
+        }
+    }
+}
+
+/// What happened to one notice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NoticeOutcome {
+    pub notice: Notice,
+    pub result: NoticeResult,
+    pub detail: String,
+}
 
 /// Result of one stop attempt (the `result` label of `gpu_ledger_cull_stops_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -236,8 +289,48 @@ pub fn verify_fresh(
     restart_grace: Duration,
     now: DateTime<Utc>,
 ) -> Result<(), String> {
-    let Action::Stop { notebook_uid, .. } = action;
-    if &nb.uid != notebook_uid {
+    let policy = CullPolicy {
+        min_runtime: restart_grace,
+        ..CullPolicy::default()
+    };
+    verify_fresh_with(nb, action, &policy, now)
+}
+
+/// [`verify_fresh`] under a policy: the restart grace is `min_runtime`, a snooze counts as
+/// [`CullPolicy::snooze_holds`] says, and with a notice the stop must be under one that has run
+/// out (a notice removed or moved since the plan holds the stop back).
+pub fn verify_fresh_with(
+    nb: &NotebookInfo,
+    action: &Action,
+    policy: &CullPolicy,
+    now: DateTime<Utc>,
+) -> Result<(), String> {
+    let Action::Stop {
+        notebook_uid,
+        idle_seconds,
+        ..
+    } = action;
+    verify_notebook(nb, notebook_uid, Some(*idle_seconds), policy, now)?;
+    if policy.notice > Duration::zero() {
+        match nb.stop_scheduled_at {
+            Some(t) if t <= now => {}
+            Some(t) => return Err(format!("notice runs until {}", rfc3339(t))),
+            None => return Err("notice was cancelled or removed".into()),
+        }
+    }
+    Ok(())
+}
+
+/// The checks a fresh Notebook must pass before any culling write about it.
+fn verify_notebook(
+    nb: &NotebookInfo,
+    notebook_uid: &str,
+    idle_seconds: Option<f64>,
+    policy: &CullPolicy,
+    now: DateTime<Utc>,
+) -> Result<(), String> {
+    let restart_grace = policy.min_runtime;
+    if nb.uid != notebook_uid {
         return Err("notebook was replaced (uid changed)".into());
     }
     if nb.stopped.is_some() {
@@ -256,7 +349,7 @@ pub fn verify_fresh(
     if nb.cull_opt_out {
         return Err("notebook opted out".into());
     }
-    if nb.snooze_until.is_some_and(|t| t > now) {
+    if policy.snooze_holds(nb.snooze_until, idle_seconds, now) {
         return Err("notebook is snoozed".into());
     }
     if nb
@@ -285,6 +378,9 @@ pub struct Actuator {
     pub server_dry_run: bool,
     /// Restart grace re-checked on the fresh Notebook (the policy's `min_runtime`).
     pub restart_grace: Duration,
+    /// The rules re-checked on the fresh Notebook besides the restart grace: the notice and the
+    /// snooze bound (default: none).
+    pub policy: CullPolicy,
 }
 
 impl Actuator {
@@ -293,6 +389,21 @@ impl Actuator {
             api,
             server_dry_run,
             restart_grace,
+            policy: CullPolicy::default(),
+        }
+    }
+
+    /// The same actuator re-checking `policy`'s notice and snooze bound.
+    #[must_use]
+    pub fn with_policy(mut self, policy: CullPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    fn fresh_policy(&self) -> CullPolicy {
+        CullPolicy {
+            min_runtime: self.restart_grace,
+            ..self.policy.clone()
         }
     }
 
@@ -358,7 +469,7 @@ impl Actuator {
             Ok(None) => return (StopResult::Changed, "notebook is gone".into()),
             Err(e) => return (StopResult::Error, chain(&e)),
         };
-        if let Err(why) = verify_fresh(&fresh, action, self.restart_grace, now) {
+        if let Err(why) = verify_fresh_with(&fresh, action, &self.fresh_policy(), now) {
             return (StopResult::Changed, why);
         }
         match tokio::time::timeout(RECHECK_TIMEOUT, recheck.recheck(action)).await {
@@ -391,7 +502,11 @@ impl Actuator {
                     "leadership ran out before the patch".into(),
                 );
             }
-            let body = stop_patch(action, &fresh.resource_version);
+            let mut body = stop_patch(action, &fresh.resource_version);
+            if fresh.stop_scheduled_at.is_some() {
+                // The notice is spent: a stale one must not skip the next notice after a restart.
+                clear_notice(&mut body);
+            }
             match bounded(
                 "patch notebook",
                 self.api.patch_notebook(namespace, notebook, &body, dry_run),
@@ -443,6 +558,195 @@ impl Actuator {
             warn!(%namespace, %notebook, error = &e as &dyn std::error::Error, "cannot publish event");
         }
         (result, String::new())
+    }
+}
+
+/// Adds the removal of our notice annotations (JSON merge patch `null`) to a patch body.
+fn clear_notice(body: &mut serde_json::Value) {
+    if let Some(ann) = body
+        .pointer_mut("/metadata/annotations")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        ann.insert(STOP_SCHEDULED_AT_ANNOTATION.into(), serde_json::Value::Null);
+        ann.insert(
+            STOP_NOTICE_REASON_ANNOTATION.into(),
+            serde_json::Value::Null,
+        );
+    }
+}
+
+/// The merge-patch body of a notice: schedule writes the due time and the evidence, cancel
+/// removes both; with the re-read `resourceVersion` as precondition. Touches nothing else.
+pub fn notice_patch(notice: &Notice, resource_version: &str) -> serde_json::Value {
+    let annotations = match notice {
+        Notice::Schedule { stop_at, .. } => json!({
+            STOP_SCHEDULED_AT_ANNOTATION: rfc3339(*stop_at),
+            STOP_NOTICE_REASON_ANNOTATION: notice.reason_text(),
+        }),
+        Notice::Cancel { .. } => json!({
+            STOP_SCHEDULED_AT_ANNOTATION: null,
+            STOP_NOTICE_REASON_ANNOTATION: null,
+        }),
+    };
+    json!({"metadata": {"resourceVersion": resource_version, "annotations": annotations}})
+}
+
+/// The Event of a notice: what happens when, and how to snooze or opt out (exact commands).
+pub fn notice_event(notice: &Notice) -> EventSpec {
+    match notice {
+        Notice::Schedule {
+            namespace,
+            notebook,
+            pod,
+            stop_at,
+            ..
+        } => {
+            let at = rfc3339(*stop_at);
+            let until = rfc3339(*stop_at + Duration::days(1));
+            let how = match snooze_command(namespace, notebook, &until) {
+                Some(cmd) => format!(
+                    " Snooze: {cmd}. Opt out: kubectl annotate notebook -n {namespace} -- {notebook} {CULL_OPT_OUT_ANNOTATION}=false."
+                ),
+                None => String::new(),
+            };
+            EventSpec {
+                warning: true,
+                reason: REASON_STOP_SCHEDULED,
+                action: "ScheduleStop",
+                note: format!(
+                    "gpu-ledger will stop this notebook at {at} unless it is used or snoozed: {} (pod {pod}).{how}",
+                    notice.reason_text()
+                ),
+            }
+        }
+        Notice::Cancel { stop_at, .. } => EventSpec {
+            warning: false,
+            reason: REASON_STOP_CANCELLED,
+            action: "CancelStop",
+            note: format!(
+                "The stop scheduled for {} is cancelled: {}.",
+                rfc3339(*stop_at),
+                notice.reason_text()
+            ),
+        },
+    }
+}
+
+impl Actuator {
+    /// Writes (or, in dry-run, only reports) `notices` in order, leader-only like a stop: re-GET
+    /// the Notebook, check it still agrees, ask leadership, ONE merge patch with the re-read
+    /// `resourceVersion`, ask leadership again, the Event.
+    pub async fn notify(
+        &self,
+        notices: &[Notice],
+        mode: CullMode,
+        now: DateTime<Utc>,
+        leadership: &dyn Leadership,
+    ) -> Vec<NoticeOutcome> {
+        if mode == CullMode::Off {
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(notices.len());
+        for notice in notices {
+            let (result, detail) = self.notice(notice, mode, now, leadership).await;
+            let (namespace, notebook, _) = notice.target();
+            match result {
+                NoticeResult::Written | NoticeResult::DryRun => {
+                    info!(%namespace, %notebook, kind = notice.kind(), result = result.as_str(), reason = %notice.reason_text(), "cull notice");
+                }
+                _ => {
+                    warn!(%namespace, %notebook, kind = notice.kind(), result = result.as_str(), %detail, "cull notice not written");
+                }
+            }
+            out.push(NoticeOutcome {
+                notice: notice.clone(),
+                result,
+                detail,
+            });
+        }
+        out
+    }
+
+    async fn notice(
+        &self,
+        notice: &Notice,
+        mode: CullMode,
+        now: DateTime<Utc>,
+        leadership: &dyn Leadership,
+    ) -> (NoticeResult, String) {
+        let (namespace, notebook, notebook_uid) = notice.target();
+        let fresh = match bounded("get notebook", self.api.get_notebook(namespace, notebook)).await
+        {
+            Ok(Some(nb)) => nb,
+            Ok(None) => return (NoticeResult::Changed, "notebook is gone".into()),
+            Err(e) => return (NoticeResult::Error, chain(&e)),
+        };
+        let agrees = match notice {
+            Notice::Schedule { idle_seconds, .. } => verify_notebook(
+                &fresh,
+                notebook_uid,
+                Some(*idle_seconds),
+                &self.fresh_policy(),
+                now,
+            )
+            .and_then(|()| match fresh.stop_scheduled_at {
+                Some(_) => Err("a notice is already scheduled".to_string()),
+                None => Ok(()),
+            }),
+            Notice::Cancel { .. } if fresh.uid != notebook_uid => {
+                Err("notebook was replaced (uid changed)".to_string())
+            }
+            Notice::Cancel { .. } if fresh.stop_scheduled_at.is_none() => {
+                Err("the notice is already gone".to_string())
+            }
+            Notice::Cancel { .. } => Ok(()),
+        };
+        if let Err(why) = agrees {
+            return (NoticeResult::Changed, why);
+        }
+        // Dry-run reports what it would write and writes nothing (no annotation, no Event).
+        if mode != CullMode::On {
+            return (NoticeResult::DryRun, String::new());
+        }
+        if !leadership.is_leader() {
+            return (
+                NoticeResult::NotLeader,
+                "leadership ran out before the patch".into(),
+            );
+        }
+        let body = notice_patch(notice, &fresh.resource_version);
+        match bounded(
+            "patch notebook",
+            self.api.patch_notebook(namespace, notebook, &body, false),
+        )
+        .await
+        {
+            Ok(()) => {}
+            Err(e) if e.status().is_some_and(kube::core::Status::is_conflict) => {
+                return (NoticeResult::Conflict, "notebook changed (409)".into());
+            }
+            Err(e) if e.status().is_some_and(kube::core::Status::is_not_found) => {
+                return (NoticeResult::Changed, "notebook is gone".into());
+            }
+            Err(e) => return (NoticeResult::Error, chain(&e)),
+        }
+        if !leadership.is_leader() {
+            warn!(%namespace, %notebook, "leadership ran out before the event; not published");
+            return (
+                NoticeResult::Written,
+                "event not published: leadership ran out".into(),
+            );
+        }
+        let target = NotebookRef {
+            namespace: namespace.to_string(),
+            name: notebook.to_string(),
+            uid: notebook_uid.to_string(),
+        };
+        let event = notice_event(notice);
+        if let Err(e) = bounded("publish event", self.api.publish_event(&target, &event)).await {
+            warn!(%namespace, %notebook, error = &e as &dyn std::error::Error, "cannot publish event");
+        }
+        (NoticeResult::Written, String::new())
     }
 }
 

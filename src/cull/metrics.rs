@@ -7,7 +7,7 @@ use prometheus::proto::MetricFamily;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::HoldBack;
-use super::actuator::StopResult;
+use super::actuator::{NoticeResult, StopResult};
 use super::lease::{Leadership, LeaseError};
 use super::plan::{CircuitReason, Plan, SkipReason};
 
@@ -34,6 +34,10 @@ pub struct CullMetrics {
     pub lease_errors: IntCounterVec,
     /// Notebooks whose last stop failed and that back off (see [`super::backoff`]).
     pub backoff: IntGauge,
+    /// Notices before a stop written or cancelled (`--cull-notice`), by kind and result.
+    pub notices: IntCounterVec,
+    /// Notice webhook posts by result (`sent`, `error`).
+    pub notice_webhook: IntCounterVec,
 }
 
 /// `gpu_ledger_cull_leader`, set from the leadership claim when scraped: a claim that ran out
@@ -76,6 +80,8 @@ impl CullMetrics {
         registry.register(Box::new(m.held_back.clone()))?;
         registry.register(Box::new(m.lease_errors.clone()))?;
         registry.register(Box::new(m.backoff.clone()))?;
+        registry.register(Box::new(m.notices.clone()))?;
+        registry.register(Box::new(m.notice_webhook.clone()))?;
         Ok(m)
     }
 
@@ -134,6 +140,20 @@ impl CullMetrics {
                 "gpu_ledger_cull_backoff_notebooks",
                 "Notebooks whose last stop failed: they sit out 1, 2, 4, ... cycles (at most 1 h) and are skipped as reason backoff.",
             ))?,
+            notices: IntCounterVec::new(
+                Opts::new(
+                    "gpu_ledger_cull_notices_total",
+                    "Notices before a stop (--cull-notice) by kind (schedule, cancel) and result.",
+                ),
+                &["kind", "result"],
+            )?,
+            notice_webhook: IntCounterVec::new(
+                Opts::new(
+                    "gpu_ledger_cull_notice_webhook_total",
+                    "Notice webhook posts (--cull-notice-webhook-url-file) by result (sent, error).",
+                ),
+                &["result"],
+            )?,
             time_to_free: Histogram::with_opts(
                 HistogramOpts::new(
                     "gpu_ledger_cull_time_to_free_seconds",
@@ -153,6 +173,14 @@ impl CullMetrics {
         }
         for r in HoldBack::ALL {
             m.held_back.with_label_values(&[r.as_str()]).set(0);
+        }
+        for kind in ["schedule", "cancel"] {
+            for r in NoticeResult::ALL {
+                m.notices.with_label_values(&[kind, r.as_str()]);
+            }
+        }
+        for r in ["sent", "error"] {
+            m.notice_webhook.with_label_values(&[r]);
         }
         for r in LeaseError::REASONS {
             m.lease_errors.with_label_values(&[r]);
@@ -220,6 +248,8 @@ mod tests {
                 "gpu_ledger_cull_held_back",
                 "gpu_ledger_cull_leader",
                 "gpu_ledger_cull_lease_errors_total",
+                "gpu_ledger_cull_notice_webhook_total",
+                "gpu_ledger_cull_notices_total",
                 "gpu_ledger_cull_skips_total",
                 "gpu_ledger_cull_stops_total",
                 "gpu_ledger_cull_time_to_free_seconds",

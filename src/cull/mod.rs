@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod lease;
 pub mod metrics;
 pub mod plan;
+pub mod webhook;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -25,11 +26,17 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::ledger::Ledger;
 
-pub use actuator::{Actuator, CullApi, KubeCullApi, Outcome, Recheck, RecheckError, StopResult};
+pub use actuator::{
+    Actuator, CullApi, KubeCullApi, NoticeOutcome, NoticeResult, Outcome, Recheck, RecheckError,
+    StopResult,
+};
 pub use backoff::Backoff;
 pub use lease::{API_TIMEOUT, Leadership, StaticLeadership};
 pub use metrics::CullMetrics;
-pub use plan::{Action, CircuitReason, CullPolicy, Plan, Skip, SkipReason, plan, plan_with};
+pub use plan::{
+    Action, CancelReason, CircuitReason, CullPolicy, Notice, Plan, Skip, SkipReason, plan,
+    plan_with,
+};
 
 /// Whether culling acts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -81,6 +88,8 @@ pub enum CullError {
     Metrics(#[source] prometheus::Error),
     #[error("invalid culling lease: {0}")]
     Lease(String),
+    #[error("notice webhook")]
+    Webhook(#[source] webhook::WebhookError),
 }
 
 /// Why the leader's cycle did not act although it wanted to (the `reason` label of
@@ -175,6 +184,9 @@ pub struct CullConfig {
     pub server_dry_run: bool,
     /// Stop tracking a stopped pod for `time to free` after this long (default 24 h).
     pub track_for: Duration,
+    /// `--cull-notice-webhook-url-file` and `--cull-notice-webhook-format`: where notices are
+    /// also posted (the URL is read from the file, a mounted Secret, at every post).
+    pub notice_webhook: Option<(std::path::PathBuf, webhook::WebhookFormat)>,
 }
 
 impl Default for CullConfig {
@@ -190,6 +202,7 @@ impl Default for CullConfig {
             kill_switch: None,
             server_dry_run: false,
             track_for: Duration::hours(24),
+            notice_webhook: None,
         }
     }
 }
@@ -218,6 +231,8 @@ pub struct CycleReport {
     pub held_back: Option<HoldBack>,
     /// Seconds from stop to pod gone, observed this cycle.
     pub freed: Vec<(String, f64)>,
+    /// What became of the plan's notices (`--cull-notice`).
+    pub notices: Vec<NoticeOutcome>,
 }
 
 /// A pod we stopped, followed until it is gone.
@@ -243,6 +258,8 @@ pub struct Culler {
     was_leader: bool,
     /// The election we started: its cancel token and the signal that it released the Lease.
     lease_task: Option<(CancellationToken, oneshot::Receiver<()>)>,
+    /// Where written notices are also posted (`--cull-notice-webhook-url-file`).
+    webhook: Option<webhook::Webhook>,
 }
 
 impl Culler {
@@ -266,8 +283,10 @@ impl Culler {
         metrics: CullMetrics,
         leadership: Arc<dyn Leadership>,
     ) -> Self {
-        let actuator =
-            api.map(|api| Actuator::new(api, config.server_dry_run, config.policy.min_runtime));
+        let actuator = api.map(|api| {
+            Actuator::new(api, config.server_dry_run, config.policy.min_runtime)
+                .with_policy(config.policy.clone())
+        });
         Culler {
             config,
             metrics,
@@ -277,7 +296,15 @@ impl Culler {
             backoff: Backoff::default(),
             was_leader: false,
             lease_task: None,
+            webhook: None,
         }
+    }
+
+    /// The same culler, also posting every notice it writes or cancels to `webhook`.
+    #[must_use]
+    pub fn with_webhook(mut self, webhook: webhook::Webhook) -> Self {
+        self.webhook = Some(webhook.with_counter(self.metrics.notice_webhook.clone()));
+        self
     }
 
     /// Wiring for `serve`: metrics on `registry`, and (when culling is not off and a client
@@ -339,8 +366,17 @@ impl Culler {
             );
             (token, done)
         });
+        let webhook = match &config.notice_webhook {
+            Some((file, format)) => {
+                Some(webhook::Webhook::new(file, *format).map_err(CullError::Webhook)?)
+            }
+            None => None,
+        };
         let mut culler = Self::new(client, config, metrics, leadership);
         culler.lease_task = lease_task;
+        if let Some(w) = webhook {
+            culler = culler.with_webhook(w);
+        }
         Ok(culler)
     }
 
@@ -403,7 +439,34 @@ impl Culler {
         log_plan(&plan, self.config.mode);
 
         let mut outcomes = Vec::new();
-        let acted = wants_to_act && held_back.is_none() && !plan.actions.is_empty();
+        let mut notices = Vec::new();
+        let may_act = wants_to_act && held_back.is_none();
+        if may_act
+            && !plan.notices.is_empty()
+            && let Some(actuator) = &self.actuator
+        {
+            notices = actuator
+                .notify(
+                    &plan.notices,
+                    self.config.mode,
+                    now,
+                    self.leadership.as_ref(),
+                )
+                .await;
+            for n in &notices {
+                self.metrics
+                    .notices
+                    .with_label_values(&[n.notice.kind(), n.result.as_str()])
+                    .inc();
+                // In the background: a slow receiver never holds the cycle (or a stop) back.
+                if n.result == NoticeResult::Written
+                    && let Some(hook) = &self.webhook
+                {
+                    drop(hook.post(&n.notice, now));
+                }
+            }
+        }
+        let acted = may_act && !plan.actions.is_empty();
         if acted && let Some(actuator) = &self.actuator {
             outcomes = actuator
                 .execute(
@@ -450,6 +513,7 @@ impl Culler {
             acted,
             held_back,
             freed,
+            notices,
         }
     }
 
@@ -602,6 +666,10 @@ fn log_plan(plan: &Plan, mode: CullMode) {
         } = a;
         info!(%namespace, %notebook, %pod, mode = %mode, reason = %a.reason_text(), "idle notebook selected for stop");
     }
+    for n in &plan.notices {
+        let (namespace, notebook, _) = n.target();
+        info!(%namespace, %notebook, kind = n.kind(), mode = %mode, reason = %n.reason_text(), "cull notice planned");
+    }
     for s in &plan.skips {
         let notebook = s.notebook.as_deref().unwrap_or("");
         match s.reason {
@@ -647,6 +715,23 @@ pub fn render_plan(plan: &Plan, out: &mut impl std::io::Write) -> std::io::Resul
             "  STOP  {namespace}/{notebook}  pod={pod}  {}",
             a.reason_text()
         )?;
+    }
+    for n in &plan.notices {
+        let (namespace, notebook, _) = n.target();
+        match n {
+            Notice::Schedule { stop_at, pod, .. } => writeln!(
+                out,
+                "  NOTICE  {namespace}/{notebook}  pod={pod}  stops at {} unless used or snoozed: {}",
+                plan::rfc3339(*stop_at),
+                n.reason_text()
+            )?,
+            Notice::Cancel { stop_at, pod, .. } => writeln!(
+                out,
+                "  CANCEL  {namespace}/{notebook}  pod={pod}  stop at {} cancelled: {}",
+                plan::rfc3339(*stop_at),
+                n.reason_text()
+            )?,
+        }
     }
     let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
     for s in &plan.skips {

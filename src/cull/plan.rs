@@ -46,6 +46,13 @@ pub struct CullPolicy {
     /// cluster with one or two cards "most GPUs idle" is ordinary, not a metrics failure, even
     /// when time-slicing or MIG puts many pods on them.
     pub circuit_min_gpus: f64,
+    /// Notice before a stop (`--cull-notice`, default 0 = none): a candidate is first given a
+    /// notice (annotation and Warning Event, see [`Notice`]) and stopped only once it has run
+    /// out. Counted from the moment it qualifies, so it never shortens `idle_after`.
+    pub notice: Duration,
+    /// A snooze counts at most this long after the notebook first qualified, i.e. was idle for
+    /// `idle_after` (`--cull-max-snooze`, default 0 = no bound).
+    pub max_snooze: Duration,
 }
 
 impl Default for CullPolicy {
@@ -63,6 +70,8 @@ impl Default for CullPolicy {
             max_unattributed_share: 0.5,
             circuit_min_pods: 5,
             circuit_min_gpus: 3.0,
+            notice: Duration::zero(),
+            max_snooze: Duration::zero(),
         }
     }
 }
@@ -74,6 +83,35 @@ impl CullPolicy {
             && !self.exclude_namespaces.contains(namespace)
             && !self.excluded_namespaces.contains(namespace)
     }
+
+    /// Whether a `gpu-ledger.io/snooze-until` holds a pod back now: the time is in the future
+    /// and, with `max_snooze`, the pod has qualified (been idle for `idle_after`) for less than
+    /// `max_snooze`. Measured from a point the data fixes (not from `now`, which would make the
+    /// bound slide with the clock); activity restarts it with the idle time.
+    pub fn snooze_holds(
+        &self,
+        snooze_until: Option<DateTime<Utc>>,
+        idle_seconds: Option<f64>,
+        now: DateTime<Utc>,
+    ) -> bool {
+        if snooze_until.is_none_or(|t| t <= now) {
+            return false;
+        }
+        if self.max_snooze <= Duration::zero() {
+            return true;
+        }
+        match idle_seconds {
+            Some(idle) if idle.is_finite() => {
+                idle - seconds(self.idle_after) < seconds(self.max_snooze)
+            }
+            // No idle time known: the pod cannot qualify anyway.
+            _ => true,
+        }
+    }
+}
+
+fn seconds(d: Duration) -> f64 {
+    d.num_milliseconds() as f64 / 1000.0
 }
 
 /// Why a GPU pod is not (or not now) stopped. A bounded set: safe as a metric label.
@@ -129,11 +167,14 @@ pub enum SkipReason {
     /// A candidate sitting out cycles after a failed stop (see [`Backoff`]); it takes neither
     /// the per-cycle nor the per-namespace cap.
     Backoff,
+    /// A candidate under notice (`--cull-notice`) whose notice has not run out: stopped later,
+    /// unless used or snoozed meanwhile.
+    NoticePending,
 }
 
 impl SkipReason {
     /// Every reason, for pre-initialising metric label values.
-    pub const ALL: [SkipReason; 23] = [
+    pub const ALL: [SkipReason; 24] = [
         Self::NotNotebook,
         Self::UnverifiedOwner,
         Self::Deleting,
@@ -157,6 +198,7 @@ impl SkipReason {
         Self::PerNamespaceCap,
         Self::CircuitOpen,
         Self::Backoff,
+        Self::NoticePending,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -184,6 +226,7 @@ impl SkipReason {
             Self::PerNamespaceCap => "per_namespace_cap",
             Self::CircuitOpen => "circuit_open",
             Self::Backoff => "backoff",
+            Self::NoticePending => "notice_pending",
         }
     }
 }
@@ -273,18 +316,151 @@ impl Action {
                 idle_seconds,
                 peak_utilization,
                 ..
-            } => {
-                let idle = human_duration(*idle_seconds);
-                match peak_utilization {
-                    Some(p) => format!(
-                        "GPU idle for {idle} (peak utilisation {:.1}% over the window)",
-                        p * 100.0
-                    ),
-                    None => format!("GPU idle for {idle}"),
-                }
-            }
+            } => evidence_text(*idle_seconds, *peak_utilization),
         }
     }
+}
+
+/// "GPU idle for 3h12m (peak utilisation 0.8% over the window)".
+fn evidence_text(idle_seconds: f64, peak_utilization: Option<f64>) -> String {
+    let idle = human_duration(idle_seconds);
+    match peak_utilization {
+        Some(p) => format!(
+            "GPU idle for {idle} (peak utilisation {:.1}% over the window)",
+            p * 100.0
+        ),
+        None => format!("GPU idle for {idle}"),
+    }
+}
+
+/// Why a notice is cancelled (the Normal Event says so). A bounded set: safe as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CancelReason {
+    /// The GPUs are in use again (or idle for less than `idle_after` since).
+    Activity,
+    /// A snooze that counts (see [`CullPolicy::snooze_holds`]).
+    Snoozed,
+    /// `gpu-ledger.io/cull: "false"`.
+    OptedOut,
+    /// Stopped by someone else, or its namespace is no longer culled.
+    NotEligible,
+}
+
+impl CancelReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Activity => "activity",
+            Self::Snoozed => "snoozed",
+            Self::OptedOut => "opted_out",
+            Self::NotEligible => "not_eligible",
+        }
+    }
+
+    /// The skip reasons that cancel a notice; any other (missing data, a pod not Ready) keeps
+    /// it: missing data is never activity, and the stop re-checks everything when it is due.
+    fn of(reason: SkipReason) -> Option<Self> {
+        match reason {
+            SkipReason::NotIdle | SkipReason::IdleTooShort | SkipReason::NotebookPodBusy => {
+                Some(Self::Activity)
+            }
+            SkipReason::Snoozed => Some(Self::Snoozed),
+            SkipReason::OptedOut => Some(Self::OptedOut),
+            SkipReason::AlreadyStopped | SkipReason::NamespaceExcluded => Some(Self::NotEligible),
+            _ => None,
+        }
+    }
+}
+
+/// A notice side effect (`--cull-notice`): written by the leader like a stop.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Notice {
+    /// Annotate `gpu-ledger.io/stop-scheduled-at` (and the reason), Warning Event
+    /// `GpuIdleStopScheduled`.
+    Schedule {
+        namespace: String,
+        notebook: String,
+        notebook_uid: String,
+        pod: String,
+        /// When the stop is due: `now + notice`.
+        stop_at: DateTime<Utc>,
+        idle_seconds: f64,
+        peak_utilization: Option<f64>,
+    },
+    /// Remove the notice annotations, Normal Event `GpuIdleStopCancelled`.
+    Cancel {
+        namespace: String,
+        notebook: String,
+        notebook_uid: String,
+        pod: String,
+        /// The stop that no longer happens.
+        stop_at: DateTime<Utc>,
+        why: CancelReason,
+        /// The snooze, when that is why.
+        snooze_until: Option<DateTime<Utc>>,
+    },
+}
+
+impl Notice {
+    /// (namespace, notebook, notebook uid).
+    pub fn target(&self) -> (&str, &str, &str) {
+        match self {
+            Self::Schedule {
+                namespace,
+                notebook,
+                notebook_uid,
+                ..
+            }
+            | Self::Cancel {
+                namespace,
+                notebook,
+                notebook_uid,
+                ..
+            } => (namespace, notebook, notebook_uid),
+        }
+    }
+
+    /// `schedule` or `cancel` (the `kind` label of `gpu_ledger_cull_notices_total`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Schedule { .. } => "schedule",
+            Self::Cancel { .. } => "cancel",
+        }
+    }
+
+    /// The evidence of a schedule, the cause of a cancel (for annotations, Events, logs).
+    pub fn reason_text(&self) -> String {
+        match self {
+            Self::Schedule {
+                idle_seconds,
+                peak_utilization,
+                ..
+            } => evidence_text(*idle_seconds, *peak_utilization),
+            Self::Cancel {
+                why, snooze_until, ..
+            } => match (why, snooze_until) {
+                (CancelReason::Activity, _) => "the GPU is in use again".into(),
+                (CancelReason::Snoozed, Some(t)) => format!("snoozed until {}", rfc3339(*t)),
+                (CancelReason::Snoozed, None) => "snoozed".into(),
+                (CancelReason::OptedOut, _) => "opted out (gpu-ledger.io/cull=false)".into(),
+                (CancelReason::NotEligible, _) => "no longer eligible for culling".into(),
+            },
+        }
+    }
+}
+
+/// UTC `YYYY-MM-DDTHH:MM:SSZ` (RFC 3339, what the notice annotation holds).
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The notice a pod's notebook is under, if it is current: it was due after the pod started
+/// running (a notice left from before a restart, or from before our own stop, is stale).
+pub fn current_notice(row: &PodRow) -> Option<DateTime<Utc>> {
+    let (nb, _) = row.evidence.notebook.as_ref()?;
+    let at = nb.stop_scheduled_at?;
+    let started = row.evidence.started_at.max(row.evidence.ready_since);
+    let stale = nb.last_stopped_by_us.is_some_and(|s| s >= at) || started.is_some_and(|s| s >= at);
+    (!stale).then_some(at)
 }
 
 /// `3h12m`, `45m`, `2d3h`: minutes precision, never negative.
@@ -318,6 +494,8 @@ pub struct Plan {
     pub skips: Vec<Skip>,
     /// Set when the circuit breaker blocks every action.
     pub circuit: Option<CircuitReason>,
+    /// Notices to write or cancel (`--cull-notice`; always empty without it).
+    pub notices: Vec<Notice>,
 }
 
 /// Judges one pod: `Ok(())` when it is a candidate, else the first rule that fails.
@@ -346,7 +524,7 @@ pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<()
     if !policy.namespace_allowed(&row.namespace) || !policy.namespace_allowed(&nb.namespace) {
         return Err(SkipReason::NamespaceExcluded);
     }
-    if nb.snooze_until.is_some_and(|t| t > now) {
+    if policy.snooze_holds(nb.snooze_until, row.idle_seconds, now) {
         return Err(SkipReason::Snoozed);
     }
     if row.state != PodState::Running || row.evidence.uid.is_empty() {
@@ -460,12 +638,18 @@ pub fn plan_with(
     let mut candidates: Vec<&PodRow> = Vec::new();
     // Notebooks (namespace, uid) with a GPU-holding pod that is not a candidate.
     let mut not_all_idle: BTreeSet<(&str, &str)> = BTreeSet::new();
+    let notice_on = policy.notice > Duration::zero();
+    // Notebooks (namespace, uid) given a notice action this plan: one per notebook.
+    let mut noticed: BTreeSet<(String, String)> = BTreeSet::new();
     for row in ledger.pods.iter().filter(|p| p.state.holds()) {
         match judge(row, policy, now) {
             Ok(()) => candidates.push(row),
             Err(reason) => {
                 if let Some((nb, _)) = &row.evidence.notebook {
                     not_all_idle.insert((row.namespace.as_str(), nb.uid.as_str()));
+                }
+                if notice_on {
+                    cancel_notice(row, reason, &mut noticed, &mut out.notices);
                 }
                 out.skips.push(skip(row, reason));
             }
@@ -478,6 +662,10 @@ pub fn plan_with(
             not_all_idle.contains(&(row.namespace.as_str(), nb.uid.as_str()))
         });
         if busy_sibling {
+            if notice_on {
+                let reason = SkipReason::NotebookPodBusy;
+                cancel_notice(row, reason, &mut noticed, &mut out.notices);
+            }
             out.skips.push(skip(row, SkipReason::NotebookPodBusy));
         }
         !busy_sibling
@@ -500,7 +688,33 @@ pub fn plan_with(
         let Some((nb, _)) = &row.evidence.notebook else {
             continue;
         };
-        let reason = if out.circuit.is_some() {
+        // Notice first: a candidate without a current notice is given one (not while the
+        // breaker doubts the evidence); one whose notice has not run out waits.
+        let notice_reason = if notice_on {
+            match current_notice(row) {
+                None if out.circuit.is_none() => {
+                    if noticed.insert((row.namespace.clone(), nb.uid.clone())) {
+                        out.notices.push(Notice::Schedule {
+                            namespace: row.namespace.clone(),
+                            notebook: nb.name.clone(),
+                            notebook_uid: nb.uid.clone(),
+                            pod: row.pod.clone(),
+                            stop_at: now + policy.notice,
+                            idle_seconds: row.idle_seconds.unwrap_or_default(),
+                            peak_utilization: row.evidence.peak,
+                        });
+                    }
+                    Some(SkipReason::NoticePending)
+                }
+                Some(at) if at > now => Some(SkipReason::NoticePending),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let reason = if notice_reason.is_some() {
+            notice_reason
+        } else if out.circuit.is_some() {
             Some(SkipReason::CircuitOpen)
         } else if backoff.holds(&row.namespace, &nb.name, &nb.uid, now) {
             // Checked before the caps, so a notebook whose stops keep failing uses neither.
@@ -533,10 +747,12 @@ pub fn plan_with(
 }
 
 /// Opens the circuit of a finished plan for a reason only the caller knows (e.g.
-/// [`CircuitReason::ClaimsStale`]): every action becomes a [`SkipReason::CircuitOpen`] skip. A
-/// circuit that is already open keeps its reason.
+/// [`CircuitReason::ClaimsStale`]): every action becomes a [`SkipReason::CircuitOpen`] skip and
+/// no notice is scheduled. A circuit that is already open keeps its reason.
 pub fn open_circuit(plan: &mut Plan, reason: CircuitReason) {
     plan.circuit.get_or_insert(reason);
+    // No new notice on doubtful evidence either; a cancel only takes a warning back.
+    plan.notices.retain(|n| matches!(n, Notice::Cancel { .. }));
     for action in plan.actions.drain(..) {
         let Action::Stop {
             namespace,
@@ -549,6 +765,34 @@ pub fn open_circuit(plan: &mut Plan, reason: CircuitReason) {
             pod,
             notebook: Some(notebook),
             reason: SkipReason::CircuitOpen,
+        });
+    }
+}
+
+/// A notice cancelled by `reason` (activity, snooze, opt-out, no longer eligible), once per
+/// notebook; other reasons keep it.
+fn cancel_notice(
+    row: &PodRow,
+    reason: SkipReason,
+    noticed: &mut BTreeSet<(String, String)>,
+    notices: &mut Vec<Notice>,
+) {
+    let (Some(why), Some((nb, _)), Some(stop_at)) = (
+        CancelReason::of(reason),
+        &row.evidence.notebook,
+        current_notice(row),
+    ) else {
+        return;
+    };
+    if noticed.insert((row.namespace.clone(), nb.uid.clone())) {
+        notices.push(Notice::Cancel {
+            namespace: row.namespace.clone(),
+            notebook: nb.name.clone(),
+            notebook_uid: nb.uid.clone(),
+            pod: row.pod.clone(),
+            stop_at,
+            why,
+            snooze_until: nb.snooze_until.filter(|_| why == CancelReason::Snoozed),
         });
     }
 }

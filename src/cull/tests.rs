@@ -523,3 +523,79 @@ fn render_plan_lists_stops_and_skip_counts() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_notice_first_then_the_stop_once_it_has_run_out_and_the_webhook_hears_of_it() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let leadership = Arc::new(StaticLeadership::new(true));
+    let config = CullConfig {
+        mode: CullMode::On,
+        policy: CullPolicy {
+            notice: Duration::minutes(10),
+            ..CullPolicy::default()
+        },
+        ..CullConfig::default()
+    };
+    let (url, mut received) = super::webhook::tests::receiver(axum::http::StatusCode::OK).await;
+    let file = super::webhook::tests::url_file(&url);
+    let hook =
+        webhook::Webhook::new(file.path(), webhook::WebhookFormat::Alertmanager).expect("webhook");
+    let dyn_api: Arc<dyn CullApi> = api.clone();
+    let mut c = Culler::with_api(
+        Some(dyn_api),
+        config,
+        CullMetrics::unregistered().expect("metrics"),
+        leadership,
+    )
+    .with_webhook(hook);
+
+    // First cycle: the notice (annotation, Warning Event, webhook), no stop.
+    let r = cycle(&mut c, &ledger_with(vec![idle_pod()], now()), now()).await;
+    assert!(r.outcomes.is_empty(), "{r:?}");
+    assert_eq!(r.notices.len(), 1, "{r:?}");
+    assert_eq!(r.notices[0].result, NoticeResult::Written);
+    assert_eq!(api.event_reasons(), [actuator::REASON_STOP_SCHEDULED]);
+    let due = now() + Duration::minutes(10);
+    let annotated = api.notebooks.lock().expect("lock").values().next().cloned();
+    assert_eq!(
+        annotated.as_ref().and_then(|n| n.stop_scheduled_at),
+        Some(due)
+    );
+    let body = tokio::time::timeout(std::time::Duration::from_secs(10), received.recv())
+        .await
+        .expect("the webhook is posted")
+        .expect("body");
+    assert_eq!(body["status"], "firing");
+    assert_eq!(
+        body["alerts"][0]["annotations"]["stop_at"],
+        "2026-01-31T12:10:00Z"
+    );
+    assert_eq!(
+        c.metrics
+            .notices
+            .with_label_values(&["schedule", "written"])
+            .get(),
+        1
+    );
+
+    // The ledger sees the notice; before it runs out nothing more happens.
+    let mut noticed = idle_pod();
+    noticed.evidence.notebook = annotated.map(|nb| (nb, true));
+    let soon = now() + Duration::minutes(5);
+    noticed.evidence.newest_sample_at = Some(soon);
+    let r = cycle(&mut c, &ledger_with(vec![noticed.clone()], soon), soon).await;
+    assert!(r.outcomes.is_empty() && r.notices.is_empty(), "{r:?}");
+    assert_eq!(r.plan.skips[0].reason, SkipReason::NoticePending, "{r:?}");
+    assert_eq!(api.patch_count(), 1);
+
+    // Run out: the stop, which also removes the spent notice.
+    noticed.evidence.newest_sample_at = Some(due);
+    let r = cycle(&mut c, &ledger_with(vec![noticed], due), due).await;
+    assert_eq!(r.outcomes.len(), 1, "{r:?}");
+    assert_eq!(r.outcomes[0].result, StopResult::Stopped, "{r:?}");
+    let nb = api.notebooks.lock().expect("lock").values().next().cloned();
+    assert!(
+        nb.as_ref()
+            .is_some_and(|n| n.stopped.is_some() && n.stop_scheduled_at.is_none())
+    );
+}

@@ -21,6 +21,12 @@ pub const STOPPED_AT_ANNOTATION: &str = "gpu-ledger.io/stopped-at";
 pub const STOPPED_BY_ANNOTATION: &str = "gpu-ledger.io/stopped-by";
 /// Why it was stopped, with the evidence.
 pub const STOP_REASON_ANNOTATION: &str = "gpu-ledger.io/stop-reason";
+/// Notice before a stop (`--cull-notice`): when the stop is due (RFC 3339), written by the
+/// culling leader when the notebook first qualifies, removed when the notice is cancelled or the
+/// stop is made.
+pub const STOP_SCHEDULED_AT_ANNOTATION: &str = "gpu-ledger.io/stop-scheduled-at";
+/// Why the stop was scheduled, with the evidence (written beside the notice).
+pub const STOP_NOTICE_REASON_ANNOTATION: &str = "gpu-ledger.io/stop-notice-reason";
 /// Node label set by GPU Feature Discovery for time-sliced GPUs.
 pub const REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
 /// Node label with the GPU model (`NVIDIA-H100-80GB-HBM3`; under the MIG single strategy the
@@ -204,6 +210,8 @@ pub struct NotebookInfo {
     /// [`SNOOZE_ANNOTATION`] that is not RFC 3339 with a zone): culling holds the notebook back
     /// (fail closed) instead of reading them as absent.
     pub invalid_annotations: Vec<&'static str>,
+    /// Our notice: when the scheduled stop is due ([`STOP_SCHEDULED_AT_ANNOTATION`]).
+    pub stop_scheduled_at: Option<DateTime<Utc>>,
 }
 
 /// A StatefulSet's identity and controller, for pod → StatefulSet → Notebook verification.

@@ -505,6 +505,7 @@ fn quotas_and_notebooks() {
         snooze_until: None,
         last_stopped_by_us: None,
         invalid_annotations: Vec::new(),
+        stop_scheduled_at: None,
     };
     let mut c = claims(
         vec![

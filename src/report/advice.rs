@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::{gpu_count, gpus, humanise_seconds, idle_for, notebook_stopped};
-use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain};
+use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain, snooze_command};
 use crate::ledger::{NamespaceRow, PodRow, PodState};
 
 /// Annotation Kubeflow's notebook controller reads to scale a notebook to zero.
@@ -46,6 +46,9 @@ pub fn stop_value(at: DateTime<Utc>) -> String {
 /// The hint for one pod, as of `at` (the ledger's time; the stop annotation's value).
 pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
     let named = is_dns1123_label(&p.namespace) && is_dns1123_subdomain(&p.pod);
+    if let Some(hint) = notice_hint(p) {
+        return Some(hint);
+    }
     match p.state {
         PodState::Running if p.idle == Some(true) && !notebook_stopped(p) => {
             let nb = p.notebook.as_deref()?;
@@ -101,6 +104,29 @@ pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
         }
         _ => None,
     }
+}
+
+/// A notebook under a culling notice (`gpu-ledger.io/stop-scheduled-at`, `--cull-notice`): when
+/// it stops unless used or snoozed, and the exact command to snooze it (a day past the stop).
+fn notice_hint(p: &PodRow) -> Option<Hint> {
+    let (nb, _) = p.evidence.notebook.as_ref()?;
+    let at = nb.stop_scheduled_at?;
+    if p.state != PodState::Running || nb.stopped.is_some() {
+        return None;
+    }
+    let until = stop_value(at + chrono::Duration::days(1));
+    let command = snooze_command(&p.namespace, &nb.name, &until);
+    Some(Hint {
+        text: format!(
+            "stops at {} unless used or snoozed (notice before an idle stop)",
+            stop_value(at)
+        ),
+        note: command.is_none().then_some(NO_COMMAND),
+        commands: command
+            .map(|c| ("to snooze".to_string(), c))
+            .into_iter()
+            .collect(),
+    })
 }
 
 /// The hint for a namespace that holds or asks for GPUs with no quota naming a GPU resource:

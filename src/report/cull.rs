@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::cull::metrics::CullMetrics;
-use crate::cull::plan::{Action, Plan};
+use crate::cull::plan::{Action, Notice, Plan, rfc3339};
 
 /// The `cull` object of `report -o json --cull-dry-run`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -17,6 +17,22 @@ pub struct CullJson {
     pub would_stop: Vec<WouldStop>,
     /// Every other GPU pod and the first rule it failed.
     pub skipped: Vec<Skipped>,
+    /// Notices the plan would write or cancel (`--cull-notice`; empty without it).
+    pub notices: Vec<NoticeJson>,
+}
+
+/// One notice of the plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NoticeJson {
+    /// `schedule` or `cancel`.
+    pub kind: &'static str,
+    pub namespace: String,
+    pub notebook: String,
+    pub pod: String,
+    /// When the stop is (schedule) or was (cancel) due, RFC 3339 UTC.
+    pub stop_at: String,
+    /// The evidence (schedule) or why it is cancelled (cancel), in words.
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -76,6 +92,23 @@ impl CullJson {
                     pod: s.pod.clone(),
                     notebook: s.notebook.clone(),
                     reason: s.reason.as_str(),
+                })
+                .collect(),
+            notices: plan
+                .notices
+                .iter()
+                .map(|n| {
+                    let (Notice::Schedule { pod, stop_at, .. }
+                    | Notice::Cancel { pod, stop_at, .. }) = n;
+                    let (namespace, notebook, _) = n.target();
+                    NoticeJson {
+                        kind: n.kind(),
+                        namespace: namespace.to_string(),
+                        notebook: notebook.to_string(),
+                        pod: pod.clone(),
+                        stop_at: rfc3339(*stop_at),
+                        reason: n.reason_text(),
+                    }
                 })
                 .collect(),
         }

@@ -130,9 +130,16 @@ impl CullApi for FakeApi {
             if !dry_run {
                 let mut nbs = self.notebooks.lock().expect("lock");
                 if let Some(nb) = nbs.get_mut(&(namespace.to_string(), name.to_string())) {
-                    nb.stopped = body["metadata"]["annotations"][STOP_ANNOTATION]
-                        .as_str()
-                        .map(str::to_string);
+                    let ann = &body["metadata"]["annotations"];
+                    if let Some(v) = ann.get(STOP_ANNOTATION) {
+                        nb.stopped = v.as_str().map(str::to_string);
+                    }
+                    if let Some(v) = ann.get(STOP_SCHEDULED_AT_ANNOTATION) {
+                        nb.stop_scheduled_at = v
+                            .as_str()
+                            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                            .map(|t| t.with_timezone(&Utc));
+                    }
                 }
             }
             Ok(())
@@ -198,6 +205,7 @@ pub(crate) fn notebook() -> NotebookInfo {
         snooze_until: None,
         last_stopped_by_us: None,
         invalid_annotations: Vec::new(),
+        stop_scheduled_at: None,
     }
 }
 
@@ -501,5 +509,174 @@ fn stop_results_have_documented_labels() {
             "dry_run",
             "not_leader"
         ]
+    );
+}
+
+// === notice before a stop ===
+
+fn schedule_notice() -> Notice {
+    Notice::Schedule {
+        namespace: "team-a".into(),
+        notebook: "nb".into(),
+        notebook_uid: "nb-uid".into(),
+        pod: "nb-0".into(),
+        stop_at: now() + Duration::minutes(10),
+        idle_seconds: 3.0 * 3600.0,
+        peak_utilization: Some(0.008),
+    }
+}
+
+fn cancel_notice(why: crate::cull::plan::CancelReason) -> Notice {
+    Notice::Cancel {
+        namespace: "team-a".into(),
+        notebook: "nb".into(),
+        notebook_uid: "nb-uid".into(),
+        pod: "nb-0".into(),
+        stop_at: now() + Duration::minutes(10),
+        why,
+        snooze_until: None,
+    }
+}
+
+fn notice_actuator(api: &Arc<FakeApi>) -> Actuator {
+    Actuator::new(api.clone(), false, Duration::hours(1)).with_policy(CullPolicy {
+        notice: Duration::minutes(10),
+        ..CullPolicy::default()
+    })
+}
+
+#[tokio::test]
+async fn a_notice_is_an_annotation_and_a_warning_event_with_the_snooze_command() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let leader = StaticLeadership::new(true);
+    let out = notice_actuator(&api)
+        .notify(&[schedule_notice()], CullMode::On, now(), &leader)
+        .await;
+    assert_eq!(out[0].result, NoticeResult::Written, "{}", out[0].detail);
+    let patches = api.patches.lock().expect("lock").clone();
+    assert_eq!(
+        patches[0].2,
+        json!({"metadata":{"resourceVersion":"43","annotations":{
+            "gpu-ledger.io/stop-scheduled-at":"2026-01-31T12:10:00Z",
+            "gpu-ledger.io/stop-notice-reason":"GPU idle for 3h0m (peak utilisation 0.8% over the window)"}}})
+    );
+    let events = api.events.lock().expect("lock").clone();
+    let (target, event) = &events[0];
+    assert_eq!(target.uid, "nb-uid");
+    assert!(event.warning);
+    assert_eq!(event.reason, REASON_STOP_SCHEDULED);
+    assert!(
+        event.note.contains("stop this notebook at 2026-01-31T12:10:00Z unless it is used or snoozed")
+            && event.note.contains(
+                "kubectl annotate --overwrite notebook -n team-a -- nb gpu-ledger.io/snooze-until=2026-02-01T12:10:00Z"
+            ),
+        "{}",
+        event.note
+    );
+    // A second schedule of the same notebook finds the notice and writes nothing.
+    let again = notice_actuator(&api)
+        .notify(&[schedule_notice()], CullMode::On, now(), &leader)
+        .await;
+    assert_eq!(again[0].result, NoticeResult::Changed);
+    assert_eq!(api.patch_count(), 1);
+}
+
+#[tokio::test]
+async fn a_cancel_removes_the_notice_with_a_normal_event() {
+    let api = Arc::new(FakeApi::with_notebook(NotebookInfo {
+        stop_scheduled_at: Some(now() + Duration::minutes(10)),
+        ..notebook()
+    }));
+    let leader = StaticLeadership::new(true);
+    let out = notice_actuator(&api)
+        .notify(
+            &[cancel_notice(crate::cull::plan::CancelReason::Activity)],
+            CullMode::On,
+            now(),
+            &leader,
+        )
+        .await;
+    assert_eq!(out[0].result, NoticeResult::Written, "{}", out[0].detail);
+    let body = api.patches.lock().expect("lock")[0].2.clone();
+    assert_eq!(
+        body,
+        json!({"metadata":{"resourceVersion":"43","annotations":{
+            "gpu-ledger.io/stop-scheduled-at":null,
+            "gpu-ledger.io/stop-notice-reason":null}}})
+    );
+    let events = api.events.lock().expect("lock").clone();
+    assert!(!events[0].1.warning);
+    assert_eq!(events[0].1.reason, REASON_STOP_CANCELLED);
+    assert!(
+        events[0]
+            .1
+            .note
+            .contains("cancelled: the GPU is in use again"),
+        "{}",
+        events[0].1.note
+    );
+}
+
+#[tokio::test]
+async fn dry_run_and_lost_leadership_write_no_notice() {
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let out = notice_actuator(&api)
+        .notify(
+            &[schedule_notice()],
+            CullMode::DryRun,
+            now(),
+            &StaticLeadership::new(true),
+        )
+        .await;
+    assert_eq!(out[0].result, NoticeResult::DryRun);
+    let out = notice_actuator(&api)
+        .notify(
+            &[schedule_notice()],
+            CullMode::On,
+            now(),
+            &StaticLeadership::new(false),
+        )
+        .await;
+    assert_eq!(out[0].result, NoticeResult::NotLeader);
+    assert_eq!(api.patch_count(), 0);
+    assert!(api.event_reasons().is_empty());
+}
+
+#[tokio::test]
+async fn with_a_notice_the_stop_waits_for_it_and_clears_it() {
+    let leader = StaticLeadership::new(true);
+    let mut recheck = |_: &Action| async move { Ok::<bool, RecheckError>(true) };
+    // No notice on the fresh Notebook (removed since the plan): no stop.
+    let api = Arc::new(FakeApi::with_notebook(notebook()));
+    let out = notice_actuator(&api)
+        .execute(&[stop_action()], CullMode::On, now(), &mut recheck, &leader)
+        .await;
+    assert_eq!(out[0].result, StopResult::Changed, "{}", out[0].detail);
+    // A notice that runs a minute longer: no stop yet.
+    let api = Arc::new(FakeApi::with_notebook(NotebookInfo {
+        stop_scheduled_at: Some(now() + Duration::minutes(1)),
+        ..notebook()
+    }));
+    let out = notice_actuator(&api)
+        .execute(&[stop_action()], CullMode::On, now(), &mut recheck, &leader)
+        .await;
+    assert_eq!(out[0].result, StopResult::Changed, "{}", out[0].detail);
+    assert_eq!(api.patch_count(), 0);
+    // Run out: the stop, and the spent notice goes with it.
+    let api = Arc::new(FakeApi::with_notebook(NotebookInfo {
+        stop_scheduled_at: Some(now()),
+        ..notebook()
+    }));
+    let out = notice_actuator(&api)
+        .execute(&[stop_action()], CullMode::On, now(), &mut recheck, &leader)
+        .await;
+    assert_eq!(out[0].result, StopResult::Stopped, "{}", out[0].detail);
+    let body = api.patches.lock().expect("lock")[0].2.clone();
+    let ann = &body["metadata"]["annotations"];
+    assert_eq!(ann["kubeflow-resource-stopped"], "2026-01-31T12:00:00Z");
+    assert!(ann["gpu-ledger.io/stop-scheduled-at"].is_null());
+    assert!(
+        ann.as_object()
+            .is_some_and(|a| a.contains_key("gpu-ledger.io/stop-scheduled-at"))
     );
 }

@@ -27,6 +27,7 @@ fn notebook(ns: &str, name: &str) -> NotebookInfo {
         snooze_until: None,
         last_stopped_by_us: None,
         invalid_annotations: Vec::new(),
+        stop_scheduled_at: None,
     }
 }
 
@@ -919,4 +920,230 @@ fn a_notebook_is_stopped_only_when_all_its_pods_are_idle() {
     second.evidence.uid = "pod-team-ml-alice-nb-1".into();
     let p = plan(&ledger(vec![idle, second]), &CullPolicy::default(), t0());
     assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
+}
+
+// === notice before a stop (`--cull-notice`) ===
+
+fn notice_policy() -> CullPolicy {
+    CullPolicy {
+        notice: Duration::minutes(10),
+        ..CullPolicy::default()
+    }
+}
+
+fn with_notice(mut row: PodRow, at: DateTime<Utc>) -> PodRow {
+    nb_mut(&mut row).stop_scheduled_at = Some(at);
+    row
+}
+
+fn only_notice(p: &Plan) -> &Notice {
+    let [n] = p.notices.as_slice() else {
+        panic!("one notice expected: {p:?}")
+    };
+    n
+}
+
+#[test]
+fn without_notice_the_plan_is_unchanged_even_with_a_notice_annotation() {
+    let plain = plan(
+        &ledger(vec![idle_row("team-a", "nb", 3)]),
+        &CullPolicy::default(),
+        t0(),
+    );
+    assert_eq!(plain.actions.len(), 1);
+    assert!(plain.notices.is_empty());
+    // A notice left from an earlier configuration neither delays nor cancels anything.
+    let annotated = plan(
+        &ledger(vec![with_notice(
+            idle_row("team-a", "nb", 3),
+            t0() + Duration::hours(1),
+        )]),
+        &CullPolicy::default(),
+        t0(),
+    );
+    assert_eq!(annotated, plain);
+}
+
+#[test]
+fn a_new_candidate_gets_a_notice_not_a_stop() {
+    let p = plan(
+        &ledger(vec![idle_row("team-a", "nb", 3)]),
+        &notice_policy(),
+        t0(),
+    );
+    assert!(p.actions.is_empty(), "{p:?}");
+    assert_eq!(p.candidates, 1);
+    let Notice::Schedule {
+        namespace,
+        notebook,
+        notebook_uid,
+        pod,
+        stop_at,
+        ..
+    } = only_notice(&p)
+    else {
+        panic!("a schedule expected: {p:?}")
+    };
+    assert_eq!(
+        (
+            namespace.as_str(),
+            notebook.as_str(),
+            notebook_uid.as_str(),
+            pod.as_str()
+        ),
+        ("team-a", "nb", "nb-team-a-nb", "nb-0")
+    );
+    assert_eq!(*stop_at, t0() + Duration::minutes(10));
+    assert_eq!(reasons(&p), vec![SkipReason::NoticePending]);
+}
+
+fn reasons(p: &Plan) -> Vec<SkipReason> {
+    p.skips.iter().map(|s| s.reason).collect()
+}
+
+#[test]
+fn a_notice_that_has_not_run_out_waits_without_a_second_notice() {
+    let row = with_notice(idle_row("team-a", "nb", 3), t0() + Duration::minutes(5));
+    let p = plan(&ledger(vec![row]), &notice_policy(), t0());
+    assert!(p.actions.is_empty() && p.notices.is_empty(), "{p:?}");
+    assert_eq!(reasons(&p), vec![SkipReason::NoticePending]);
+}
+
+#[test]
+fn a_notice_that_has_run_out_becomes_the_stop() {
+    for due in [t0(), t0() - Duration::seconds(1)] {
+        let row = with_notice(idle_row("team-a", "nb", 3), due);
+        let p = plan(&ledger(vec![row]), &notice_policy(), t0());
+        assert_eq!(p.actions.len(), 1, "due {due}: {p:?}");
+        assert!(p.notices.is_empty() && p.skips.is_empty(), "{p:?}");
+    }
+}
+
+#[test]
+fn the_notice_never_shortens_idle_after() {
+    // Idle for 1h59m of the 2h: no notice yet (the notice starts once it qualifies).
+    let mut row = idle_row("team-a", "nb", 2);
+    row.idle_seconds = Some(2.0 * 3600.0 - 60.0);
+    let p = plan(&ledger(vec![row]), &notice_policy(), t0());
+    assert!(p.actions.is_empty() && p.notices.is_empty(), "{p:?}");
+    assert_eq!(reasons(&p), vec![SkipReason::IdleTooShort]);
+}
+
+fn cancel_of(row: PodRow, policy: &CullPolicy) -> (CancelReason, Option<DateTime<Utc>>) {
+    let p = plan(&ledger(vec![row]), policy, t0());
+    assert!(p.actions.is_empty(), "{p:?}");
+    match only_notice(&p) {
+        Notice::Cancel {
+            why,
+            snooze_until,
+            stop_at,
+            ..
+        } => {
+            assert_eq!(*stop_at, t0() + Duration::minutes(5));
+            (*why, *snooze_until)
+        }
+        n @ Notice::Schedule { .. } => panic!("a cancel expected: {n:?}"),
+    }
+}
+
+#[test]
+fn activity_cancels_the_notice() {
+    let noticed = || with_notice(idle_row("team-a", "nb", 3), t0() + Duration::minutes(5));
+    let mut busy = noticed();
+    busy.idle = Some(false);
+    assert_eq!(cancel_of(busy, &notice_policy()).0, CancelReason::Activity);
+    // Used and idle again since: idle for less than idle_after.
+    let mut again = noticed();
+    again.idle_seconds = Some(600.0);
+    assert_eq!(cancel_of(again, &notice_policy()).0, CancelReason::Activity);
+}
+
+#[test]
+fn a_snooze_cancels_the_notice() {
+    let snooze = t0() + Duration::hours(6);
+    let mut row = with_notice(idle_row("team-a", "nb", 3), t0() + Duration::minutes(5));
+    nb_mut(&mut row).snooze_until = Some(snooze);
+    assert_eq!(
+        cancel_of(row, &notice_policy()),
+        (CancelReason::Snoozed, Some(snooze))
+    );
+}
+
+#[test]
+fn an_opt_out_cancels_the_notice() {
+    let mut row = with_notice(idle_row("team-a", "nb", 3), t0() + Duration::minutes(5));
+    nb_mut(&mut row).cull_opt_out = true;
+    assert_eq!(cancel_of(row, &notice_policy()).0, CancelReason::OptedOut);
+}
+
+#[test]
+fn missing_data_keeps_the_notice_without_stopping() {
+    let mut row = with_notice(idle_row("team-a", "nb", 3), t0() - Duration::minutes(1));
+    row.evidence.coverage = Some(0.5);
+    let p = plan(&ledger(vec![row]), &notice_policy(), t0());
+    assert!(p.actions.is_empty() && p.notices.is_empty(), "{p:?}");
+    assert_eq!(reasons(&p), vec![SkipReason::PartialCoverage]);
+}
+
+#[test]
+fn a_notice_from_before_the_pod_started_is_stale() {
+    // The pod runs since t0-10h; a notice due before that belongs to an earlier pod.
+    let row = with_notice(idle_row("team-a", "nb", 3), t0() - Duration::hours(11));
+    let p = plan(&ledger(vec![row]), &notice_policy(), t0());
+    assert!(p.actions.is_empty(), "{p:?}");
+    assert!(matches!(only_notice(&p), Notice::Schedule { .. }), "{p:?}");
+}
+
+#[test]
+fn no_notice_while_the_circuit_is_open() {
+    let mut p = plan(
+        &ledger(vec![idle_row("team-a", "nb", 3)]),
+        &notice_policy(),
+        t0(),
+    );
+    open_circuit(&mut p, CircuitReason::ClaimsStale);
+    assert!(p.notices.is_empty(), "{p:?}");
+    let mut down = ledger(vec![idle_row("team-a", "nb", 3)]);
+    down.usage_available = false;
+    let p = plan(&down, &notice_policy(), t0());
+    assert!(p.notices.is_empty() && p.actions.is_empty(), "{p:?}");
+}
+
+#[test]
+fn one_notice_per_notebook() {
+    let mut second = idle_row("team-a", "nb", 3);
+    second.pod = "nb-1".into();
+    second.evidence.uid = "pod-team-a-nb-1".into();
+    let p = plan(
+        &ledger(vec![idle_row("team-a", "nb", 3), second]),
+        &notice_policy(),
+        t0(),
+    );
+    assert_eq!(p.notices.len(), 1, "{p:?}");
+}
+
+#[test]
+fn a_snooze_counts_at_most_max_snooze_after_the_notebook_qualified() {
+    let policy = CullPolicy {
+        max_snooze: Duration::hours(1),
+        ..CullPolicy::default()
+    };
+    let far = t0() + Duration::days(3650);
+    // Idle 2h30m: qualified (2h) 30 minutes ago, within the 1h bound: snoozed.
+    let mut fresh = idle_row("team-a", "nb", 3);
+    fresh.idle_seconds = Some(2.5 * 3600.0);
+    nb_mut(&mut fresh).snooze_until = Some(far);
+    assert_eq!(judge(&fresh, &policy, t0()), Err(SkipReason::Snoozed));
+    // Idle 3h: qualified an hour ago: a snooze ten years out no longer counts.
+    let mut old = idle_row("team-a", "nb", 3);
+    nb_mut(&mut old).snooze_until = Some(far);
+    assert_eq!(judge(&old, &policy, t0()), Ok(()));
+    // Without a bound it still counts (today's behaviour).
+    assert_eq!(
+        judge(&old, &CullPolicy::default(), t0()),
+        Err(SkipReason::Snoozed)
+    );
+    // A snooze that has passed never counts, bound or not.
+    nb_mut(&mut old).snooze_until = Some(t0());
+    assert_eq!(judge(&old, &CullPolicy::default(), t0()), Ok(()));
 }

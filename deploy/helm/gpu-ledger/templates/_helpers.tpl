@@ -149,6 +149,16 @@ compares them for the default values).
 {{- else }}
 - --lease-name={{ .Values.culling.leaseName }}
 {{- end }}
+{{- if not (has (toString .Values.culling.notice) (list "" "0" "0s")) }}
+- --cull-notice={{ .Values.culling.notice }}
+{{- end }}
+{{- if not (has (toString .Values.culling.maxSnooze) (list "" "0" "0s")) }}
+- --cull-max-snooze={{ .Values.culling.maxSnooze }}
+{{- end }}
+{{- if .Values.culling.noticeWebhook.secretName }}
+- --cull-notice-webhook-url-file=/etc/gpu-ledger/notice-webhook/{{ .Values.culling.noticeWebhook.secretKey }}
+- --cull-notice-webhook-format={{ .Values.culling.noticeWebhook.format }}
+{{- end }}
 {{- end }}
 {{- if gt (int (include "gpu-ledger.totalShards" .)) 1 }}
 - --shard=$(POD_INDEX)
@@ -276,6 +286,11 @@ spec:
           mountPath: /etc/gpu-ledger/api-token
           readOnly: true
         {{- end }}
+        {{- if and (ne (include "gpu-ledger.cullMode" .) "off") .Values.culling.noticeWebhook.secretName }}
+        - name: notice-webhook
+          mountPath: /etc/gpu-ledger/notice-webhook
+          readOnly: true
+        {{- end }}
   volumes:
     - name: tmp
       emptyDir:
@@ -316,6 +331,15 @@ spec:
           - key: {{ .Values.apiAuth.tokenSecretKey }}
             path: {{ .Values.apiAuth.tokenSecretKey }}
     {{- end }}
+    {{- if and (ne (include "gpu-ledger.cullMode" .) "off") .Values.culling.noticeWebhook.secretName }}
+    # A directory mount (no subPath): a rotated Secret reaches the file, read at every post.
+    - name: notice-webhook
+      secret:
+        secretName: {{ .Values.culling.noticeWebhook.secretName }}
+        items:
+          - key: {{ .Values.culling.noticeWebhook.secretKey }}
+            path: {{ .Values.culling.noticeWebhook.secretKey }}
+    {{- end }}
   {{- with .Values.nodeSelector }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
@@ -353,7 +377,8 @@ variables:
   - name: owned
     expression: >-
       ['kubeflow-resource-stopped', 'gpu-ledger.io/stopped-at', 'gpu-ledger.io/stopped-by',
-      'gpu-ledger.io/stop-reason']
+      'gpu-ledger.io/stop-reason', 'gpu-ledger.io/stop-scheduled-at',
+      'gpu-ledger.io/stop-notice-reason']
   - name: isUpdate
     expression: >-
       request.operation == 'UPDATE' && (!has(request.subResource) || request.subResource == '')
@@ -388,7 +413,8 @@ validations:
       variables.oldAnnotations.all(k, k in variables.owned || k in variables.newAnnotations)
     message: >-
       gpu-ledger may only write the annotations kubeflow-resource-stopped,
-      gpu-ledger.io/stopped-at, gpu-ledger.io/stopped-by and gpu-ledger.io/stop-reason.
+      gpu-ledger.io/stopped-at, gpu-ledger.io/stopped-by, gpu-ledger.io/stop-reason and
+      the notice annotations gpu-ledger.io/stop-scheduled-at and gpu-ledger.io/stop-notice-reason.
   - expression: >-
       !('kubeflow-resource-stopped' in variables.oldAnnotations) ||
       ('kubeflow-resource-stopped' in variables.newAnnotations &&
