@@ -122,17 +122,16 @@ async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppEr
     let client = kube_client(&args.kube).await?;
     // Without --prometheus-url: the cluster's own Prometheus through the API server's service
     // proxy; the proxy lives until the report is built.
-    let (prom, _proxy) = match prom {
-        Some(prom) => (Some(prom), None),
-        None => {
-            let (prom, proxy) = discovered_prometheus(&client, &args.ledger).await?;
-            (Some(prom), Some(proxy))
-        }
+    let (prom, _proxy) = if let Some(prom) = prom {
+        (prom, None)
+    } else {
+        let (prom, proxy) = discovered_prometheus(&client, &args.ledger).await?;
+        (prom, Some(proxy))
     };
     let claims =
         claims::list::list_claims(&client, &policy.names, &listed(&args.ledger.namespaces)).await?;
     let at = args.at.unwrap_or_else(Utc::now);
-    let usage = live_usage(prom, &args.ledger, at).await;
+    let usage = live_usage(Some(prom), &args.ledger, at).await;
     Ok(ledger::build(&claims, &usage, at, policy))
 }
 

@@ -190,17 +190,17 @@ impl Health {
             return "the Kubernetes watches have synced; the first refresh is under way".into();
         }
         let names: Vec<&str> = unsynced.iter().map(|(label, _)| *label).collect();
-        let mut why = format!(
+        let why = format!(
             "the Kubernetes watches have not delivered their first list: {}",
             names.join(", ")
         );
-        if let Some((label, error)) = unsynced
+        match unsynced
             .iter()
             .find_map(|(label, e)| e.as_ref().map(|e| (label, e)))
         {
-            why.push_str(&format!("; last error ({label}): {error}"));
+            Some((label, error)) => format!("{why}; last error ({label}): {error}"),
+            None => why,
         }
-        why
     }
 }
 
