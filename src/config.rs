@@ -454,7 +454,8 @@ pub struct ReportArgs {
     /// is read as of this instant (the claims are the cluster's current state).
     #[arg(long, env = "GPU_LEDGER_AT", value_parser = rfc3339, help_heading = "Output")]
     pub at: Option<DateTime<Utc>>,
-    /// Output format. `json` and `metrics` print nothing else on stdout (warnings go to stderr).
+    /// Output format. `json`, `yaml` and `metrics` print nothing else on stdout (warnings go to
+    /// stderr).
     #[arg(short = 'o', long, env = "GPU_LEDGER_OUTPUT", value_enum, default_value_t = Output::Table, help_heading = "Output")]
     pub output: Output,
     /// Also show what `--cull=dry-run` would stop: a section of the table, a `cull` object in

@@ -1,6 +1,6 @@
 //! `gpu-ledger report`: one ledger, from dump files or from a live cluster, rendered once.
 //!
-//! Machine-readable output stays machine-readable: with `-o json` and `-o metrics` nothing but
+//! Machine-readable output stays machine-readable: with `-o json|yaml|metrics` nothing but
 //! the document reaches stdout; warnings (and, for `-o metrics`, the culling plan's text) go to
 //! stderr.
 

@@ -175,9 +175,7 @@ impl Health {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = refused;
     }
-}
 
-impl Health {
     /// Why nothing is published yet: the watches that have not synced (and the last error one
     /// of them saw), or the first refresh still under way.
     fn waiting_reason(&self) -> String {
