@@ -142,8 +142,10 @@ async fn discovered_prometheus(
     args: &crate::config::LedgerArgs,
 ) -> Result<(std::sync::Arc<PromClient>, ServiceProxy), AppError> {
     let found = discover::find(client).await?;
-    let best = &found[0];
-    let others: Vec<String> = found[1..]
+    let Some((best, rest)) = found.split_first() else {
+        return Err(discover::DiscoverError::NoneFound { services: 0 }.into());
+    };
+    let others: Vec<String> = rest
         .iter()
         .map(|c| format!("{}/{}", c.namespace, c.name))
         .collect();
@@ -151,7 +153,7 @@ async fn discovered_prometheus(
         String::new()
     } else {
         format!(
-            " (also found: {}; pick one with --prometheus-url)",
+            " (also found: {}; --prometheus-url overrides)",
             others.join(", ")
         )
     };
