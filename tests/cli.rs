@@ -1026,6 +1026,30 @@ fn yaml_output_is_the_json_document() {
     );
     let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml).expect("valid YAML");
     assert_eq!(from_yaml, json, "YAML:\n{yaml}");
+    // With the culling plan too, whose document flattens the ledger beside `cull`.
+    let json = stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "json",
+        "--cull-dry-run",
+    ]));
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    let yaml = stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "yaml",
+        "--cull-dry-run",
+    ]));
+    let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml).expect("valid YAML");
+    assert_eq!(from_yaml, json, "YAML:\n{yaml}");
+    assert!(
+        yaml.starts_with("generated_at:"),
+        "field order as in the JSON:\n{yaml}"
+    );
     assert!(json["pods"].as_array().is_some_and(|p| !p.is_empty()));
 }
 

@@ -236,17 +236,15 @@ fn write_report(output: Output, ledger: &Ledger, plan: Option<&Plan>) -> std::io
             out.write_all(text.as_bytes())?;
         }
         Output::Yaml => {
-            // The JSON document's data as YAML: serialized to a JSON value first, so both carry
-            // exactly the same fields and numbers.
-            let value = match plan {
-                Some(plan) => serde_json::to_value(WithCull {
+            // The JSON document's data, in the same field order (tests/cli.rs compares both).
+            let text = match plan {
+                Some(plan) => serde_saphyr::to_string(&WithCull {
                     ledger,
                     cull: CullJson::of(plan),
                 }),
-                None => serde_json::to_value(ledger),
+                None => serde_saphyr::to_string(ledger),
             }
             .map_err(std::io::Error::other)?;
-            let text = serde_saphyr::to_string(&value).map_err(std::io::Error::other)?;
             out.write_all(text.as_bytes())?;
         }
         Output::Html => {
