@@ -19,10 +19,17 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
+/// The exit codes, shown after `--help` of every command (and in the README).
+pub const EXIT_CODES: &str = "Exit codes:
+  0  success
+  1  runtime failure: the Kubernetes API or Prometheus unreachable or failing, a task ended
+  2  usage or bad input: a rejected flag, invalid configuration, an unreadable kubeconfig,
+     a missing or invalid dump file or directory";
+
 /// Joins Kubernetes GPU claims with DCGM utilisation: who holds each GPU, is it used, and
 /// where did the free cards go.
 #[derive(Debug, Parser)]
-#[command(name = "gpu-ledger", version = VERSION, about, long_about = None, propagate_version = true, args_override_self = true)]
+#[command(name = "gpu-ledger", version = VERSION, about, long_about = None, propagate_version = true, args_override_self = true, after_help = EXIT_CODES)]
 pub struct Cli {
     /// Log format (`json`: one JSON object per line on stderr, fatal errors included).
     #[arg(long, env = "GPU_LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true, help_heading = "Logging")]
@@ -49,8 +56,10 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the service: watch the cluster, refresh from Prometheus, serve /metrics and the JSON API.
+    #[command(after_help = EXIT_CODES)]
     Serve(Box<ServeArgs>),
     /// Print the ledger once, from a live cluster or from dump files.
+    #[command(after_help = EXIT_CODES)]
     Report(Box<ReportArgs>),
     /// Write the cluster's GPU claims and DCGM history to a directory that `report --from` reads
     /// (a reproducible case for a bug report; see docs/capture.md).
@@ -264,19 +273,29 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub cull: CullArgs,
     /// PEM certificate (chain) to serve HTTPS on --listen; re-read when the file changes.
-    #[arg(long, env = "GPU_LEDGER_TLS_CERT_FILE", requires = "tls_key_file")]
+    #[arg(
+        long,
+        env = "GPU_LEDGER_TLS_CERT_FILE",
+        requires = "tls_key_file",
+        help_heading = "Server"
+    )]
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of --tls-cert-file; re-read when the file changes.
-    #[arg(long, env = "GPU_LEDGER_TLS_KEY_FILE", requires = "tls_cert_file")]
+    #[arg(
+        long,
+        env = "GPU_LEDGER_TLS_KEY_FILE",
+        requires = "tls_cert_file",
+        help_heading = "Server"
+    )]
     pub tls_key_file: Option<PathBuf>,
     /// File holding a bearer token that requests to /api/v1/* must present (every path but
     /// /metrics, /healthz, /livez, /readyz); re-read when it changes.
-    #[arg(long, env = "GPU_LEDGER_API_TOKEN_FILE")]
+    #[arg(long, env = "GPU_LEDGER_API_TOKEN_FILE", help_heading = "Server")]
     pub api_token_file: Option<PathBuf>,
     /// `kubernetes`: accept /api/v1/* callers whose bearer token passes a TokenReview and whose
     /// user may `get` the virtual resource `ledger` in group `gpu-ledger.io`
     /// (SubjectAccessReview).
-    #[arg(long, env = "GPU_LEDGER_API_AUTH", value_enum, ignore_case = true, default_value_t = ApiAuthFlag::None)]
+    #[arg(long, env = "GPU_LEDGER_API_AUTH", value_enum, ignore_case = true, default_value_t = ApiAuthFlag::None, help_heading = "Server")]
     pub api_auth: ApiAuthFlag,
     /// Connections the HTTP server serves at once; 64 more get a 2 s header deadline and one
     /// request, and beyond those new connections are closed at once (docs/security.md).
@@ -447,6 +466,8 @@ pub enum Output {
     Metrics,
     /// The page `serve` shows at `/`, as one self-contained HTML file.
     Html,
+    /// The JSON document (`-o json`) as YAML: the same data.
+    Yaml,
 }
 
 /// `gpu-ledger report`.
@@ -462,7 +483,8 @@ pub struct ReportArgs {
     /// is read as of this instant (the claims are the cluster's current state).
     #[arg(long, env = "GPU_LEDGER_AT", value_parser = rfc3339, help_heading = "Output")]
     pub at: Option<DateTime<Utc>>,
-    /// Output format. `json` and `metrics` print nothing else on stdout (warnings go to stderr).
+    /// Output format. `json`, `yaml` and `metrics` print nothing else on stdout (warnings go to
+    /// stderr).
     #[arg(short = 'o', long, env = "GPU_LEDGER_OUTPUT", value_enum, default_value_t = Output::Table, help_heading = "Output")]
     pub output: Output,
     /// Also show what `--cull=dry-run` would stop: a section of the table, a `cull` object in
@@ -473,8 +495,18 @@ pub struct ReportArgs {
     pub cull: CullPolicyArgs,
     /// Largest dump file accepted (each file), e.g. `512MiB`, `2GiB`, or bytes; a larger one is
     /// refused before it is parsed (docs/security.md).
-    #[arg(long, env = "GPU_LEDGER_MAX_DUMP_SIZE", default_value = "1GiB", value_parser = byte_size)]
+    #[arg(long, env = "GPU_LEDGER_MAX_DUMP_SIZE", default_value = "1GiB", value_parser = byte_size, help_heading = "Offline input")]
     pub max_dump_size: u64,
+    /// Show only this namespace's rows (pods, namespace totals); nodes stay whole, as node
+    /// free counts every pod. Unlike `--namespaces`, the ledger is still built from every pod.
+    #[arg(
+        short = 'n',
+        long = "namespace",
+        env = "GPU_LEDGER_NAMESPACE",
+        value_name = "NAMESPACE",
+        help_heading = "Output"
+    )]
+    pub namespace: Option<String>,
 }
 
 /// Dump files of the offline `report`.

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use gpu_ledger::app::{self, AppError};
+use gpu_ledger::app;
 use gpu_ledger::config::{Cli, Command, LogFormat};
 use gpu_ledger::telemetry;
 
@@ -88,8 +88,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.exit_code();
-            // The whole cause chain on one line ("a: b: c"), each cause once.
-            let chain = format!("{:#}", anyhow::Error::new::<AppError>(e));
+            // The whole cause chain on one line ("a: b: c"), each cause once (kube's errors
+            // repeat their sources in their own text: that printed the chain three times).
+            let chain = telemetry::error_chain(&e);
             telemetry::fatal(format, &chain, code);
             ExitCode::from(code)
         }

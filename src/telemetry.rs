@@ -35,6 +35,23 @@ pub fn init(format: LogFormat, filter: &str) {
     }
 }
 
+/// "a: b: c" for an error and its sources, each cause once: kube's and other errors often
+/// repeat their source inside their own message, so a source whose text is already in the line
+/// is left out.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let part = c.to_string();
+        if !s.contains(&part) {
+            s.push_str(": ");
+            s.push_str(&part);
+        }
+        cur = c.source();
+    }
+    s
+}
+
 /// Reports the error that ends the process: `error: a: b: c` on stderr in the plain format, one
 /// JSON log line (`level` `ERROR`, `message`, `error`, `exit_code`) in the JSON format, so a log
 /// pipeline that parses every line as JSON also parses the last one.

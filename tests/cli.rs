@@ -185,7 +185,9 @@ fn bad_input_exits_2_naming_the_input() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir/pods.json"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--from /nonexistent/dir: no such directory")
+    );
 
     // serve rejects a kill switch that cannot name a ConfigMap before touching any cluster.
     let out = gpu_ledger()
@@ -747,7 +749,7 @@ fn fatal_errors_are_json_in_the_json_log_format() {
         v["error"]
             .as_str()
             .expect("error")
-            .contains("/nonexistent/dir/pods.json"),
+            .contains("/nonexistent/dir: no such directory"),
         "{v}"
     );
     // A command line clap rejects, with the format from a flag or from the environment.
@@ -954,4 +956,208 @@ fn token_over_plain_http_is_refused_unless_allowed() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+/// The flags of one help section (`Heading:` up to the next blank line before a heading).
+fn help_section<'a>(help: &'a str, heading: &str) -> &'a str {
+    let after = help
+        .split(&format!("\n{heading}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {heading} section in\n{help}"));
+    let end = after
+        .match_indices("\n\n")
+        .map(|(i, _)| i)
+        .find(|i| {
+            after[i + 2..]
+                .lines()
+                .next()
+                .is_some_and(|l| !l.starts_with(' '))
+        })
+        .unwrap_or(after.len());
+    &after[..end]
+}
+
+/// Issue 23: --tls-*, --api-* under "Server" (not "Culling"), --max-dump-size under "Offline
+/// input", and the exit codes after every command's help.
+#[test]
+fn help_headings_are_where_the_flags_belong_and_exit_codes_are_listed() {
+    let serve = stdout(&run(&["serve", "--help"]));
+    let server = help_section(&serve, "Server:");
+    let culling = help_section(&serve, "Culling:");
+    for flag in [
+        "--tls-cert-file",
+        "--tls-key-file",
+        "--api-token-file",
+        "--api-auth",
+    ] {
+        assert!(server.contains(flag), "{flag} not under Server:\n{serve}");
+        assert!(!culling.contains(flag), "{flag} under Culling:\n{serve}");
+    }
+    let report = stdout(&run(&["report", "--help"]));
+    assert!(
+        help_section(&report, "Offline input:").contains("--max-dump-size"),
+        "{report}"
+    );
+    assert!(
+        !help_section(&report, "Culling:").contains("--max-dump-size"),
+        "{report}"
+    );
+    assert!(
+        help_section(&report, "Output:").contains("-n, --namespace"),
+        "{report}"
+    );
+    for help in [&serve, &report, &stdout(&run(&["--help"]))] {
+        assert!(
+            help.contains("Exit codes:") && help.contains("2  usage or bad input"),
+            "{help}"
+        );
+    }
+}
+
+/// Issue 23: `-o yaml` carries exactly the JSON document's data.
+#[test]
+fn yaml_output_is_the_json_document() {
+    let json = stdout(&run(&["report", "--from", &homelab(), "-o", "json"]));
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    let yaml = stdout(&run(&["report", "--from", &homelab(), "-o", "yaml"]));
+    assert!(
+        !yaml.trim_start().starts_with('{'),
+        "YAML, not JSON:\n{yaml}"
+    );
+    let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml).expect("valid YAML");
+    assert_eq!(from_yaml, json, "YAML:\n{yaml}");
+    // With the culling plan too, whose document flattens the ledger beside `cull`.
+    let json = stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "json",
+        "--cull-dry-run",
+    ]));
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    let yaml = stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "yaml",
+        "--cull-dry-run",
+    ]));
+    let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml).expect("valid YAML");
+    assert_eq!(from_yaml, json, "YAML:\n{yaml}");
+    assert!(
+        yaml.starts_with("generated_at:"),
+        "field order as in the JSON:\n{yaml}"
+    );
+    assert!(json["pods"].as_array().is_some_and(|p| !p.is_empty()));
+}
+
+/// Issue 23: `-n NAMESPACE` keeps that namespace's rows; nodes stay whole.
+#[test]
+fn namespace_flag_filters_rows_to_one_namespace() {
+    let all = stdout(&run(&["report", "--from", &homelab(), "-o", "json"]));
+    let all: serde_json::Value = serde_json::from_str(&all).expect("json");
+    let one = stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "json",
+        "-n",
+        "team-ml",
+    ]));
+    let one: serde_json::Value = serde_json::from_str(&one).expect("json");
+    let pods = one["pods"].as_array().expect("pods");
+    assert_eq!(pods.len(), 2, "{one}");
+    assert!(pods.iter().all(|p| p["namespace"] == "team-ml"), "{one}");
+    let namespaces = one["namespaces"].as_array().expect("namespaces");
+    assert!(
+        namespaces.len() == 1 && namespaces[0]["namespace"] == "team-ml",
+        "{one}"
+    );
+    assert_eq!(one["nodes"], all["nodes"], "nodes are not namespaced");
+    assert!(all["pods"].as_array().expect("pods").len() > pods.len());
+    let table = stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "--namespace",
+        "bench",
+    ]));
+    assert!(
+        table.contains("llm-bench-7f9c") && !table.contains("alice-nb-0"),
+        "{table}"
+    );
+}
+
+/// Issue 23: a mistyped `--from` says "no such directory" (exit 2), not that a file inside it
+/// cannot be read.
+#[test]
+fn a_missing_from_directory_is_named_as_such() {
+    let missing = format!("{}x", homelab());
+    let out = run(&["report", "--from", &missing]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no such directory") && err.contains(&missing),
+        "{err}"
+    );
+    assert!(!err.contains("pods.json"), "{err}");
+    let file = format!("{}/pods.json", homelab());
+    let out = run(&["report", "--from", &file]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not a directory"), "{err}");
+}
+
+/// Issue 23: a window longer than the dump's history is diagnosed as such (homelab holds 2 h).
+#[test]
+fn a_window_longer_than_the_dump_says_how_much_the_dump_holds() {
+    let out = run(&["report", "--from", &homelab(), "--window", "3h"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("the dump holds 2h of samples") && err.contains("pass --window 2h or less"),
+        "{err}"
+    );
+    for window in ["2h", "1h"] {
+        let out = run(&["report", "--from", &homelab(), "--window", window]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("the dump holds"), "--window {window}: {err}");
+    }
+}
+
+/// Issue 23: with no cluster at all, `serve` prints the error chain once, each cause once.
+#[test]
+fn no_cluster_error_names_each_cause_once() {
+    let home = tempfile::tempdir().expect("tmp");
+    let out = gpu_ledger()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env("HOME", home.path())
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in\n{err}"));
+    assert!(line.contains("connecting to the Kubernetes API"), "{line}");
+    for cause in [
+        "os error 2",
+        "environment variable not found",
+        ".kube/config",
+        "failed to infer config:",
+    ] {
+        assert_eq!(
+            line.matches(cause).count(),
+            1,
+            "{cause:?} not once in {line}"
+        );
+    }
+    assert!(line.len() < 400, "{} characters: {line}", line.len());
 }

@@ -60,17 +60,24 @@ pub enum AppError {
     Tls(#[from] crate::export::tls::TlsError),
     #[error("invalid configuration")]
     ApiAuth(#[from] crate::export::auth::AuthError),
+    /// Bad input named by the message (e.g. a `--from` directory that does not exist).
+    #[error("{0}")]
+    Input(String),
+    #[error(transparent)]
+    Discover(#[from] crate::usage::discover::DiscoverError),
 }
 
 impl AppError {
-    /// Exit code: 2 for bad input or configuration, 1 for runtime failures.
+    /// Exit code: 2 for bad input or configuration, 1 for runtime failures (an unreachable
+    /// API server or Prometheus included); `config::EXIT_CODES` documents them.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_)
             | Self::Offline(_)
             | Self::KubeConfig(..)
             | Self::Tls(_)
-            | Self::ApiAuth(_) => 2,
+            | Self::ApiAuth(_)
+            | Self::Input(_) => 2,
             _ => 1,
         }
     }

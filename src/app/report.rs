@@ -1,6 +1,6 @@
 //! `gpu-ledger report`: one ledger, from dump files or from a live cluster, rendered once.
 //!
-//! Machine-readable output stays machine-readable: with `-o json` and `-o metrics` nothing but
+//! Machine-readable output stays machine-readable: with `-o json|yaml|metrics` nothing but
 //! the document reaches stdout; warnings (and, for `-o metrics`, the culling plan's text) go to
 //! stderr.
 
@@ -17,16 +17,21 @@ use crate::export::{self, Snapshot};
 use crate::ledger::usage::Usage;
 use crate::ledger::{self, Ledger, Policy};
 use crate::report::{self, cull::CullJson, html};
+use crate::usage::discover::{self, ServiceProxy};
 use crate::usage::live::LiveUsage;
+use crate::usage::prom::PromClient;
 
 /// `gpu-ledger report`.
 pub async fn report(args: ReportArgs) -> Result<(), AppError> {
     let policy = args.ledger.policy();
-    let ledger = if args.input.offline() {
+    let mut ledger = if args.input.offline() {
         offline_ledger(&args, &policy)?
     } else {
         live_ledger(&args, &policy).await?
     };
+    if let Some(ns) = args.namespace.as_deref() {
+        only_namespace(&mut ledger, ns);
+    }
     let plan = args.cull_dry_run.then(|| {
         crate::cull::plan::plan(
             &ledger,
@@ -46,6 +51,7 @@ pub async fn report(args: ReportArgs) -> Result<(), AppError> {
 fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError> {
     let files = &args.input;
     let mut input = if let Some(dir) = &files.from {
+        check_dir(dir)?;
         OfflineInput::from_dir(dir)
     } else {
         let mut i = OfflineInput::from_dir(std::path::Path::new("."));
@@ -79,25 +85,88 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
     Ok(offline.ledger)
 }
 
+/// A `--from` that is no directory is named as such, before any file in it is looked for.
+fn check_dir(dir: &std::path::Path) -> Result<(), AppError> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(AppError::Input(format!(
+            "--from {}: not a directory",
+            dir.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(AppError::Input(format!(
+            "--from {}: no such directory",
+            dir.display()
+        ))),
+        Err(e) => Err(AppError::Input(format!(
+            "--from {}: cannot read: {e}",
+            dir.display()
+        ))),
+    }
+}
+
+/// `-n NAMESPACE`: only that namespace's pods and namespace row. Nodes and unclaimed busy
+/// devices belong to no namespace and stay whole (a node's free GPUs count every pod).
+fn only_namespace(ledger: &mut Ledger, namespace: &str) {
+    ledger.pods.retain(|p| p.namespace == namespace);
+    ledger.namespaces.retain(|n| n.namespace == namespace);
+}
+
 fn listed(v: &[String]) -> Vec<String> {
     v.iter().filter(|s| !s.is_empty()).cloned().collect()
 }
 
 /// The ledger from the live API (one list per resource) and Prometheus, as of `--at` or now.
 async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError> {
-    if args.ledger.prometheus.prometheus_url.is_none() {
-        return Err(AppError::Config(
-            "report needs --from DIR (or --pods/--nodes/--dcgm files), or a live cluster with --prometheus-url".into(),
-        ));
-    }
     // Configuration first: a refused Prometheus setting fails before any API call.
     let prom = prom_client(&args.ledger)?;
     let client = kube_client(&args.kube).await?;
+    // Without --prometheus-url: the cluster's own Prometheus through the API server's service
+    // proxy; the proxy lives until the report is built.
+    let (prom, _proxy) = if let Some(prom) = prom {
+        (prom, None)
+    } else {
+        let (prom, proxy) = discovered_prometheus(&client, &args.ledger).await?;
+        (prom, Some(proxy))
+    };
     let claims =
         claims::list::list_claims(&client, &policy.names, &listed(&args.ledger.namespaces)).await?;
     let at = args.at.unwrap_or_else(Utc::now);
-    let usage = live_usage(prom, &args.ledger, at).await;
+    let usage = live_usage(Some(prom), &args.ledger, at).await;
     Ok(ledger::build(&claims, &usage, at, policy))
+}
+
+/// The best-matching Prometheus Service of the cluster, behind a loopback proxy; which one is
+/// said on stderr (with the other matches, if any).
+async fn discovered_prometheus(
+    client: &kube::Client,
+    args: &crate::config::LedgerArgs,
+) -> Result<(std::sync::Arc<PromClient>, ServiceProxy), AppError> {
+    let found = discover::find(client).await?;
+    let Some((best, rest)) = found.split_first() else {
+        return Err(discover::DiscoverError::NoneFound { services: 0 }.into());
+    };
+    let others: Vec<String> = rest
+        .iter()
+        .map(|c| format!("{}/{}", c.namespace, c.name))
+        .collect();
+    let also = if others.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (also found: {}; --prometheus-url overrides)",
+            others.join(", ")
+        )
+    };
+    eprintln!(
+        "using Prometheus {}/{} port {} ({}) through the API server's service proxy{also}",
+        best.namespace, best.name, best.port, best.why
+    );
+    let proxy = ServiceProxy::start(client.clone(), best).await?;
+    let mut prometheus = args.prometheus.clone();
+    prometheus.prometheus_url = Some(proxy.url.clone());
+    let prom = super::prometheus_client(&prometheus)?
+        .ok_or_else(|| AppError::Config("the discovered Prometheus gave no client".into()))?;
+    Ok((prom, proxy))
 }
 
 /// One refresh of the live usage source as of `at`: the idle history rebuilt over the lookback,
@@ -119,20 +188,8 @@ async fn live_usage(
 fn warn_unavailable(e: &dyn std::error::Error) {
     eprintln!(
         "warning: prometheus did not answer ({}); utilisation is unknown",
-        error_chain(e)
+        crate::telemetry::error_chain(e)
     );
-}
-
-/// "a: b: c" for an error and its sources.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The JSON document of `--cull-dry-run`: the ledger's fields in their order, then `cull`.
@@ -176,6 +233,18 @@ fn write_report(output: Output, ledger: &Ledger, plan: Option<&Plan>) -> std::io
                 // Which notebooks would stop is no metric: the plan's text goes to stderr.
                 crate::cull::render_plan(plan, &mut std::io::stderr().lock())?;
             }
+            out.write_all(text.as_bytes())?;
+        }
+        Output::Yaml => {
+            // The JSON document's data, in the same field order (tests/cli.rs compares both).
+            let text = match plan {
+                Some(plan) => serde_saphyr::to_string(&WithCull {
+                    ledger,
+                    cull: CullJson::of(plan),
+                }),
+                None => serde_saphyr::to_string(ledger),
+            }
+            .map_err(std::io::Error::other)?;
             out.write_all(text.as_bytes())?;
         }
         Output::Html => {

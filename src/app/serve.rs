@@ -158,6 +158,8 @@ struct Health {
     /// series of several clusters and no selector): an operator must act, so not ready.
     usage_refused: Mutex<Option<String>>,
     beats: Vec<Arc<Beat>>,
+    /// The claims stores, to tell which watches have not synced yet and why.
+    stores: Option<Stores>,
 }
 
 impl Health {
@@ -173,9 +175,49 @@ impl Health {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = refused;
     }
+
+    /// Why nothing is published yet: the watches that have not synced (and the last error one
+    /// of them saw), or the first refresh still under way.
+    fn waiting_reason(&self) -> String {
+        let unsynced = self
+            .stores
+            .as_ref()
+            .map(Stores::unsynced)
+            .unwrap_or_default();
+        if unsynced.is_empty() {
+            return "the Kubernetes watches have synced; the first refresh is under way".into();
+        }
+        let names: Vec<&str> = unsynced.iter().map(|(label, _)| *label).collect();
+        let why = format!(
+            "the Kubernetes watches have not delivered their first list: {}",
+            names.join(", ")
+        );
+        match unsynced
+            .iter()
+            .find_map(|(label, e)| e.as_ref().map(|e| (label, e)))
+        {
+            Some((label, error)) => format!("{why}; last error ({label}): {error}"),
+            None => why,
+        }
+    }
 }
 
 impl server::Probes for Health {
+    fn waiting(&self) -> Option<server::Waiting> {
+        if self.started.load(Ordering::Relaxed) {
+            return None;
+        }
+        let synced = self.stores.as_ref().is_none_or(Stores::synced);
+        Some(server::Waiting {
+            state: if synced {
+                server::WaitingState::FirstRefresh
+            } else {
+                server::WaitingState::FirstSync
+            },
+            reason: self.waiting_reason(),
+        })
+    }
+
     fn live(&self) -> Result<(), String> {
         for b in &self.beats {
             let silent = b.silent_for();
@@ -193,8 +235,8 @@ impl server::Probes for Health {
 
     fn ready(&self) -> Result<(), String> {
         self.live()?;
-        if !self.started.load(Ordering::Relaxed) {
-            return Err("waiting for watches to sync and the first refresh".into());
+        if let Some(waiting) = self.waiting() {
+            return Err(format!("{}: {}", waiting.state.text(), waiting.reason));
         }
         let broken = self
             .broken_watches
@@ -368,6 +410,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         broken_watches: Mutex::default(),
         usage_refused: Mutex::default(),
         beats: vec![hub_beat.clone(), refresh_beat.clone(), cull_beat.clone()],
+        stores: Some(stores.clone()),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -883,6 +926,7 @@ mod tests {
             broken_watches: Mutex::default(),
             usage_refused: Mutex::default(),
             beats: Vec::new(),
+            stores: None,
         };
         assert!(health.ready().is_ok());
         health.record_usage_refusal(Some(&refused_by_several_clusters()));

@@ -21,8 +21,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use kube::api::{Api, DynamicObject};
 use kube::discovery::ApiResource;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::utils::Backoff as _;
+use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use kube::{Client, Resource, ResourceExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -122,6 +122,8 @@ pub struct Stores {
     pub dra_enabled: Arc<AtomicBool>,
     synced: Arc<DashMap<&'static str, bool>>,
     health: Arc<DashMap<&'static str, WatchHealth>>,
+    /// The last error of each watch, as text (why a watch has not synced yet).
+    last_errors: Arc<DashMap<&'static str, String>>,
     /// Bumped on every applied watch event, so the serve loop can rebuild the ledger from
     /// claims as soon as they change instead of waiting for the next Prometheus refresh.
     generation: Arc<std::sync::atomic::AtomicU64>,
@@ -143,6 +145,7 @@ impl Stores {
             dra_enabled: Arc::new(AtomicBool::new(false)),
             synced: Arc::default(),
             health: Arc::default(),
+            last_errors: Arc::default(),
             generation: Arc::default(),
         }
     }
@@ -169,6 +172,25 @@ impl Stores {
     /// True once every started watch has delivered its first complete list.
     pub fn synced(&self) -> bool {
         self.synced.iter().all(|e| *e.value())
+    }
+
+    /// The watches that have not delivered their first complete list yet, sorted, each with
+    /// the last error it saw (`None` while its first list is simply under way).
+    pub fn unsynced(&self) -> Vec<(&'static str, Option<String>)> {
+        let mut out: Vec<(&'static str, Option<String>)> = self
+            .synced
+            .iter()
+            .filter(|e| !*e.value())
+            .map(|e| {
+                let label = *e.key();
+                (
+                    label,
+                    self.last_errors.get(label).map(|m| m.value().clone()),
+                )
+            })
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     /// The claims one shard owns, filtered while copying (only what the shard keeps is cloned).
@@ -496,6 +518,7 @@ pub(super) fn spawn_watch<K, V, P, F>(
     stores.health.insert(label, WatchHealth::default());
     let synced = stores.synced.clone();
     let health = stores.health.clone();
+    let last_errors = stores.last_errors.clone();
     let generation = stores.generation.clone();
     let cancel = cancel.clone();
     let span = info_span!("watch", resource = label);
@@ -504,8 +527,15 @@ pub(super) fn spawn_watch<K, V, P, F>(
         task.clone(),
         Box::pin(
             async move {
-                let stream = watcher::watcher(api, config).default_backoff();
+                // Not `WatchStreamExt::default_backoff()`: kube-runtime's StreamBackoff resets its
+                // backoff on any `Ok` item (docs.rs/crate/kube-runtime/latest/source/src/utils/
+                // stream_backoff.rs), and the watcher emits `Ok(Event::Init)` before every list,
+                // so against a dead API server it retried at once, ~20 times in 25 s (issue 23;
+                // the same finding: github.com/bitdriftlabs/pulse/pull/52). The same policy
+                // (0.8 s doubling to 30 s, jittered), reset only once the API answered.
+                let stream = watcher::watcher(api, config);
                 futures::pin_mut!(stream);
+                let mut backoff = DefaultBackoff::default();
                 let mut relist: Option<HashSet<String>> = None;
                 loop {
                     let next = tokio::select! {
@@ -514,8 +544,13 @@ pub(super) fn spawn_watch<K, V, P, F>(
                     };
                     match next {
                         Ok(Some(event)) => {
-                            if let Some(mut h) = health.get_mut(label) {
-                                h.on_event();
+                            // `Init` only announces a list about to be attempted: it proves
+                            // nothing about the API server.
+                            if answered(&event) {
+                                backoff.reset();
+                                if let Some(mut h) = health.get_mut(label) {
+                                    h.on_event();
+                                }
                             }
                             // Only a change to a projection bumps the generation: status updates of
                             // GPU pods and every event of a non-GPU pod leave the claims as they were
@@ -536,11 +571,22 @@ pub(super) fn spawn_watch<K, V, P, F>(
                             if let Some(mut h) = health.get_mut(label) {
                                 h.on_error(Instant::now());
                             }
+                            last_errors.insert(label, crate::telemetry::error_chain(&e));
+                            let delay = backoff.next();
                             warn!(
                                 error = &e as &dyn std::error::Error,
+                                backoff_ms =
+                                    delay.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                                 "watch failed; restarting with backoff"
                             );
                             on_restart(label);
+                            // DefaultBackoff never gives up; `None` would mean retry at once.
+                            if let Some(delay) = delay {
+                                tokio::select! {
+                                    () = cancel.cancelled() => break,
+                                    () = tokio::time::sleep(delay) => {}
+                                }
+                            }
                         }
                     }
                 }
@@ -549,6 +595,12 @@ pub(super) fn spawn_watch<K, V, P, F>(
             .instrument(span),
         ),
     );
+}
+
+/// Whether an event shows the API server answered (a list page, the end of a list, a change):
+/// everything but `Init`, which the watcher emits before it even tries to list.
+fn answered<K>(event: &Event<K>) -> bool {
+    !matches!(event, Event::Init)
 }
 
 /// Applies one watch event to `store`; returns whether the store changed.

@@ -25,8 +25,49 @@ pub struct AppState {
     pub probes: Arc<dyn Probes>,
 }
 
+/// Nothing published yet: what the process waits for, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub state: WaitingState,
+    /// E.g. the watches not synced yet and the last error one of them saw.
+    pub reason: String,
+}
+
+/// What a process that has published nothing yet waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingState {
+    /// The Kubernetes watches have not all delivered their first complete list.
+    FirstSync,
+    /// The watches have synced; the first Prometheus refresh has not finished.
+    FirstRefresh,
+}
+
+impl WaitingState {
+    /// The words the page and `/readyz` use.
+    pub fn text(self) -> &'static str {
+        match self {
+            WaitingState::FirstSync => "waiting for the first sync",
+            WaitingState::FirstRefresh => "waiting for the first refresh",
+        }
+    }
+}
+
+/// The 503 body of `/api/v1/ledger` before the first snapshot (docs/report-json.md).
+#[derive(serde::Serialize)]
+struct WaitingBody<'a> {
+    state: WaitingState,
+    message: &'static str,
+    reason: &'a str,
+}
+
 /// What the probes report; `Err` carries the reason, served as the 503 body.
 pub trait Probes: Send + Sync {
+    /// `Some` until the first snapshot is published: the empty ledger served until then is no
+    /// picture of the cluster, so the page and the API say so instead.
+    fn waiting(&self) -> Option<Waiting> {
+        None
+    }
     /// `/healthz`: every loop makes progress (a stalled loop warrants a restart).
     fn live(&self) -> Result<(), String>;
     /// `/readyz`: live, the first snapshot is published, and no source is broken.
@@ -96,12 +137,41 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn ledger(State(state): State<AppState>) -> Response {
+    if let Some(waiting) = state.probes.waiting() {
+        return waiting_json(&waiting);
+    }
     let snap = state.snapshot.load_full();
     match serde_json::to_vec(&snap.ledger) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("encoding ledger: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+/// `503` with `{"state", "message", "reason"}`: nothing is known yet, which an empty ledger
+/// would hide.
+fn waiting_json(waiting: &Waiting) -> Response {
+    let body = WaitingBody {
+        state: waiting.state,
+        message: waiting.state.text(),
+        reason: &waiting.reason,
+    };
+    match serde_json::to_vec(&body) {
+        Ok(body) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::RETRY_AFTER, "5"),
+            ],
+            body,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding state: {e}"),
         )
             .into_response(),
     }

@@ -255,6 +255,9 @@ pub fn load(
             humantime::format_duration(settings.window.to_std().unwrap_or_default())
         ));
     }
+    if let Some(warning) = shorter_than_window(&parsed.series, at_ms, interval, settings.window) {
+        warnings.push(format!("{file}: {warning}"));
+    }
     if settings.at.is_some()
         && newest_stamped
             .is_some_and(|t| t < at_ms.saturating_sub(settings.max_staleness.num_milliseconds()))
@@ -287,6 +290,38 @@ pub fn load(
         scheme,
         warnings,
     })
+}
+
+/// Why idleness cannot be proven over `window` when the whole dump holds less history than
+/// that before `at_ms` (one sample interval of slack): the diagnosis is the dump's length, not
+/// samples missing or stale. `None` when the dump reaches back far enough (or has one sample).
+fn shorter_than_window(
+    series: &[Series],
+    at_ms: i64,
+    interval: Duration,
+    window: Duration,
+) -> Option<String> {
+    let oldest = series
+        .iter()
+        .flat_map(|s| s.samples.iter().map(|(t, _)| *t))
+        .filter(|t| *t <= at_ms)
+        .min()?;
+    let held = Duration::milliseconds(at_ms.checked_sub(oldest)?);
+    if held <= Duration::zero() || held.checked_add(&interval)? >= window {
+        return None;
+    }
+    let human = |d: Duration| humantime::format_duration(d.to_std().unwrap_or_default());
+    let from = DateTime::from_timestamp_millis(oldest)
+        .map_or_else(|| oldest.to_string(), |t| t.to_rfc3339());
+    let to = DateTime::from_timestamp_millis(at_ms)
+        .map_or_else(|| at_ms.to_string(), |t| t.to_rfc3339());
+    Some(format!(
+        "the dump holds {} of samples ({from} to {to}), less than the {} --window: no pod can be \
+         proven idle over the window, so idleness shows as unproven; pass --window {} or less",
+        human(held),
+        human(window),
+        human(held),
+    ))
 }
 
 /// The file name for warnings (the full path when it has no name).

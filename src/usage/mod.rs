@@ -1,6 +1,7 @@
 //! Usage sources: DCGM utilisation from Prometheus (`prom`, live) or an exposition dump (`dump`,
 //! offline), reduced to the ledger's usage inputs ([`crate::ledger::usage`]).
 
+pub mod discover;
 pub mod dump;
 pub mod exposition;
 pub mod history;

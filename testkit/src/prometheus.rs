@@ -78,10 +78,17 @@ fn locate(var: &str, default: &str) -> Result<PathBuf> {
 impl Prometheus {
     /// Starts Prometheus with `config_yaml` and an empty TSDB.
     pub async fn start(config_yaml: &str) -> Result<Self> {
+        Self::start_on("127.0.0.1", config_yaml).await
+    }
+
+    /// [`Prometheus::start`] listening on `host` instead of loopback, e.g. the machine's own
+    /// address, which kube-apiserver's service proxy accepts as an endpoint (it refuses
+    /// loopback and link-local ones).
+    pub async fn start_on(host: &str, config_yaml: &str) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("gpu-ledger-prometheus-")
             .tempdir()?;
-        Self::start_in(dir, config_yaml).await
+        Self::start_in(dir, config_yaml, host).await
     }
 
     /// Backfills `openmetrics` (OpenMetrics text ending in `# EOF`, timestamps in seconds)
@@ -119,10 +126,10 @@ impl Prometheus {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        Self::start_in(dir, config_yaml).await
+        Self::start_in(dir, config_yaml, "127.0.0.1").await
     }
 
-    async fn start_in(dir: tempfile::TempDir, config_yaml: &str) -> Result<Self> {
+    async fn start_in(dir: tempfile::TempDir, config_yaml: &str, host: &str) -> Result<Self> {
         let config = dir.path().join("prometheus.yml");
         std::fs::write(&config, config_yaml)?;
         let tsdb = dir.path().join("tsdb");
@@ -132,7 +139,7 @@ impl Prometheus {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::spawn_on_free_port(&dir, &config, &tsdb).await {
+            match Self::spawn_on_free_port(&dir, &config, &tsdb, host).await {
                 Err(e) if attempt < 4 && format!("{e:#}").contains("address already in use") => {}
                 Err(e) => return Err(e),
                 Ok((guard, url)) => return Ok(Self { guard, url, dir }),
@@ -144,17 +151,18 @@ impl Prometheus {
         dir: &tempfile::TempDir,
         config: &Path,
         tsdb: &Path,
+        host: &str,
     ) -> Result<(ChildGuard, String)> {
         let bin = prometheus_bin()?;
         let port = free_port()?;
         let mut cmd = Command::new(bin);
         cmd.arg(format!("--config.file={}", config.display()))
             .arg(format!("--storage.tsdb.path={}", tsdb.display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg(format!("--web.listen-address={host}:{port}"))
             .arg("--storage.tsdb.retention.time=100y")
             .arg("--web.enable-lifecycle");
         let mut guard = ChildGuard::spawn("prometheus", cmd, &dir.path().join("prometheus.log"))?;
-        let url = format!("http://127.0.0.1:{port}");
+        let url = format!("http://{host}:{port}");
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
             .build()?;
@@ -214,12 +222,12 @@ impl Prometheus {
     /// and waits until it is ready. A running instance is stopped first.
     pub async fn restart(&mut self) -> Result<()> {
         self.guard.terminate(Duration::from_secs(5));
-        let port: u16 = self
+        let (host, port) = self
             .url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .context("port of the prometheus url")?;
+            .trim_start_matches("http://")
+            .rsplit_once(':')
+            .context("host and port of the prometheus url")?;
+        let port: u16 = port.parse().context("port of the prometheus url")?;
         let dir = self.dir.path();
         let mut cmd = Command::new(prometheus_bin()?);
         cmd.arg(format!(
@@ -230,7 +238,7 @@ impl Prometheus {
             "--storage.tsdb.path={}",
             dir.join("tsdb").display()
         ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg(format!("--web.listen-address={host}:{port}"))
         .arg("--storage.tsdb.retention.time=100y")
         .arg("--web.enable-lifecycle");
         let restarts = std::fs::read_dir(dir)

@@ -1,0 +1,378 @@
+//! Finding the cluster's Prometheus when `report` has a kubeconfig and no `--prometheus-url`:
+//! the well-known Services of kube-prometheus-stack, the Prometheus Operator and the
+//! prometheus-community chart ([`candidates`], pure), reached through the API server's service
+//! proxy (`/api/v1/namespaces/NS/services/NAME:PORT/proxy/…`, as kubectl plugins do) behind a
+//! loopback listener ([`ServiceProxy`]), so the one Prometheus client works with whatever
+//! credentials the kubeconfig holds (token, client certificate, exec plugin).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, ListParams};
+use tokio_util::sync::CancellationToken;
+
+/// Largest request the loopback proxy forwards (a PromQL form body is a few KiB).
+const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// Bound of listing Services.
+const LIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// What is looked for, in order, for the error that lists it when nothing matches.
+pub const TRIED: &str = "Services named prometheus-operated or labelled operated-prometheus=true \
+    (Prometheus Operator, kube-prometheus-stack), named <release>-kube-prometheus-prometheus or \
+    labelled app=kube-prometheus-stack-prometheus (kube-prometheus-stack), named \
+    prometheus-server (prometheus-community chart), labelled app.kubernetes.io/name=prometheus \
+    or app=prometheus";
+
+/// Why no Prometheus could be found or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    #[error("listing Services to find Prometheus")]
+    List(#[source] kube::Error),
+    #[error("listing Services to find Prometheus timed out after {LIST_TIMEOUT:?}")]
+    ListTimeout,
+    #[error("no Prometheus found among {services} Services: tried {TRIED}; pass --prometheus-url")]
+    NoneFound { services: usize },
+    #[error("starting the loopback proxy to Prometheus")]
+    Listen(#[source] std::io::Error),
+    #[error("the loopback proxy address {0} is no URL")]
+    Url(String),
+}
+
+/// A Service that looks like the cluster's Prometheus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub namespace: String,
+    pub name: String,
+    /// The Service port, by name when it has one (the service proxy accepts either).
+    pub port: String,
+    /// Which convention matched (said on stderr).
+    pub why: &'static str,
+    /// Lower is a better match.
+    rank: u8,
+}
+
+impl Candidate {
+    /// The API server path of the service proxy, without a trailing slash.
+    pub fn proxy_path(&self) -> String {
+        format!(
+            "/api/v1/namespaces/{}/services/{}:{}/proxy",
+            self.namespace, self.name, self.port
+        )
+    }
+}
+
+/// The Services that look like Prometheus, best match first (then by namespace and name).
+/// Conventions, from the charts' own templates:
+/// * Prometheus Operator: the governing Service `prometheus-operated`, label
+///   `operated-prometheus: "true"`, port `web` (prometheus-operator
+///   pkg/prometheus/statefulset.go, `makeStatefulSetService`);
+/// * kube-prometheus-stack: `<release>-kube-prometheus-prometheus`, label
+///   `app: kube-prometheus-stack-prometheus`, port `http-web` 9090 (its
+///   templates/prometheus/service.yaml);
+/// * prometheus-community `prometheus` chart: `<release>-server` (`prometheus-server` for the
+///   usual release name), labels `app.kubernetes.io/name: prometheus`,
+///   `app.kubernetes.io/component: server`, port `http` 80 (its templates/service.yaml);
+/// * anything else labelled `app.kubernetes.io/name=prometheus` or `app=prometheus`.
+pub fn candidates(services: &[Service]) -> Vec<Candidate> {
+    let mut out: Vec<Candidate> = services
+        .iter()
+        .filter_map(|svc| {
+            let meta = &svc.metadata;
+            let name = meta.name.as_deref()?;
+            let namespace = meta.namespace.as_deref().unwrap_or("default");
+            let empty = BTreeMap::new();
+            let labels = meta.labels.as_ref().unwrap_or(&empty);
+            let label = |k: &str| labels.get(k).map(String::as_str);
+            let (rank, why) =
+                if name == "prometheus-operated" || label("operated-prometheus") == Some("true") {
+                    (0, "Prometheus Operator's prometheus-operated Service")
+                } else if name.ends_with("-kube-prometheus-prometheus")
+                    || label("app") == Some("kube-prometheus-stack-prometheus")
+                {
+                    (1, "kube-prometheus-stack's Prometheus Service")
+                } else if name == "prometheus-server"
+                    || (label("app.kubernetes.io/name") == Some("prometheus")
+                        && label("app.kubernetes.io/component") == Some("server"))
+                {
+                    (2, "prometheus-community chart's prometheus-server Service")
+                } else if label("app.kubernetes.io/name") == Some("prometheus")
+                    || label("app") == Some("prometheus")
+                {
+                    (3, "a Service labelled as Prometheus")
+                } else {
+                    return None;
+                };
+            Some(Candidate {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                port: web_port(svc)?,
+                why,
+                rank,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| (a.rank, &a.namespace, &a.name).cmp(&(b.rank, &b.namespace, &b.name)));
+    out
+}
+
+/// Prometheus' HTTP port of a Service: named `web` or `http-web`, else 9090, else named
+/// `http`, else the only port. `None` when the Service has no port at all, or several and none
+/// of these (a guess would proxy to the wrong server).
+fn web_port(svc: &Service) -> Option<String> {
+    let ports = svc.spec.as_ref()?.ports.as_ref()?;
+    let named = |n: &str| {
+        ports
+            .iter()
+            .any(|p| p.name.as_deref() == Some(n))
+            .then(|| n.to_string())
+    };
+    let label = |p: &k8s_openapi::api::core::v1::ServicePort| {
+        p.name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| p.port.to_string())
+    };
+    named("web")
+        .or_else(|| named("http-web"))
+        .or_else(|| ports.iter().find(|p| p.port == 9090).map(label))
+        .or_else(|| named("http"))
+        .or_else(|| (ports.len() == 1).then(|| label(&ports[0])))
+}
+
+/// Lists the cluster's Services and returns the candidates, best first; an error naming what
+/// was tried when there is none.
+pub async fn find(client: &kube::Client) -> Result<Vec<Candidate>, DiscoverError> {
+    let api: Api<Service> = Api::all(client.clone());
+    let list = tokio::time::timeout(LIST_TIMEOUT, api.list(&ListParams::default()))
+        .await
+        .map_err(|_| DiscoverError::ListTimeout)?
+        .map_err(DiscoverError::List)?;
+    let found = candidates(&list.items);
+    if found.is_empty() {
+        return Err(DiscoverError::NoneFound {
+            services: list.items.len(),
+        });
+    }
+    Ok(found)
+}
+
+/// A loopback HTTP listener forwarding every request to a Service through the API server's
+/// service proxy with the kubeconfig's credentials; stops when dropped.
+pub struct ServiceProxy {
+    /// `http://127.0.0.1:PORT/`: the base URL to give the Prometheus client.
+    pub url: reqwest::Url,
+    stop: CancellationToken,
+}
+
+impl Drop for ServiceProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+struct Target {
+    client: kube::Client,
+    base: String,
+}
+
+impl ServiceProxy {
+    /// Starts the listener for `candidate`.
+    pub async fn start(
+        client: kube::Client,
+        candidate: &Candidate,
+    ) -> Result<ServiceProxy, DiscoverError> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .map_err(DiscoverError::Listen)?;
+        let addr = listener.local_addr().map_err(DiscoverError::Listen)?;
+        let url = reqwest::Url::parse(&format!("http://{addr}/"))
+            .map_err(|_| DiscoverError::Url(addr.to_string()))?;
+        let target = Arc::new(Target {
+            client,
+            base: candidate.proxy_path(),
+        });
+        let app = axum::Router::new().fallback(forward).with_state(target);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "loopback proxy to Prometheus stopped"
+                );
+            }
+        });
+        Ok(ServiceProxy { url, stop })
+    }
+}
+
+/// Forwards one request (method, path and query, content type, body) and returns the answer's
+/// status, content type and body; a failure to reach the API server is a 502 naming it.
+async fn forward(State(target): State<Arc<Target>>, req: axum::extract::Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, MAX_REQUEST_BYTES).await else {
+        return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response();
+    };
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut out = axum::http::Request::builder()
+        .method(parts.method)
+        .uri(format!("{}{path}", target.base));
+    for name in [header::CONTENT_TYPE, header::ACCEPT] {
+        if let Some(v) = parts.headers.get(&name) {
+            out = out.header(name, v);
+        }
+    }
+    let request = match out.body(kube::client::Body::from(body.to_vec())) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    let answer = match target.client.send(request).await {
+        Ok(a) => a,
+        Err(e) => {
+            return (StatusCode::BAD_GATEWAY, crate::telemetry::error_chain(&e)).into_response();
+        }
+    };
+    let (head, body) = answer.into_parts();
+    match body.collect_bytes().await {
+        Ok(bytes) => {
+            let mut response = (head.status, bytes.to_vec()).into_response();
+            if let Some(v) = head.headers.get(header::CONTENT_TYPE) {
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, v.clone());
+            }
+            response
+        }
+        Err(e) => (StatusCode::BAD_GATEWAY, crate::telemetry::error_chain(&e)).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use kube::api::ObjectMeta;
+
+    fn svc(ns: &str, name: &str, labels: &[(&str, &str)], ports: &[(&str, i32)]) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: Some(
+                    ports
+                        .iter()
+                        .map(|(n, p)| ServicePort {
+                            name: (!n.is_empty()).then(|| (*n).to_string()),
+                            port: *p,
+                            ..ServicePort::default()
+                        })
+                        .collect(),
+                ),
+                ..ServiceSpec::default()
+            }),
+            ..Service::default()
+        }
+    }
+
+    #[test]
+    fn the_operators_service_wins_and_the_web_port_is_chosen() {
+        // As kube-prometheus-stack installs them (release `kps` in `monitoring`).
+        let services = vec![
+            svc(
+                "monitoring",
+                "kps-kube-prometheus-prometheus",
+                &[
+                    ("app", "kube-prometheus-stack-prometheus"),
+                    ("self-monitor", "true"),
+                ],
+                &[("http-web", 9090), ("reloader-web", 8080)],
+            ),
+            svc(
+                "monitoring",
+                "prometheus-operated",
+                &[("operated-prometheus", "true")],
+                &[("web", 9090)],
+            ),
+            svc(
+                "monitoring",
+                "kps-kube-prometheus-alertmanager",
+                &[("app", "kube-prometheus-stack-alertmanager")],
+                &[("http-web", 9093)],
+            ),
+            svc("default", "kubernetes", &[], &[("https", 443)]),
+        ];
+        let found = candidates(&services);
+        let names: Vec<(&str, &str)> = found
+            .iter()
+            .map(|c| (c.name.as_str(), c.port.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("prometheus-operated", "web"),
+                ("kps-kube-prometheus-prometheus", "http-web")
+            ]
+        );
+        assert_eq!(
+            found[0].proxy_path(),
+            "/api/v1/namespaces/monitoring/services/prometheus-operated:web/proxy"
+        );
+    }
+
+    #[test]
+    fn the_community_chart_and_plain_labels_are_found_and_others_are_not() {
+        let services = vec![
+            svc(
+                "prom",
+                "prometheus-server",
+                &[
+                    ("app.kubernetes.io/name", "prometheus"),
+                    ("app.kubernetes.io/component", "server"),
+                ],
+                &[("http", 80)],
+            ),
+            svc("other", "my-prom", &[("app", "prometheus")], &[("", 9090)]),
+            // Several ports and none Prometheus': no guess.
+            svc(
+                "other",
+                "odd",
+                &[("app", "prometheus")],
+                &[("a", 1), ("b", 2)],
+            ),
+            svc(
+                "kube-system",
+                "kube-dns",
+                &[("k8s-app", "kube-dns")],
+                &[("dns", 53)],
+            ),
+        ];
+        let found: Vec<(String, String)> = candidates(&services)
+            .into_iter()
+            .map(|c| (c.name, c.port))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("prometheus-server".to_string(), "http".to_string()),
+                ("my-prom".to_string(), "9090".to_string())
+            ]
+        );
+        assert!(candidates(&services[3..]).is_empty());
+    }
+}
