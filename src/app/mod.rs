@@ -7,6 +7,7 @@ mod capture;
 pub mod offline;
 mod report;
 mod serve;
+mod showback;
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use crate::usage::prom::{PromClient, PromConfig, PromError};
 pub use capture::capture;
 pub use report::report;
 pub use serve::serve;
+pub use showback::showback;
 
 /// Why the process could not run.
 #[derive(Debug, thiserror::Error)]
