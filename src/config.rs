@@ -615,6 +615,15 @@ pub struct ShowbackArgs {
     /// Output format. `csv` and `json` print nothing else on stdout (notes go to stderr).
     #[arg(short = 'o', long, env = "GPU_LEDGER_OUTPUT", value_enum, default_value_t = ShowbackOutput::Table, help_heading = "Output")]
     pub output: ShowbackOutput,
+    /// Write the output to this file instead of stdout (e.g. for a CronJob's next container,
+    /// which mails or posts it; the image has no shell to redirect with).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_SHOWBACK_OUTPUT_FILE",
+        value_name = "FILE",
+        help_heading = "Output"
+    )]
+    pub output_file: Option<PathBuf>,
 }
 
 /// `gpu-ledger completions`.

@@ -21,9 +21,10 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 use gpu_ledger_testkit::Prometheus;
 
-/// gpu-ledger's counters as Prometheus scraped them: every 5 minutes (a real scrape is 30 s;
-/// 5 min keeps 31 days small and still matches the default `--resolution`).
-const SCRAPE: i64 = 300;
+/// gpu-ledger's counters as Prometheus scraped them: every 15 minutes (a real scrape is 30 s;
+/// 15 min keeps 31 days small enough for promtool on a busy machine), with `--resolution 15m`.
+const SCRAPE: i64 = 900;
+const RESOLUTION: &str = "15m";
 const DAY: i64 = 86_400;
 const HOUR: i64 = 3_600;
 const PERIOD: i64 = 31 * DAY;
@@ -88,8 +89,8 @@ impl Month {
             start,
             reset: start + 10 * DAY,
             down: start + 20 * DAY,
-            // 74 scrapes missing: at 5-minute steps, 6 h in which no step saw a sample.
-            up: start + 20 * DAY + 6 * HOUR + 10 * 60,
+            // 25 scrapes missing: at 15-minute steps, 6 h in which no step saw a sample.
+            up: start + 20 * DAY + 6 * HOUR + 2 * SCRAPE,
             late: start + 25 * DAY,
             burst: start + 5 * DAY + 7 * HOUR,
         }
@@ -301,6 +302,8 @@ fn showback(prom: &Prometheus, m: &Month, extra: &[&str]) -> std::process::Outpu
             &since,
             "--until",
             &until,
+            "--resolution",
+            RESOLUTION,
         ])
         .args(extra)
         .output()

@@ -1,13 +1,16 @@
 //! `gpu-ledger showback`: asks Prometheus for gpu-ledger's counters over a period (a handful
 //! of queries, each answered in one evaluation) and prints what `report::showback` makes of them.
+//! Also the page's history source (`export::history`): the same counters over 24 h and 7 d.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
 use super::AppError;
 use crate::config::{ShowbackArgs, ShowbackOutput};
+use crate::export::history::{Fetch, HistorySource, Points, Raw, Span};
 use crate::report::showback::{
     self, Grouping, Inputs, ModelSeconds, NO_VALUE, Period, Prices, ksm_label,
 };
@@ -244,8 +247,79 @@ pub async fn showback(args: ShowbackArgs) -> Result<(), AppError> {
         ShowbackOutput::Json => showback::render_json(&result)
             .map_err(|e| AppError::Config(format!("encoding the showback as JSON: {e}")))?,
     };
+    if let Some(path) = &args.output_file {
+        return std::fs::write(path, text.as_bytes())
+            .map_err(|e| AppError::OutputFile(format!("--output-file {}", path.display()), e));
+    }
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(AppError::Output(e)),
         _ => Ok(()),
     }
+}
+
+/// The page's history from gpu-ledger's counters: per namespace and step, the mean GPUs
+/// claimed, busy and idle (`rate()` of the GPU-second counters over the step).
+struct PromHistory {
+    client: Arc<PromClient>,
+}
+
+impl PromHistory {
+    async fn points(
+        &self,
+        inner: &str,
+        span: Span,
+        now: DateTime<Utc>,
+    ) -> Result<Points, PromError> {
+        let q = format!(
+            "({inner})[{}:{}]",
+            duration(span.length()),
+            duration(span.step())
+        );
+        Ok(self
+            .client
+            .instant_matrix(&q, now)
+            .await?
+            .into_iter()
+            .map(|s| {
+                (
+                    label(&s, "namespace").to_string(),
+                    s.time.round() as i64,
+                    s.value,
+                )
+            })
+            .collect())
+    }
+
+    async fn raw(&self, span: Span, now: DateTime<Utc>) -> Result<Raw, PromError> {
+        let step = duration(span.step());
+        let c = &*self.client;
+        let claimed = format!(
+            "max by (namespace) (rate({}[{step}]))",
+            selector("gpu_ledger_gpu_seconds_claimed_total", c)
+        );
+        let idle = format!(
+            "max by (namespace) (rate({}[{step}]))",
+            selector("gpu_ledger_gpu_seconds_idle_total", c)
+        );
+        let busy = format!(
+            "sum by (namespace) (max by (namespace, model, activity) (rate(gpu_ledger_gpu_seconds_by_model_total{{activity=\"busy\"{}}}[{step}])))",
+            c.matchers()
+        );
+        Ok(Raw {
+            claimed: self.points(&claimed, span, now).await?,
+            busy: self.points(&busy, span, now).await?,
+            idle: self.points(&idle, span, now).await?,
+        })
+    }
+}
+
+impl HistorySource for PromHistory {
+    fn fetch(&self, span: Span, now: DateTime<Utc>) -> Fetch<'_> {
+        Box::pin(async move { self.raw(span, now).await.map_err(|e| e.to_string()) })
+    }
+}
+
+/// The page's history source over `client`.
+pub fn prometheus_history(client: Arc<PromClient>) -> Arc<dyn HistorySource> {
+    Arc::new(PromHistory { client })
 }
