@@ -532,3 +532,52 @@ async fn a_month_of_counters_becomes_a_showback_with_its_gap() {
     assert!(table.contains("for 6h0m"), "{table}");
     println!("{table}");
 }
+
+#[test]
+fn bad_arguments_exit_2_naming_the_input() {
+    let closed = "http://127.0.0.1:9";
+    for (args, says) in [
+        (vec!["showback", "--prometheus-url", closed], "--month"),
+        (
+            vec!["showback", "--prometheus-url", closed, "--month", "2026-13"],
+            "--month \"2026-13\"",
+        ),
+        (
+            vec![
+                "showback",
+                "--prometheus-url",
+                closed,
+                "--month",
+                "last",
+                "--price",
+                "A100=x",
+            ],
+            "price \"A100=x\": the price is not a number",
+        ),
+        (
+            vec![
+                "showback",
+                "--prometheus-url",
+                closed,
+                "--month",
+                "last",
+                "--price-file",
+                "/nonexistent/prices",
+            ],
+            "--price-file /nonexistent/prices",
+        ),
+        (vec!["showback", "--month", "last"], "--prometheus-url"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+            .args(&args)
+            .env_remove("GPU_LEDGER_PROMETHEUS_URL")
+            .output()
+            .expect("run gpu-ledger");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(says),
+            "{args:?} should say {says:?}: {stderr}"
+        );
+    }
+}
