@@ -349,6 +349,7 @@ fn near(v: &serde_json::Value, expected: f64, what: &str) {
     );
 }
 
+#[allow(clippy::too_many_lines)] // one month, every number checked in order
 #[tokio::test(flavor = "multi_thread")]
 async fn a_month_of_counters_becomes_a_showback_with_its_gap() {
     let m = Month::new();

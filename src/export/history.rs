@@ -128,6 +128,12 @@ impl History {
     }
 }
 
+/// Which line of a [`Series`] a set of points fills.
+type Line = fn(&mut Series) -> &mut Vec<Option<f64>>;
+
+/// The last answer per span, and when it was fetched.
+type Cache = Arc<tokio::sync::Mutex<BTreeMap<Span, (Instant, Arc<History>)>>>;
+
 /// Lays `raw` on the step grid of `span` ending at `now`. Values that cannot be GPUs
 /// (negative, NaN, huge) are no data; the cluster line sums the namespaces that have data at a
 /// step and has none where no namespace has.
@@ -137,8 +143,11 @@ pub fn assemble(span: Span, now: DateTime<Utc>, raw: &Raw) -> History {
     let count = span.length().num_seconds() / step;
     let t: Vec<i64> = (0..=count).map(|i| end - (count - i) * step).collect();
     let index = |ts: i64| -> Option<usize> {
-        let i = (ts - t[0]).checked_div(step)?;
-        ((ts - t[0]) % step == 0 && (0..t.len() as i64).contains(&i)).then_some(i as usize)
+        let off = ts.checked_sub(t[0])?;
+        if off < 0 || off % step != 0 {
+            return None;
+        }
+        usize::try_from(off / step).ok().filter(|i| *i < t.len())
     };
     let mut namespaces: BTreeMap<String, Series> = BTreeMap::new();
     let mut cluster = Series {
@@ -146,7 +155,7 @@ pub fn assemble(span: Span, now: DateTime<Utc>, raw: &Raw) -> History {
         busy: vec![None; t.len()],
         idle: vec![None; t.len()],
     };
-    let lines: [(&Points, fn(&mut Series) -> &mut Vec<Option<f64>>); 3] = [
+    let lines: [(&Points, Line); 3] = [
         (&raw.claimed, |s| &mut s.claimed),
         (&raw.busy, |s| &mut s.busy),
         (&raw.idle, |s| &mut s.idle),
@@ -182,7 +191,7 @@ pub fn assemble(span: Span, now: DateTime<Utc>, raw: &Raw) -> History {
 #[derive(Clone)]
 pub struct HistoryState {
     pub source: Option<Arc<dyn HistorySource>>,
-    cache: Arc<tokio::sync::Mutex<BTreeMap<Span, (Instant, Arc<History>)>>>,
+    cache: Cache,
 }
 
 impl HistoryState {

@@ -80,7 +80,7 @@ impl Period {
                 let (y, m) = s.split_once('-').ok_or_else(bad)?;
                 let (y, m): (i32, u32) =
                     (y.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
-                if y.to_string().len() != 4 || m.to_string().len() > 2 {
+                if !(1970..=9999).contains(&y) || m.to_string().len() > 2 {
                     return Err(bad());
                 }
                 (y, m)
@@ -353,6 +353,55 @@ struct Ns {
     cost: Option<f64>,
 }
 
+/// The most each group (and the cluster) held at once.
+struct Peaks {
+    by_group: BTreeMap<String, f64>,
+    total: f64,
+    /// Groups with an untrusted value in some step: their peak is unknown.
+    unknown: BTreeSet<String>,
+    /// Namespaces that held anything in the period.
+    namespaces: BTreeSet<String>,
+}
+
+/// Sums each group's namespaces per step of `inputs.held` inside the period and takes the
+/// largest sum.
+fn peaks(
+    period: &Period,
+    inputs: &Inputs,
+    group_of: &dyn Fn(&str) -> String,
+    rejected: &mut Vec<String>,
+) -> Peaks {
+    let mut held: BTreeMap<(String, i64), f64> = BTreeMap::new();
+    let mut out = Peaks {
+        by_group: BTreeMap::new(),
+        total: 0.0,
+        unknown: BTreeSet::new(),
+        namespaces: BTreeSet::new(),
+    };
+    let (since, until) = (period.since.timestamp(), period.until.timestamp());
+    for (ns, t, v) in &inputs.held {
+        if *t <= since || *t > until {
+            continue;
+        }
+        let g = group_of(ns);
+        if let Some(v) = checked(*v, MAX_GPUS) {
+            *held.entry((g, *t)).or_insert(0.0) += v;
+        } else {
+            rejected.push(format!("GPUs held of {ns}: {v}"));
+            out.unknown.insert(g);
+        }
+        out.namespaces.insert(ns.clone());
+    }
+    let mut total_held: BTreeMap<i64, f64> = BTreeMap::new();
+    for ((g, t), v) in &held {
+        let p = out.by_group.entry(g.clone()).or_insert(0.0);
+        *p = p.max(*v);
+        *total_held.entry(*t).or_insert(0.0) += v;
+    }
+    out.total = total_held.values().copied().fold(0.0, f64::max);
+    out
+}
+
 /// Computes the showback of `inputs` over `period`.
 pub fn compute(
     period: &Period,
@@ -393,12 +442,11 @@ pub fn compute(
                 busy = add(busy, secs);
             }
             if cost.is_some() && secs.is_some_and(|s| s > 0.0) {
-                match prices.price_of(&m.model)? {
-                    Some(p) => cost = add(cost, secs.map(|s| s / 3600.0 * p)),
-                    None => {
-                        unpriced.insert(m.model.clone());
-                        cost = None;
-                    }
+                if let Some(p) = prices.price_of(&m.model)? {
+                    cost = add(cost, secs.map(|s| s / 3600.0 * p));
+                } else {
+                    unpriced.insert(m.model.clone());
+                    cost = None;
                 }
             } else if secs.is_none() {
                 cost = None;
@@ -427,47 +475,21 @@ pub fn compute(
                 .unwrap_or_else(|| NOT_SEEN.to_string()),
         }
     };
-    // Peak: the most a group held at once, summing its namespaces per step.
-    let mut held: BTreeMap<(String, i64), f64> = BTreeMap::new();
-    let mut held_unknown: BTreeSet<String> = BTreeSet::new();
-    let (since, until) = (period.since.timestamp(), period.until.timestamp());
-    for (ns, t, v) in &inputs.held {
-        if *t <= since || *t > until {
-            continue;
-        }
-        let g = group_of(ns);
-        match check("GPUs held", ns, *v, MAX_GPUS) {
-            Some(v) => *held.entry((g, *t)).or_insert(0.0) += v,
-            None => {
-                held_unknown.insert(g);
-            }
-        }
+    let peaks = peaks(period, inputs, &group_of, &mut rejected);
+    for ns in &peaks.namespaces {
         per_ns.entry(ns.clone()).or_default();
     }
-    let mut peaks: BTreeMap<String, f64> = BTreeMap::new();
-    let mut total_held: BTreeMap<i64, f64> = BTreeMap::new();
-    for ((g, t), v) in &held {
-        let p = peaks.entry(g.clone()).or_insert(0.0);
-        *p = p.max(*v);
-        *total_held.entry(*t).or_insert(0.0) += v;
-    }
+    let held_unknown = &peaks.unknown;
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
     for (ns, n) in &per_ns {
         let g = group_of(ns);
-        let row = rows.entry(g.clone()).or_insert_with(|| Row {
-            peak_gpus: if held_unknown.contains(&g) {
+        let row = rows.entry(g.clone()).or_insert_with(|| {
+            let peak = if held_unknown.contains(&g) {
                 None
             } else {
-                Some(peaks.get(&g).copied().unwrap_or(0.0))
-            },
-            group: g,
-            namespaces: Vec::new(),
-            gpu_hours_claimed: Some(0.0),
-            gpu_hours_busy: Some(0.0),
-            gpu_hours_idle: Some(0.0),
-            gpu_hours_unknown: None,
-            idle_share: None,
-            cost: (!prices.is_empty()).then_some(0.0),
+                Some(peaks.by_group.get(&g).copied().unwrap_or(0.0))
+            };
+            empty_row(g, Vec::new(), peak, !prices.is_empty())
         });
         row.namespaces.push(ns.clone());
         let hours = |s: Option<f64>| s.map(|s| s / 3600.0);
@@ -479,21 +501,12 @@ pub fn compute(
         }
     }
     let mut groups: Vec<Row> = rows.into_values().map(finish).collect();
-    let mut total = Row {
-        group: "total".into(),
-        namespaces: per_ns.keys().cloned().collect(),
-        gpu_hours_claimed: Some(0.0),
-        gpu_hours_busy: Some(0.0),
-        gpu_hours_idle: Some(0.0),
-        gpu_hours_unknown: None,
-        idle_share: None,
-        peak_gpus: if held_unknown.is_empty() {
-            Some(total_held.values().copied().fold(0.0, f64::max))
-        } else {
-            None
-        },
-        cost: (!prices.is_empty()).then_some(0.0),
-    };
+    let mut total = empty_row(
+        "total".into(),
+        per_ns.keys().cloned().collect(),
+        held_unknown.is_empty().then_some(peaks.total),
+        !prices.is_empty(),
+    );
     for r in &groups {
         total.gpu_hours_claimed = add(total.gpu_hours_claimed, r.gpu_hours_claimed);
         total.gpu_hours_busy = add(total.gpu_hours_busy, r.gpu_hours_busy);
@@ -524,6 +537,21 @@ pub fn compute(
         unpriced_models: unpriced.into_iter().collect(),
         rejected_values: rejected,
     })
+}
+
+/// A row to sum into: zero hours (and cost, when priced), its peak as found.
+fn empty_row(group: String, namespaces: Vec<String>, peak: Option<f64>, priced: bool) -> Row {
+    Row {
+        group,
+        namespaces,
+        gpu_hours_claimed: Some(0.0),
+        gpu_hours_busy: Some(0.0),
+        gpu_hours_idle: Some(0.0),
+        gpu_hours_unknown: None,
+        idle_share: None,
+        peak_gpus: peak,
+        cost: priced.then_some(0.0),
+    }
 }
 
 /// Unknown hours and idle share from the sums.
