@@ -66,6 +66,9 @@ pub enum Command {
     Capture(Box<CaptureArgs>),
     /// Print a shell completion script (e.g. `gpu-ledger completions bash > /etc/bash_completion.d/gpu-ledger`).
     Completions(CompletionsArgs),
+    /// GPU-hours claimed, busy and idle per namespace, team or Kubeflow Profile owner over a
+    /// period, from gpu-ledger's counters in Prometheus (see docs/showback.md).
+    Showback(Box<ShowbackArgs>),
 }
 
 /// Which cluster to talk to (default: `$KUBECONFIG` or `~/.kube/config`, else in-cluster).
@@ -595,6 +598,93 @@ pub struct CaptureArgs {
         help_heading = "Capture"
     )]
     pub extra_gpu_resources: Vec<String>,
+}
+
+/// Output format of `showback`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShowbackOutput {
+    /// An aligned table, then the period, its coverage and every gap.
+    Table,
+    /// One line per group and a `total` line, each with the period and its coverage.
+    Csv,
+    /// The JSON document of docs/showback.md.
+    Json,
+}
+
+/// `gpu-ledger showback`.
+#[derive(Debug, Clone, Args)]
+pub struct ShowbackArgs {
+    #[command(flatten)]
+    pub prometheus: PrometheusArgs,
+    /// Calendar month (UTC): `YYYY-MM`, `last` (the previous month) or `this` (so far).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_SHOWBACK_MONTH",
+        value_name = "YYYY-MM|last|this",
+        conflicts_with_all = ["since", "until"],
+        required_unless_present = "since",
+        help_heading = "Showback period"
+    )]
+    pub month: Option<String>,
+    /// Start of the period (RFC 3339).
+    #[arg(long, env = "GPU_LEDGER_SHOWBACK_SINCE", value_parser = rfc3339, help_heading = "Showback period")]
+    pub since: Option<DateTime<Utc>>,
+    /// End of the period (RFC 3339; default now).
+    #[arg(long, env = "GPU_LEDGER_SHOWBACK_UNTIL", value_parser = rfc3339, requires = "since", help_heading = "Showback period")]
+    pub until: Option<DateTime<Utc>>,
+    /// Step at which gaps (gpu-ledger not reporting) and the peak are found; must be longer
+    /// than Prometheus' scrape interval of gpu-ledger.
+    #[arg(long, env = "GPU_LEDGER_SHOWBACK_RESOLUTION", default_value = "5m", value_parser = positive_duration, help_heading = "Showback period")]
+    pub resolution: chrono::Duration,
+    /// Group namespaces by this namespace label (read from kube-state-metrics'
+    /// `kube_namespace_labels`, which must allow it: `--metric-labels-allowlist=namespaces=[team]`).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_SHOWBACK_GROUP_BY_LABEL",
+        value_name = "KEY",
+        conflicts_with = "group_by_profile_owner",
+        help_heading = "Showback grouping"
+    )]
+    pub group_by_label: Option<String>,
+    /// Group namespaces by the `owner` annotation the Kubeflow Profile controller writes (read
+    /// from `kube_namespace_annotations`: `--metric-annotations-allowlist=namespaces=[owner]`).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_SHOWBACK_GROUP_BY_PROFILE_OWNER",
+        help_heading = "Showback grouping"
+    )]
+    pub group_by_profile_owner: bool,
+    /// Price per GPU-hour by GPU model, `MODEL=PRICE` comma-separated (e.g.
+    /// `A100=2.10,RTX-A1000=0.25`); MODEL matches whole words of the node's
+    /// `nvidia.com/gpu.product`.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_SHOWBACK_PRICE",
+        value_name = "MODEL=PRICE,…",
+        conflicts_with = "price_file",
+        help_heading = "Showback cost"
+    )]
+    pub price: Option<String>,
+    /// File of `MODEL=PRICE` lines (`#` comments), instead of --price.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_SHOWBACK_PRICE_FILE",
+        value_name = "FILE",
+        help_heading = "Showback cost"
+    )]
+    pub price_file: Option<PathBuf>,
+    /// Output format. `csv` and `json` print nothing else on stdout (notes go to stderr).
+    #[arg(short = 'o', long, env = "GPU_LEDGER_OUTPUT", value_enum, default_value_t = ShowbackOutput::Table, help_heading = "Output")]
+    pub output: ShowbackOutput,
+    /// Write the output to this file instead of stdout (e.g. for a CronJob's next container,
+    /// which mails or posts it; the image has no shell to redirect with).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_SHOWBACK_OUTPUT_FILE",
+        value_name = "FILE",
+        help_heading = "Output"
+    )]
+    pub output_file: Option<PathBuf>,
 }
 
 /// `gpu-ledger completions`.

@@ -82,6 +82,7 @@ fn main() -> ExitCode {
             Command::Report(args) => app::report(*args).await,
             Command::Capture(args) => app::capture(*args).await,
             Command::Completions(_) => Ok(()),
+            Command::Showback(args) => app::showback(*args).await,
         }
     });
     match result {

@@ -1697,6 +1697,81 @@ async fn kustomize_installs_on_real_apiserver() -> Result<()> {
 // generated README
 // --------------------------------------------------------------------------------------------
 
+#[test]
+fn helm_template_showback_cronjob() -> Result<()> {
+    let objs = docs(&helm_template(&[])?)?;
+    ensure!(
+        !has_kind(&objs, "CronJob"),
+        "showback is off by default: {:?}",
+        kind_names(&objs)
+    );
+    let objs = docs(&helm_template(&[
+        "showback.enabled=true",
+        "showback.groupByLabel=team",
+        "showback.price=A100=2.10",
+        "prometheus.selector=cluster=\"prod\"",
+    ])?)?;
+    let cj = find(&objs, "CronJob", "gpu-ledger-showback")?;
+    assert_eq!(cj["spec"]["schedule"], "0 6 1 * *");
+    assert_eq!(cj["spec"]["concurrencyPolicy"], "Forbid");
+    let job = &cj["spec"]["jobTemplate"];
+    let pod = &job["spec"]["template"]["spec"];
+    let sc = &container(job)["securityContext"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(container(job)["resources"]["limits"]["memory"], "256Mi");
+    let a = args(job);
+    for want in [
+        "showback",
+        "--month=last",
+        "--group-by-label=team",
+        "--price=A100=2.10",
+        "--prometheus-selector=cluster=\"prod\"",
+        "--output=csv",
+    ] {
+        ensure!(a.iter().any(|x| x == want), "{want} missing in {a:?}");
+    }
+    ensure!(!a.iter().any(|x| x.starts_with("--output-file")), "{a:?}");
+    assert_eq!(pod["restartPolicy"], "Never");
+    assert_eq!(
+        pod["automountServiceAccountToken"], false,
+        "showback reads only Prometheus: no API token"
+    );
+    // The Service, PDB and ServiceMonitor select the server's pods: never a showback pod.
+    let service = find(&objs, "Service", "gpu-ledger")?;
+    let labels = &job["spec"]["template"]["metadata"]["labels"];
+    let selected = service["spec"]["selector"]
+        .as_object()
+        .context("service selector")?
+        .iter()
+        .all(|(k, v)| &labels[k] == v);
+    ensure!(!selected, "the Service selects showback pods: {labels}");
+
+    // A deliver container: showback writes the file first, as an init container.
+    let objs = docs(&helm_template(&[
+        "showback.enabled=true",
+        "showback.deliver.image=curlimages/curl:8.11.1",
+        "showback.deliver.command={sh,-c,cat $SHOWBACK_FILE}",
+    ])?)?;
+    let pod = &find(&objs, "CronJob", "gpu-ledger-showback")?["spec"]["jobTemplate"]["spec"]["template"]
+        ["spec"];
+    let init = &pod["initContainers"][0];
+    ensure!(
+        init["args"].as_array().is_some_and(|a| a
+            .iter()
+            .any(|x| x == "--output-file=/showback/showback.csv")),
+        "{init}"
+    );
+    assert_eq!(pod["containers"][0]["name"], "deliver");
+    assert_eq!(
+        pod["containers"][0]["env"][0]["value"],
+        "/showback/showback.csv"
+    );
+    Ok(())
+}
+
 /// `helm <verb> … --set`s: Err with helm's message when it refuses.
 fn helm_with(verb: &str, sets: &[&str], set_json: &[&str]) -> Result<String> {
     let mut c = helm();

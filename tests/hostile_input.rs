@@ -114,6 +114,7 @@ fn ledger() -> Ledger {
             gpus_claimed: 1.0,
             gpus_free: Some(1.0),
             gpus_unschedulable: 0.0,
+            model: None,
         })
         .collect();
     let namespaces = names
@@ -769,6 +770,7 @@ fn absurd_ledger_numbers_render_as_numbers() {
         gpus_claimed: 1.844_674_407_370_955_2e19,
         gpus_free: Some(-1.844_674_407_370_955_2e19),
         gpus_unschedulable: 0.0,
+        model: None,
     });
     l.namespaces.push(NamespaceRow {
         namespace: "team-ml".into(),

@@ -275,6 +275,30 @@ def panels():
                    [target("A", "max by (reason) (gpu_ledger_cull_circuit_open)", "{{reason}}")],
                    decimals=0), 8, 5)
 
+    # --- monthly showback: one row of 24 columns (pick "Previous month" or "This month so far"
+    # as the time range). Titled rather than a Grafana row panel, which the checker does not cover.
+    add(table(
+        "Monthly showback: GPU-hours by namespace (dashboard range)",
+        "Who held how many GPU-hours in the selected time range, how many were busy, how many sat idle? GPU-hours in GPU equivalents (MIG and time-slices count their share), from gpu-ledger's counters (increase over the range, restart-safe; replicas counted once). Busy is from gpu_ledger_gpu_seconds_by_model_total (empty for hours counted before it existed); claimed minus busy minus idle is unknown, never idle. Time when gpu-ledger was down is not counted: see the coverage panel, and `gpu-ledger showback` for the gaps and prices (docs/showback.md).",
+        [target("A", 'max by (namespace) (increase(gpu_ledger_gpu_seconds_claimed_total{%s}[$__range])) / 3600' % NS, instant=True, fmt="table"),
+         target("B", 'sum by (namespace) (max by (namespace, model, activity) (increase(gpu_ledger_gpu_seconds_by_model_total{%s, activity="busy"}[$__range]))) / 3600' % NS, instant=True, fmt="table"),
+         target("C", 'max by (namespace) (increase(gpu_ledger_gpu_seconds_idle_total{%s}[$__range])) / 3600' % NS, instant=True, fmt="table"),
+         target("D", 'max by (namespace) (increase(gpu_ledger_gpu_seconds_idle_total{%s}[$__range])) / max by (namespace) (increase(gpu_ledger_gpu_seconds_claimed_total{%s}[$__range]) > 0)' % (NS, NS), instant=True, fmt="table"),
+         target("E", 'max by (namespace) (max_over_time(gpu_ledger_namespace_gpus_claimed{%s}[$__range]))' % NS, instant=True, fmt="table")],
+        {"Value #A": "GPU-hours", "Value #B": "busy", "Value #C": "idle", "Value #D": "idle share", "Value #E": "peak GPUs"},
+        units={"GPU-hours": "h", "busy": "h", "idle": "h", "idle share": "percentunit"}, sort="GPU-hours"), 12, 8)
+    add(bargauge(
+        "Monthly showback: GPU-hours by GPU model",
+        "On which GPU models were the GPU-hours of the selected range held (the node's nvidia.com/gpu.product; `unknown` without GFD labels)? The model dimension `gpu-ledger showback --price` prices.",
+        'sort_desc(sum by (model) (max by (namespace, model, activity) (increase(gpu_ledger_gpu_seconds_by_model_total{%s}[$__range]))) / 3600)' % NS,
+        "{{model}}", unit="h"), 8, 8)
+    add(stat("Monthly showback: coverage",
+             "For what share of the selected range did gpu-ledger report (5-minute steps with a sample of gpu_ledger_last_refresh_timestamp_seconds)? Below 100%, GPU-hours in the gaps were not counted: unknown, not zero.",
+             "count_over_time(group(gpu_ledger_last_refresh_timestamp_seconds)[$__range:5m]) / count_over_time(vector(1)[$__range:5m])",
+             unit="percentunit", decimals=1,
+             thresholds=[{"color": "red", "value": None}, {"color": "orange", "value": 0.95},
+                         {"color": "green", "value": 0.99}]), 4, 8)
+
     # lay out left to right, wrapping at 24 columns
     result, x, y, rowh = [], 0, 0, 0
     for i, (p, w, h) in enumerate(out, start=1):

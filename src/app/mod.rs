@@ -7,6 +7,7 @@ mod capture;
 pub mod offline;
 mod report;
 mod serve;
+mod showback;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use crate::usage::prom::{PromClient, PromConfig, PromError};
 pub use capture::capture;
 pub use report::report;
 pub use serve::serve;
+pub use showback::{prometheus_history, showback};
 
 /// Why the process could not run.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +54,8 @@ pub enum AppError {
     Offline(#[from] offline::OfflineError),
     #[error("writing output")]
     Output(#[source] std::io::Error),
+    #[error("writing {0}")]
+    OutputFile(String, #[source] std::io::Error),
     #[error("culling")]
     Cull(#[source] crate::cull::CullError),
     #[error("task {0} ended unexpectedly")]

@@ -418,7 +418,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             addr: args.listen,
             source,
         })?;
-    info!(listen = %args.listen, "serving /metrics, /healthz, /readyz, /livez, /api/v1/ledger");
+    info!(listen = %args.listen, "serving /metrics, /healthz, /readyz, /livez, /api/v1/ledger, /api/v1/history");
     let state = server::AppState {
         registry: registry.clone(),
         snapshot: shared.clone(),
@@ -429,7 +429,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     let kube_auth =
         (args.api_auth == crate::config::ApiAuthFlag::Kubernetes).then(|| client.clone());
     let api_auth = auth::ApiAuth::new(args.api_token_file.clone(), kube_auth, &registry)?;
-    let app = auth::protect(server::router(state), api_auth);
+    let history = crate::export::history::HistoryState::new(
+        prom.clone().map(super::showback::prometheus_history),
+    );
+    let app = auth::protect(server::router_with_history(state, history), api_auth);
     let limits = tls::Limits {
         max_connections: args.max_connections as usize,
     };

@@ -20,6 +20,45 @@ pub struct Snapshot {
     pub gpu_seconds_claimed: BTreeMap<String, f64>,
     /// GPU-seconds held while proven idle per namespace since start (monotonic).
     pub gpu_seconds_idle: BTreeMap<String, f64>,
+    /// GPU-seconds held per (namespace, GPU model, activity) since start (monotonic): the
+    /// model dimension `showback` prices, and busy apart from unknown (docs/metrics.md).
+    pub gpu_seconds_by_model: BTreeMap<(String, String, &'static str), f64>,
+}
+
+/// `model` label value of a pod whose node has no GPU product label.
+pub const UNKNOWN_MODEL: &str = "unknown";
+
+/// `activity` label value of a pod's GPU-seconds: proven idle, proven busy, or neither.
+fn activity(idle: Option<bool>) -> &'static str {
+    match idle {
+        Some(true) => "idle",
+        Some(false) => "busy",
+        None => "unknown",
+    }
+}
+
+/// (namespace, model, activity) of every pod that holds GPUs in `ledger`, with its GPUs.
+fn held_by_model(ledger: &Ledger) -> impl Iterator<Item = ((String, String, &'static str), f64)> {
+    let models: BTreeMap<&str, &str> = ledger
+        .nodes
+        .iter()
+        .filter_map(|n| n.model.as_deref().map(|m| (n.node.as_str(), m)))
+        .collect();
+    ledger
+        .pods
+        .iter()
+        .filter(|p| p.state.holds())
+        .map(move |p| {
+            let model = p
+                .node
+                .as_deref()
+                .and_then(|n| models.get(n).copied())
+                .unwrap_or(UNKNOWN_MODEL);
+            (
+                (p.namespace.clone(), model.to_string(), activity(p.idle)),
+                p.gpus,
+            )
+        })
 }
 
 impl Snapshot {
@@ -28,6 +67,7 @@ impl Snapshot {
             ledger,
             gpu_seconds_claimed: BTreeMap::new(),
             gpu_seconds_idle: BTreeMap::new(),
+            gpu_seconds_by_model: BTreeMap::new(),
         }
     }
 
@@ -42,16 +82,24 @@ impl Snapshot {
             claimed.entry(ns.namespace.clone()).or_insert(0.0);
             idle.entry(ns.namespace.clone()).or_insert(0.0);
         }
+        let mut by_model = self.gpu_seconds_by_model.clone();
+        for (key, _) in held_by_model(&ledger) {
+            by_model.entry(key).or_insert(0.0);
+        }
         if elapsed > 0.0 {
             for ns in &self.ledger.namespaces {
                 *claimed.entry(ns.namespace.clone()).or_insert(0.0) += ns.gpus_claimed * elapsed;
                 *idle.entry(ns.namespace.clone()).or_insert(0.0) += ns.gpus_idle * elapsed;
+            }
+            for (key, gpus) in held_by_model(&self.ledger) {
+                *by_model.entry(key).or_insert(0.0) += gpus * elapsed;
             }
         }
         Snapshot {
             ledger,
             gpu_seconds_claimed: claimed,
             gpu_seconds_idle: idle,
+            gpu_seconds_by_model: by_model,
         }
     }
 }
@@ -196,6 +244,12 @@ const FAMILIES: &[Family] = &[
         labels: &["node"],
         counter: false,
     },
+    Family {
+        name: "gpu_ledger_gpu_seconds_by_model_total",
+        help: "GPU-seconds held by the namespace per GPU model of the pod's node and activity (busy, idle, unknown), accumulated across refreshes.",
+        labels: &["namespace", "model", "activity"],
+        counter: true,
+    },
 ];
 
 /// Renders ledger families from a [`SharedSnapshot`].
@@ -327,6 +381,7 @@ mod idx {
     pub const SECONDS_IDLE: usize = 17;
     pub const UNCLAIMED_BUSY: usize = 18;
     pub const NODE_UNSCHEDULABLE: usize = 19;
+    pub const SECONDS_BY_MODEL: usize = 20;
 }
 
 /// Builds every ledger family from one snapshot as proto families (the `Collector` path).
@@ -490,6 +545,9 @@ fn emit(snapshot: &Snapshot, out: &mut impl Sink) {
     }
     for (ns, v) in &snapshot.gpu_seconds_idle {
         out.push(idx::SECONDS_IDLE, &[ns], *v);
+    }
+    for ((ns, model, activity), v) in &snapshot.gpu_seconds_by_model {
+        out.push(idx::SECONDS_BY_MODEL, &[ns, model, activity], *v);
     }
     for d in &l.unclaimed_busy {
         out.push(

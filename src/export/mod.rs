@@ -2,6 +2,7 @@
 
 pub mod auth;
 pub mod collector;
+pub mod history;
 pub mod page;
 pub mod server;
 pub mod tls;

@@ -1,5 +1,5 @@
 //! The admin HTTP server: `/` (the page, `page.rs`), `/metrics`, `/healthz`, `/readyz`, `/livez`,
-//! `/api/v1/ledger`.
+//! `/api/v1/ledger`, `/api/v1/history` (`history.rs`).
 //!
 //! `/livez` answers while the process serves HTTP. `/healthz` (the liveness probe) and `/readyz`
 //! (the readiness probe) ask [`Probes`], which the app backs with real state: loop progress for
@@ -74,8 +74,16 @@ pub trait Probes: Send + Sync {
     fn ready(&self) -> Result<(), String>;
 }
 
-/// Builds the router.
+/// Builds the router; `/api/v1/history` answers that no Prometheus is configured.
 pub fn router(state: AppState) -> Router {
+    router_with_history(state, super::history::HistoryState::new(None))
+}
+
+/// Builds the router with `/api/v1/history` asking `history`'s source.
+pub fn router_with_history(state: AppState, history: super::history::HistoryState) -> Router {
+    let history = Router::new()
+        .route("/api/v1/history", get(super::history::history))
+        .with_state(history);
     Router::new()
         .route("/", get(super::page::index))
         .route("/metrics", get(metrics))
@@ -83,8 +91,9 @@ pub fn router(state: AppState) -> Router {
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/api/v1/ledger", get(ledger))
-        .layer(axum::middleware::from_fn(with_timeout))
         .with_state(state)
+        .merge(history)
+        .layer(axum::middleware::from_fn(with_timeout))
 }
 
 /// Bounds every request so a stuck client cannot hold shutdown forever.

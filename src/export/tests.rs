@@ -53,6 +53,7 @@ fn ledger(pods: Vec<PodRow>) -> Ledger {
             gpus_claimed: 1.0,
             gpus_free: Some(1.0),
             gpus_unschedulable: 0.0,
+            model: None,
         }],
         namespaces: vec![NamespaceRow {
             namespace: "a".into(),
@@ -128,6 +129,45 @@ fn counters_accumulate_gpu_seconds() {
     let second = first.advance(next);
     assert_eq!(second.gpu_seconds_claimed.get("a"), Some(&30.0));
     assert_eq!(second.gpu_seconds_idle.get("a"), Some(&0.0));
+}
+
+#[test]
+fn counters_accumulate_gpu_seconds_by_model_and_activity() {
+    let mut idle = pod("a", "idle");
+    idle.idle = Some(true);
+    let mut unknown = pod("a", "unknown");
+    unknown.idle = None;
+    unknown.gpus = 3.0 / 7.0;
+    let mut elsewhere = pod("a", "elsewhere");
+    elsewhere.node = Some("n2".into());
+    let mut first = ledger(vec![pod("a", "busy"), idle, unknown, elsewhere]);
+    first.nodes[0].model = Some("NVIDIA-A100-SXM4-80GB".into());
+    let mut next = first.clone();
+    next.generated_at = t() + chrono::Duration::seconds(30);
+    let second = Snapshot::new(first).advance(next);
+    let get = |model: &str, activity: &'static str| {
+        second
+            .gpu_seconds_by_model
+            .get(&("a".to_string(), model.to_string(), activity))
+            .copied()
+    };
+    assert_eq!(get("NVIDIA-A100-SXM4-80GB", "busy"), Some(30.0));
+    assert_eq!(get("NVIDIA-A100-SXM4-80GB", "idle"), Some(30.0));
+    let unknown = get("NVIDIA-A100-SXM4-80GB", "unknown").expect("unknown activity");
+    assert!(
+        (unknown - 30.0 * 3.0 / 7.0).abs() < 1e-9,
+        "GPU equivalents, unknown apart from busy: {unknown}"
+    );
+    assert_eq!(
+        get(collector::UNKNOWN_MODEL, "busy"),
+        Some(30.0),
+        "a node without a product label"
+    );
+    let text = render_snapshot(&second).expect("render");
+    assert!(
+        text.contains(r#"gpu_ledger_gpu_seconds_by_model_total{namespace="a",model="NVIDIA-A100-SXM4-80GB",activity="idle"} 30"#),
+        "{text}"
+    );
 }
 
 #[test]

@@ -198,6 +198,10 @@ pub struct NodeRow {
     /// GPUs the node has (GFD labels, or DCGM where the node advertises none) that its
     /// allocatable does not offer: the device plugin is down, a card fell off the bus, ….
     pub gpus_unschedulable: f64,
+    /// The node's GPU model (GFD's `nvidia.com/gpu.product`), for the per-model accounting
+    /// counter; `None` without the label. Not part of the report JSON.
+    #[serde(skip)]
+    pub model: Option<String>,
 }
 
 /// GPU claims of one namespace.
@@ -552,6 +556,7 @@ fn node_rows(
         gpus_claimed: 0.0,
         gpus_free: None,
         gpus_unschedulable: 0.0,
+        model: None,
     };
     // Rows in a Vec found through a hash of the borrowed name, sorted once at the end: a
     // BTreeMap lookup per pod cost a dozen string comparisons (docs/benchmarks.md).
@@ -574,6 +579,7 @@ fn node_rows(
             let mut row = empty(&n.name);
             row.gpus_allocatable = alloc;
             row.gpus_unschedulable = unschedulable.unwrap_or(0.0);
+            row.model.clone_from(&n.product);
             if let Some(&i) = row_of.get(n.name.as_str()) {
                 rows[i] = row; // a node listed twice: the later entry wins, as a map insert did
             } else {

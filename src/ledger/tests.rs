@@ -216,7 +216,8 @@ fn states_and_node_free_count_terminating_pods() {
             gpus_allocatable: 4.0,
             gpus_claimed: 2.0,
             gpus_free: Some(2.0),
-            gpus_unschedulable: 0.0
+            gpus_unschedulable: 0.0,
+            model: None,
         }]
     );
     let ns = &l.namespaces[0];

@@ -235,6 +235,9 @@ pub fn render_page(ledger: &Ledger, options: &PageOptions) -> String {
     nodes(&mut h, ledger, view);
     namespaces_table(&mut h, ledger, view);
     unclaimed_table(&mut h, ledger, view);
+    if options.live {
+        history(&mut h);
+    }
     let _ = writeln!(
         h,
         "</main>\n<footer>gpu-ledger {} ({}){}</footer>",
@@ -252,6 +255,12 @@ pub fn render_page(ledger: &Ledger, options: &PageOptions) -> String {
         embedded_json(ledger)
     );
     h
+}
+
+/// The history chart's place: the script fills it from `/api/v1/history` (claimed, busy and
+/// idle over 24 h and 7 d, for the namespace filter or the cluster), or says why it cannot.
+fn history(h: &mut String) {
+    h.push_str("<section>\n<h2>History</h2>\n<p class=\"legend\">GPUs held over time (the namespace filter applies):<span class=\"swatch claimed\"></span>claimed<span class=\"swatch used\"></span>busy<span class=\"swatch idle\"></span>idle</p>\n<div id=\"history\" data-state=\"none\"><p id=\"history-note\" class=\"note\">The history chart needs JavaScript.</p></div>\n</section>\n");
 }
 
 fn summary(h: &mut String, ledger: &Ledger) {

@@ -8,6 +8,7 @@
 pub mod advice;
 pub mod cull;
 pub mod html;
+pub mod showback;
 pub mod table;
 
 pub use table::{render_json, render_table, render_wide};

@@ -1250,6 +1250,38 @@ impl PromClient {
         })
     }
 
+    /// An instant query answered with a matrix (a subquery `expr[range:step]`): every point of
+    /// every series as one [`Sample`] (labels, Unix seconds, value). Series need no metric name
+    /// (an aggregation's subquery has none). A partial answer is an error: a missing point would
+    /// read as a gap.
+    pub async fn instant_matrix(
+        &self,
+        query: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Vec<Sample>, PromError> {
+        let token = self.token()?;
+        let data = self
+            .query_data::<QueryData>(token.as_deref(), query, at, None)
+            .await?
+            .complete()?;
+        let QueryData::Matrix(rows) = data else {
+            return Err(not_a_matrix());
+        };
+        let mut out = Vec::new();
+        for row in rows {
+            for (t, v) in row.values {
+                let value = parse_value(&v)
+                    .ok_or_else(|| PromError::Decode(format!("bad sample value {v:?}")))?;
+                out.push(Sample {
+                    labels: row.metric.clone(),
+                    time: t,
+                    value,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// Raw samples of `fields` over `(at - range, at]`, with their own timestamps: one instant
     /// query of a range-vector selector (`{__name__=~"A|B"}[range]`), the cheapest question
     /// Prometheus answers (no evaluation per step). Each answer series becomes one [`Series`]

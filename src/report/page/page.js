@@ -352,6 +352,86 @@
     document.getElementById("unclaimed-empty").hidden = shown.length > 0;
   }
 
+  // History (/api/v1/history): one chart per span, the namespace filter's or the cluster's
+  // lines, broken where there is no data (null is no data, never 0).
+  var histories = {};
+  var historyError = null;
+  function drawHistory(h) {
+    var fig = el("figure", "history-chart");
+    fig.setAttribute("data-range", h.range);
+    var s = view.namespace ? h.namespaces[view.namespace] : h.cluster;
+    var cap = el("figcaption", null, "Last " + (h.range === "24h" ? "24 h" : "7 days") +
+      (view.namespace ? " · " + view.namespace : " · cluster"));
+    fig.appendChild(cap);
+    var W = 600, H = 120, T = 12, n = h.t.length;
+    var max = 1;
+    if (s) {
+      ["claimed", "busy", "idle"].forEach(function (k) {
+        s[k].forEach(function (v) { if (v !== null && v > max) { max = v; } });
+      });
+    }
+    var chart = svg("svg", { "class": "chart", "viewBox": "0 0 " + W + " " + (H + T), "preserveAspectRatio": "none", "role": "img" });
+    chart.appendChild(svg("text", { x: "2", y: "10" })).textContent = gpus(max) + " GPUs";
+    var lines = 0;
+    if (s && n > 1) {
+      ["claimed", "busy", "idle"].forEach(function (k) {
+        var pts = [];
+        function flush() {
+          if (pts.length > 0) {
+            chart.appendChild(svg("polyline", { "class": k === "busy" ? "busy" : k, "points": pts.join(" "), "data-series": k }));
+            lines += 1;
+          }
+          pts = [];
+        }
+        s[k].forEach(function (v, i) {
+          if (v === null) { flush(); return; }
+          var x = (i / (n - 1)) * W, y = T + H - (v / max) * H;
+          pts.push(x.toFixed(1) + "," + y.toFixed(1));
+        });
+        flush();
+      });
+    }
+    fig.appendChild(chart);
+    if (lines === 0) { fig.appendChild(el("p", "note", "no data in this span")); }
+    return fig;
+  }
+  function renderHistory() {
+    var box = document.getElementById("history");
+    if (!box) { return; }
+    var note = document.getElementById("history-note");
+    Array.prototype.slice.call(box.querySelectorAll("figure")).forEach(function (f) { box.removeChild(f); });
+    var reasons = [];
+    ["24h", "7d"].forEach(function (r) {
+      var h = histories[r];
+      if (!h) { return; }
+      if (h.available) { box.appendChild(drawHistory(h)); } else { reasons.push(h.reason); }
+    });
+    if (historyError !== null) { reasons.push(historyError); }
+    if (reasons.length > 0) {
+      note.textContent = "history unavailable: " + reasons.filter(function (r, i) { return reasons.indexOf(r) === i; }).join("; ");
+      note.hidden = false;
+      box.setAttribute("data-state", "unavailable");
+    } else if (histories["24h"] || histories["7d"]) {
+      note.hidden = true;
+      box.setAttribute("data-state", "drawn");
+    } else {
+      note.textContent = "loading history…";
+    }
+  }
+  function loadHistory() {
+    historyError = null;
+    Promise.all(["24h", "7d"].map(function (r) {
+      return fetch("api/v1/history?range=" + r, { cache: "no-store", headers: { "Accept": "application/json" } })
+        .then(function (resp) {
+          if (!resp.ok) { throw new Error("HTTP " + resp.status); }
+          return resp.json();
+        })
+        .then(function (h) { histories[r] = h; });
+    }))
+      .catch(function (e) { historyError = e.message; })
+      .then(renderHistory);
+  }
+
   function render() {
     renderSummary();
     renderFilters();
@@ -359,6 +439,7 @@
     renderNodes();
     renderNamespaces();
     renderUnclaimed();
+    renderHistory();
     body.setAttribute("data-rendered", "script");
   }
 
@@ -414,5 +495,8 @@
   if (live) {
     window.setInterval(showAge, 1000);
     window.setTimeout(refresh, every * 1000);
+    // The server caches history for a minute; a new chart every five is plenty.
+    loadHistory();
+    window.setInterval(loadHistory, 300000);
   }
 }());

@@ -1,0 +1,878 @@
+//! Showback: who held how many GPU-hours over a period, how many were busy, idle or unknown,
+//! the peak held and the cost, per namespace, namespace label or Kubeflow Profile owner — from
+//! gpu-ledger's own counters as Prometheus answered them (docs/showback.md).
+//!
+//! Pure: `app::showback` queries Prometheus and hands the decoded answers in as [`Inputs`];
+//! everything here is data in, data out. Prometheus' values are untrusted: negative, NaN,
+//! infinite or absurd numbers become unknown (`None`), never zero.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use chrono::{DateTime, Datelike, Duration, NaiveDate, TimeZone, Utc};
+use serde::Serialize;
+
+/// Why a showback cannot be computed from the given arguments.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ShowbackError {
+    #[error("--month {0:?}: expected YYYY-MM (e.g. 2026-11), `last` or `this`")]
+    Month(String),
+    #[error("period {since} .. {until}: {why}")]
+    Period {
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        why: String,
+    },
+    #[error("price {entry:?}: {why}")]
+    Price { entry: String, why: String },
+    #[error(
+        "GPU model {model:?} matches several prices equally well ({keys}); name it more exactly"
+    )]
+    AmbiguousPrice { model: String, keys: String },
+}
+
+/// More GPU equivalents than any one namespace can hold: a value above is untrusted.
+const MAX_GPUS: f64 = 1_000_000.0;
+/// Highest price per GPU-hour accepted.
+const MAX_PRICE: f64 = 1_000_000.0;
+/// Longest period (a year and a day, as every other duration flag).
+const MAX_PERIOD_DAYS: i64 = 366;
+
+/// The half-open period `[since, until)` a showback covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Period {
+    pub since: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+}
+
+impl Period {
+    /// A checked period: `since` before `until`, at most a year long, `until` no later than
+    /// `now` (the future has no counters yet: it would read as a gap).
+    pub fn new(
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Self, ShowbackError> {
+        let err = |why: &str| ShowbackError::Period {
+            since,
+            until,
+            why: why.to_string(),
+        };
+        let until = until.min(now);
+        if since >= until {
+            return Err(err("the start must be before the end (and before now)"));
+        }
+        if until - since > Duration::days(MAX_PERIOD_DAYS) {
+            return Err(err("longer than a year"));
+        }
+        Ok(Period { since, until })
+    }
+
+    /// `YYYY-MM` (UTC calendar month), `last` (the previous month) or `this` (this month so
+    /// far), relative to `now`.
+    pub fn month(spec: &str, now: DateTime<Utc>) -> Result<Self, ShowbackError> {
+        let bad = || ShowbackError::Month(spec.to_string());
+        let (year, month) = match spec.trim() {
+            "this" => (now.year(), now.month()),
+            "last" if now.month() == 1 => (now.year().checked_sub(1).ok_or_else(bad)?, 12),
+            "last" => (now.year(), now.month() - 1),
+            s => {
+                let (y, m) = s.split_once('-').ok_or_else(bad)?;
+                let (y, m): (i32, u32) =
+                    (y.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+                if !(1970..=9999).contains(&y) || m.to_string().len() > 2 {
+                    return Err(bad());
+                }
+                (y, m)
+            }
+        };
+        let first = NaiveDate::from_ymd_opt(year, month, 1).ok_or_else(bad)?;
+        let next = if month == 12 {
+            NaiveDate::from_ymd_opt(year.checked_add(1).ok_or_else(bad)?, 1, 1)
+        } else {
+            NaiveDate::from_ymd_opt(year, month + 1, 1)
+        }
+        .ok_or_else(bad)?;
+        let at = |d: NaiveDate| Utc.from_utc_datetime(&d.and_time(chrono::NaiveTime::MIN));
+        Period::new(at(first), at(next), now)
+    }
+
+    pub fn seconds(&self) -> f64 {
+        (self.until - self.since).num_milliseconds() as f64 / 1000.0
+    }
+}
+
+/// How namespaces are grouped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grouping {
+    Namespace,
+    /// A namespace label, as kube-state-metrics exports it (`kube_namespace_labels`).
+    Label(String),
+    /// The `owner` annotation the Kubeflow Profile controller writes on its namespace.
+    ProfileOwner,
+}
+
+impl Grouping {
+    /// The `GROUP` column title and JSON `group_by` value.
+    pub fn name(&self) -> String {
+        match self {
+            Grouping::Namespace => "namespace".into(),
+            Grouping::Label(l) => format!("label:{l}"),
+            Grouping::ProfileOwner => "profile-owner".into(),
+        }
+    }
+}
+
+/// kube-state-metrics' label name for a Kubernetes label or annotation key: every character
+/// outside `[a-zA-Z0-9_]` becomes `_`, behind `label_` or `annotation_`.
+pub fn ksm_label(prefix: &str, key: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + key.len());
+    out.push_str(prefix);
+    out.extend(key.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            c
+        } else {
+            '_'
+        }
+    }));
+    out
+}
+
+/// Group of a namespace whose label (or owner annotation) is empty or missing.
+pub const NO_VALUE: &str = "(none)";
+/// Group of a namespace kube-state-metrics never reported in the period.
+pub const NOT_SEEN: &str = "(not in kube-state-metrics)";
+
+/// Prices per GPU-hour by GPU model.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Prices {
+    /// (key as given, its `-`/`_`/space-separated upper-case tokens, price).
+    entries: Vec<(String, Vec<String>, f64)>,
+}
+
+fn tokens(s: &str) -> Vec<String> {
+    s.split(['-', '_', ' '])
+        .filter(|t| !t.is_empty())
+        .map(str::to_ascii_uppercase)
+        .collect()
+}
+
+impl Prices {
+    /// Parses `MODEL=PRICE` entries separated by commas or new lines; `#` starts a comment.
+    pub fn parse(text: &str) -> Result<Self, ShowbackError> {
+        let mut entries = Vec::new();
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or("");
+            for entry in line.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                let bad = |why: &str| ShowbackError::Price {
+                    entry: entry.to_string(),
+                    why: why.to_string(),
+                };
+                let (model, price) = entry
+                    .split_once('=')
+                    .ok_or_else(|| bad("expected MODEL=PRICE, e.g. A100=2.10"))?;
+                let model = model.trim();
+                let toks = tokens(model);
+                if toks.is_empty() {
+                    return Err(bad("no GPU model before `=`"));
+                }
+                let price: f64 = price
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad("the price is not a number"))?;
+                if !(0.0..=MAX_PRICE).contains(&price) {
+                    return Err(bad("the price must be between 0 and 1000000 per GPU-hour"));
+                }
+                if entries.iter().any(|(_, t, _)| *t == toks) {
+                    return Err(bad("this model is priced twice"));
+                }
+                entries.push((model.to_string(), toks, price));
+            }
+        }
+        Ok(Prices { entries })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The price of `model` (GFD's product label, e.g. `NVIDIA-A100-SXM4-80GB`): the key whose
+    /// tokens appear in the model's tokens as a run, the longest such key winning. Tokens, not
+    /// substrings: `A100` must not price an `RTX-A1000`.
+    pub fn price_of(&self, model: &str) -> Result<Option<f64>, ShowbackError> {
+        let m = tokens(model);
+        let mut best: Vec<&(String, Vec<String>, f64)> = Vec::new();
+        for e in &self.entries {
+            if e.1.len() <= m.len() && m.windows(e.1.len()).any(|w| w == e.1.as_slice()) {
+                match best.first() {
+                    Some(b) if b.1.len() > e.1.len() => {}
+                    Some(b) if b.1.len() == e.1.len() => best.push(e),
+                    _ => best = vec![e],
+                }
+            }
+        }
+        match best.as_slice() {
+            [] => Ok(None),
+            [one] => Ok(Some(one.2)),
+            several => Err(ShowbackError::AmbiguousPrice {
+                model: model.to_string(),
+                keys: several
+                    .iter()
+                    .map(|e| e.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+}
+
+/// GPU-seconds of one (namespace, model, activity) over the period.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSeconds {
+    pub namespace: String,
+    pub model: String,
+    /// `busy`, `idle` or `unknown`.
+    pub activity: String,
+    pub seconds: f64,
+}
+
+/// What Prometheus answered, decoded (values as given: checked here).
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// `increase()` of `gpu_ledger_gpu_seconds_claimed_total` per namespace.
+    pub claimed: BTreeMap<String, f64>,
+    /// `increase()` of `gpu_ledger_gpu_seconds_idle_total` per namespace.
+    pub idle: BTreeMap<String, f64>,
+    /// `increase()` of `gpu_ledger_gpu_seconds_by_model_total`.
+    pub by_model: Vec<ModelSeconds>,
+    /// (namespace, Unix seconds, GPUs held): the most each namespace held in each step.
+    pub held: Vec<(String, i64, f64)>,
+    /// Unix seconds of the steps in which gpu-ledger's series had a sample.
+    pub reported: BTreeSet<i64>,
+    /// Step of `held` and `reported`.
+    pub resolution: Duration,
+    /// Namespace → group (only when grouping by label or owner).
+    pub groups: BTreeMap<String, String>,
+}
+
+/// A stretch of the period without any sample of gpu-ledger's series: use there is unknown,
+/// not zero.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gap {
+    pub start: DateTime<Utc>,
+    pub seconds: i64,
+}
+
+/// One group's totals; `None` is unknown.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub group: String,
+    pub namespaces: Vec<String>,
+    pub gpu_hours_claimed: Option<f64>,
+    pub gpu_hours_busy: Option<f64>,
+    pub gpu_hours_idle: Option<f64>,
+    /// Claimed, neither proven busy nor proven idle.
+    pub gpu_hours_unknown: Option<f64>,
+    pub idle_share: Option<f64>,
+    pub peak_gpus: Option<f64>,
+    /// Claimed GPU-hours times the price of each hour's GPU model; `None` without prices or
+    /// when some hours are on a model without a price.
+    pub cost: Option<f64>,
+}
+
+/// The answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Showback {
+    pub since: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+    pub group_by: String,
+    pub groups: Vec<Row>,
+    pub total: Row,
+    /// Share of the period gpu-ledger's series were reported in (0..1).
+    pub coverage: f64,
+    pub gaps: Vec<Gap>,
+    pub resolution_seconds: i64,
+    /// Models that held GPU-hours but have no price (their groups' cost is unknown).
+    pub unpriced_models: Vec<String>,
+    /// Values Prometheus answered that cannot be true, shown as unknown.
+    pub rejected_values: Vec<String>,
+}
+
+/// A value from Prometheus when it is finite, not negative and at most `max`.
+fn checked(v: f64, max: f64) -> Option<f64> {
+    (v.is_finite() && (0.0..=max).contains(&v)).then_some(v)
+}
+
+/// Sums where any unknown part makes the whole unknown.
+fn add(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? + b?)
+}
+
+/// Steps of `[since, until)` not in `reported`, merged into gaps. A step at `t` covers
+/// `(t - resolution, t]`.
+fn gaps(period: &Period, reported: &BTreeSet<i64>, resolution: i64) -> Vec<Gap> {
+    let (since, until) = (period.since.timestamp(), period.until.timestamp());
+    // The first step whose window ends inside the period, aligned as Prometheus aligns
+    // subquery steps (multiples of the step since the epoch).
+    let mut t = (since.div_euclid(resolution) + 1) * resolution;
+    let mut out: Vec<Gap> = Vec::new();
+    let mut open: Option<i64> = None;
+    while t <= until {
+        if reported.contains(&t) {
+            if let Some(start) = open.take() {
+                push_gap(&mut out, start, t - resolution);
+            }
+        } else if open.is_none() {
+            open = Some((t - resolution).max(since));
+        }
+        t += resolution;
+    }
+    if let Some(start) = open {
+        push_gap(&mut out, start, until);
+    }
+    out
+}
+
+fn push_gap(out: &mut Vec<Gap>, start: i64, end: i64) {
+    if end > start
+        && let Some(s) = DateTime::from_timestamp(start, 0)
+    {
+        out.push(Gap {
+            start: s,
+            seconds: end - start,
+        });
+    }
+}
+
+/// Per-namespace numbers before grouping.
+#[derive(Default)]
+struct Ns {
+    claimed: Option<f64>,
+    idle: Option<f64>,
+    busy: Option<f64>,
+    cost: Option<f64>,
+}
+
+/// The most each group (and the cluster) held at once.
+struct Peaks {
+    by_group: BTreeMap<String, f64>,
+    total: f64,
+    /// Groups with an untrusted value in some step: their peak is unknown.
+    unknown: BTreeSet<String>,
+    /// Namespaces that held anything in the period.
+    namespaces: BTreeSet<String>,
+}
+
+/// Sums each group's namespaces per step of `inputs.held` inside the period and takes the
+/// largest sum.
+fn peaks(
+    period: &Period,
+    inputs: &Inputs,
+    group_of: &dyn Fn(&str) -> String,
+    rejected: &mut Vec<String>,
+) -> Peaks {
+    let mut held: BTreeMap<(String, i64), f64> = BTreeMap::new();
+    let mut out = Peaks {
+        by_group: BTreeMap::new(),
+        total: 0.0,
+        unknown: BTreeSet::new(),
+        namespaces: BTreeSet::new(),
+    };
+    let (since, until) = (period.since.timestamp(), period.until.timestamp());
+    for (ns, t, v) in &inputs.held {
+        if *t <= since || *t > until {
+            continue;
+        }
+        let g = group_of(ns);
+        if let Some(v) = checked(*v, MAX_GPUS) {
+            *held.entry((g, *t)).or_insert(0.0) += v;
+        } else {
+            rejected.push(format!("GPUs held of {ns}: {v}"));
+            out.unknown.insert(g);
+        }
+        out.namespaces.insert(ns.clone());
+    }
+    let mut total_held: BTreeMap<i64, f64> = BTreeMap::new();
+    for ((g, t), v) in &held {
+        let p = out.by_group.entry(g.clone()).or_insert(0.0);
+        *p = p.max(*v);
+        *total_held.entry(*t).or_insert(0.0) += v;
+    }
+    out.total = total_held.values().copied().fold(0.0, f64::max);
+    out
+}
+
+/// Computes the showback of `inputs` over `period`.
+pub fn compute(
+    period: &Period,
+    grouping: &Grouping,
+    prices: &Prices,
+    inputs: &Inputs,
+) -> Result<Showback, ShowbackError> {
+    let max_seconds = period.seconds() * MAX_GPUS;
+    let mut rejected = Vec::new();
+    let mut check = |what: &str, ns: &str, v: f64, max: f64| {
+        let c = checked(v, max);
+        if c.is_none() {
+            rejected.push(format!("{what} of {ns}: {v}"));
+        }
+        c
+    };
+    let mut per_ns: BTreeMap<String, Ns> = BTreeMap::new();
+    for (ns, v) in &inputs.claimed {
+        per_ns.entry(ns.clone()).or_default().claimed =
+            check("claimed GPU-seconds", ns, *v, max_seconds);
+    }
+    for (ns, v) in &inputs.idle {
+        per_ns.entry(ns.clone()).or_default().idle = check("idle GPU-seconds", ns, *v, max_seconds);
+    }
+    // Busy and cost from the per-model counter: unknown where it has no series.
+    let mut model_rows: BTreeMap<&str, Vec<&ModelSeconds>> = BTreeMap::new();
+    for m in &inputs.by_model {
+        model_rows.entry(m.namespace.as_str()).or_default().push(m);
+    }
+    let mut unpriced = BTreeSet::new();
+    for (ns, rows) in &model_rows {
+        let mut busy = Some(0.0);
+        let mut cost = (!prices.is_empty()).then_some(0.0);
+        for m in rows {
+            let what = format!("{} GPU-seconds on {}", m.activity, m.model);
+            let secs = check(&what, ns, m.seconds, max_seconds);
+            if m.activity == "busy" {
+                busy = add(busy, secs);
+            }
+            if cost.is_some() && secs.is_some_and(|s| s > 0.0) {
+                if let Some(p) = prices.price_of(&m.model)? {
+                    cost = add(cost, secs.map(|s| s / 3600.0 * p));
+                } else {
+                    unpriced.insert(m.model.clone());
+                    cost = None;
+                }
+            } else if secs.is_none() {
+                cost = None;
+            }
+        }
+        let entry = per_ns.entry((*ns).to_string()).or_default();
+        entry.busy = busy;
+        entry.cost = cost;
+    }
+    // A namespace that held nothing has nothing unknown about it.
+    for n in per_ns.values_mut() {
+        if n.claimed == Some(0.0) {
+            n.busy.get_or_insert(0.0);
+            if !prices.is_empty() {
+                n.cost.get_or_insert(0.0);
+            }
+        }
+    }
+    let group_of = |ns: &str| -> String {
+        match grouping {
+            Grouping::Namespace => ns.to_string(),
+            _ => inputs
+                .groups
+                .get(ns)
+                .cloned()
+                .unwrap_or_else(|| NOT_SEEN.to_string()),
+        }
+    };
+    let peaks = peaks(period, inputs, &group_of, &mut rejected);
+    for ns in &peaks.namespaces {
+        per_ns.entry(ns.clone()).or_default();
+    }
+    let held_unknown = &peaks.unknown;
+    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    for (ns, n) in &per_ns {
+        let g = group_of(ns);
+        let row = rows.entry(g.clone()).or_insert_with(|| {
+            let peak = if held_unknown.contains(&g) {
+                None
+            } else {
+                Some(peaks.by_group.get(&g).copied().unwrap_or(0.0))
+            };
+            empty_row(g, Vec::new(), peak, !prices.is_empty())
+        });
+        row.namespaces.push(ns.clone());
+        let hours = |s: Option<f64>| s.map(|s| s / 3600.0);
+        row.gpu_hours_claimed = add(row.gpu_hours_claimed, hours(n.claimed));
+        row.gpu_hours_idle = add(row.gpu_hours_idle, hours(n.idle));
+        row.gpu_hours_busy = add(row.gpu_hours_busy, hours(n.busy));
+        if !prices.is_empty() {
+            row.cost = add(row.cost, n.cost);
+        }
+    }
+    let mut groups: Vec<Row> = rows.into_values().map(finish).collect();
+    let mut total = empty_row(
+        "total".into(),
+        per_ns.keys().cloned().collect(),
+        held_unknown.is_empty().then_some(peaks.total),
+        !prices.is_empty(),
+    );
+    for r in &groups {
+        total.gpu_hours_claimed = add(total.gpu_hours_claimed, r.gpu_hours_claimed);
+        total.gpu_hours_busy = add(total.gpu_hours_busy, r.gpu_hours_busy);
+        total.gpu_hours_idle = add(total.gpu_hours_idle, r.gpu_hours_idle);
+        total.cost = add(total.cost, r.cost);
+    }
+    let total = finish(total);
+    // Most GPU-hours first: the question is "who used them".
+    groups.sort_by(|a, b| {
+        b.gpu_hours_claimed
+            .unwrap_or(-1.0)
+            .total_cmp(&a.gpu_hours_claimed.unwrap_or(-1.0))
+            .then_with(|| a.group.cmp(&b.group))
+    });
+    let resolution = inputs.resolution.num_seconds().max(1);
+    let gaps = gaps(period, &inputs.reported, resolution);
+    let missing: i64 = gaps.iter().map(|g| g.seconds).sum();
+    let coverage = (1.0 - missing as f64 / period.seconds()).clamp(0.0, 1.0);
+    Ok(Showback {
+        since: period.since,
+        until: period.until,
+        group_by: grouping.name(),
+        groups,
+        total,
+        coverage,
+        gaps,
+        resolution_seconds: resolution,
+        unpriced_models: unpriced.into_iter().collect(),
+        rejected_values: rejected,
+    })
+}
+
+/// A row to sum into: zero hours (and cost, when priced), its peak as found.
+fn empty_row(group: String, namespaces: Vec<String>, peak: Option<f64>, priced: bool) -> Row {
+    Row {
+        group,
+        namespaces,
+        gpu_hours_claimed: Some(0.0),
+        gpu_hours_busy: Some(0.0),
+        gpu_hours_idle: Some(0.0),
+        gpu_hours_unknown: None,
+        idle_share: None,
+        peak_gpus: peak,
+        cost: priced.then_some(0.0),
+    }
+}
+
+/// Unknown hours and idle share from the sums.
+fn finish(mut r: Row) -> Row {
+    if let (Some(c), Some(b), Some(i)) = (r.gpu_hours_claimed, r.gpu_hours_busy, r.gpu_hours_idle) {
+        let u = c - b - i;
+        // Float dust from summing is zero; more than that means the counters disagree
+        // (e.g. replicas of different ages), and the remainder is not known.
+        let dust = 1e-9 * c.max(1.0);
+        r.gpu_hours_unknown = if u >= -dust { Some(u.max(0.0)) } else { None };
+    }
+    r.idle_share = match (r.gpu_hours_idle, r.gpu_hours_claimed) {
+        (Some(i), Some(c)) if c > 0.0 => Some((i / c).min(1.0)),
+        _ => None,
+    };
+    r
+}
+
+/// Hours with two decimals; unknown is `?`.
+fn hours_cell(v: Option<f64>) -> String {
+    v.map_or_else(|| "?".into(), |h| format!("{h:.2}"))
+}
+
+/// "6h", "1d2h", "45m".
+fn length(seconds: i64) -> String {
+    super::humanise_seconds(seconds)
+}
+
+/// The aligned table: one row per group, then the total, then the period, coverage and gaps.
+pub fn render_table(s: &Showback, priced: bool) -> String {
+    let mut header = vec![
+        s.group_by.to_uppercase(),
+        "GPU-HOURS".into(),
+        "BUSY".into(),
+        "IDLE".into(),
+        "UNKNOWN".into(),
+        "IDLE %".into(),
+        "PEAK GPUS".into(),
+    ];
+    if priced {
+        header.push("COST".into());
+    }
+    let cells = |r: &Row| {
+        let mut c = vec![
+            r.group.clone(),
+            hours_cell(r.gpu_hours_claimed),
+            hours_cell(r.gpu_hours_busy),
+            hours_cell(r.gpu_hours_idle),
+            hours_cell(r.gpu_hours_unknown),
+            r.idle_share.map_or_else(|| "?".into(), super::percent),
+            r.peak_gpus.map_or_else(|| "?".into(), super::gpus),
+        ];
+        if priced {
+            c.push(r.cost.map_or_else(|| "?".into(), |v| format!("{v:.2}")));
+        }
+        c
+    };
+    let mut lines: Vec<Vec<String>> = vec![header];
+    lines.extend(s.groups.iter().map(cells));
+    lines.push(cells(&s.total));
+    let widths: Vec<usize> = (0..lines[0].len())
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for l in &lines {
+        let mut line = String::new();
+        for (i, (cell, w)) in l.iter().zip(&widths).enumerate() {
+            let pad = w.saturating_sub(cell.chars().count());
+            if i == 0 {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad));
+            } else {
+                line.push_str("  ");
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "\nperiod {} .. {}; gpu-ledger reported for {:.1}% of it",
+        s.since.to_rfc3339(),
+        s.until.to_rfc3339(),
+        s.coverage * 100.0
+    );
+    for g in &s.gaps {
+        let _ = writeln!(
+            out,
+            "gap: no gpu-ledger counters from {} for {} (use unknown there, not zero)",
+            g.start.to_rfc3339(),
+            length(g.seconds)
+        );
+    }
+    if !s.unpriced_models.is_empty() {
+        let _ = writeln!(
+            out,
+            "no price for: {} (cost unknown where they held GPU-hours)",
+            s.unpriced_models.join(", ")
+        );
+    }
+    for r in &s.rejected_values {
+        let _ = writeln!(out, "rejected from Prometheus (shown as ?): {r}");
+    }
+    out
+}
+
+/// A CSV field, quoted when it holds a separator, quote or line break.
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// A number for CSV; unknown is an empty field.
+fn csv_number(v: Option<f64>) -> String {
+    v.map(|v| format!("{}", (v * 1e6).round() / 1e6))
+        .unwrap_or_default()
+}
+
+/// CSV with a header line: one line per group, then `total`. Every line carries the period and
+/// its coverage, so a mailed file says itself when gpu-ledger was not counting.
+pub fn render_csv(s: &Showback) -> String {
+    let mut out = String::from(
+        "group,namespaces,gpu_hours_claimed,gpu_hours_busy,gpu_hours_idle,gpu_hours_unknown,idle_share,peak_gpus,cost,since,until,coverage\n",
+    );
+    for r in s.groups.iter().chain(std::iter::once(&s.total)) {
+        let fields = [
+            csv_field(&r.group),
+            csv_field(&r.namespaces.join(" ")),
+            csv_number(r.gpu_hours_claimed),
+            csv_number(r.gpu_hours_busy),
+            csv_number(r.gpu_hours_idle),
+            csv_number(r.gpu_hours_unknown),
+            csv_number(r.idle_share),
+            csv_number(r.peak_gpus),
+            csv_number(r.cost),
+            s.since.to_rfc3339(),
+            s.until.to_rfc3339(),
+            csv_number(Some(s.coverage)),
+        ];
+        out.push_str(&fields.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// The JSON document (docs/showback.md); unknown values are `null`.
+pub fn render_json(s: &Showback) -> Result<String, serde_json::Error> {
+    serde_json::to_string_pretty(s).map(|mut j| {
+        j.push('\n');
+        j
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s)
+            .expect("valid")
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn months_are_utc_calendar_months() {
+        let now = at("2026-12-02T08:00:00Z");
+        let p = Period::month("2026-11", now).expect("month");
+        assert_eq!(
+            (p.since, p.until),
+            (at("2026-11-01T00:00:00Z"), at("2026-12-01T00:00:00Z"))
+        );
+        assert_eq!(Period::month("last", now), Ok(p));
+        let jan = Period::month("last", at("2027-01-05T00:00:00Z")).expect("december");
+        assert_eq!(jan.since, at("2026-12-01T00:00:00Z"));
+        let this = Period::month("this", now).expect("this month");
+        assert_eq!((this.since, this.until), (at("2026-12-01T00:00:00Z"), now));
+        for bad in ["2026-13", "2026", "26-11", "2026-1x", "next", "2026-11-01"] {
+            assert!(Period::month(bad, now).is_err(), "{bad}");
+        }
+        assert!(
+            Period::month("2027-01", now).is_err(),
+            "a month that has not started has nothing to show"
+        );
+    }
+
+    #[test]
+    fn prices_match_whole_tokens_and_the_longest_key() {
+        let p = Prices::parse("A100=2.10, RTX-A1000=0.25\n# comment\nH100-80GB=4 # inline\n")
+            .expect("prices");
+        assert_eq!(p.price_of("NVIDIA-A100-SXM4-80GB"), Ok(Some(2.10)));
+        assert_eq!(p.price_of("NVIDIA-RTX-A1000"), Ok(Some(0.25)));
+        assert_eq!(p.price_of("NVIDIA H100 80GB HBM3"), Ok(Some(4.0)));
+        assert_eq!(
+            p.price_of("NVIDIA-A10"),
+            Ok(None),
+            "A100 does not price an A10"
+        );
+        let only_a100 = Prices::parse("A100=2").expect("prices");
+        assert_eq!(
+            only_a100.price_of("NVIDIA-RTX-A1000"),
+            Ok(None),
+            "a substring is not a model"
+        );
+        let both = Prices::parse("A100=2,SXM4=3").expect("prices");
+        assert!(matches!(
+            both.price_of("NVIDIA-A100-SXM4-80GB"),
+            Err(ShowbackError::AmbiguousPrice { .. })
+        ));
+        for bad in [
+            "A100",
+            "=2",
+            "A100=x",
+            "A100=-1",
+            "A100=NaN",
+            "A100=1,a100=2",
+        ] {
+            assert!(Prices::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ksm_label_names_are_sanitised() {
+        assert_eq!(ksm_label("label_", "team"), "label_team");
+        assert_eq!(
+            ksm_label("label_", "app.kubernetes.io/part-of"),
+            "label_app_kubernetes_io_part_of"
+        );
+    }
+
+    fn period() -> Period {
+        Period::new(
+            at("2026-11-01T00:00:00Z"),
+            at("2026-11-02T00:00:00Z"),
+            at("2026-12-01T00:00:00Z"),
+        )
+        .expect("period")
+    }
+
+    #[test]
+    fn gaps_are_runs_of_silent_steps() {
+        let p = period();
+        let start = p.since.timestamp();
+        let step = 300;
+        // Reported everywhere but 06:00..12:00.
+        let reported = (1..=288)
+            .map(|i| start + i * step)
+            .filter(|t| !(start + 6 * 3600 + step..=start + 12 * 3600).contains(t))
+            .collect();
+        let g = gaps(&p, &reported, step);
+        assert_eq!(
+            g,
+            vec![Gap {
+                start: at("2026-11-01T06:00:00Z"),
+                seconds: 6 * 3600
+            }]
+        );
+        let none = gaps(&p, &BTreeSet::new(), step);
+        assert_eq!(none.len(), 1);
+        assert_eq!(
+            none[0].seconds, 86_400,
+            "nothing reported: all of it is a gap"
+        );
+    }
+
+    #[test]
+    fn untrusted_values_are_unknown_and_unknown_spreads_to_sums() {
+        let p = period();
+        let inputs = Inputs {
+            claimed: [
+                ("a".to_string(), 7200.0),
+                ("b".to_string(), f64::NAN),
+                ("c".to_string(), -5.0),
+            ]
+            .into(),
+            idle: [("a".to_string(), 3600.0), ("b".to_string(), 0.0)].into(),
+            by_model: vec![ModelSeconds {
+                namespace: "a".into(),
+                model: "NVIDIA-A100-SXM4-80GB".into(),
+                activity: "busy".into(),
+                seconds: 1800.0,
+            }],
+            resolution: Duration::minutes(5),
+            ..Inputs::default()
+        };
+        let s = compute(&p, &Grouping::Namespace, &Prices::default(), &inputs).expect("compute");
+        let a = s.groups.iter().find(|r| r.group == "a").expect("a");
+        assert_eq!(a.gpu_hours_claimed, Some(2.0));
+        assert_eq!(a.gpu_hours_busy, Some(0.5));
+        assert_eq!(a.gpu_hours_unknown, Some(0.5));
+        assert_eq!(a.idle_share, Some(0.5));
+        let b = s.groups.iter().find(|r| r.group == "b").expect("b");
+        assert_eq!(b.gpu_hours_claimed, None, "NaN is unknown, not zero");
+        assert_eq!(b.gpu_hours_busy, None, "no per-model series: busy unknown");
+        assert_eq!(s.total.gpu_hours_claimed, None);
+        assert_eq!(s.rejected_values.len(), 2, "{:?}", s.rejected_values);
+        let table = render_table(&s, false);
+        assert!(table.contains("claimed GPU-seconds of b: NaN"), "{table}");
+    }
+
+    #[test]
+    fn csv_quotes_and_leaves_unknown_empty() {
+        let p = period();
+        let inputs = Inputs {
+            claimed: [("a,b".to_string(), f64::INFINITY)].into(),
+            resolution: Duration::minutes(5),
+            ..Inputs::default()
+        };
+        let s = compute(&p, &Grouping::Namespace, &Prices::default(), &inputs).expect("compute");
+        let csv = render_csv(&s);
+        let line = csv.lines().nth(1).expect("row");
+        assert!(line.starts_with("\"a,b\",\"a,b\",,,,"), "{csv}");
+    }
+}
