@@ -143,6 +143,7 @@ fn ledger() -> Ledger {
         namespaces,
         unclaimed_busy,
         usage_available: true,
+        reclaim: vec![],
     }
 }
 
@@ -491,6 +492,7 @@ fn advice_ledger(pods: Vec<PodRow>) -> Ledger {
         namespaces: vec![],
         unclaimed_busy: vec![],
         usage_available: true,
+        reclaim: vec![],
     }
 }
 

@@ -64,6 +64,7 @@ fn ledger(pods: Vec<PodRow>) -> Ledger {
         }],
         unclaimed_busy: vec![],
         usage_available: true,
+        reclaim: vec![],
     }
 }
 

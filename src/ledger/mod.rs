@@ -10,6 +10,7 @@ pub mod capacity;
 pub mod claims;
 mod dra;
 pub mod names;
+pub mod reclaim;
 pub mod usage;
 
 use std::collections::BTreeMap;
@@ -237,6 +238,9 @@ pub struct Ledger {
     pub unclaimed_busy: Vec<UnclaimedBusy>,
     /// Whether utilisation came from a working source.
     pub usage_available: bool,
+    /// For each pending GPU pod, where it would fit and what that takes ([`reclaim`]); empty
+    /// when the claims show only some namespaces (no node's free capacity is known then).
+    pub reclaim: Vec<reclaim::Reclaim>,
 }
 
 impl Ledger {
@@ -249,6 +253,7 @@ impl Ledger {
             namespaces: Vec::new(),
             unclaimed_busy: Vec::new(),
             usage_available: false,
+            reclaim: Vec::new(),
         }
     }
 }
@@ -261,6 +266,9 @@ impl Ledger {
         if total <= 1 {
             return;
         }
+        // A shard sees only its own nodes (and shard 0 every pending pod): where a pending pod
+        // would fit is not known to any one shard.
+        self.reclaim.clear();
         self.unclaimed_busy.retain(|d| {
             let owner = d.node.as_deref().map_or(0, |n| claims::shard_of(n, total));
             owner == shard
@@ -429,6 +437,10 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         }
         ClaimsScope::Namespaces => Vec::new(),
     };
+    let reclaim = match policy.claims_scope {
+        ClaimsScope::Complete => reclaim::plan(claims, &pods, now),
+        ClaimsScope::Namespaces => Vec::new(),
+    };
     Ledger {
         generated_at: now,
         pods,
@@ -436,6 +448,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         namespaces,
         unclaimed_busy,
         usage_available: usage.available,
+        reclaim,
     }
 }
 
