@@ -10,8 +10,10 @@ mod serve;
 
 use std::sync::Arc;
 
-use crate::config::{CullArgs, CullModeFlag, CullPolicyArgs, KubeArgs, LedgerArgs, PrometheusArgs};
-use crate::cull::{CullConfig, CullMode, CullPolicy};
+use crate::config::{
+    CullArgs, CullModeFlag, CullPolicyArgs, CullWhenFlag, KubeArgs, LedgerArgs, PrometheusArgs,
+};
+use crate::cull::{CullConfig, CullMode, CullPolicy, CullWhen};
 use crate::ledger::Policy;
 use crate::ledger::usage::Window;
 use crate::usage::live::LiveSettings;
@@ -212,6 +214,10 @@ fn cull_policy(args: &CullPolicyArgs, ledger: &Policy) -> CullPolicy {
         max_per_cycle: args.cull_max_per_cycle,
         namespaces: listed(&args.cull_namespaces),
         exclude_namespaces: listed(&args.cull_exclude_namespaces),
+        when: match args.cull_when {
+            CullWhenFlag::Idle => CullWhen::Idle,
+            CullWhenFlag::Demand => CullWhen::Demand,
+        },
         ..CullPolicy::default()
     }
 }

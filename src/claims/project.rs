@@ -632,6 +632,85 @@ mod tests {
         assert_eq!(c.phase, PodPhase::Unknown);
     }
 
+    /// The placement of a GPU pod as public manifests write it: required node affinity on GFD's
+    /// `nvidia.com/gpu.product` (the NRP Nautilus cluster's GPU pods) plus a `nodeSelector`, and
+    /// the toleration of the `nvidia.com/gpu` NoSchedule taint GKE and AKS put on GPU pools.
+    #[test]
+    fn an_unbound_pod_keeps_its_placement_and_a_bound_one_does_not() {
+        let spec = json!({
+            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.product",
+                    "operator": "In", "values": ["NVIDIA-L4", "NVIDIA-A10"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}]}]}}},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        });
+        let p = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}));
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("gpu pod");
+        let pl = &c.placement;
+        assert_eq!(
+            pl.node_selector
+                .get("nvidia.com/gpu.present")
+                .map(String::as_str),
+            Some("true")
+        );
+        let terms = pl.required_terms.as_ref().expect("required affinity");
+        assert_eq!(terms.len(), 2);
+        assert_eq!(terms[0].match_expressions[0].operator, NodeOp::In);
+        assert_eq!(
+            terms[0].match_expressions[0].values,
+            ["NVIDIA-L4", "NVIDIA-A10"]
+        );
+        assert_eq!(terms[1].match_fields[0].key, "metadata.name");
+        assert_eq!(pl.tolerations.len(), 1);
+        assert!(pl.tolerations[0].exists && pl.tolerations[0].key == "nvidia.com/gpu");
+        assert!(!pl.too_large);
+        let mut spec = spec;
+        spec["nodeName"] = json!("gpu-7");
+        let bound = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}));
+        let c = pod(&ResourceNames::default(), &bound)
+            .expect("ok")
+            .expect("gpu pod");
+        assert_eq!(
+            c.placement,
+            Placement::default(),
+            "a bound pod's placement is not kept"
+        );
+        let many: Vec<serde_json::Value> = (0..100)
+            .map(|i| json!({"key": format!("k{i}"), "operator": "Exists"}))
+            .collect();
+        let crowded = pod_from(
+            json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {
+            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "tolerations": many}}),
+        );
+        let c = pod(&ResourceNames::default(), &crowded)
+            .expect("ok")
+            .expect("gpu pod");
+        assert!(
+            c.placement.too_large,
+            "cut, it would be placed by a weaker spec"
+        );
+    }
+
+    #[test]
+    fn node_labels_taints_and_cordon_are_kept() {
+        let n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "gpu-1", "labels": {"pool": "a100", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+            "spec": {"unschedulable": true,
+                "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}}
+        }))
+        .expect("node");
+        let info = node(&ResourceNames::default(), &n).expect("ok");
+        assert_eq!(info.labels.get("pool").map(String::as_str), Some("a100"));
+        let keys: Vec<&str> = info.taints.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["nvidia.com/gpu", UNSCHEDULABLE_TAINT]);
+    }
+
     #[test]
     fn non_gpu_pod_is_none_and_bad_quantity_names_pod() {
         let p = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"},

@@ -8,6 +8,7 @@
 
 pub mod actuator;
 pub mod backoff;
+pub mod demand;
 pub mod lease;
 pub mod metrics;
 pub mod plan;
@@ -27,6 +28,7 @@ use crate::ledger::Ledger;
 
 pub use actuator::{Actuator, CullApi, KubeCullApi, Outcome, Recheck, RecheckError, StopResult};
 pub use backoff::Backoff;
+pub use demand::CullWhen;
 pub use lease::{API_TIMEOUT, Leadership, StaticLeadership};
 pub use metrics::CullMetrics;
 pub use plan::{Action, CircuitReason, CullPolicy, Plan, Skip, SkipReason, plan, plan_with};

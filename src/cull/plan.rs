@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Duration, Utc};
 
 use super::backoff::Backoff;
+use super::demand::{self, CullWhen};
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
 
 /// Knobs of the culling policy. Every duration is inclusive ("at least").
@@ -46,6 +47,8 @@ pub struct CullPolicy {
     /// cluster with one or two cards "most GPUs idle" is ordinary, not a metrics failure, even
     /// when time-slicing or MIG puts many pods on them.
     pub circuit_min_gpus: f64,
+    /// `--cull-when`: stop whenever idle, or only for a pending pod that needs the GPUs.
+    pub when: CullWhen,
 }
 
 impl Default for CullPolicy {
@@ -63,6 +66,7 @@ impl Default for CullPolicy {
             max_unattributed_share: 0.5,
             circuit_min_pods: 5,
             circuit_min_gpus: 3.0,
+            when: CullWhen::Idle,
         }
     }
 }
@@ -129,11 +133,13 @@ pub enum SkipReason {
     /// A candidate sitting out cycles after a failed stop (see [`Backoff`]); it takes neither
     /// the per-cycle nor the per-namespace cap.
     Backoff,
+    /// `--cull-when=demand`: no pending pod would fit by stopping this notebook.
+    NoDemand,
 }
 
 impl SkipReason {
     /// Every reason, for pre-initialising metric label values.
-    pub const ALL: [SkipReason; 23] = [
+    pub const ALL: [SkipReason; 24] = [
         Self::NotNotebook,
         Self::UnverifiedOwner,
         Self::Deleting,
@@ -157,6 +163,7 @@ impl SkipReason {
         Self::PerNamespaceCap,
         Self::CircuitOpen,
         Self::Backoff,
+        Self::NoDemand,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -184,6 +191,7 @@ impl SkipReason {
             Self::PerNamespaceCap => "per_namespace_cap",
             Self::CircuitOpen => "circuit_open",
             Self::Backoff => "backoff",
+            Self::NoDemand => "no_demand",
         }
     }
 }
@@ -250,6 +258,8 @@ pub enum Action {
         peak_utilization: Option<f64>,
         /// Value written to the stop and stopped-at annotations: UTC `YYYY-MM-DDTHH:MM:SSZ`.
         stop_value: String,
+        /// With `--cull-when=demand`: the pending pod (`namespace/pod`) the stop makes room for.
+        for_pending: Option<String>,
     },
 }
 
@@ -272,15 +282,20 @@ impl Action {
             Self::Stop {
                 idle_seconds,
                 peak_utilization,
+                for_pending,
                 ..
             } => {
                 let idle = human_duration(*idle_seconds);
-                match peak_utilization {
+                let evidence = match peak_utilization {
                     Some(p) => format!(
                         "GPU idle for {idle} (peak utilisation {:.1}% over the window)",
                         p * 100.0
                     ),
                     None => format!("GPU idle for {idle}"),
+                };
+                match for_pending {
+                    Some(whom) => format!("{evidence}; needed by pending pod {whom}"),
+                    None => evidence,
                 }
             }
         }
@@ -482,6 +497,26 @@ pub fn plan_with(
         }
         !busy_sibling
     });
+    // Demand: only the candidates a pending pod waits for (the reclaim planner's answer).
+    let wanted = match policy.when {
+        CullWhen::Idle => None,
+        CullWhen::Demand => {
+            let ids = candidates
+                .iter()
+                .map(|r| (r.namespace.as_str(), r.pod.as_str()))
+                .collect();
+            Some(demand::needed(&ledger.reclaim, &ids))
+        }
+    };
+    if let Some(wanted) = &wanted {
+        candidates.retain(|row| {
+            let needed = wanted.contains_key(&(row.namespace.clone(), row.pod.clone()));
+            if !needed {
+                out.skips.push(skip(row, SkipReason::NoDemand));
+            }
+            needed
+        });
+    }
     out.candidates = candidates.len();
     candidates.sort_by(|a, b| {
         let idle = |r: &PodRow| r.idle_seconds.unwrap_or_default();
@@ -527,6 +562,9 @@ pub fn plan_with(
             idle_seconds: row.idle_seconds.unwrap_or_default(),
             peak_utilization: row.evidence.peak,
             stop_value: stop_value.clone(),
+            for_pending: wanted
+                .as_ref()
+                .and_then(|w| w.get(&(row.namespace.clone(), row.pod.clone())).cloned()),
         });
     }
     out
