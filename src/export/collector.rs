@@ -196,6 +196,12 @@ const FAMILIES: &[Family] = &[
         labels: &["node"],
         counter: false,
     },
+    Family {
+        name: "gpu_ledger_pending_reclaimable_gpus",
+        help: "GPU equivalents of pending pods that fit on no node as things are but would once stuck Terminating holders are force-deleted or proven-idle notebooks stopped (from the last refresh).",
+        labels: &["namespace"],
+        counter: false,
+    },
 ];
 
 /// Renders ledger families from a [`SharedSnapshot`].
@@ -327,6 +333,7 @@ mod idx {
     pub const SECONDS_IDLE: usize = 17;
     pub const UNCLAIMED_BUSY: usize = 18;
     pub const NODE_UNSCHEDULABLE: usize = 19;
+    pub const PENDING_RECLAIMABLE: usize = 20;
 }
 
 /// Builds every ledger family from one snapshot as proto families (the `Collector` path).
@@ -490,6 +497,18 @@ fn emit(snapshot: &Snapshot, out: &mut impl Sink) {
     }
     for (ns, v) in &snapshot.gpu_seconds_idle {
         out.push(idx::SECONDS_IDLE, &[ns], *v);
+    }
+    // Every namespace with a planned pending pod (0 when none of its pods needs a reclaim);
+    // absent when the planner did not run (claims of some namespaces, sharding).
+    let mut reclaimable: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
+    for r in &l.reclaim {
+        let v = reclaimable.entry(r.pending.namespace.as_str()).or_default();
+        if r.reclaimable() {
+            *v += r.gpus;
+        }
+    }
+    for (ns, v) in reclaimable {
+        out.push(idx::PENDING_RECLAIMABLE, &[ns], v);
     }
     for d in &l.unclaimed_busy {
         out.push(

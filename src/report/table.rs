@@ -47,6 +47,10 @@ fn render(ledger: &Ledger, wide: bool, out: &mut impl Write) -> io::Result<()> {
         writeln!(out)?;
         unclaimed_section(ledger, out)?;
     }
+    if !ledger.reclaim.is_empty() {
+        writeln!(out)?;
+        reclaim_section(ledger, out)?;
+    }
     if !ledger.usage_available {
         writeln!(out)?;
         writeln!(
@@ -164,6 +168,38 @@ fn todo_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// "Who could run": per pending GPU pod, its cheapest option and how many others there are.
+fn reclaim_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "Who could run")?;
+    let mut t = Table::new(&[
+        ("PENDING", Align::Left),
+        ("GPUS", Align::Right),
+        ("NODE", Align::Left),
+        ("TAKES", Align::Left),
+        ("OTHER OPTIONS", Align::Right),
+    ]);
+    for r in &ledger.reclaim {
+        let (node, takes) = match r.options.first() {
+            Some(o) => (o.node.clone(), super::reclaim_takes(o)),
+            None => (
+                "-".into(),
+                format!(
+                    "fits nowhere: {}",
+                    r.fits_nowhere.as_deref().unwrap_or("no node")
+                ),
+            ),
+        };
+        t.row(vec![
+            format!("{}/{}", r.pending.namespace, r.pending.pod),
+            gpus(r.gpus),
+            node,
+            takes,
+            r.options.len().saturating_sub(1).to_string(),
+        ]);
+    }
+    t.write(out)
 }
 
 fn nodes_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
