@@ -545,7 +545,7 @@ fn reclaim_table(h: &mut String, ledger: &Ledger, view: &View) {
                 escape(&pending),
                 gpus(r.gpus),
                 escape(&o.node),
-                escape(&super::reclaim_takes(o))
+                escape(&super::reclaim_takes(o, ledger))
             );
         }
     }

@@ -170,7 +170,8 @@ fn todo_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
     Ok(())
 }
 
-/// "Who could run": per pending GPU pod, its cheapest option and how many others there are.
+/// "Who could run": per pending GPU pod, every node where it would fit, cheapest first, and
+/// what that takes; or why it fits nowhere.
 fn reclaim_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "Who could run")?;
     let mut t = Table::new(&[
@@ -178,26 +179,30 @@ fn reclaim_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
         ("GPUS", Align::Right),
         ("NODE", Align::Left),
         ("TAKES", Align::Left),
-        ("OTHER OPTIONS", Align::Right),
     ]);
     for r in &ledger.reclaim {
-        let (node, takes) = match r.options.first() {
-            Some(o) => (o.node.clone(), super::reclaim_takes(o)),
-            None => (
+        let pending = format!("{}/{}", r.pending.namespace, r.pending.pod);
+        if r.options.is_empty() {
+            t.row(vec![
+                pending,
+                gpus(r.gpus),
                 "-".into(),
                 format!(
                     "fits nowhere: {}",
                     r.fits_nowhere.as_deref().unwrap_or("no node")
                 ),
-            ),
-        };
-        t.row(vec![
-            format!("{}/{}", r.pending.namespace, r.pending.pod),
-            gpus(r.gpus),
-            node,
-            takes,
-            r.options.len().saturating_sub(1).to_string(),
-        ]);
+            ]);
+            continue;
+        }
+        for (i, o) in r.options.iter().enumerate() {
+            // The pod once, on its cheapest option's row.
+            let (p, g) = if i == 0 {
+                (pending.clone(), gpus(r.gpus))
+            } else {
+                (String::new(), String::new())
+            };
+            t.row(vec![p, g, o.node.clone(), super::reclaim_takes(o, ledger)]);
+        }
     }
     t.write(out)
 }

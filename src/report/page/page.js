@@ -358,7 +358,9 @@
     var parts = [];
     o.stuck_holders.forEach(function (s) { parts.push("force delete stuck " + s.namespace + "/" + s.pod); });
     o.by_stopping.forEach(function (s) {
-      parts.push("stop notebook " + s.namespace + "/" + s.notebook + " (idle " + humanise(Math.trunc(s.idle_seconds)) + ")");
+      var p = ledger.pods.find(function (p) { return p.namespace === s.namespace && p.pod === s.pod; });
+      var bound = p && p.idle_bounded_by_history ? "\u2265" : "";
+      parts.push("stop notebook " + s.namespace + "/" + s.notebook + " (idle " + bound + humanise(Math.trunc(s.idle_seconds)) + ")");
     });
     return parts.join("; ");
   }
