@@ -76,6 +76,8 @@ def main():
         s("gpu_ledger_namespace_gpus_pending", "gauge", dict(namespace=ns), const(pending))
         s("gpu_ledger_gpu_seconds_claimed", "counter", dict(namespace=ns), lambda i, t, c=claimed: c * i * STEP)
         s("gpu_ledger_gpu_seconds_idle", "counter", dict(namespace=ns), lambda i, t, d=idle: d * i * STEP)
+        # pending work that would fit once idle holders stop (here: all of team-c's, none of team-a's)
+        s("gpu_ledger_pending_reclaimable_gpus", "gauge", dict(namespace=ns), const(pending if ns == "team-c" else 0))
     s("gpu_ledger_namespace_gpu_quota", "gauge", {"namespace": "team-a", "resource": "requests.nvidia.com/gpu"}, const(8))
     for ns, missing in (("team-a", 0), ("team-b", 1), ("team-c", 1)):
         s("gpu_ledger_namespace_gpu_quota_missing", "gauge", dict(namespace=ns), const(missing))
