@@ -58,7 +58,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 unschedulable_message: None,
                 labels: BTreeMap::new(),
                 resource_claims: Vec::new(),
-                placement: Default::default(),
+                placement: gpu_ledger::ledger::claims::Placement::default(),
             });
             let util = if g % 3 == 0 { 0.0 } else { 0.7 };
             devices.push(DeviceUsage {

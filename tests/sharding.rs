@@ -79,7 +79,7 @@ fn pod(ns: &str, name: &str, node: Option<&str>, gpus: u64, i: usize) -> PodClai
             .then(|| "0/400 nodes are available: 400 Insufficient nvidia.com/gpu".into()),
         labels: BTreeMap::new(),
         resource_claims: Vec::new(),
-        placement: Default::default(),
+        placement: gpu_ledger::ledger::claims::Placement::default(),
     }
 }
 

@@ -437,10 +437,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         }
         ClaimsScope::Namespaces => Vec::new(),
     };
-    let reclaim = match policy.claims_scope {
-        ClaimsScope::Complete => reclaim::plan(claims, &pods, now),
-        ClaimsScope::Namespaces => Vec::new(),
-    };
+    let reclaim = reclaim::plan(claims, &pods, now, policy.claims_scope);
     Ledger {
         generated_at: now,
         pods,

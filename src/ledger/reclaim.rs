@@ -17,7 +17,7 @@ use super::claims::{
     Claims, NodeInfo, NodeOp, NodeRequirement, NodeSelectorTerm, Placement, PodClaim, Taint,
     Toleration,
 };
-use super::{Attribution, PodRow, PodState};
+use super::{Attribution, ClaimsScope, PodRow, PodState};
 
 /// A pod by name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -93,6 +93,10 @@ impl Holder<'_> {
     }
 }
 
+/// An option's cost: (free / stuck only / stops, stops, shortest idle among the stops reversed,
+/// stuck holders); lower is cheaper.
+type Rank = (u8, usize, Reverse<u64>, usize);
+
 /// Why a node does not take a pod, in the scheduler's filter order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Misfit {
@@ -105,7 +109,16 @@ enum Misfit {
 
 /// Plans every pending GPU pod of `pods` (the ledger's rows, sorted by namespace and pod) at
 /// `now` (a snooze still running keeps a notebook out of the reclaimable ones).
-pub fn plan(claims: &Claims, pods: &[PodRow], now: DateTime<Utc>) -> Vec<Reclaim> {
+pub fn plan(
+    claims: &Claims,
+    pods: &[PodRow],
+    now: DateTime<Utc>,
+    scope: ClaimsScope,
+) -> Vec<Reclaim> {
+    // Claims of some namespaces show no node's free capacity.
+    if scope == ClaimsScope::Namespaces {
+        return Vec::new();
+    }
     let pending: Vec<&PodRow> = pods
         .iter()
         .filter(|p| p.state == PodState::Pending)
@@ -217,7 +230,7 @@ fn plan_pod(
         return out;
     }
     let mut misfits: BTreeMap<Misfit, usize> = BTreeMap::new();
-    let mut ranked: Vec<((u8, usize, Reverse<u64>, usize), ReclaimOption)> = Vec::new();
+    let mut ranked: Vec<(Rank, ReclaimOption)> = Vec::new();
     for n in nodes {
         let holders = on_node.get(n.name.as_str()).map_or(&[][..], Vec::as_slice);
         match option_on(n, &request, placement, holders) {

@@ -35,7 +35,7 @@ impl PodB {
             unschedulable_message: None,
             labels: BTreeMap::new(),
             resource_claims: Vec::new(),
-            placement: Default::default(),
+            placement: crate::ledger::claims::Placement::default(),
         })
     }
     fn on_node(mut self, n: &str) -> Self {

@@ -95,7 +95,7 @@ fn ledger(nodes: Vec<NodeInfo>, mut pods: Vec<PodRow>) -> Ledger {
     };
     let mut l = Ledger::empty(t0());
     l.usage_available = true;
-    l.reclaim = reclaim::plan(&claims, &pods, t0());
+    l.reclaim = reclaim::plan(&claims, &pods, t0(), crate::ledger::ClaimsScope::Complete);
     l.pods = pods;
     l
 }

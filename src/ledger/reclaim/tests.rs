@@ -120,7 +120,7 @@ fn run(nodes: Vec<NodeInfo>, specs: Vec<PodClaim>, mut pods: Vec<PodRow>) -> Vec
         nodes,
         ..Claims::default()
     };
-    plan(&claims, &pods, now())
+    plan(&claims, &pods, now(), ClaimsScope::Complete)
 }
 
 const GPU: &str = "nvidia.com/gpu";
@@ -462,8 +462,10 @@ fn stuck_holders_come_before_stops_and_are_listed_apart() {
 
 #[test]
 fn dra_and_oversized_placements_are_not_planned_and_say_so() {
-    let mut too_large = Placement::default();
-    too_large.too_large = true;
+    let too_large = Placement {
+        too_large: true,
+        ..Placement::default()
+    };
     let out = run(
         vec![node("n", &[(GPU, 2)])],
         vec![claim("ml", "big", too_large)],
@@ -634,6 +636,6 @@ proptest! {
         nodes.reverse();
         let claims = Claims { pods: w.specs.clone(), nodes, ..Claims::default() };
         pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
-        prop_assert_eq!(plan(&claims, &pods, now()), out);
+        prop_assert_eq!(plan(&claims, &pods, now(), ClaimsScope::Complete), out);
     }
 }
