@@ -165,7 +165,7 @@ pub struct PodClaim {
 
 /// What the scheduler checks of a pod against a node's labels and taints, beside resources:
 /// `spec.nodeSelector`, required node affinity and tolerations.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
 pub struct Placement {
     pub node_selector: BTreeMap<String, String>,
     /// `requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms` (ORed); `None` when the
@@ -178,7 +178,7 @@ pub struct Placement {
 }
 
 /// One `nodeSelectorTerms` entry: every requirement must hold (an empty term matches no node).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
 pub struct NodeSelectorTerm {
     /// Requirements on node labels.
     pub match_expressions: Vec<NodeRequirement>,
@@ -187,7 +187,7 @@ pub struct NodeSelectorTerm {
 }
 
 /// One node selector requirement.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NodeRequirement {
     pub key: String,
     pub operator: NodeOp,
@@ -195,7 +195,7 @@ pub struct NodeRequirement {
 }
 
 /// A node selector operator; anything else never matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NodeOp {
     In,
     NotIn,
@@ -221,7 +221,7 @@ impl NodeOp {
 }
 
 /// A pod toleration.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
 pub struct Toleration {
     /// Empty with `exists` tolerates every key.
     pub key: String,

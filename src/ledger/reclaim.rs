@@ -142,13 +142,29 @@ pub fn plan(
     let mut nodes: Vec<&NodeInfo> = claims.nodes.iter().collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     nodes.dedup_by(|a, b| a.name == b.name);
+    // Pods of one Job, sweep or queue ask alike: plan each (request, placement) once.
+    type Key<'k> = (&'k BTreeMap<String, u64>, Option<&'k Placement>);
+    let mut memo: foldhash::HashMap<Key<'_>, (Vec<ReclaimOption>, Option<String>)> =
+        foldhash::HashMap::default();
     pending
         .into_iter()
         .map(|p| {
             let placement = specs
                 .get(&(p.namespace.as_str(), p.pod.as_str()))
                 .map(|c| &c.placement);
-            plan_pod(p, placement, &nodes, &on_node)
+            let (options, fits_nowhere) = memo
+                .entry((&p.resources, placement))
+                .or_insert_with(|| plan_pod(p, placement, &nodes, &on_node))
+                .clone();
+            Reclaim {
+                pending: PodRef {
+                    namespace: p.namespace.clone(),
+                    pod: p.pod.clone(),
+                },
+                gpus: p.gpus,
+                options,
+                fits_nowhere,
+            }
         })
         .collect()
 }
@@ -193,21 +209,13 @@ fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
         .collect()
 }
 
+/// The options of pending pod `p` and, when there are none, why.
 fn plan_pod(
     p: &PodRow,
     placement: Option<&Placement>,
     nodes: &[&NodeInfo],
     on_node: &foldhash::HashMap<&str, Vec<(&PodRow, bool)>>,
-) -> Reclaim {
-    let mut out = Reclaim {
-        pending: PodRef {
-            namespace: p.namespace.clone(),
-            pod: p.pod.clone(),
-        },
-        gpus: p.gpus,
-        options: Vec::new(),
-        fits_nowhere: None,
-    };
+) -> (Vec<ReclaimOption>, Option<String>) {
     let request: Vec<(&str, u128)> = p
         .resources
         .iter()
@@ -219,15 +227,15 @@ fn plan_pod(
             .iter()
             .any(|(r, _)| r.starts_with(super::claims::DRA_RESOURCE_PREFIX))
     {
-        out.fits_nowhere = Some("asks for DRA devices: not planned".into());
-        return out;
+        return (Vec::new(), Some("asks for DRA devices: not planned".into()));
     }
     let default = Placement::default();
     let placement = placement.unwrap_or(&default);
     if placement.too_large {
-        out.fits_nowhere =
-            Some("node selector, affinity or tolerations too large to evaluate".into());
-        return out;
+        return (
+            Vec::new(),
+            Some("node selector, affinity or tolerations too large to evaluate".into()),
+        );
     }
     let mut misfits: BTreeMap<Misfit, usize> = BTreeMap::new();
     let mut ranked: Vec<(Rank, ReclaimOption)> = Vec::new();
@@ -261,11 +269,11 @@ fn plan_pod(
         }
     }
     ranked.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.node.cmp(&b.1.node)));
-    out.options = ranked.into_iter().map(|(_, o)| o).collect();
-    if out.options.is_empty() {
-        out.fits_nowhere = Some(nowhere(&misfits, nodes.len(), &request));
-    }
-    out
+    let options: Vec<ReclaimOption> = ranked.into_iter().map(|(_, o)| o).collect();
+    let fits_nowhere = options
+        .is_empty()
+        .then(|| nowhere(&misfits, nodes.len(), &request));
+    (options, fits_nowhere)
 }
 
 /// "0/3 nodes would take it even with idle notebooks stopped: 1 untolerated taint, …".
