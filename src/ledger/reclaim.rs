@@ -97,6 +97,9 @@ impl Holder<'_> {
 /// stuck holders); lower is cheaper.
 type Rank = (u8, usize, Reverse<u64>, usize);
 
+/// What a pending pod's options depend on: its request and its placement.
+type MemoKey<'k> = (&'k BTreeMap<String, u64>, Option<&'k Placement>);
+
 /// Why a node does not take a pod, in the scheduler's filter order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Misfit {
@@ -143,8 +146,7 @@ pub fn plan(
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     nodes.dedup_by(|a, b| a.name == b.name);
     // Pods of one Job, sweep or queue ask alike: plan each (request, placement) once.
-    type Key<'k> = (&'k BTreeMap<String, u64>, Option<&'k Placement>);
-    let mut memo: foldhash::HashMap<Key<'_>, (Vec<ReclaimOption>, Option<String>)> =
+    let mut memo: foldhash::HashMap<MemoKey<'_>, (Vec<ReclaimOption>, Option<String>)> =
         foldhash::HashMap::default();
     pending
         .into_iter()
