@@ -37,6 +37,8 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
             replicas: 1,
             product: Some("NVIDIA-H100-80GB-HBM3".into()),
             gpu_labels: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
         });
         for g in 0..8 {
             let ns = format!("team-{}", (n * 8 + g) % 200);
@@ -56,6 +58,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 unschedulable_message: None,
                 labels: BTreeMap::new(),
                 resource_claims: Vec::new(),
+                placement: gpu_ledger::ledger::claims::Placement::default(),
             });
             let util = if g % 3 == 0 { 0.0 } else { 0.7 };
             devices.push(DeviceUsage {

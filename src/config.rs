@@ -402,6 +402,19 @@ pub struct CullPolicyArgs {
     /// qualified for a stop (0 = no bound).
     #[arg(long, env = "GPU_LEDGER_CULL_MAX_SNOOZE", default_value = "0s", value_parser = duration, help_heading = "Culling")]
     pub cull_max_snooze: chrono::Duration,
+    /// When an idle notebook is stopped: `idle` (whenever idle long enough) or `demand` (only
+    /// when a pending GPU pod would fit by stopping it; see docs/culling.md).
+    #[arg(long, env = "GPU_LEDGER_CULL_WHEN", value_enum, ignore_case = true, default_value_t = CullWhenFlag::Idle, help_heading = "Culling")]
+    pub cull_when: CullWhenFlag,
+}
+
+/// `--cull-when` (mapped onto the culler's own type by `app`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CullWhenFlag {
+    /// Stop a notebook whenever its GPUs are proven idle long enough.
+    Idle,
+    /// Stop an idle notebook only for a pending GPU pod that would fit by stopping it.
+    Demand,
 }
 
 /// `--cull`: what culling may do (mapped onto the culler's own mode by `app`).

@@ -144,6 +144,7 @@ fn ledger() -> Ledger {
         namespaces,
         unclaimed_busy,
         usage_available: true,
+        reclaim: vec![],
     }
 }
 
@@ -492,6 +493,7 @@ fn advice_ledger(pods: Vec<PodRow>) -> Ledger {
         namespaces: vec![],
         unclaimed_busy: vec![],
         usage_available: true,
+        reclaim: vec![],
     }
 }
 

@@ -195,6 +195,7 @@ fn the_stop_patch(nb: &DynamicObject) -> Value {
         idle_seconds: 7200.0,
         peak_utilization: Some(0.0),
         stop_value: "2026-12-01T09:00:00Z".into(),
+        for_pending: None,
     };
     stop_patch(
         &action,

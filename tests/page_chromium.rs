@@ -49,6 +49,7 @@ fn page_text(page: &Page<'_>) -> Value {
             Array.from(n.querySelectorAll('rect')).map(r => r.getAttribute('class') + '=' + r.getAttribute('width')).join(',')),
           namespaces: Array.from(document.querySelectorAll('#namespaces tbody tr')).map(tr => tr.innerText),
           unclaimed: Array.from(document.querySelectorAll('#unclaimed tbody tr')).map(tr => tr.innerText),
+          reclaim: Array.from(document.querySelectorAll('#reclaim tbody tr')).map(tr => tr.innerText),
           empty: Array.from(document.querySelectorAll('.empty')).map(e => e.id + ':' + e.hidden)})",
     )
     .expect("page text")
@@ -230,6 +231,21 @@ async fn page_in_headless_chromium() {
         trials[5]
             .contains("kubectl create quota gpu-quota -n trials --hard=requests.nvidia.com/gpu=2"),
         "{trials:?}"
+    );
+    // Who could run: the pending trial, as many rows as the JSON has options (or one).
+    let reclaim = table_rows(&off, "reclaim");
+    let planned = ledger["reclaim"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["pending"]["pod"] == "hp-trial-42"))
+        .expect("hp-trial-42 planned");
+    let options = planned["options"].as_array().expect("options").len();
+    assert_eq!(
+        reclaim
+            .iter()
+            .filter(|r| r[0] == "trials/hp-trial-42")
+            .count(),
+        options.max(1),
+        "{reclaim:?}\n{planned:#}"
     );
     let summary = off
         .evaluate("document.getElementById('summary').innerText")

@@ -79,6 +79,7 @@ fn pod(ns: &str, name: &str, node: Option<&str>, gpus: u64, i: usize) -> PodClai
             .then(|| "0/400 nodes are available: 400 Insufficient nvidia.com/gpu".into()),
         labels: BTreeMap::new(),
         resource_claims: Vec::new(),
+        placement: gpu_ledger::ledger::claims::Placement::default(),
     }
 }
 
@@ -98,6 +99,8 @@ fn cluster() -> (Claims, Usage) {
             replicas,
             product: Some("NVIDIA-H100-80GB-HBM3".into()),
             gpu_labels: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
         });
         let mut g = 0;
         for (k, size) in [4u64, 2, 1].into_iter().enumerate() {

@@ -101,6 +101,8 @@ def main():
         s("gpu_ledger_gpu_seconds_idle", "counter", dict(namespace=ns), lambda i, t, d=idle: d * i * STEP)
         for activity, g in (("busy", claimed - idle), ("idle", idle)):
             s("gpu_ledger_gpu_seconds_by_model", "counter", dict(namespace=ns, model="NVIDIA-H100-80GB-HBM3", activity=activity), lambda i, t, g=g: g * i * STEP)
+        # pending work that would fit once idle holders stop (here: all of team-c's, none of team-a's)
+        s("gpu_ledger_pending_reclaimable_gpus", "gauge", dict(namespace=ns), const(pending if ns == "team-c" else 0))
     s("gpu_ledger_namespace_gpu_quota", "gauge", {"namespace": "team-a", "resource": "requests.nvidia.com/gpu"}, const(8))
     for ns, missing in (("team-a", 0), ("team-b", 1), ("team-c", 1)):
         s("gpu_ledger_namespace_gpu_quota_missing", "gauge", dict(namespace=ns), const(missing))

@@ -12,9 +12,10 @@ mod showback;
 use std::sync::Arc;
 
 use crate::config::{
-    CullArgs, CullModeFlag, CullPolicyArgs, KubeArgs, LedgerArgs, PrometheusArgs, WebhookFormatFlag,
+    CullArgs, CullModeFlag, CullPolicyArgs, CullWhenFlag, KubeArgs, LedgerArgs, PrometheusArgs,
+    WebhookFormatFlag,
 };
-use crate::cull::{CullConfig, CullMode, CullPolicy};
+use crate::cull::{CullConfig, CullMode, CullPolicy, CullWhen};
 use crate::ledger::Policy;
 use crate::ledger::usage::Window;
 use crate::usage::live::LiveSettings;
@@ -227,6 +228,10 @@ fn cull_policy(args: &CullPolicyArgs, ledger: &Policy) -> CullPolicy {
         exclude_namespaces: listed(&args.cull_exclude_namespaces),
         notice: args.cull_notice,
         max_snooze: args.cull_max_snooze,
+        when: match args.cull_when {
+            CullWhenFlag::Idle => CullWhen::Idle,
+            CullWhenFlag::Demand => CullWhen::Demand,
+        },
         ..CullPolicy::default()
     }
 }

@@ -4,16 +4,19 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Container, Node, Pod, ResourceQuota, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Container, Node, NodeSelectorRequirement, Pod, PodSpec, ResourceQuota, ResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::quantity::{MAX_GPU_UNITS, QuantityError, parse_gpu_units, parse_units};
 use crate::ledger::claims::{
     CULL_OPT_OUT_ANNOTATION, DaemonPod, Deletion, GFD_LABEL_PREFIX, LabelSelector, NodeInfo,
-    NotebookInfo, OwnerRef, PRODUCT_LABEL, PodClaim, PodPhase, QuotaInfo, REPLICAS_LABEL,
-    ResourceNames, SNOOZE_ANNOTATION, STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION,
-    STOPPED_AT_ANNOTATION, SelectorOp, SelectorRequirement, StatefulSetInfo,
+    NodeOp, NodeRequirement, NodeSelectorTerm, NotebookInfo, OwnerRef, PRODUCT_LABEL, Placement,
+    PodClaim, PodPhase, QuotaInfo, REPLICAS_LABEL, ResourceNames, SNOOZE_ANNOTATION,
+    STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION, SelectorOp,
+    SelectorRequirement, StatefulSetInfo, Taint, Toleration,
 };
 
 /// A quantity that cannot be a GPU count, with where it was found.
@@ -217,7 +220,94 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         controller,
         unschedulable_message,
         resource_claims,
+        // Only an unbound pod is placed by the planner: a bound pod's spec is not kept.
+        placement: if spec.node_name.as_deref().is_none_or(str::is_empty) {
+            placement(spec)
+        } else {
+            Placement::default()
+        },
     }))
+}
+
+/// Most selector terms, requirements per term, values per requirement, selector labels and
+/// tolerations a pod's placement keeps (a spec is untrusted; real pods have a handful).
+const MAX_PLACEMENT_ITEMS: usize = 64;
+
+/// The pod's node selector, required node affinity and tolerations, bounded: a spec with more
+/// than [`MAX_PLACEMENT_ITEMS`] of any is marked `too_large` (placed nowhere) rather than cut,
+/// as a cut selector would let the pod onto nodes the scheduler refuses.
+fn placement(spec: &PodSpec) -> Placement {
+    let mut too_large = false;
+    let mut bounded = |n: usize| {
+        too_large |= n > MAX_PLACEMENT_ITEMS;
+        MAX_PLACEMENT_ITEMS
+    };
+    let selector = spec.node_selector.as_ref();
+    let node_selector = selector
+        .into_iter()
+        .flatten()
+        .take(bounded(selector.map_or(0, BTreeMap::len)))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut requirements = |reqs: Option<&Vec<NodeSelectorRequirement>>| -> Vec<NodeRequirement> {
+        let reqs = reqs.map_or(&[][..], Vec::as_slice);
+        reqs.iter()
+            .take(bounded(reqs.len()))
+            .map(|r| {
+                let values = r.values.as_deref().unwrap_or_default();
+                NodeRequirement {
+                    key: r.key.clone(),
+                    operator: NodeOp::parse(&r.operator),
+                    values: values.iter().take(bounded(values.len())).cloned().collect(),
+                }
+            })
+            .collect()
+    };
+    let required_terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|sel| {
+            let terms = &sel.node_selector_terms;
+            let kept = terms.len().min(MAX_PLACEMENT_ITEMS);
+            terms[..kept]
+                .iter()
+                .map(|t| NodeSelectorTerm {
+                    match_expressions: requirements(t.match_expressions.as_ref()),
+                    match_fields: requirements(t.match_fields.as_ref()),
+                })
+                .collect::<Vec<_>>()
+        });
+    let terms_cut = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .is_some_and(|s| s.node_selector_terms.len() > MAX_PLACEMENT_ITEMS);
+    let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+    let kept = tolerations
+        .iter()
+        .take(bounded(tolerations.len()))
+        .map(|t| Toleration {
+            key: t.key.clone().unwrap_or_default(),
+            exists: t.operator.as_deref() == Some("Exists"),
+            value: t.value.clone().unwrap_or_default(),
+            effect: t.effect.clone().unwrap_or_default(),
+        })
+        .collect();
+    Placement {
+        node_selector,
+        required_terms,
+        tolerations: kept,
+        too_large: too_large || terms_cut,
+    }
 }
 
 /// Most claims a pod's projection keeps (a pod spec allows 32 `resourceClaims`).
@@ -307,14 +397,66 @@ pub fn node(names: &ResourceNames, node: &Node) -> Result<NodeInfo, ProjectError
         .take(MAX_GFD_LABELS)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    let spec = node.spec.as_ref();
+    let mut taints: Vec<Taint> = spec
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .take(MAX_NODE_TAINTS)
+        .map(|t| Taint {
+            key: t.key.clone(),
+            value: t.value.clone().unwrap_or_default(),
+            effect: t.effect.clone(),
+        })
+        .collect();
+    if spec
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.len() > MAX_NODE_TAINTS)
+    {
+        taints.push(Taint {
+            key: TOO_MANY_TAINTS.to_string(),
+            value: String::new(),
+            effect: "NoSchedule".to_string(),
+        });
+    }
+    // A cordoned node: the scheduler's NodeUnschedulable filter reads `spec.unschedulable` as
+    // this taint (the node lifecycle controller adds it too, a moment later).
+    if spec.and_then(|s| s.unschedulable) == Some(true)
+        && !taints.iter().any(|t| t.key == UNSCHEDULABLE_TAINT)
+    {
+        taints.push(Taint {
+            key: UNSCHEDULABLE_TAINT.to_string(),
+            value: String::new(),
+            effect: "NoSchedule".to_string(),
+        });
+    }
     Ok(NodeInfo {
         name: meta.name.clone().unwrap_or_default(),
         allocatable,
         replicas,
         product: labels.and_then(|l| l.get(PRODUCT_LABEL)).cloned(),
         gpu_labels,
+        // Bounded: a node with more labels than kept may fail a selector it meets (no option
+        // offered), never pass one it does not.
+        labels: labels
+            .into_iter()
+            .flatten()
+            .take(MAX_NODE_LABELS)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        taints,
     })
 }
+
+/// The taint of a cordoned node.
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+/// Labels kept per node for selectors (kubelet, cloud and GFD labels are about 60).
+const MAX_NODE_LABELS: usize = 256;
+/// Taints kept per node. Cutting taints would let a pod onto a node it cannot use, so a node with
+/// more keeps these and one more, [`TOO_MANY_TAINTS`], that no pod tolerates by name.
+const MAX_NODE_TAINTS: usize = 64;
+/// The stand-in for taints past [`MAX_NODE_TAINTS`].
+pub const TOO_MANY_TAINTS: &str = "gpu-ledger.io/taints-not-kept";
 
 /// GFD labels kept per node (GFD publishes about 20).
 const MAX_GFD_LABELS: usize = 64;
@@ -490,6 +632,85 @@ mod tests {
             .expect("gpu pod");
         assert_eq!(c.resources.get("nvidia.com/gpu"), Some(&3));
         assert_eq!(c.phase, PodPhase::Unknown);
+    }
+
+    /// The placement of a GPU pod as public manifests write it: required node affinity on GFD's
+    /// `nvidia.com/gpu.product` (the NRP Nautilus cluster's GPU pods) plus a `nodeSelector`, and
+    /// the toleration of the `nvidia.com/gpu` NoSchedule taint GKE and AKS put on GPU pools.
+    #[test]
+    fn an_unbound_pod_keeps_its_placement_and_a_bound_one_does_not() {
+        let spec = json!({
+            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.product",
+                    "operator": "In", "values": ["NVIDIA-L4", "NVIDIA-A10"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}]}]}}},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        });
+        let p = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}));
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("gpu pod");
+        let pl = &c.placement;
+        assert_eq!(
+            pl.node_selector
+                .get("nvidia.com/gpu.present")
+                .map(String::as_str),
+            Some("true")
+        );
+        let terms = pl.required_terms.as_ref().expect("required affinity");
+        assert_eq!(terms.len(), 2);
+        assert_eq!(terms[0].match_expressions[0].operator, NodeOp::In);
+        assert_eq!(
+            terms[0].match_expressions[0].values,
+            ["NVIDIA-L4", "NVIDIA-A10"]
+        );
+        assert_eq!(terms[1].match_fields[0].key, "metadata.name");
+        assert_eq!(pl.tolerations.len(), 1);
+        assert!(pl.tolerations[0].exists && pl.tolerations[0].key == "nvidia.com/gpu");
+        assert!(!pl.too_large);
+        let mut spec = spec;
+        spec["nodeName"] = json!("gpu-7");
+        let bound = pod_from(json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}));
+        let c = pod(&ResourceNames::default(), &bound)
+            .expect("ok")
+            .expect("gpu pod");
+        assert_eq!(
+            c.placement,
+            Placement::default(),
+            "a bound pod's placement is not kept"
+        );
+        let many: Vec<serde_json::Value> = (0..100)
+            .map(|i| json!({"key": format!("k{i}"), "operator": "Exists"}))
+            .collect();
+        let crowded = pod_from(
+            json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {
+            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "tolerations": many}}),
+        );
+        let c = pod(&ResourceNames::default(), &crowded)
+            .expect("ok")
+            .expect("gpu pod");
+        assert!(
+            c.placement.too_large,
+            "cut, it would be placed by a weaker spec"
+        );
+    }
+
+    #[test]
+    fn node_labels_taints_and_cordon_are_kept() {
+        let n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "gpu-1", "labels": {"pool": "a100", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+            "spec": {"unschedulable": true,
+                "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}}
+        }))
+        .expect("node");
+        let info = node(&ResourceNames::default(), &n).expect("ok");
+        assert_eq!(info.labels.get("pool").map(String::as_str), Some("a100"));
+        let keys: Vec<&str> = info.taints.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["nvidia.com/gpu", UNSCHEDULABLE_TAINT]);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod actuator;
 pub mod backoff;
+pub mod demand;
 pub mod lease;
 pub mod metrics;
 pub mod plan;
@@ -31,6 +32,7 @@ pub use actuator::{
     StopResult,
 };
 pub use backoff::Backoff;
+pub use demand::CullWhen;
 pub use lease::{API_TIMEOUT, Leadership, StaticLeadership};
 pub use metrics::CullMetrics;
 pub use plan::{

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Duration, Utc};
 
 use super::backoff::Backoff;
+use super::demand::{self, CullWhen};
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
 
 /// Knobs of the culling policy. Every duration is inclusive ("at least").
@@ -53,6 +54,8 @@ pub struct CullPolicy {
     /// A snooze counts at most this long after the notebook first qualified, i.e. was idle for
     /// `idle_after` (`--cull-max-snooze`, default 0 = no bound).
     pub max_snooze: Duration,
+    /// `--cull-when`: stop whenever idle, or only for a pending pod that needs the GPUs.
+    pub when: CullWhen,
 }
 
 impl Default for CullPolicy {
@@ -72,6 +75,7 @@ impl Default for CullPolicy {
             circuit_min_gpus: 3.0,
             notice: Duration::zero(),
             max_snooze: Duration::zero(),
+            when: CullWhen::Idle,
         }
     }
 }
@@ -170,11 +174,13 @@ pub enum SkipReason {
     /// A candidate under notice (`--cull-notice`) whose notice has not run out: stopped later,
     /// unless used or snoozed meanwhile.
     NoticePending,
+    /// `--cull-when=demand`: no pending pod would fit by stopping this notebook.
+    NoDemand,
 }
 
 impl SkipReason {
     /// Every reason, for pre-initialising metric label values.
-    pub const ALL: [SkipReason; 24] = [
+    pub const ALL: [SkipReason; 25] = [
         Self::NotNotebook,
         Self::UnverifiedOwner,
         Self::Deleting,
@@ -199,6 +205,7 @@ impl SkipReason {
         Self::CircuitOpen,
         Self::Backoff,
         Self::NoticePending,
+        Self::NoDemand,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -227,6 +234,7 @@ impl SkipReason {
             Self::CircuitOpen => "circuit_open",
             Self::Backoff => "backoff",
             Self::NoticePending => "notice_pending",
+            Self::NoDemand => "no_demand",
         }
     }
 }
@@ -293,6 +301,8 @@ pub enum Action {
         peak_utilization: Option<f64>,
         /// Value written to the stop and stopped-at annotations: UTC `YYYY-MM-DDTHH:MM:SSZ`.
         stop_value: String,
+        /// With `--cull-when=demand`: the pending pod (`namespace/pod`) the stop makes room for.
+        for_pending: Option<String>,
     },
 }
 
@@ -315,8 +325,15 @@ impl Action {
             Self::Stop {
                 idle_seconds,
                 peak_utilization,
+                for_pending,
                 ..
-            } => evidence_text(*idle_seconds, *peak_utilization),
+            } => {
+                let evidence = evidence_text(*idle_seconds, *peak_utilization);
+                match for_pending {
+                    Some(whom) => format!("{evidence}; needed by pending pod {whom}"),
+                    None => evidence,
+                }
+            }
         }
     }
 }
@@ -670,6 +687,26 @@ pub fn plan_with(
         }
         !busy_sibling
     });
+    // Demand: only the candidates a pending pod waits for (the reclaim planner's answer).
+    let wanted = match policy.when {
+        CullWhen::Idle => None,
+        CullWhen::Demand => {
+            let ids = candidates
+                .iter()
+                .map(|r| (r.namespace.as_str(), r.pod.as_str()))
+                .collect();
+            Some(demand::needed(&ledger.reclaim, &ids))
+        }
+    };
+    if let Some(wanted) = &wanted {
+        candidates.retain(|row| {
+            let needed = wanted.contains_key(&(row.namespace.clone(), row.pod.clone()));
+            if !needed {
+                out.skips.push(skip(row, SkipReason::NoDemand));
+            }
+            needed
+        });
+    }
     out.candidates = candidates.len();
     candidates.sort_by(|a, b| {
         let idle = |r: &PodRow| r.idle_seconds.unwrap_or_default();
@@ -741,6 +778,9 @@ pub fn plan_with(
             idle_seconds: row.idle_seconds.unwrap_or_default(),
             peak_utilization: row.evidence.peak,
             stop_value: stop_value.clone(),
+            for_pending: wanted
+                .as_ref()
+                .and_then(|w| w.get(&(row.namespace.clone(), row.pod.clone())).cloned()),
         });
     }
     out

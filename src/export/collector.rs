@@ -250,6 +250,12 @@ const FAMILIES: &[Family] = &[
         labels: &["namespace", "model", "activity"],
         counter: true,
     },
+    Family {
+        name: "gpu_ledger_pending_reclaimable_gpus",
+        help: "GPU equivalents of pending pods that fit on no node as things are but would once stuck Terminating holders are force-deleted or proven-idle notebooks stopped (from the last refresh).",
+        labels: &["namespace"],
+        counter: false,
+    },
 ];
 
 /// Renders ledger families from a [`SharedSnapshot`].
@@ -382,6 +388,7 @@ mod idx {
     pub const UNCLAIMED_BUSY: usize = 18;
     pub const NODE_UNSCHEDULABLE: usize = 19;
     pub const SECONDS_BY_MODEL: usize = 20;
+    pub const PENDING_RECLAIMABLE: usize = 21;
 }
 
 /// Builds every ledger family from one snapshot as proto families (the `Collector` path).
@@ -548,6 +555,18 @@ fn emit(snapshot: &Snapshot, out: &mut impl Sink) {
     }
     for ((ns, model, activity), v) in &snapshot.gpu_seconds_by_model {
         out.push(idx::SECONDS_BY_MODEL, &[ns, model, activity], *v);
+    }
+    // Every namespace with a planned pending pod (0 when none of its pods needs a reclaim);
+    // absent when the planner did not run (claims of some namespaces, sharding).
+    let mut reclaimable: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
+    for r in &l.reclaim {
+        let v = reclaimable.entry(r.pending.namespace.as_str()).or_default();
+        if r.reclaimable() {
+            *v += r.gpus;
+        }
+    }
+    for (ns, v) in reclaimable {
+        out.push(idx::PENDING_RECLAIMABLE, &[ns], v);
     }
     for d in &l.unclaimed_busy {
         out.push(

@@ -65,6 +65,7 @@ fn ledger(pods: Vec<PodRow>) -> Ledger {
         }],
         unclaimed_busy: vec![],
         usage_available: true,
+        reclaim: vec![],
     }
 }
 
@@ -262,5 +263,64 @@ fn metrics_endpoint_text_equals_the_registry_path() {
     assert_eq!(
         render_with_ledger(&plain, &s).expect("render"),
         render(&with_collector).expect("render")
+    );
+}
+
+#[test]
+fn pending_reclaimable_gpus_count_pods_that_fit_only_after_a_reclaim() {
+    use crate::ledger::reclaim::{PodRef, Reclaim, ReclaimOption, Stop};
+    let option = |node: &str, stop: bool| ReclaimOption {
+        node: node.into(),
+        by_stopping: if stop {
+            vec![Stop {
+                namespace: "u".into(),
+                pod: "nb-0".into(),
+                notebook: "nb".into(),
+                idle_seconds: 7200.0,
+            }]
+        } else {
+            vec![]
+        },
+        stuck_holders: vec![],
+    };
+    let entry = |ns: &str, pod: &str, gpus: f64, options: Vec<ReclaimOption>| Reclaim {
+        pending: PodRef {
+            namespace: ns.into(),
+            pod: pod.into(),
+        },
+        gpus,
+        fits_nowhere: options.is_empty().then(|| "no node".to_string()),
+        options,
+    };
+    let mut l = ledger(vec![pod("a", "p1")]);
+    l.reclaim = vec![
+        entry("trials", "t1", 2.0, vec![option("n1", true)]),
+        entry(
+            "trials",
+            "t2",
+            1.0,
+            vec![option("n1", true), option("n2", true)],
+        ),
+        // Fits as things are: waiting for something else, not for a GPU.
+        entry(
+            "web",
+            "w",
+            1.0,
+            vec![option("n2", false), option("n1", true)],
+        ),
+        entry("big", "b", 8.0, vec![]),
+    ];
+    let text = render_snapshot(&Snapshot::new(l)).expect("render");
+    for line in [
+        "gpu_ledger_pending_reclaimable_gpus{namespace=\"trials\"} 3",
+        "gpu_ledger_pending_reclaimable_gpus{namespace=\"web\"} 0",
+        "gpu_ledger_pending_reclaimable_gpus{namespace=\"big\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+    }
+    let none = render_snapshot(&Snapshot::new(ledger(vec![pod("a", "p1")]))).expect("render");
+    assert!(
+        !none.contains("gpu_ledger_pending_reclaimable_gpus{"),
+        "{none}"
     );
 }

@@ -97,6 +97,8 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
                 .collect::<BTreeMap<_, _>>(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
         }
     }
 

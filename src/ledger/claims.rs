@@ -164,6 +164,87 @@ pub struct PodClaim {
     /// and the claim the scheduler made for DRA-backed extended resources
     /// (`status.extendedResourceClaimStatus`; those resources are then not in `resources`).
     pub resource_claims: Vec<String>,
+    /// Where the scheduler may place the pod (kept only while it is not bound to a node: the
+    /// reclaim planner reads it for pending pods).
+    pub placement: Placement,
+}
+
+/// What the scheduler checks of a pod against a node's labels and taints, beside resources:
+/// `spec.nodeSelector`, required node affinity and tolerations.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
+pub struct Placement {
+    pub node_selector: BTreeMap<String, String>,
+    /// `requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms` (ORed); `None` when the
+    /// pod has no required node affinity.
+    pub required_terms: Option<Vec<NodeSelectorTerm>>,
+    pub tolerations: Vec<Toleration>,
+    /// The spec held more selector terms, requirements or tolerations than are kept: the pod is
+    /// then placed nowhere by the planner rather than by a weaker, cut selector.
+    pub too_large: bool,
+}
+
+/// One `nodeSelectorTerms` entry: every requirement must hold (an empty term matches no node).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
+pub struct NodeSelectorTerm {
+    /// Requirements on node labels.
+    pub match_expressions: Vec<NodeRequirement>,
+    /// Requirements on node fields (only `metadata.name` exists).
+    pub match_fields: Vec<NodeRequirement>,
+}
+
+/// One node selector requirement.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NodeRequirement {
+    pub key: String,
+    pub operator: NodeOp,
+    pub values: Vec<String>,
+}
+
+/// A node selector operator; anything else never matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeOp {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+    Gt,
+    Lt,
+    Unknown,
+}
+
+impl NodeOp {
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "In" => Self::In,
+            "NotIn" => Self::NotIn,
+            "Exists" => Self::Exists,
+            "DoesNotExist" => Self::DoesNotExist,
+            "Gt" => Self::Gt,
+            "Lt" => Self::Lt,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// A pod toleration.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
+pub struct Toleration {
+    /// Empty with `exists` tolerates every key.
+    pub key: String,
+    /// Operator `Exists` (else `Equal`, the default).
+    pub exists: bool,
+    pub value: String,
+    /// Empty tolerates every effect.
+    pub effect: String,
+}
+
+/// A node taint.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Taint {
+    pub key: String,
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
 }
 
 /// A node's GPU capacity.
@@ -178,6 +259,10 @@ pub struct NodeInfo {
     /// GPU Feature Discovery's labels (`nvidia.com/…`): the MIG strategy, counts and per-profile
     /// replicas the GPU math reads.
     pub gpu_labels: BTreeMap<String, String>,
+    /// Every label (bounded), for pod node selectors and affinity (the reclaim planner).
+    pub labels: BTreeMap<String, String>,
+    /// `spec.taints` (bounded).
+    pub taints: Vec<Taint>,
 }
 
 /// A ResourceQuota that names a GPU resource.
@@ -749,6 +834,8 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
                 .collect(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod capacity;
 pub mod claims;
 mod dra;
 pub mod names;
+pub mod reclaim;
 pub mod usage;
 
 use std::collections::BTreeMap;
@@ -241,6 +242,9 @@ pub struct Ledger {
     pub unclaimed_busy: Vec<UnclaimedBusy>,
     /// Whether utilisation came from a working source.
     pub usage_available: bool,
+    /// For each pending GPU pod, where it would fit and what that takes ([`reclaim`]); empty
+    /// when the claims show only some namespaces (no node's free capacity is known then).
+    pub reclaim: Vec<reclaim::Reclaim>,
 }
 
 impl Ledger {
@@ -253,6 +257,7 @@ impl Ledger {
             namespaces: Vec::new(),
             unclaimed_busy: Vec::new(),
             usage_available: false,
+            reclaim: Vec::new(),
         }
     }
 }
@@ -265,6 +270,9 @@ impl Ledger {
         if total <= 1 {
             return;
         }
+        // A shard sees only its own nodes (and shard 0 every pending pod): where a pending pod
+        // would fit is not known to any one shard.
+        self.reclaim.clear();
         self.unclaimed_busy.retain(|d| {
             let owner = d.node.as_deref().map_or(0, |n| claims::shard_of(n, total));
             owner == shard
@@ -433,6 +441,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         }
         ClaimsScope::Namespaces => Vec::new(),
     };
+    let reclaim = reclaim::plan(claims, &pods, now, policy.claims_scope);
     Ledger {
         generated_at: now,
         pods,
@@ -440,6 +449,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         namespaces,
         unclaimed_busy,
         usage_available: usage.available,
+        reclaim,
     }
 }
 

@@ -35,6 +35,7 @@ impl PodB {
             unschedulable_message: None,
             labels: BTreeMap::new(),
             resource_claims: Vec::new(),
+            placement: crate::ledger::claims::Placement::default(),
         })
     }
     fn on_node(mut self, n: &str) -> Self {
@@ -84,6 +85,8 @@ fn node(name: &str, gpus: u64) -> NodeInfo {
         replicas: 1,
         product: None,
         gpu_labels: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
     }
 }
 
@@ -365,6 +368,8 @@ fn mig_pods_use_instance_series_and_sevenths() {
             replicas: 1,
             product: None,
             gpu_labels: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
         }],
     );
     let u = usage(vec![
@@ -791,6 +796,8 @@ fn a_mig_gpus_parent_series_and_its_instances_are_one_piece_of_work() {
         replicas: 1,
         product: Some("NVIDIA-A100-SXM4-80GB".into()),
         gpu_labels: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
     };
     let c = claims(
         vec![
@@ -863,6 +870,8 @@ fn mig_slices_without_gfd_come_from_dcgm_model_or_the_profile_name() {
         replicas: 1,
         product: None,
         gpu_labels: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
     };
     let a30_pods = || {
         vec![

@@ -238,6 +238,7 @@ pub fn render_page(ledger: &Ledger, options: &PageOptions) -> String {
     if options.live {
         history(&mut h);
     }
+    reclaim_table(&mut h, ledger, view);
     let _ = writeln!(
         h,
         "</main>\n<footer>gpu-ledger {} ({}){}</footer>",
@@ -517,6 +518,49 @@ fn unclaimed_table(h: &mut String, ledger: &Ledger, view: &View) {
     let _ = writeln!(
         h,
         "</tbody>\n</table>\n<p class=\"empty\" id=\"unclaimed-empty\"{}>No busy device outside the scheduler.</p>\n</section>",
+        if any { " hidden" } else { "" }
+    );
+}
+
+/// "Who could run": per pending GPU pod, every node where it would fit, cheapest first (the
+/// page's script renders the same cells from `reclaim` of the embedded JSON).
+fn reclaim_table(h: &mut String, ledger: &Ledger, view: &View) {
+    h.push_str("<section>\n<h2>Who could run</h2>\n<table id=\"reclaim\">\n<thead><tr><th>Pending pod</th><th class=\"num\">GPUs</th><th>Node</th><th>Takes</th></tr></thead>\n<tbody>\n");
+    let mut any = false;
+    for r in ledger
+        .reclaim
+        .iter()
+        .filter(|r| view.namespace().is_none_or(|v| r.pending.namespace == v))
+    {
+        any = true;
+        let pending = format!("{}/{}", r.pending.namespace, r.pending.pod);
+        if r.options.is_empty() {
+            let why = format!(
+                "fits nowhere: {}",
+                r.fits_nowhere.as_deref().unwrap_or("no node")
+            );
+            let _ = writeln!(
+                h,
+                "<tr><td>{}</td><td class=\"num\">{}</td><td>-</td><td>{}</td></tr>",
+                escape(&pending),
+                gpus(r.gpus),
+                escape(&why)
+            );
+        }
+        for o in &r.options {
+            let _ = writeln!(
+                h,
+                "<tr><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&pending),
+                gpus(r.gpus),
+                escape(&o.node),
+                escape(&super::reclaim_takes(o, ledger))
+            );
+        }
+    }
+    let _ = writeln!(
+        h,
+        "</tbody>\n</table>\n<p class=\"empty\" id=\"reclaim-empty\"{}>No GPU pod is pending.</p>\n</section>",
         if any { " hidden" } else { "" }
     );
 }

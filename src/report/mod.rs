@@ -139,6 +139,34 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
     parts.join("; ")
 }
 
+/// What one reclaim option takes, for people: "free now", "force delete stuck team-ml/bob-nb-0",
+/// "stop notebook team-ml/alice-nb (idle ≥2h0m)", joined with "; ". The idle time reads as the
+/// pod's IDLE FOR cell (`≥` when it reaches back to the start of the history).
+pub fn reclaim_takes(o: &crate::ledger::reclaim::ReclaimOption, ledger: &Ledger) -> String {
+    if o.is_free() {
+        return "free now".into();
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for s in &o.stuck_holders {
+        parts.push(format!("force delete stuck {}/{}", s.namespace, s.pod));
+    }
+    for s in &o.by_stopping {
+        let bounded = ledger
+            .pods
+            .iter()
+            .find(|p| p.namespace == s.namespace && p.pod == s.pod)
+            .is_some_and(|p| p.evidence.idle_bounded_by_history);
+        parts.push(format!(
+            "stop notebook {}/{} (idle {}{})",
+            s.namespace,
+            s.notebook,
+            if bounded { "≥" } else { "" },
+            humanise_seconds(s.idle_seconds as i64)
+        ));
+    }
+    parts.join("; ")
+}
+
 /// Whether the pod's Kubeflow notebook carries `kubeflow-resource-stopped`.
 pub fn notebook_stopped(p: &PodRow) -> bool {
     p.evidence

@@ -47,6 +47,10 @@ fn render(ledger: &Ledger, wide: bool, out: &mut impl Write) -> io::Result<()> {
         writeln!(out)?;
         unclaimed_section(ledger, out)?;
     }
+    if !ledger.reclaim.is_empty() {
+        writeln!(out)?;
+        reclaim_section(ledger, out)?;
+    }
     if !ledger.usage_available {
         writeln!(out)?;
         writeln!(
@@ -164,6 +168,43 @@ fn todo_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// "Who could run": per pending GPU pod, every node where it would fit, cheapest first, and
+/// what that takes; or why it fits nowhere.
+fn reclaim_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "Who could run")?;
+    let mut t = Table::new(&[
+        ("PENDING", Align::Left),
+        ("GPUS", Align::Right),
+        ("NODE", Align::Left),
+        ("TAKES", Align::Left),
+    ]);
+    for r in &ledger.reclaim {
+        let pending = format!("{}/{}", r.pending.namespace, r.pending.pod);
+        if r.options.is_empty() {
+            t.row(vec![
+                pending,
+                gpus(r.gpus),
+                "-".into(),
+                format!(
+                    "fits nowhere: {}",
+                    r.fits_nowhere.as_deref().unwrap_or("no node")
+                ),
+            ]);
+            continue;
+        }
+        for (i, o) in r.options.iter().enumerate() {
+            // The pod once, on its cheapest option's row.
+            let (p, g) = if i == 0 {
+                (pending.clone(), gpus(r.gpus))
+            } else {
+                (String::new(), String::new())
+            };
+            t.row(vec![p, g, o.node.clone(), super::reclaim_takes(o, ledger)]);
+        }
+    }
+    t.write(out)
 }
 
 fn nodes_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {

@@ -220,6 +220,7 @@ pub(crate) fn stop_action() -> Action {
         idle_seconds: 3.0 * 3600.0 + 12.0 * 60.0,
         peak_utilization: Some(0.008),
         stop_value: "2026-01-31T12:00:00Z".into(),
+        for_pending: None,
     }
 }
 

@@ -128,6 +128,8 @@ fn node_without_plugin(name: &str) -> NodeInfo {
         replicas: 1,
         product: None,
         gpu_labels: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
     }
 }
 

@@ -432,6 +432,39 @@
       .then(renderHistory);
   }
 
+  // The cells of src/report/html.rs's reclaim_table (and report::reclaim_takes).
+  function reclaimTakes(o) {
+    if (o.by_stopping.length === 0 && o.stuck_holders.length === 0) { return "free now"; }
+    var parts = [];
+    o.stuck_holders.forEach(function (s) { parts.push("force delete stuck " + s.namespace + "/" + s.pod); });
+    o.by_stopping.forEach(function (s) {
+      var p = ledger.pods.find(function (p) { return p.namespace === s.namespace && p.pod === s.pod; });
+      var bound = p && p.idle_bounded_by_history ? "\u2265" : "";
+      parts.push("stop notebook " + s.namespace + "/" + s.notebook + " (idle " + bound + humanise(Math.trunc(s.idle_seconds)) + ")");
+    });
+    return parts.join("; ");
+  }
+
+  function renderReclaim() {
+    var tbody = document.getElementById("reclaim").tBodies[0];
+    clear(tbody);
+    var shown = (ledger.reclaim || []).filter(function (r) { return !view.namespace || r.pending.namespace === view.namespace; });
+    shown.forEach(function (r) {
+      var pending = r.pending.namespace + "/" + r.pending.pod;
+      function row(node, takes) {
+        var tr = el("tr");
+        cell(tr, pending);
+        cell(tr, gpus(r.gpus), "num");
+        cell(tr, node);
+        cell(tr, takes);
+        tbody.appendChild(tr);
+      }
+      if (r.options.length === 0) { row("-", "fits nowhere: " + (r.fits_nowhere === null ? "no node" : r.fits_nowhere)); }
+      r.options.forEach(function (o) { row(o.node, reclaimTakes(o)); });
+    });
+    document.getElementById("reclaim-empty").hidden = shown.length > 0;
+  }
+
   function render() {
     renderSummary();
     renderFilters();
@@ -440,6 +473,7 @@
     renderNamespaces();
     renderUnclaimed();
     renderHistory();
+    renderReclaim();
     body.setAttribute("data-rendered", "script");
   }
 

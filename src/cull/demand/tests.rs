@@ -1,0 +1,202 @@
+//! `--cull-when=demand` over the reclaim planner's answer: plans with and without waiting pods.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+
+use crate::cull::CullWhen;
+use crate::cull::plan::{Action, CullPolicy, SkipReason, plan};
+use crate::ledger::claims::{Claims, NodeInfo, NotebookInfo};
+use crate::ledger::{Attribution, Evidence, Ledger, PodRow, PodState, reclaim};
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 1, 31, 12, 0, 0)
+        .single()
+        .expect("valid time")
+}
+
+fn base(ns: &str, pod: &str, node: Option<&str>, state: PodState, gpus: u64) -> PodRow {
+    PodRow {
+        namespace: ns.into(),
+        pod: pod.into(),
+        node: node.map(Into::into),
+        state,
+        gpus: gpus as f64,
+        resources: BTreeMap::from([("nvidia.com/gpu".to_string(), gpus)]),
+        gpus_by_resource: vec![("nvidia.com/gpu".to_string(), gpus as f64)],
+        attribution: Attribution::None,
+        utilization: None,
+        memory_used_bytes: None,
+        idle: None,
+        idle_seconds: None,
+        terminating_seconds: None,
+        stuck: false,
+        pending_seconds: None,
+        notebook: None,
+        owner: None,
+        devices: Vec::new(),
+        pending_reason: None,
+        evidence: Evidence::default(),
+    }
+}
+
+/// A notebook pod that passes every culling rule at `t0()`, idle `idle_h` hours on `node`.
+fn idle_nb(ns: &str, name: &str, node: &str, idle_h: i64) -> PodRow {
+    let now = t0();
+    let mut p = base(ns, &format!("{name}-0"), Some(node), PodState::Running, 1);
+    p.attribution = Attribution::Exclusive;
+    p.utilization = Some(0.0);
+    p.idle = Some(true);
+    p.idle_seconds = Some((idle_h * 3600) as f64);
+    p.notebook = Some(name.into());
+    p.evidence = Evidence {
+        uid: format!("pod-{ns}-{name}"),
+        notebook: Some((
+            NotebookInfo {
+                namespace: ns.into(),
+                name: name.into(),
+                uid: format!("nb-{ns}-{name}"),
+                resource_version: "42".into(),
+                ..NotebookInfo::default()
+            },
+            true,
+        )),
+        started_at: Some(now - Duration::hours(10)),
+        ready_since: Some(now - Duration::hours(10)),
+        coverage: Some(1.0),
+        newest_sample_at: Some(now - Duration::seconds(30)),
+        peak: Some(0.0),
+        idle_since: Some(now - Duration::hours(idle_h)),
+        devices_found: 1,
+        devices_expected: 1,
+        ..Evidence::default()
+    };
+    p
+}
+
+fn node(name: &str, gpus: u64) -> NodeInfo {
+    NodeInfo {
+        name: name.into(),
+        allocatable: BTreeMap::from([("nvidia.com/gpu".to_string(), gpus)]),
+        replicas: 1,
+        product: None,
+        gpu_labels: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
+    }
+}
+
+/// The ledger with the planner's answer, as `ledger::build` publishes it.
+fn ledger(nodes: Vec<NodeInfo>, mut pods: Vec<PodRow>) -> Ledger {
+    pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+    let claims = Claims {
+        nodes,
+        ..Claims::default()
+    };
+    let mut l = Ledger::empty(t0());
+    l.usage_available = true;
+    l.reclaim = reclaim::plan(&claims, &pods, t0(), crate::ledger::ClaimsScope::Complete);
+    l.pods = pods;
+    l
+}
+
+fn demand() -> CullPolicy {
+    CullPolicy {
+        when: CullWhen::Demand,
+        ..CullPolicy::default()
+    }
+}
+
+fn stopped(p: &crate::cull::plan::Plan) -> Vec<(&str, Option<&str>)> {
+    p.actions
+        .iter()
+        .map(|a| {
+            let Action::Stop {
+                notebook,
+                for_pending,
+                ..
+            } = a;
+            (notebook.as_str(), for_pending.as_deref())
+        })
+        .collect()
+}
+
+#[test]
+fn nothing_is_stopped_while_nothing_waits() {
+    let l = ledger(
+        vec![node("gpu-1", 2)],
+        vec![idle_nb("u", "a", "gpu-1", 5), idle_nb("v", "b", "gpu-1", 3)],
+    );
+    let p = plan(&l, &demand(), t0());
+    assert!(p.actions.is_empty(), "{p:?}");
+    assert_eq!(p.candidates, 0);
+    let reasons: Vec<SkipReason> = p.skips.iter().map(|s| s.reason).collect();
+    assert_eq!(reasons, [SkipReason::NoDemand, SkipReason::NoDemand]);
+    // The default, `idle`, stops both (one per namespace).
+    assert_eq!(plan(&l, &CullPolicy::default(), t0()).actions.len(), 2);
+}
+
+#[test]
+fn a_waiting_pod_gets_the_stop_it_needs_and_no_more() {
+    let l = ledger(
+        vec![node("gpu-1", 1), node("gpu-2", 1)],
+        vec![
+            idle_nb("u", "long", "gpu-1", 9),
+            idle_nb("v", "short", "gpu-2", 3),
+            base("ml", "trial", None, PodState::Pending, 1),
+        ],
+    );
+    let p = plan(&l, &demand(), t0());
+    // The longest idle of the cheapest options; the other notebook keeps its kernel.
+    assert_eq!(stopped(&p), [("long", Some("ml/trial"))]);
+    let Action::Stop { .. } = &p.actions[0];
+    assert!(
+        p.actions[0]
+            .reason_text()
+            .ends_with("needed by pending pod ml/trial"),
+        "{}",
+        p.actions[0].reason_text()
+    );
+    assert!(
+        p.skips
+            .iter()
+            .any(|s| s.pod == "short-0" && s.reason == SkipReason::NoDemand)
+    );
+}
+
+#[test]
+fn a_pod_that_fits_already_needs_no_stop() {
+    let l = ledger(
+        vec![node("gpu-1", 1), node("gpu-2", 1)],
+        vec![
+            idle_nb("u", "a", "gpu-1", 9),
+            base("ml", "trial", None, PodState::Pending, 1),
+        ],
+    );
+    assert!(plan(&l, &demand(), t0()).actions.is_empty());
+}
+
+#[test]
+fn an_option_culling_cannot_complete_is_passed_over() {
+    // gpu-1 takes the pod with one stop, but its notebook is idle only 1h (under
+    // --cull-idle-after 2h): culling takes the next option, two stops on gpu-2.
+    let mut young = idle_nb("u", "young", "gpu-1", 1);
+    young.resources.insert("nvidia.com/gpu".into(), 2);
+    let l = ledger(
+        vec![node("gpu-1", 2), node("gpu-2", 2)],
+        vec![
+            young,
+            idle_nb("v", "x", "gpu-2", 9),
+            idle_nb("w", "y", "gpu-2", 9),
+            base("ml", "big", None, PodState::Pending, 2),
+        ],
+    );
+    let first = &l.reclaim[0].options[0];
+    assert_eq!(first.node, "gpu-1");
+    let p = plan(&l, &demand(), t0());
+    assert_eq!(
+        stopped(&p),
+        [("x", Some("ml/big")), ("y", Some("ml/big"))],
+        "{p:?}"
+    );
+}

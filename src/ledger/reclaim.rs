@@ -1,0 +1,581 @@
+//! The reclaim planner: for each pending GPU pod, the nodes where it would fit, free already or
+//! once stuck Terminating holders are force-deleted or proven-idle notebooks are stopped.
+//!
+//! Pure (claims and the ledger's pod rows in, plans out). Fit is what the scheduler checks for
+//! GPUs: the same resource name in device units (a whole `nvidia.com/gpu`, a MIG profile, a
+//! time-slice), the pod's `nodeSelector` and required node affinity against the node's labels,
+//! its tolerations against the node's `NoSchedule`/`NoExecute` taints. Shared and unattributed
+//! GPUs are never reclaimable: their idleness is not provable per pod.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::claims::{
+    Claims, NodeInfo, NodeOp, NodeRequirement, NodeSelectorTerm, Placement, PodClaim, Taint,
+    Toleration,
+};
+use super::{Attribution, ClaimsScope, PodRow, PodState};
+
+/// A pod by name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub pod: String,
+}
+
+/// A proven-idle notebook pod whose stop would free its GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stop {
+    pub namespace: String,
+    pub pod: String,
+    pub notebook: String,
+    pub idle_seconds: f64,
+}
+
+/// One node where the pending pod would fit, and what it takes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReclaimOption {
+    pub node: String,
+    /// Idle notebooks to stop (fewest that make room; empty when none is needed).
+    pub by_stopping: Vec<Stop>,
+    /// Stuck Terminating pods whose force delete the option counts on (never done by us).
+    pub stuck_holders: Vec<PodRef>,
+}
+
+/// The planner's answer for one pending GPU pod.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reclaim {
+    pub pending: PodRef,
+    /// The pod's request in GPU equivalents.
+    pub gpus: f64,
+    /// Cheapest first: free already, then stuck holders only, then the fewest stops, then the
+    /// longest idle; ties by node name.
+    pub options: Vec<ReclaimOption>,
+    /// Why no node would take the pod even with every idle holder stopped; `None` when some would.
+    pub fits_nowhere: Option<String>,
+}
+
+impl Reclaim {
+    /// Whether the pod waits for a GPU that reclaiming would give it: it fits nowhere as things
+    /// are, and somewhere once stuck holders go or idle notebooks stop.
+    pub fn reclaimable(&self) -> bool {
+        self.options.first().is_some_and(|o| !o.is_free())
+    }
+}
+
+impl ReclaimOption {
+    /// Fits as things are.
+    pub fn is_free(&self) -> bool {
+        self.by_stopping.is_empty() && self.stuck_holders.is_empty()
+    }
+}
+
+/// Most holders on one node searched exhaustively for a fewest-stops set when the pod asks for
+/// several resource names (a greedy pick is exact for one name).
+const EXHAUSTIVE_HOLDERS: usize = 12;
+
+/// A holder of GPU units on a node that could make room.
+struct Holder<'a> {
+    row: &'a PodRow,
+    /// Units of each requested resource (index into the request) it holds.
+    units: Vec<u128>,
+}
+
+impl Holder<'_> {
+    fn idle(&self) -> f64 {
+        self.row
+            .idle_seconds
+            .filter(|s| s.is_finite())
+            .unwrap_or(0.0)
+    }
+}
+
+/// An option's cost: (free / stuck only / stops, stops, shortest idle among the stops reversed,
+/// stuck holders); lower is cheaper.
+type Rank = (u8, usize, Reverse<u64>, usize);
+
+/// What a pending pod's options depend on: its request and its placement.
+type MemoKey<'k> = (&'k BTreeMap<String, u64>, Option<&'k Placement>);
+
+/// Why a node does not take a pod, in the scheduler's filter order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Misfit {
+    Taint,
+    Selector,
+    Affinity,
+    ResourceName,
+    Size,
+}
+
+/// Plans every pending GPU pod of `pods` (the ledger's rows, sorted by namespace and pod) at
+/// `now` (a snooze still running keeps a notebook out of the reclaimable ones).
+pub fn plan(
+    claims: &Claims,
+    pods: &[PodRow],
+    now: DateTime<Utc>,
+    scope: ClaimsScope,
+) -> Vec<Reclaim> {
+    // Claims of some namespaces show no node's free capacity.
+    if scope == ClaimsScope::Namespaces {
+        return Vec::new();
+    }
+    let pending: Vec<&PodRow> = pods
+        .iter()
+        .filter(|p| p.state == PodState::Pending)
+        .collect();
+    if pending.is_empty() {
+        return Vec::new();
+    }
+    let specs: foldhash::HashMap<(&str, &str), &PodClaim> = claims
+        .pods
+        .iter()
+        .filter(|p| p.node.is_none())
+        .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
+        .collect();
+    let reclaimable = reclaimable_pods(pods, now);
+    let mut on_node: foldhash::HashMap<&str, Vec<(&PodRow, bool)>> = foldhash::HashMap::default();
+    for (p, idle) in pods.iter().zip(&reclaimable) {
+        if let (true, Some(node)) = (p.state.holds(), p.node.as_deref()) {
+            on_node.entry(node).or_default().push((p, *idle));
+        }
+    }
+    let mut nodes: Vec<&NodeInfo> = claims.nodes.iter().collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    nodes.dedup_by(|a, b| a.name == b.name);
+    // Pods of one Job, sweep or queue ask alike: plan each (request, placement) once.
+    let mut memo: foldhash::HashMap<MemoKey<'_>, (Vec<ReclaimOption>, Option<String>)> =
+        foldhash::HashMap::default();
+    pending
+        .into_iter()
+        .map(|p| {
+            let placement = specs
+                .get(&(p.namespace.as_str(), p.pod.as_str()))
+                .map(|c| &c.placement);
+            let (options, fits_nowhere) = memo
+                .entry((&p.resources, placement))
+                .or_insert_with(|| plan_pod(p, placement, &nodes, &on_node))
+                .clone();
+            Reclaim {
+                pending: PodRef {
+                    namespace: p.namespace.clone(),
+                    pod: p.pod.clone(),
+                },
+                gpus: p.gpus,
+                options,
+                fits_nowhere,
+            }
+        })
+        .collect()
+}
+
+/// Per row: a proven-idle notebook pod culling could stop (every rule the ledger can see: the
+/// notebook verified, not stopped, deleting, opted out, snoozed or carrying an annotation not
+/// understood; exclusive or MIG attribution), with every GPU-holding pod of its notebook so.
+fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
+    let alone: Vec<bool> = pods
+        .iter()
+        .map(|p| {
+            let Some((nb, verified)) = &p.evidence.notebook else {
+                return false;
+            };
+            p.state == PodState::Running
+                && *verified
+                && p.idle == Some(true)
+                && matches!(p.attribution, Attribution::Exclusive | Attribution::Mig)
+                && nb.stopped.is_none()
+                && !nb.deleting
+                && !nb.cull_opt_out
+                && nb.invalid_annotations.is_empty()
+                && nb.snooze_until.is_none_or(|t| t <= now)
+        })
+        .collect();
+    // A stop takes every pod of the notebook: one busy (or unproven) pod keeps them all.
+    let mut busy: foldhash::HashSet<(&str, &str)> = foldhash::HashSet::default();
+    for (p, ok) in pods.iter().zip(&alone) {
+        if let (false, true, Some((nb, _))) = (*ok, p.state.holds(), &p.evidence.notebook) {
+            busy.insert((p.namespace.as_str(), nb.uid.as_str()));
+        }
+    }
+    pods.iter()
+        .zip(alone)
+        .map(|(p, ok)| {
+            ok && p
+                .evidence
+                .notebook
+                .as_ref()
+                .is_some_and(|(nb, _)| !busy.contains(&(p.namespace.as_str(), nb.uid.as_str())))
+        })
+        .collect()
+}
+
+/// The options of pending pod `p` and, when there are none, why.
+fn plan_pod(
+    p: &PodRow,
+    placement: Option<&Placement>,
+    nodes: &[&NodeInfo],
+    on_node: &foldhash::HashMap<&str, Vec<(&PodRow, bool)>>,
+) -> (Vec<ReclaimOption>, Option<String>) {
+    let request: Vec<(&str, u128)> = p
+        .resources
+        .iter()
+        .filter(|(_, u)| **u > 0)
+        .map(|(r, u)| (r.as_str(), u128::from(*u)))
+        .collect();
+    if request.is_empty()
+        || request
+            .iter()
+            .any(|(r, _)| r.starts_with(super::claims::DRA_RESOURCE_PREFIX))
+    {
+        return (Vec::new(), Some("asks for DRA devices: not planned".into()));
+    }
+    let default = Placement::default();
+    let placement = placement.unwrap_or(&default);
+    if placement.too_large {
+        return (
+            Vec::new(),
+            Some("node selector, affinity or tolerations too large to evaluate".into()),
+        );
+    }
+    let mut misfits: BTreeMap<Misfit, usize> = BTreeMap::new();
+    let mut ranked: Vec<(Rank, ReclaimOption)> = Vec::new();
+    for n in nodes {
+        let holders = on_node.get(n.name.as_str()).map_or(&[][..], Vec::as_slice);
+        match option_on(n, &request, placement, holders) {
+            Ok(o) => {
+                let class = if o.is_free() {
+                    0
+                } else if o.by_stopping.is_empty() {
+                    1
+                } else {
+                    2
+                };
+                // The shortest idle among the stops, longest first (whole seconds: a total order).
+                let least_idle = o
+                    .by_stopping
+                    .iter()
+                    .map(|s| s.idle_seconds.max(0.0) as u64)
+                    .min()
+                    .unwrap_or(0);
+                let key = (
+                    class,
+                    o.by_stopping.len(),
+                    Reverse(least_idle),
+                    o.stuck_holders.len(),
+                );
+                ranked.push((key, o));
+            }
+            Err(m) => *misfits.entry(m).or_default() += 1,
+        }
+    }
+    ranked.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.node.cmp(&b.1.node)));
+    let options: Vec<ReclaimOption> = ranked.into_iter().map(|(_, o)| o).collect();
+    let fits_nowhere = options
+        .is_empty()
+        .then(|| nowhere(&misfits, nodes.len(), &request));
+    (options, fits_nowhere)
+}
+
+/// "0/3 nodes would take it even with idle notebooks stopped: 1 untolerated taint, …".
+fn nowhere(misfits: &BTreeMap<Misfit, usize>, nodes: usize, request: &[(&str, u128)]) -> String {
+    if nodes == 0 {
+        return "no node".into();
+    }
+    let asked: Vec<String> = request.iter().map(|(r, u)| format!("{u} {r}")).collect();
+    let asked = asked.join(" + ");
+    let parts: Vec<String> = misfits
+        .iter()
+        .map(|(m, n)| {
+            let why = match m {
+                Misfit::Taint => "untolerated taint".to_string(),
+                Misfit::Selector => "nodeSelector mismatch".to_string(),
+                Misfit::Affinity => "required node affinity mismatch".to_string(),
+                Misfit::ResourceName => format!("no {}", names(request)),
+                Misfit::Size => format!("too small for {asked} even with idle notebooks stopped"),
+            };
+            format!("{n} {why}")
+        })
+        .collect();
+    format!("0/{nodes} nodes would take it: {}", parts.join(", "))
+}
+
+fn names(request: &[(&str, u128)]) -> String {
+    let n: Vec<&str> = request.iter().map(|(r, _)| *r).collect();
+    n.join(" or ")
+}
+
+/// The cheapest way node `n` takes the pod, or why it cannot.
+fn option_on(
+    n: &NodeInfo,
+    request: &[(&str, u128)],
+    placement: &Placement,
+    holders: &[(&PodRow, bool)],
+) -> Result<ReclaimOption, Misfit> {
+    if !tolerates(&placement.tolerations, &n.taints) {
+        return Err(Misfit::Taint);
+    }
+    if !placement
+        .node_selector
+        .iter()
+        .all(|(k, v)| n.labels.get(k) == Some(v))
+    {
+        return Err(Misfit::Selector);
+    }
+    if let Some(terms) = &placement.required_terms
+        && !terms.iter().any(|t| term_matches(t, n))
+    {
+        return Err(Misfit::Affinity);
+    }
+    let alloc: Vec<u128> = request
+        .iter()
+        .map(|(r, _)| n.allocatable.get(*r).copied().map_or(0, u128::from))
+        .collect();
+    if alloc.contains(&0) {
+        return Err(Misfit::ResourceName);
+    }
+    if alloc.iter().zip(request).any(|(a, (_, want))| a < want) {
+        return Err(Misfit::Size);
+    }
+    let units_of = |row: &PodRow| -> Vec<u128> {
+        request
+            .iter()
+            .map(|(r, _)| row.resources.get(*r).copied().map_or(0, u128::from))
+            .collect()
+    };
+    let held: Vec<u128> = (0..request.len())
+        .map(|i| {
+            holders
+                .iter()
+                .map(|(h, _)| units_of(h)[i])
+                .fold(0u128, u128::saturating_add)
+        })
+        .collect();
+    // What is missing as things are (a node over-committed has nothing free).
+    let deficit: Vec<u128> = request
+        .iter()
+        .zip(alloc.iter().zip(&held))
+        .map(|((_, want), (a, h))| want.saturating_sub(a.saturating_sub(*h)))
+        .collect();
+    let node = n.name.clone();
+    if deficit.iter().all(|d| *d == 0) {
+        return Ok(ReclaimOption {
+            node,
+            by_stopping: Vec::new(),
+            stuck_holders: Vec::new(),
+        });
+    }
+    let contributing = |keep: &dyn Fn(&PodRow, bool) -> bool| -> Vec<Holder<'_>> {
+        holders
+            .iter()
+            .filter(|(h, ok)| keep(h, *ok))
+            .map(|(h, _)| Holder {
+                row: h,
+                units: units_of(h),
+            })
+            .filter(|h| h.units.iter().any(|u| *u > 0))
+            .collect()
+    };
+    let stuck = sorted(contributing(&|h, _| {
+        h.state == PodState::Terminating && h.stuck
+    }));
+    if let Some(set) = fewest(&stuck, &deficit) {
+        return Ok(ReclaimOption {
+            node,
+            by_stopping: Vec::new(),
+            stuck_holders: set.iter().map(|i| pod_ref(stuck[*i].row)).collect(),
+        });
+    }
+    // Every stuck holder counts, then the fewest stops cover the rest; stuck holders the stops
+    // make unneeded are dropped again.
+    let after_stuck: Vec<u128> = deficit
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            d.saturating_sub(
+                stuck
+                    .iter()
+                    .map(|h| h.units[i])
+                    .fold(0u128, u128::saturating_add),
+            )
+        })
+        .collect();
+    let idle = sorted(contributing(&|h, ok| ok && h.state == PodState::Running));
+    let stops = fewest(&idle, &after_stuck).ok_or(Misfit::Size)?;
+    let freed: Vec<u128> = (0..request.len())
+        .map(|i| {
+            stops
+                .iter()
+                .map(|s| idle[*s].units[i])
+                .fold(0u128, u128::saturating_add)
+        })
+        .collect();
+    let rest: Vec<u128> = deficit
+        .iter()
+        .zip(&freed)
+        .map(|(d, f)| d.saturating_sub(*f))
+        .collect();
+    let stuck_needed = fewest(&stuck, &rest).unwrap_or_default();
+    Ok(ReclaimOption {
+        node,
+        by_stopping: stops
+            .iter()
+            .map(|i| {
+                let h = &idle[*i];
+                Stop {
+                    namespace: h.row.namespace.clone(),
+                    pod: h.row.pod.clone(),
+                    notebook: h.row.notebook.clone().unwrap_or_default(),
+                    idle_seconds: h.idle(),
+                }
+            })
+            .collect(),
+        stuck_holders: stuck_needed
+            .iter()
+            .map(|i| pod_ref(stuck[*i].row))
+            .collect(),
+    })
+}
+
+fn pod_ref(p: &PodRow) -> PodRef {
+    PodRef {
+        namespace: p.namespace.clone(),
+        pod: p.pod.clone(),
+    }
+}
+
+/// Longest idle first, then by name: the order sets are picked in.
+fn sorted(mut hs: Vec<Holder<'_>>) -> Vec<Holder<'_>> {
+    hs.sort_by(|a, b| {
+        b.idle()
+            .total_cmp(&a.idle())
+            .then_with(|| (&a.row.namespace, &a.row.pod).cmp(&(&b.row.namespace, &b.row.pod)))
+    });
+    hs
+}
+
+/// Indices (ascending) of the fewest holders whose units cover `need`: empty when nothing is
+/// needed, `None` when all of them together do not. Among sets of one size, the first in the
+/// holders' order (longest idle first).
+fn fewest(hs: &[Holder<'_>], need: &[u128]) -> Option<Vec<usize>> {
+    let covers = |set: &[usize]| {
+        need.iter().enumerate().all(|(i, want)| {
+            set.iter()
+                .map(|s| hs[*s].units[i])
+                .fold(0u128, u128::saturating_add)
+                >= *want
+        })
+    };
+    if covers(&[]) {
+        return Some(Vec::new());
+    }
+    let all: Vec<usize> = (0..hs.len()).collect();
+    if !covers(&all) {
+        return None;
+    }
+    if need.len() == 1 {
+        // One resource: the largest holders first is a fewest set; ties keep the idle order.
+        let mut by_size = all;
+        by_size.sort_by_key(|i| Reverse(hs[*i].units[0]));
+        let mut set = Vec::new();
+        let mut got = 0u128;
+        for i in by_size {
+            if got >= need[0] {
+                break;
+            }
+            got = got.saturating_add(hs[i].units[0]);
+            set.push(i);
+        }
+        set.sort_unstable();
+        return Some(set);
+    }
+    if hs.len() <= EXHAUSTIVE_HOLDERS {
+        for k in 1..=hs.len() {
+            let mut idx: Vec<usize> = (0..k).collect();
+            loop {
+                if covers(&idx) {
+                    return Some(idx);
+                }
+                // Next combination in lexicographic order.
+                let Some(pos) = (0..k).rev().find(|&j| idx[j] != j + hs.len() - k) else {
+                    break;
+                };
+                idx[pos] += 1;
+                for j in pos + 1..k {
+                    idx[j] = idx[j - 1] + 1;
+                }
+            }
+        }
+    }
+    // Too many holders to search: take them in order until covered (may not be fewest).
+    let mut set = Vec::new();
+    for i in 0..hs.len() {
+        if covers(&set) {
+            break;
+        }
+        set.push(i);
+    }
+    Some(set)
+}
+
+/// Whether `tolerations` cover every `NoSchedule` and `NoExecute` taint (the scheduler's
+/// TaintToleration filter; `PreferNoSchedule` only scores).
+pub fn tolerates(tolerations: &[Toleration], taints: &[Taint]) -> bool {
+    taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .all(|t| tolerations.iter().any(|tol| tolerates_one(tol, t)))
+}
+
+fn tolerates_one(tol: &Toleration, t: &Taint) -> bool {
+    if !tol.effect.is_empty() && tol.effect != t.effect {
+        return false;
+    }
+    if tol.exists {
+        tol.key.is_empty() || tol.key == t.key
+    } else {
+        tol.key == t.key && tol.value == t.value
+    }
+}
+
+/// Whether node `n` satisfies one `nodeSelectorTerms` entry (an empty term matches nothing).
+pub fn term_matches(t: &NodeSelectorTerm, n: &NodeInfo) -> bool {
+    if t.match_expressions.is_empty() && t.match_fields.is_empty() {
+        return false;
+    }
+    t.match_expressions
+        .iter()
+        .all(|r| requirement_matches(r, n.labels.get(&r.key).map(String::as_str)))
+        && t.match_fields.iter().all(|r| {
+            // `metadata.name` is the only node field selectors support, with In and NotIn.
+            r.key == "metadata.name"
+                && matches!(r.operator, NodeOp::In | NodeOp::NotIn)
+                && requirement_matches(r, Some(n.name.as_str()))
+        })
+}
+
+fn requirement_matches(r: &NodeRequirement, value: Option<&str>) -> bool {
+    let number = |s: &str| s.trim().parse::<i64>().ok();
+    match r.operator {
+        NodeOp::In => value.is_some_and(|v| r.values.iter().any(|x| x == v)),
+        NodeOp::NotIn => value.is_none_or(|v| !r.values.iter().any(|x| x == v)),
+        NodeOp::Exists => value.is_some(),
+        NodeOp::DoesNotExist => value.is_none(),
+        NodeOp::Gt | NodeOp::Lt => {
+            // Exactly one integer value; a label that is not an integer never matches.
+            let [bound] = r.values.as_slice() else {
+                return false;
+            };
+            match (value.and_then(number), number(bound)) {
+                (Some(v), Some(b)) if r.operator == NodeOp::Gt => v > b,
+                (Some(v), Some(b)) => v < b,
+                _ => false,
+            }
+        }
+        NodeOp::Unknown => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,218 @@
+//! Demand-driven culling end to end (`--cull-when=demand`): a real `gpu-ledger serve` with
+//! `--cull=on` against a tier B control plane (kube-scheduler, kwok GPU nodes, StatefulSet
+//! controller), the fake dcgm-exporter scraped by a real Prometheus, as token user `gpu-ledger`
+//! bound to the shipped read-only and culling RBAC.
+//!
+//! Kubeflow's notebook controller is emulated by its one rule culling relies on
+//! ([`gpu_ledger_testkit::stack::spawn_notebook_stop_rule`], as in `tests/e2e_cull.rs`).
+//!
+//! Three one-card nodes, each held by an idle notebook: `n1` and `n2` carry `pool=train`, `n2`
+//! is tainted `dedicated=infer:NoSchedule` once its notebook runs, `n3` carries `pool=infer`.
+//! 1. Nothing waits: the three notebooks pass every culling rule (counted as `no_demand`
+//!    skips), and none is stopped.
+//! 2. A pod asking for one `nvidia.com/gpu` with `nodeSelector: pool=train` and no toleration
+//!    arrives: only `n1` would take it, by stopping `idle-nb`. That notebook is stopped, with
+//!    the Event naming the pod; the real scheduler binds the pod to the freed card on `n1`; the
+//!    notebooks on the tainted node and off the selector are left alone.
+
+mod support;
+
+use std::time::Duration;
+
+use gpu_ledger_testkit::GpuNode;
+use gpu_ledger_testkit::stack::{
+    GpuLedgerProcess, Notebook, STOP_ANNOTATION, Stack, metric_value, notebook_resource,
+    spawn_notebook_stop_rule,
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
+
+const NS: &str = "team-ml";
+const TRIALS: &str = "trials";
+/// Generous: the machine is shared; every step below takes seconds when it is not.
+const WAIT: Duration = Duration::from_secs(120);
+
+async fn stopped(admin: &kube::Client, name: &str) -> bool {
+    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &notebook_resource());
+    api.get(name)
+        .await
+        .expect("get notebook")
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key(STOP_ANNOTATION)
+}
+
+async fn stop_events(admin: &kube::Client, notebook: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(admin.clone(), NS);
+    api.list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("IdleGPUStopped")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(notebook)
+        })
+        .collect()
+}
+
+async fn metric(gl: &GpuLedgerProcess, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metric_value(&gl.metrics_text().await.ok()?, family, labels)
+}
+
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_notebook_is_stopped_only_for_a_pod_that_fits_by_it() {
+    let nodes = [
+        GpuNode::new("n1", 1).label("pool", "train"),
+        GpuNode::new("n2", 1).label("pool", "train"),
+        GpuNode::new("n3", 1).label("pool", "infer"),
+    ];
+    let stack = Stack::start(&nodes)
+        .await
+        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let admin = stack.admin();
+    stack
+        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
+        .await
+        .expect("read-only RBAC");
+    stack
+        .grant_rbac(CULLING_RBAC, "gpu-ledger")
+        .await
+        .expect("culling RBAC");
+    let _controller = AbortOnDrop(spawn_notebook_stop_rule(admin.clone()));
+
+    let notebooks = [
+        Notebook::new(NS, "idle-nb").node("n1"),
+        Notebook::new(NS, "tainted-nb").node("n2"),
+        Notebook::new(NS, "infer-nb").node("n3"),
+    ];
+    for nb in &notebooks {
+        stack.create_notebook(nb).await.expect("notebook");
+    }
+    for nb in &notebooks {
+        stack
+            .wait_pod_running(&nb.namespace, &nb.pod_name())
+            .await
+            .expect("notebook pod Running");
+    }
+    // NoSchedule keeps new pods off n2 and leaves its running notebook alone.
+    Api::<Node>::all(admin.clone())
+        .patch(
+            "n2",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"taints": [
+                {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .expect("taint n2");
+
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    let gl = stack
+        .start_gpu_ledger(
+            bin,
+            "gpu-ledger",
+            &[
+                "--cull=on",
+                "--cull-when=demand",
+                "--lease-name",
+                "gpu-ledger",
+                "--cull-idle-after",
+                "15s",
+                "--cull-min-runtime",
+                "5s",
+            ],
+        )
+        .await
+        .expect("gpu-ledger");
+
+    // 1. Nothing waits: every notebook qualifies, none is stopped.
+    eventually(
+        "three notebooks skipped for no demand in one plan",
+        WAIT,
+        || async {
+            let skipped = metric(
+                &gl,
+                "gpu_ledger_cull_skips_total",
+                &[("reason", "no_demand")],
+            )
+            .await?;
+            let candidates = metric(&gl, "gpu_ledger_cull_candidates", &[]).await?;
+            (skipped >= 3.0 && candidates == 0.0).then_some(())
+        },
+    )
+    .await;
+    // A few more cycles (1 s refresh) with candidates and no demand.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for nb in ["idle-nb", "tainted-nb", "infer-nb"] {
+        assert!(
+            !stopped(&admin, nb).await,
+            "{nb} stopped while nothing waits"
+        );
+    }
+    assert_eq!(
+        metric(&gl, "gpu_ledger_cull_stops_total", &[("result", "stopped")]).await,
+        Some(0.0)
+    );
+
+    // 2. A pod that fits only on n1 arrives.
+    support::namespace(&admin, TRIALS, &[]).await;
+    let trial: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "trial-1"},
+        "spec": {
+            "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "nodeSelector": {"pool": "train"},
+            "terminationGracePeriodSeconds": 1
+        }
+    }))
+    .expect("pod");
+    let trials: Api<Pod> = Api::namespaced(admin.clone(), TRIALS);
+    trials
+        .create(&PostParams::default(), &trial)
+        .await
+        .expect("create trial");
+
+    eventually("idle-nb stopped", WAIT, || async {
+        stopped(&admin, "idle-nb").await.then_some(())
+    })
+    .await;
+    let event = eventually("IdleGPUStopped Event on idle-nb", WAIT, || async {
+        stop_events(&admin, "idle-nb").await.into_iter().next()
+    })
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("needed by pending pod trials/trial-1"),
+        "the Event says for whom: {note:?}"
+    );
+    // The real scheduler places the pod on the card the stop freed.
+    let placed = eventually("trial-1 bound to n1", WAIT, || async {
+        let p = trials.get("trial-1").await.ok()?;
+        p.spec?.node_name.filter(|n| !n.is_empty())
+    })
+    .await;
+    assert_eq!(placed, "n1");
+    stack
+        .wait_pod_running(TRIALS, "trial-1")
+        .await
+        .expect("trial-1 Running");
+    // The tainted node's and the other pool's notebooks were never needed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for nb in ["tainted-nb", "infer-nb"] {
+        assert!(!stopped(&admin, nb).await, "{nb} must not be stopped");
+        assert!(stop_events(&admin, nb).await.is_empty(), "{nb} stop Event");
+    }
+    assert_eq!(stop_events(&admin, "idle-nb").await.len(), 1, "one stop");
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
