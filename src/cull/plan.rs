@@ -361,6 +361,8 @@ pub enum CancelReason {
     OptedOut,
     /// Stopped by someone else, or its namespace is no longer culled.
     NotEligible,
+    /// `--cull-when=demand`: no pending pod waits for its GPUs any more.
+    NoDemand,
 }
 
 impl CancelReason {
@@ -370,6 +372,7 @@ impl CancelReason {
             Self::Snoozed => "snoozed",
             Self::OptedOut => "opted_out",
             Self::NotEligible => "not_eligible",
+            Self::NoDemand => "no_demand",
         }
     }
 
@@ -383,6 +386,7 @@ impl CancelReason {
             SkipReason::Snoozed => Some(Self::Snoozed),
             SkipReason::OptedOut => Some(Self::OptedOut),
             SkipReason::AlreadyStopped | SkipReason::NamespaceExcluded => Some(Self::NotEligible),
+            SkipReason::NoDemand => Some(Self::NoDemand),
             _ => None,
         }
     }
@@ -460,6 +464,7 @@ impl Notice {
                 (CancelReason::Snoozed, None) => "snoozed".into(),
                 (CancelReason::OptedOut, _) => "opted out (gpu-ledger.io/cull=false)".into(),
                 (CancelReason::NotEligible, _) => "no longer eligible for culling".into(),
+                (CancelReason::NoDemand, _) => "no pending pod waits for its GPUs any more".into(),
             },
         }
     }
@@ -702,6 +707,10 @@ pub fn plan_with(
         candidates.retain(|row| {
             let needed = wanted.contains_key(&(row.namespace.clone(), row.pod.clone()));
             if !needed {
+                // A notice given for a pod that no longer waits is taken back.
+                if notice_on {
+                    cancel_notice(row, SkipReason::NoDemand, &mut noticed, &mut out.notices);
+                }
                 out.skips.push(skip(row, SkipReason::NoDemand));
             }
             needed

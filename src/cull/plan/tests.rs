@@ -1147,3 +1147,18 @@ fn a_snooze_counts_at_most_max_snooze_after_the_notebook_qualified() {
     nb_mut(&mut old).snooze_until = Some(t0());
     assert_eq!(judge(&old, &CullPolicy::default(), t0()), Ok(()));
 }
+
+/// With `--cull-when=demand`, a notice given for a pending pod is taken back once no pending pod
+/// waits any more: the notebook must not keep a "stops at T" warning nothing will act on, nor be
+/// stopped on that old notice when demand comes back later.
+#[test]
+fn demand_gone_cancels_the_notice() {
+    let row = with_notice(idle_row("team-a", "nb", 3), t0() + Duration::minutes(5));
+    let policy = CullPolicy {
+        when: CullWhen::Demand,
+        ..notice_policy()
+    };
+    let (why, snooze) = cancel_of(row, &policy);
+    assert_eq!(why, CancelReason::NoDemand);
+    assert_eq!(snooze, None);
+}
