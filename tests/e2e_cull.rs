@@ -42,7 +42,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
-use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
+use support::{CULLING_RBAC, READ_ONLY_RBAC, described_events, eventually, has_event_line};
 
 const NS: &str = "team-ml";
 const DRY_NS: &str = "team-dry";
@@ -510,29 +510,6 @@ async fn notice_due(admin: &kube::Client, nb: &str) -> Option<DateTime<Utc>> {
 
 const NOTICE_ANNOTATION: &str = "gpu-ledger.io/stop-scheduled-at";
 
-/// `kubectl describe notebook`'s Events, as (type, reason, message) lines.
-fn described_events(stack: &Stack, nb: &str) -> String {
-    let out = stack
-        .cp
-        .kubectl("admin")
-        .expect("kubectl")
-        .args(["describe", "notebook", "-n", NS, nb])
-        .output()
-        .expect("run kubectl describe");
-    assert!(out.status.success(), "kubectl describe: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.split_once("\nEvents:")
-        .map(|(_, events)| events.to_string())
-        .unwrap_or_default()
-}
-
-fn has_event_line(events: &str, kind: &str, reason: &str) -> bool {
-    events.lines().any(|l| {
-        let mut words = l.split_whitespace();
-        words.next() == Some(kind) && words.next() == Some(reason)
-    })
-}
-
 // A stack of its own: the notice changes every stop, so it cannot share the first one.
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -669,7 +646,7 @@ async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
 
     // The whole story, as `kubectl describe notebook` shows it.
     let stopped = eventually("notice-nb's story in kubectl describe", WAIT, || async {
-        let e = described_events(&stack, "notice-nb");
+        let e = described_events(&stack, NS, "notice-nb");
         (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
             && has_event_line(&e, "Normal", "IdleGPUStopped"))
         .then_some(e)
@@ -680,7 +657,7 @@ async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
         "{stopped}"
     );
     let snoozed = eventually("snooze-nb's story in kubectl describe", WAIT, || async {
-        let e = described_events(&stack, "snooze-nb");
+        let e = described_events(&stack, NS, "snooze-nb");
         (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
             && has_event_line(&e, "Normal", "GpuIdleStopCancelled"))
         .then_some(e)

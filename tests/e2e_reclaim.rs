@@ -14,11 +14,17 @@
 //!    arrives: only `n1` would take it, by stopping `idle-nb`. That notebook is stopped, with
 //!    the Event naming the pod; the real scheduler binds the pod to the freed card on `n1`; the
 //!    notebooks on the tainted node and off the selector are left alone.
+//!
+//! The second test tells the whole story with `--cull-notice`: no notice while nothing waits;
+//! when a pod arrives the notebook it needs gets its notice; its owner snoozes it, which cancels
+//! the stop; the other notebook gets the notice instead, is stopped once it runs out, and the
+//! real scheduler binds the pod to its card; `kubectl describe notebook` tells both stories.
 
 mod support;
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
     GpuLedgerProcess, Notebook, STOP_ANNOTATION, Stack, metric_value, notebook_resource,
@@ -27,7 +33,7 @@ use gpu_ledger_testkit::stack::{
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
+use support::{CULLING_RBAC, READ_ONLY_RBAC, described_events, eventually, has_event_line};
 
 const NS: &str = "team-ml";
 const TRIALS: &str = "trials";
@@ -44,6 +50,25 @@ async fn stopped(admin: &kube::Client, name: &str) -> bool {
         .unwrap_or_default()
         .contains_key(STOP_ANNOTATION)
 }
+
+async fn annotation(admin: &kube::Client, name: &str, key: &str) -> Option<String> {
+    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &notebook_resource());
+    api.get(name)
+        .await
+        .expect("get notebook")
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove(key)
+}
+
+fn parse_time(value: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(value)
+        .expect("RFC 3339 annotation")
+        .with_timezone(&Utc)
+}
+
+const NOTICE_ANNOTATION: &str = "gpu-ledger.io/stop-scheduled-at";
 
 async fn stop_events(admin: &kube::Client, notebook: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(admin.clone(), NS);
@@ -207,6 +232,192 @@ async fn an_idle_notebook_is_stopped_only_for_a_pod_that_fits_by_it() {
         assert!(stop_events(&admin, nb).await.is_empty(), "{nb} stop Event");
     }
     assert_eq!(stop_events(&admin, "idle-nb").await.len(), 1, "one stop");
+}
+
+/// A pending pod that one of two idle notebooks' cards would take (both on `pool=train`).
+fn trial_pod() -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "trial-1"},
+        "spec": {
+            "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "nodeSelector": {"pool": "train"},
+            "terminationGracePeriodSeconds": 1
+        }
+    }))
+    .expect("pod")
+}
+
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_for_the_pod_that_waits_a_snooze_and_the_stop_that_follows() {
+    let nodes = [
+        GpuNode::new("n1", 1).label("pool", "train"),
+        GpuNode::new("n2", 1).label("pool", "train"),
+    ];
+    let stack = Stack::start(&nodes)
+        .await
+        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let admin = stack.admin();
+    stack
+        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
+        .await
+        .expect("read-only RBAC");
+    stack
+        .grant_rbac(CULLING_RBAC, "gpu-ledger")
+        .await
+        .expect("culling RBAC");
+    let _controller = AbortOnDrop(spawn_notebook_stop_rule(admin.clone()));
+    let notebooks = [
+        Notebook::new(NS, "a-nb").node("n1"),
+        Notebook::new(NS, "b-nb").node("n2"),
+    ];
+    for nb in &notebooks {
+        stack.create_notebook(nb).await.expect("notebook");
+    }
+    for nb in &notebooks {
+        stack
+            .wait_pod_running(&nb.namespace, &nb.pod_name())
+            .await
+            .expect("notebook pod Running");
+    }
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    let gl = stack
+        .start_gpu_ledger(
+            bin,
+            "gpu-ledger",
+            &[
+                "--cull=on",
+                "--cull-when=demand",
+                "--cull-notice",
+                "20s",
+                "--lease-name",
+                "gpu-ledger",
+                "--cull-idle-after",
+                "15s",
+                "--cull-min-runtime",
+                "5s",
+            ],
+        )
+        .await
+        .expect("gpu-ledger");
+
+    // 1. Nothing waits: both qualify, neither is warned.
+    eventually("both notebooks skipped for no demand", WAIT, || async {
+        let skipped = metric(
+            &gl,
+            "gpu_ledger_cull_skips_total",
+            &[("reason", "no_demand")],
+        )
+        .await?;
+        (skipped >= 2.0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for nb in ["a-nb", "b-nb"] {
+        assert_eq!(
+            annotation(&admin, nb, NOTICE_ANNOTATION).await,
+            None,
+            "{nb} warned while nothing waits"
+        );
+    }
+
+    // 2. The pod arrives: the notebook it would take gets the notice (one notebook: one card).
+    support::namespace(&admin, TRIALS, &[]).await;
+    let trials: Api<Pod> = Api::namespaced(admin.clone(), TRIALS);
+    trials
+        .create(&PostParams::default(), &trial_pod())
+        .await
+        .expect("create trial");
+    let (first, due) = eventually("a notice on one notebook", WAIT, || async {
+        for nb in ["a-nb", "b-nb"] {
+            if let Some(at) = annotation(&admin, nb, NOTICE_ANNOTATION).await {
+                return Some((nb, parse_time(&at)));
+            }
+        }
+        None
+    })
+    .await;
+    let (second, second_node) = if first == "a-nb" {
+        ("b-nb", "n2")
+    } else {
+        ("a-nb", "n1")
+    };
+
+    // 3. Its owner snoozes it within the notice: the stop is cancelled.
+    let until = (Utc::now() + chrono::Duration::hours(1))
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    Api::<DynamicObject>::namespaced_with(admin.clone(), NS, &notebook_resource())
+        .patch(
+            first,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                "gpu-ledger.io/snooze-until": until}}})),
+        )
+        .await
+        .expect("snooze");
+    assert!(Utc::now() < due, "snoozed within the notice (due {due})");
+
+    // 4. The other notebook gets the notice instead and is stopped once it has run out, for the
+    //    pod; the real scheduler binds the pod to the card that frees.
+    let second_due = eventually("a notice on the other notebook", WAIT, || async {
+        annotation(&admin, second, NOTICE_ANNOTATION)
+            .await
+            .map(|at| parse_time(&at))
+    })
+    .await;
+    let stopped_at = eventually("the other notebook stopped", WAIT, || async {
+        annotation(&admin, second, STOP_ANNOTATION)
+            .await
+            .map(|at| parse_time(&at))
+    })
+    .await;
+    assert!(
+        stopped_at >= second_due,
+        "stopped at {stopped_at}, before its notice ran out at {second_due}"
+    );
+    let event = eventually("IdleGPUStopped Event", WAIT, || async {
+        stop_events(&admin, second).await.into_iter().next()
+    })
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("needed by pending pod trials/trial-1"),
+        "the Event says for whom: {note:?}"
+    );
+    let placed = eventually("trial-1 bound", WAIT, || async {
+        let p = trials.get("trial-1").await.ok()?;
+        p.spec?.node_name.filter(|n| !n.is_empty())
+    })
+    .await;
+    assert_eq!(placed, second_node);
+
+    // 5. Both stories, as `kubectl describe notebook` shows them.
+    let told = eventually("the stopped notebook's story", WAIT, || async {
+        let e = described_events(&stack, NS, second);
+        (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
+            && has_event_line(&e, "Normal", "IdleGPUStopped"))
+        .then_some(e)
+    })
+    .await;
+    assert!(
+        !has_event_line(&told, "Normal", "GpuIdleStopCancelled"),
+        "{told}"
+    );
+    let snoozed = eventually("the snoozed notebook's story", WAIT, || async {
+        let e = described_events(&stack, NS, first);
+        (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
+            && has_event_line(&e, "Normal", "GpuIdleStopCancelled"))
+        .then_some(e)
+    })
+    .await;
+    assert!(
+        !has_event_line(&snoozed, "Normal", "IdleGPUStopped"),
+        "{snoozed}"
+    );
+    assert_eq!(annotation(&admin, first, STOP_ANNOTATION).await, None);
+    assert_eq!(annotation(&admin, first, NOTICE_ANNOTATION).await, None);
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

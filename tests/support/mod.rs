@@ -96,3 +96,28 @@ pub fn report_json(dir: &std::path::Path, extra: &[&str]) -> std::process::Outpu
         .output()
         .expect("run gpu-ledger")
 }
+
+/// `kubectl describe notebook`'s Events section (type, reason, age, from, message lines): the
+/// story a notebook's owner reads.
+pub fn described_events(stack: &gpu_ledger_testkit::stack::Stack, ns: &str, nb: &str) -> String {
+    let out = stack
+        .cp
+        .kubectl("admin")
+        .expect("kubectl")
+        .args(["describe", "notebook", "-n", ns, nb])
+        .output()
+        .expect("run kubectl describe");
+    assert!(out.status.success(), "kubectl describe: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_once("\nEvents:")
+        .map(|(_, events)| events.to_string())
+        .unwrap_or_default()
+}
+
+/// Whether a described Events section has a line of this type and reason.
+pub fn has_event_line(events: &str, kind: &str, reason: &str) -> bool {
+    events.lines().any(|l| {
+        let mut words = l.split_whitespace();
+        words.next() == Some(kind) && words.next() == Some(reason)
+    })
+}
