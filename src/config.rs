@@ -22,9 +22,11 @@ pub const VERSION: &str = concat!(
 /// The exit codes, shown after `--help` of every command (and in the README).
 pub const EXIT_CODES: &str = "Exit codes:
   0  success
-  1  runtime failure: the Kubernetes API or Prometheus unreachable or failing, a task ended
+  1  runtime failure: the Kubernetes API or Prometheus answering with an error, a task ended
   2  usage or bad input: a rejected flag, invalid configuration, an unreadable kubeconfig,
-     a missing or invalid dump file or directory";
+     a missing or invalid dump file or directory
+  3  unreachable: the Kubernetes API or Prometheus could not be reached (connection refused
+     or reset, timed out, name not resolved, TLS failed); worth a retry";
 
 /// Joins Kubernetes GPU claims with DCGM utilisation: who holds each GPU, is it used, and
 /// where did the free cards go.

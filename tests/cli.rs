@@ -622,13 +622,14 @@ fn kubeconfig_and_context_flags_choose_the_cluster() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("elsewhere"), "{err}");
 
-    // The right context is taken: the client then fails to reach its server (exit 1, listing).
+    // The right context is taken: the client then fails to reach its server (exit 3,
+    // unreachable, while listing).
     let out = gpu_ledger()
         .args(base)
         .args(["--kubeconfig", kc, "--context", "lab"])
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("listing pods"), "{err}");
 
@@ -1160,4 +1161,26 @@ fn no_cluster_error_names_each_cause_once() {
         );
     }
     assert!(line.len() < 400, "{} characters: {line}", line.len());
+}
+
+/// Issue 23: an unreachable Prometheus is its own exit code (3, which a script may retry), not
+/// a runtime failure (1) nor bad input (2); `--help` documents it.
+#[test]
+fn an_unreachable_prometheus_exits_3() {
+    // A port nothing listens on: connection refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("probe port")
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = gpu_ledger()
+        .args(["showback", "--month", "2026-11", "--prometheus-url", &url])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("prometheus"), "{err}");
+    let help = gpu_ledger().args(["report", "--help"]).output().expect("run");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("3  unreachable"), "{help}");
 }

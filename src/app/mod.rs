@@ -73,8 +73,9 @@ pub enum AppError {
 }
 
 impl AppError {
-    /// Exit code: 2 for bad input or configuration, 1 for runtime failures (an unreachable
-    /// API server or Prometheus included); `config::EXIT_CODES` documents them.
+    /// Exit code (`config::EXIT_CODES` documents them): 2 for bad input or configuration, 3 when
+    /// the Kubernetes API or Prometheus could not be reached (a script may retry), 1 for every
+    /// other runtime failure.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_)
@@ -83,8 +84,51 @@ impl AppError {
             | Self::Tls(_)
             | Self::ApiAuth(_)
             | Self::Input(_) => 2,
+            _ if self.is_unreachable() => 3,
             _ => 1,
         }
+    }
+
+    /// Whether a server could not be reached: Prometheus' transport failed or timed out, or a
+    /// cause in the chain is a refused, reset or timed-out connection, an unreachable network,
+    /// a name that does not resolve, or one of our own call timeouts.
+    fn is_unreachable(&self) -> bool {
+        if matches!(
+            self,
+            Self::Prometheus(PromError::Transport(_) | PromError::Timeout)
+        ) {
+            return true;
+        }
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cause {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                use std::io::ErrorKind as K;
+                if matches!(
+                    io.kind(),
+                    K::ConnectionRefused
+                        | K::ConnectionReset
+                        | K::ConnectionAborted
+                        | K::NotConnected
+                        | K::TimedOut
+                        | K::HostUnreachable
+                        | K::NetworkUnreachable
+                        | K::AddrNotAvailable
+                ) {
+                    return true;
+                }
+            }
+            if e.downcast_ref::<reqwest::Error>()
+                .is_some_and(|r| r.is_connect() || r.is_timeout())
+                || e.is::<tokio::time::error::Elapsed>()
+                // hyper-util's connector names a failed lookup only in its text (its io::Error
+                // from getaddrinfo has kind Other).
+                || e.to_string() == "dns error"
+            {
+                return true;
+            }
+            cause = e.source();
+        }
+        false
     }
 }
 
