@@ -1180,7 +1180,10 @@ fn an_unreachable_prometheus_exits_3() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("prometheus"), "{err}");
-    let help = gpu_ledger().args(["report", "--help"]).output().expect("run");
+    let help = gpu_ledger()
+        .args(["report", "--help"])
+        .output()
+        .expect("run");
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("3  unreachable"), "{help}");
 }
