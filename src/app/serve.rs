@@ -395,7 +395,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         .source_up
         .with_label_values(&["kubernetes"])
         .set(1.0);
-    crate::claims::dra::register_enabled(&registry, &stores).map_err(AppError::Metrics)?;
+    crate::claims::dra::register_enabled(&registry, &stores.dra_enabled)
+        .map_err(AppError::Metrics)?;
 
     let (hub_beat, refresh_beat, cull_beat) = (
         Beat::new("hub", HUB_STALL_BOUND),

@@ -420,7 +420,7 @@ fn opt_out_annotation_is_parsed_strictly() {
             })
             .into_iter()
             .collect();
-        crate::claims::project::notebook(&ObjectMeta {
+        crate::k8s::notebook(&ObjectMeta {
             name: Some("nb".into()),
             namespace: Some("team-a".into()),
             annotations: Some(annotations),
