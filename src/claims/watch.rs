@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{dra, project};
+use crate::app::tasks::Spawn;
 use crate::k8s;
 use crate::ledger::claims::{
     Claims, DaemonPod, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
@@ -64,10 +65,6 @@ pub enum WatchError {
 
 /// Called with the resource name whenever a watch stream restarts after an error.
 pub type RestartHook = Arc<dyn Fn(&'static str) + Send + Sync>;
-
-/// How the caller runs each watch task (`serve` supervises them: a watch that ends early stops
-/// the process). Arguments: the task's name (`watch:pods`), its future.
-pub type Spawn<'a> = &'a (dyn Fn(String, BoxFuture<'static, ()>) + Sync);
 
 /// The error history of one watch stream, on the monotonic clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -21,11 +21,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
-use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::app::tasks::Spawn;
 use crate::ledger::Ledger;
 
 pub use actuator::{
@@ -154,10 +154,6 @@ pub fn kill_switch_engaged(value: Option<&str>) -> Result<bool, String> {
         )),
     }
 }
-
-/// How `serve` runs a task that must live as long as the process (supervised: if it ends or
-/// panics early, the process stops non-zero).
-pub type Spawn<'a> = &'a (dyn Fn(String, BoxFuture<'static, ()>) + Sync);
 
 /// Everything culling needs; the app maps its flags onto it.
 #[derive(Debug, Clone, PartialEq)]

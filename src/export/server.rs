@@ -201,29 +201,31 @@ pub async fn index(State(state): State<AppState>, Query(view): Query<View>) -> R
     })
     .await;
     match rendered {
-        Ok(page) => (
-            [
-                (header::CONTENT_TYPE, "text/html; charset=utf-8".to_string()),
-                (
-                    header::CONTENT_SECURITY_POLICY,
-                    format!(
-                        "{}; frame-ancestors 'none'",
-                        html::content_security_policy(true)
-                    ),
-                ),
-                (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
-                (header::REFERRER_POLICY, "no-referrer".to_string()),
-                (header::CACHE_CONTROL, "no-store".to_string()),
-            ],
-            page,
-        )
-            .into_response(),
+        Ok(page) => (page_headers(), page).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("render task: {e}"),
         )
             .into_response(),
     }
+}
+
+/// The headers of both pages: HTML under the page's Content-Security-Policy, never framed,
+/// sniffed, cached or referred.
+fn page_headers() -> [(header::HeaderName, String); 5] {
+    [
+        (header::CONTENT_TYPE, "text/html; charset=utf-8".to_string()),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            format!(
+                "{}; frame-ancestors 'none'",
+                html::content_security_policy(true)
+            ),
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+        (header::REFERRER_POLICY, "no-referrer".to_string()),
+        (header::CACHE_CONTROL, "no-store".to_string()),
+    ]
 }
 
 /// The page before the first snapshot: what it waits for and why, never an empty ledger that
@@ -238,22 +240,5 @@ fn waiting_page(waiting: &Waiting) -> Response {
         state = html::escape(waiting.state.text()),
         reason = html::escape(&waiting.reason),
     );
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8".to_string()),
-            (
-                header::CONTENT_SECURITY_POLICY,
-                format!(
-                    "{}; frame-ancestors 'none'",
-                    html::content_security_policy(true)
-                ),
-            ),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
-            (header::REFERRER_POLICY, "no-referrer".to_string()),
-            (header::CACHE_CONTROL, "no-store".to_string()),
-        ],
-        page,
-    )
-        .into_response()
+    (StatusCode::SERVICE_UNAVAILABLE, page_headers(), page).into_response()
 }
