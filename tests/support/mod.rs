@@ -35,17 +35,13 @@ pub async fn namespace(admin: &kube::Client, name: &str, labels: &[(&str, &str)]
         .expect("create namespace");
 }
 
-/// A pod asking for `gpus` × `nvidia.com/gpu`; `node` binds it directly (no scheduler needed).
+/// testkit's GPU pod (`gpus` × `nvidia.com/gpu`); `node` binds it directly (no scheduler needed).
 pub fn gpu_pod(name: &str, gpus: u32, node: Option<&str>) -> Pod {
-    let mut spec = json!({
-        "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
-            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}],
-        "terminationGracePeriodSeconds": 1
-    });
-    if let Some(n) = node {
-        spec["nodeName"] = json!(n);
+    let mut pod = gpu_ledger_testkit::stack::gpu_pod(name, gpus, None);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.node_name = node.map(Into::into);
     }
-    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).expect("pod")
+    pod
 }
 
 /// Polls `f` until it returns `Some`, panicking with `what` after `timeout`.
