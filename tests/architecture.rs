@@ -286,13 +286,11 @@ fn expand(prefix: &[String], tail: &str, out: &mut Vec<Vec<String>>) {
         }
         rest = rest[name.len()..].trim_start();
         path.push(name);
-        match rest.strip_prefix("::") {
-            Some(r) => rest = r.trim_start(),
-            None => {
-                out.push(path);
-                return;
-            }
-        }
+        let Some(r) = rest.strip_prefix("::") else {
+            out.push(path);
+            return;
+        };
+        rest = r.trim_start();
     }
 }
 
