@@ -11,13 +11,16 @@
 //!
 //! Import rules (checked by `tests/architecture.rs`): `ledger` imports no other module of the
 //! crate; `export` never imports `cull`; `report` never imports `claims`; `config` never imports
-//! `cull`. `app` wires the modes together.
+//! `cull`; the sinks (`export`, `report`, `cull`) import no other sink, except the page using
+//! report's HTML renderer, and `cull` no source: shared Kubernetes lookups live in `k8s`. No two
+//! files import each other. `app` wires the modes together.
 
 pub mod app;
 pub mod claims;
 pub mod config;
 pub mod cull;
 pub mod export;
+pub mod k8s;
 pub mod ledger;
 pub mod report;
 pub mod telemetry;

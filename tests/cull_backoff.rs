@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, Notebook, STOP_ANNOTATION, Stack, metric_value, notebook_resource,
+    GpuLedgerProcess, Notebook, STOP_ANNOTATION, metric_value, notebook_resource,
 };
 use kube::api::{Api, DynamicObject};
-use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
+use support::{CULLING_RBAC, eventually};
 
 /// Sorts before [`ALLOWED_NS`]: on equal idle time the plan still picks the forbidden one first.
 const FORBIDDEN_NS: &str = "cull-a";
@@ -50,14 +50,12 @@ async fn stopped(admin: &kube::Client, ns: &str, name: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_notebook_backs_off_and_the_allowed_one_is_stopped() {
-    let stack = Stack::start(&[GpuNode::new("n1", 1), GpuNode::new("n2", 1)])
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let stack = support::tier_b(
+        &[GpuNode::new("n1", 1), GpuNode::new("n2", 1)],
+        support::Grants::ReadOnly,
+    )
+    .await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
     assert!(
         CULLING_RBAC.contains(SHIPPED_NOTEBOOK_RULE),
         "shipped culling RBAC changed shape; update this test"

@@ -33,8 +33,8 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, LEDGER_NAMESPACE, Notebook, STOP_ANNOTATION, Stack, metric_value,
-    notebook_resource, spawn_notebook_stop_rule,
+    GpuLedgerProcess, LEDGER_NAMESPACE, Notebook, STOP_ANNOTATION, metric_value, notebook_resource,
+    spawn_notebook_stop_rule,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -42,7 +42,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
-use support::{CULLING_RBAC, READ_ONLY_RBAC, described_events, eventually, has_event_line};
+use support::{CULLING_RBAC, described_events, eventually, has_event_line};
 
 const NS: &str = "team-ml";
 const DRY_NS: &str = "team-dry";
@@ -111,18 +111,8 @@ async fn assert_not_stopped(admin: &kube::Client, ns: &str, notebooks: &[&str], 
 async fn culling_end_to_end() {
     let mut nodes: Vec<GpuNode> = (1..=7).map(|i| GpuNode::new(&format!("n{i}"), 1)).collect();
     nodes.push(GpuNode::new("shared-1", 1).time_slicing(2));
-    let mut stack = Stack::start(&nodes)
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let mut stack = support::tier_b(&nodes, support::Grants::Culling).await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
-    stack
-        .grant_rbac(CULLING_RBAC, "gpu-ledger")
-        .await
-        .expect("culling RBAC");
     let _controller = AbortOnDrop(spawn_notebook_stop_rule(admin.clone()));
 
     let notebooks = [
@@ -515,18 +505,8 @@ const NOTICE_ANNOTATION: &str = "gpu-ledger.io/stop-scheduled-at";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
     let nodes: Vec<GpuNode> = (1..=2).map(|i| GpuNode::new(&format!("n{i}"), 1)).collect();
-    let stack = Stack::start(&nodes)
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let stack = support::tier_b(&nodes, support::Grants::Culling).await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
-    stack
-        .grant_rbac(CULLING_RBAC, "gpu-ledger")
-        .await
-        .expect("culling RBAC");
     let _controller = AbortOnDrop(spawn_notebook_stop_rule(admin.clone()));
     let notebooks = [
         Notebook::new(NS, "notice-nb").node("n1"),

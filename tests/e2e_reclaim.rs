@@ -27,13 +27,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, Notebook, STOP_ANNOTATION, Stack, metric_value, notebook_resource,
+    GpuLedgerProcess, Notebook, STOP_ANNOTATION, metric_value, notebook_resource,
     spawn_notebook_stop_rule,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use support::{CULLING_RBAC, READ_ONLY_RBAC, described_events, eventually, has_event_line};
+use support::{described_events, eventually, has_event_line};
 
 const NS: &str = "team-ml";
 const TRIALS: &str = "trials";
@@ -96,18 +96,8 @@ async fn an_idle_notebook_is_stopped_only_for_a_pod_that_fits_by_it() {
         GpuNode::new("n2", 1).label("pool", "train"),
         GpuNode::new("n3", 1).label("pool", "infer"),
     ];
-    let stack = Stack::start(&nodes)
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let stack = support::tier_b(&nodes, support::Grants::Culling).await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
-    stack
-        .grant_rbac(CULLING_RBAC, "gpu-ledger")
-        .await
-        .expect("culling RBAC");
     let _controller = AbortOnDrop(spawn_notebook_stop_rule(admin.clone()));
 
     let notebooks = [
@@ -255,18 +245,8 @@ async fn a_notice_for_the_pod_that_waits_a_snooze_and_the_stop_that_follows() {
         GpuNode::new("n1", 1).label("pool", "train"),
         GpuNode::new("n2", 1).label("pool", "train"),
     ];
-    let stack = Stack::start(&nodes)
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let stack = support::tier_b(&nodes, support::Grants::Culling).await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
-    stack
-        .grant_rbac(CULLING_RBAC, "gpu-ledger")
-        .await
-        .expect("culling RBAC");
     let _controller = AbortOnDrop(spawn_notebook_stop_rule(admin.clone()));
     let notebooks = [
         Notebook::new(NS, "a-nb").node("n1"),

@@ -25,12 +25,12 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, LEDGER_NAMESPACE, LedgerOptions, Notebook, Stack, metric_value,
+    GpuLedgerProcess, LEDGER_NAMESPACE, LedgerOptions, Notebook, metric_value,
 };
 use gpu_ledger_testkit::{ControlPlane, Fault, FaultProxy, GpuNode, Rule, TierBOptions};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually, grant_shipped_read_only, namespace};
+use support::{CULLING_RBAC, eventually, grant_shipped_read_only, namespace};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -93,23 +93,15 @@ async fn hung_lease_renewal_never_lets_two_replicas_write() {
     // The one Lease the shipped RBAC grants.
     const LEASE: &str = "gpu-ledger";
     let started = Instant::now();
-    let stack = Stack::start_with(
+    let stack = support::tier_b_with(
         &[GpuNode::new("n1", 1), GpuNode::new("n2", 1)],
         TierBOptions {
             audit: true,
             ..TierBOptions::default()
         },
+        support::Grants::Culling,
     )
-    .await
-    .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
-    stack
-        .grant_rbac(CULLING_RBAC, "gpu-ledger")
-        .await
-        .expect("culling RBAC");
+    .await;
     for nb in [
         Notebook::new("team-a", "idle-a").node("n1"),
         Notebook::new("team-b", "idle-b").node("n2"),

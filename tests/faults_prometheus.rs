@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, Notebook, STOP_ANNOTATION, Stack, metric_value, notebook_resource,
+    GpuLedgerProcess, Notebook, STOP_ANNOTATION, metric_value, notebook_resource,
     spawn_notebook_stop_rule,
 };
 use kube::api::{Api, DynamicObject};
 use serde_json::Value;
-use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
+use support::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -231,18 +231,12 @@ async fn assert_blind_but_safe(gl: &GpuLedgerProcess, admin: &kube::Client, faul
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_faults_blind_but_never_cull() {
-    let stack = Stack::start(&[GpuNode::new("n1", 1), GpuNode::new("n2", 1)])
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let stack = support::tier_b(
+        &[GpuNode::new("n1", 1), GpuNode::new("n2", 1)],
+        support::Grants::Culling,
+    )
+    .await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
-    stack
-        .grant_rbac(CULLING_RBAC, "gpu-ledger")
-        .await
-        .expect("culling RBAC");
     stack.ensure_namespace(NS).await.expect("namespace");
     let _stop_rule = spawn_notebook_stop_rule(admin.clone());
     stack
@@ -395,13 +389,7 @@ async fn inject_future(
 /// pod's utilisation went unknown within the 5 s staleness limit, for a day).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_future_sample_in_an_answer_does_not_blind_a_busy_gpu() {
-    let stack = Stack::start(&[GpuNode::new("n1", 1)])
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
+    let stack = support::tier_b(&[GpuNode::new("n1", 1)], support::Grants::ReadOnly).await;
     stack.ensure_namespace(NS).await.expect("namespace");
     stack
         .create_gpu_pod(NS, "busy", 1, Some(90.0))
@@ -594,13 +582,11 @@ fn counter(text: &str, family: &str) -> f64 {
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_huge_labels_are_refused_and_partial_answers_prove_nothing_idle() {
-    let stack = Stack::start(&[GpuNode::new("n1", 1), GpuNode::new("n2", 1)])
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
+    let stack = support::tier_b(
+        &[GpuNode::new("n1", 1), GpuNode::new("n2", 1)],
+        support::Grants::ReadOnly,
+    )
+    .await;
     stack.ensure_namespace(NS).await.expect("namespace");
     stack
         .create_gpu_pod(NS, "busy", 1, Some(90.0))

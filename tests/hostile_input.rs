@@ -65,8 +65,6 @@ fn hostile() -> Vec<String> {
 fn pod(i: usize, ns: &str, name: &str, extra: &str) -> PodRow {
     let pending = !i.is_multiple_of(2);
     PodRow {
-        namespace: ns.into(),
-        pod: name.into(),
         node: Some(format!("node-{extra}")),
         state: if pending {
             PodState::Pending
@@ -78,23 +76,20 @@ fn pod(i: usize, ns: &str, name: &str, extra: &str) -> PodRow {
         gpus_by_resource: vec![("nvidia.com/gpu".to_string(), 1.0)],
         attribution: Attribution::Exclusive,
         utilization: Some(0.25),
-        memory_used_bytes: None,
         idle: Some(false),
         idle_seconds: Some(0.0),
-        terminating_seconds: None,
-        stuck: false,
         pending_seconds: pending.then_some(60.0),
         notebook: Some(format!("nb-{extra}")),
         owner: Some(Owner {
             kind: "StatefulSet".into(),
             name: format!("owner-{extra}"),
         }),
-        devices: vec![],
         pending_reason: pending.then(|| format!("reason {extra}")),
         evidence: Evidence {
             uid: format!("uid-{i}"),
             ..Evidence::default()
         },
+        ..PodRow::new(ns, name)
     }
 }
 

@@ -1,13 +1,15 @@
 //! The runtime edges, one file per mode: `serve` (sources → ledger hub → sinks, each on its own
-//! task), `report` (one ledger from a live cluster or from dump files, `offline`), `capture`
+//! task; the hub loop in `hub`, the task supervisor in `tasks`), `report` (one ledger from a live cluster or from dump files, `offline`), `capture`
 //! (the live inputs written as the files `offline` reads). Everything here is I/O and wiring;
 //! decisions live in `ledger` and `cull`.
 
 mod capture;
+mod hub;
 pub mod offline;
 mod report;
 mod serve;
 mod showback;
+pub mod tasks;
 
 use std::sync::Arc;
 

@@ -13,10 +13,11 @@ use super::{AppError, cull_policy, kube_client, live_settings, prom_client};
 use crate::claims;
 use crate::config::{Output, ReportArgs};
 use crate::cull::plan::Plan;
+use crate::cull::render::{CullJson, plan_metrics};
 use crate::export::{self, Snapshot};
 use crate::ledger::usage::Usage;
 use crate::ledger::{self, Ledger, Policy};
-use crate::report::{self, cull::CullJson, html};
+use crate::report::{self, html};
 use crate::usage::discover::{self, ServiceProxy};
 use crate::usage::live::LiveUsage;
 use crate::usage::prom::PromClient;
@@ -229,7 +230,7 @@ fn write_report(output: Output, ledger: &Ledger, plan: Option<&Plan>) -> std::io
             let mut text = export::render_snapshot(&Snapshot::new(ledger.clone()))
                 .map_err(std::io::Error::other)?;
             if let Some(plan) = plan {
-                text.push_str(&report::cull::plan_metrics(plan).map_err(std::io::Error::other)?);
+                text.push_str(&plan_metrics(plan).map_err(std::io::Error::other)?);
                 // Which notebooks would stop is no metric: the plan's text goes to stderr.
                 crate::cull::render_plan(plan, &mut std::io::stderr().lock())?;
             }

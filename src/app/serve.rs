@@ -6,6 +6,9 @@
 //! usage refresh ──▶ latest ───┘   (own task)           └─▶ culler (own task, watch channel)
 //! ```
 //!
+//! The hub loop is `hub.rs`, the supervisor `tasks.rs`; this file wires them, runs the refresh
+//! and the culling loops and re-checks a stop before it is made.
+//!
 //! Every task is supervised — the hub, the refresh, the culler, the HTTP server, each claims
 //! watch and the culling Lease election: one that ends (or panics) before shutdown cancels the
 //! rest and the process exits non-zero, so a dead task can never hide behind a live HTTP server.
@@ -15,20 +18,20 @@
 //! `gpu_ledger_source_up{source="kubernetes"}` is 0 and culling is held back).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use chrono::Utc;
-use futures::FutureExt;
 use futures::future::BoxFuture;
 use kube::Client;
 use tokio::sync::watch as channel;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::{Instrument, Span, error, info, info_span, warn};
+use tracing::{Span, error, info, info_span, warn};
 
+use super::hub::{CullInput, HUB_STALL_BOUND, Health, Hub, Refreshed, hub_loop};
+use super::tasks::{Beat, Tasks, spawn_signal_handler};
 use super::{
     AppError, KUBE_CONNECT_TIMEOUT, KUBE_READ_TIMEOUT, cull_config, live_settings, prom_client,
 };
@@ -45,222 +48,12 @@ use crate::usage::history::History;
 use crate::usage::live::{Fetched, LiveSettings, LiveUsage};
 use crate::usage::prom::{PromClient, PromError};
 
-/// How often the hub checks whether claims changed since the last ledger build.
-const CLAIMS_REBUILD_INTERVAL: Duration = Duration::from_millis(250);
-/// Longest wait for tasks to stop after cancellation.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// A claims watch failing for this long is broken: its store may be frozen. Then
-/// `gpu_ledger_source_up{source="kubernetes"}` is 0, `/readyz` fails and culling is held back
-/// (circuit `claims_stale`) until it works again.
-pub const WATCH_BROKEN_AFTER: Duration = Duration::from_secs(60);
 /// Bound of the notebook-ownership step of a refresh (StatefulSet GETs, each bounded too).
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound of one culling cycle (each of its calls is bounded as well).
 const CULL_CYCLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// The hub builds every 250 ms; a build of a large cluster takes well under a second.
-const HUB_STALL_BOUND: Duration = Duration::from_secs(60);
 /// How often a waiting loop still reports progress.
 const IDLE_BEAT: Duration = Duration::from_secs(5);
-
-/// The tasks of one `serve` process: one cancellation tree, and the first unexpected end.
-#[derive(Clone)]
-struct Tasks {
-    tracker: TaskTracker,
-    cancel: CancellationToken,
-    failed: Arc<Mutex<Option<String>>>,
-}
-
-impl Tasks {
-    fn new() -> Self {
-        Tasks {
-            tracker: TaskTracker::new(),
-            cancel: CancellationToken::new(),
-            failed: Arc::default(),
-        }
-    }
-
-    /// Spawns a task that must run until shutdown. If it returns or panics first, everything is
-    /// cancelled and [`Tasks::failed`] names it.
-    fn spawn_critical<F>(&self, name: impl Into<String>, span: Span, task: F)
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        let name = name.into();
-        let (cancel, failed) = (self.cancel.clone(), self.failed.clone());
-        self.tracker.spawn(
-            async move {
-                let ended = std::panic::AssertUnwindSafe(task).catch_unwind().await;
-                if cancel.is_cancelled() {
-                    return;
-                }
-                let how = if ended.is_ok() {
-                    "returned"
-                } else {
-                    "panicked"
-                };
-                error!(task = %name, how, "task ended before shutdown; stopping the process");
-                failed
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .get_or_insert(name);
-                cancel.cancel();
-            }
-            .instrument(span),
-        );
-    }
-
-    fn failed(&self) -> Option<String> {
-        self.failed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-}
-
-/// One loop's heartbeat: when it last made progress, and how long it may go without.
-struct Beat {
-    name: &'static str,
-    bound: Duration,
-    last: Mutex<Instant>,
-}
-
-impl Beat {
-    fn new(name: &'static str, bound: Duration) -> Arc<Self> {
-        Arc::new(Beat {
-            name,
-            bound,
-            last: Mutex::new(Instant::now()),
-        })
-    }
-
-    fn beat(&self) {
-        *self
-            .last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
-    }
-
-    fn silent_for(&self) -> Duration {
-        self.last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .elapsed()
-    }
-}
-
-/// What `/healthz` and `/readyz` report, from the loops themselves.
-struct Health {
-    /// The first snapshot is published (every watch synced, one refresh done).
-    started: AtomicBool,
-    /// Claims watches failing for longer than [`WATCH_BROKEN_AFTER`].
-    broken_watches: Mutex<Vec<&'static str>>,
-    /// Why the last refresh refused Prometheus' answer although Prometheus answered (DCGM
-    /// series of several clusters and no selector): an operator must act, so not ready.
-    usage_refused: Mutex<Option<String>>,
-    beats: Vec<Arc<Beat>>,
-    /// The claims stores, to tell which watches have not synced yet and why.
-    stores: Option<Stores>,
-}
-
-impl Health {
-    /// Keeps why the last refresh refused Prometheus' answer although it came (several clusters'
-    /// series without a selector), for `/readyz`; any other outcome clears it.
-    fn record_usage_refusal(&self, fetched: Option<&Fetched>) {
-        let refused = fetched
-            .and_then(|f| f.error.as_ref())
-            .filter(|e| matches!(e, PromError::SeveralClusters { .. }))
-            .map(ToString::to_string);
-        *self
-            .usage_refused
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = refused;
-    }
-
-    /// Why nothing is published yet: the watches that have not synced (and the last error one
-    /// of them saw), or the first refresh still under way.
-    fn waiting_reason(&self) -> String {
-        let unsynced = self
-            .stores
-            .as_ref()
-            .map(Stores::unsynced)
-            .unwrap_or_default();
-        if unsynced.is_empty() {
-            return "the Kubernetes watches have synced; the first refresh is under way".into();
-        }
-        let names: Vec<&str> = unsynced.iter().map(|(label, _)| *label).collect();
-        let why = format!(
-            "the Kubernetes watches have not delivered their first list: {}",
-            names.join(", ")
-        );
-        match unsynced
-            .iter()
-            .find_map(|(label, e)| e.as_ref().map(|e| (label, e)))
-        {
-            Some((label, error)) => format!("{why}; last error ({label}): {error}"),
-            None => why,
-        }
-    }
-}
-
-impl server::Probes for Health {
-    fn waiting(&self) -> Option<server::Waiting> {
-        if self.started.load(Ordering::Relaxed) {
-            return None;
-        }
-        let synced = self.stores.as_ref().is_none_or(Stores::synced);
-        Some(server::Waiting {
-            state: if synced {
-                server::WaitingState::FirstRefresh
-            } else {
-                server::WaitingState::FirstSync
-            },
-            reason: self.waiting_reason(),
-        })
-    }
-
-    fn live(&self) -> Result<(), String> {
-        for b in &self.beats {
-            let silent = b.silent_for();
-            if silent > b.bound {
-                return Err(format!(
-                    "{} loop made no progress for {}s (bound {}s)",
-                    b.name,
-                    silent.as_secs(),
-                    b.bound.as_secs()
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn ready(&self) -> Result<(), String> {
-        self.live()?;
-        if let Some(waiting) = self.waiting() {
-            return Err(format!("{}: {}", waiting.state.text(), waiting.reason));
-        }
-        let broken = self
-            .broken_watches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !broken.is_empty() {
-            return Err(format!(
-                "kubernetes watches failing for over {}s: {}",
-                WATCH_BROKEN_AFTER.as_secs(),
-                broken.join(", ")
-            ));
-        }
-        drop(broken);
-        if let Some(why) = self
-            .usage_refused
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-        {
-            return Err(why.clone());
-        }
-        Ok(())
-    }
-}
 
 /// The two Kubernetes clients. Watches get no read timeout (kube-runtime's watcher has an idle
 /// timeout of its own, and a quiet watch reads nothing for minutes); every other call goes
@@ -305,22 +98,6 @@ fn validate(args: &ServeArgs) -> Result<(), AppError> {
         ));
     }
     Ok(())
-}
-
-/// One usage refresh, as the hub and the culler see it.
-struct Refreshed {
-    usage: Usage,
-    /// The idle history after this refresh, for re-checks before a stop.
-    history: Option<Arc<History>>,
-}
-
-/// What the culler sink reads: the snapshot built from a fresh refresh.
-#[derive(Clone)]
-struct CullInput {
-    snapshot: Arc<Snapshot>,
-    history: Option<Arc<History>>,
-    /// No claims watch was broken when the snapshot was built.
-    claims_fresh: bool,
 }
 
 /// `gpu-ledger serve`.
@@ -395,7 +172,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         .source_up
         .with_label_values(&["kubernetes"])
         .set(1.0);
-    crate::claims::dra::register_enabled(&registry, &stores).map_err(AppError::Metrics)?;
+    crate::claims::dra::register_enabled(&registry, &stores.dra_enabled)
+        .map_err(AppError::Metrics)?;
 
     let (hub_beat, refresh_beat, cull_beat) = (
         Beat::new("hub", HUB_STALL_BOUND),
@@ -500,114 +278,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
 
     tasks.cancel.cancelled().await;
     info!("shutting down");
-    tasks.tracker.close();
-    if tokio::time::timeout(SHUTDOWN_GRACE, tasks.tracker.wait())
-        .await
-        .is_err()
-    {
-        warn!(
-            grace_seconds = SHUTDOWN_GRACE.as_secs(),
-            "tasks did not stop in time; exiting anyway"
-        );
-    }
+    tasks.drain().await;
     match tasks.failed() {
         Some(name) => Err(AppError::TaskEnded(name)),
         None => Ok(()),
-    }
-}
-
-/// The hub task's inputs.
-struct Hub {
-    stores: Stores,
-    usage: channel::Receiver<Option<Arc<Refreshed>>>,
-    policy: Policy,
-    shard: (u32, u32),
-    shared: crate::export::SharedSnapshot,
-    health: Arc<Health>,
-    metrics: SelfMetrics,
-    beat: Arc<Beat>,
-    cull: channel::Sender<Option<CullInput>>,
-    cancel: CancellationToken,
-}
-
-impl Hub {
-    /// Records which watches are broken (source health, readiness); returns whether none is.
-    fn check_watches(&self) -> bool {
-        let broken = self.stores.broken(WATCH_BROKEN_AFTER);
-        let fresh = broken.is_empty();
-        let mut known = self
-            .health
-            .broken_watches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *known != broken {
-            if fresh {
-                info!("kubernetes watches work again");
-            } else {
-                warn!(
-                    watches = ?broken,
-                    bound_seconds = WATCH_BROKEN_AFTER.as_secs(),
-                    "kubernetes watches failing past their bound: source down, not ready, culling held back"
-                );
-            }
-            known.clone_from(&broken);
-        }
-        self.metrics
-            .source_up
-            .with_label_values(&["kubernetes"])
-            .set(if fresh { 1.0 } else { 0.0 });
-        fresh
-    }
-}
-
-/// Rebuilds the ledger when claims change (within [`CLAIMS_REBUILD_INTERVAL`], with the last
-/// usage) or a refresh arrives, and publishes it. Nothing is published before the first refresh
-/// (which waits for the watches to sync).
-async fn hub_loop(mut hub: Hub) {
-    let mut claims_tick = tokio::time::interval(CLAIMS_REBUILD_INTERVAL);
-    claims_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut built_generation = None;
-    loop {
-        hub.beat.beat();
-        let claims_fresh = hub.check_watches();
-        let new_usage = tokio::select! {
-            () = hub.cancel.cancelled() => return,
-            changed = hub.usage.changed() => {
-                if changed.is_err() {
-                    // The refresh task is gone: its supervisor reports it.
-                    hub.cancel.cancelled().await;
-                    return;
-                }
-                true
-            }
-            _ = claims_tick.tick() => false,
-        };
-        // Only a change seen through `changed()` counts as new usage (it triggers a cull cycle).
-        let current = if new_usage {
-            hub.usage.borrow_and_update().clone()
-        } else {
-            hub.usage.borrow().clone()
-        };
-        let Some(current) = current else {
-            continue;
-        };
-        let generation = hub.stores.generation();
-        if !new_usage && built_generation == Some(generation) {
-            continue;
-        }
-        built_generation = Some(generation);
-        let ledger = rebuild_from_claims(&hub.stores, &current.usage, &hub.policy, hub.shard);
-        let next = Arc::new(hub.shared.load().advance(ledger));
-        hub.shared.store(next.clone());
-        hub.health.started.store(true, Ordering::Relaxed);
-        if new_usage {
-            hub.cull.send_replace(Some(CullInput {
-                snapshot: next,
-                history: current.history.clone(),
-                claims_fresh,
-            }));
-        }
-        test_hooks::panic_point("hub");
     }
 }
 
@@ -658,19 +332,6 @@ async fn cull_loop(
         test_hooks::panic_point("cull");
     }
     culler.shutdown().await;
-}
-
-/// A ledger from the current claims and the last usage (no Prometheus query, no API call).
-fn rebuild_from_claims(
-    stores: &Stores,
-    usage: &Usage,
-    policy: &Policy,
-    (shard, total_shards): (u32, u32),
-) -> Ledger {
-    let claims = stores.claims_for(shard, total_shards);
-    let mut ledger = ledger::build(&claims, usage, Utc::now(), policy);
-    ledger.retain_shard(shard, total_shards);
-    ledger
 }
 
 /// The refresh task's inputs.
@@ -863,90 +524,10 @@ impl Rechecker<'_> {
     }
 }
 
-/// SIGTERM or Ctrl-C cancels everything (an expected end: not a failure).
-fn spawn_signal_handler(tasks: &Tasks) {
-    let (cancel, failed) = (tasks.cancel.clone(), tasks.failed.clone());
-    tasks.tracker.spawn(
-        async move {
-            #[cfg(unix)]
-            {
-                use tokio::signal::unix::{SignalKind, signal};
-                let mut term = match signal(SignalKind::terminate()) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        error!(
-                            error = &e as &dyn std::error::Error,
-                            "cannot listen for SIGTERM"
-                        );
-                        // Not an expected end: the process must exit non-zero.
-                        failed
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .get_or_insert_with(|| "signals".to_string());
-                        cancel.cancel();
-                        return;
-                    }
-                };
-                tokio::select! {
-                    _ = term.recv() => info!("SIGTERM received"),
-                    _ = tokio::signal::ctrl_c() => info!("interrupt received"),
-                    () = cancel.cancelled() => return,
-                }
-            }
-            #[cfg(not(unix))]
-            {
-                drop(failed);
-                let _ = tokio::signal::ctrl_c().await;
-            }
-            cancel.cancel();
-        }
-        .instrument(info_span!("signals")),
-    );
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::hub::tests::refused_by_several_clusters;
     use super::*;
-    use crate::export::server::Probes as _;
-    use crate::usage::live::Rejected;
-    use crate::usage::prom::QueryStats;
-
-    fn refused_by_several_clusters() -> Fetched {
-        Fetched {
-            usage: Usage::default(),
-            stats: QueryStats::default(),
-            error: Some(PromError::SeveralClusters {
-                clusters: vec!["cluster=\"east\"".into(), "cluster=\"west\"".into()],
-            }),
-            rejected: Rejected::default(),
-        }
-    }
-
-    #[test]
-    fn several_clusters_make_serve_not_ready_and_say_so_until_a_clean_refresh() {
-        let health = Health {
-            started: AtomicBool::new(true),
-            broken_watches: Mutex::default(),
-            usage_refused: Mutex::default(),
-            beats: Vec::new(),
-            stores: None,
-        };
-        assert!(health.ready().is_ok());
-        health.record_usage_refusal(Some(&refused_by_several_clusters()));
-        let why = health
-            .ready()
-            .expect_err("not ready while the store is ambiguous");
-        assert!(
-            why.contains("cluster=\"east\"") && why.contains("--prometheus-selector"),
-            "{why}"
-        );
-        // The next refresh without that refusal clears it.
-        health.record_usage_refusal(Some(&Fetched {
-            error: None,
-            ..refused_by_several_clusters()
-        }));
-        assert!(health.ready().is_ok());
-    }
 
     #[test]
     fn several_clusters_set_their_gauge_and_the_source_down() {

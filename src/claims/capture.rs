@@ -11,7 +11,6 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -21,6 +20,7 @@ use tracing::warn;
 
 use super::list::ListError;
 use super::project;
+use crate::k8s;
 use crate::ledger::claims::ResourceNames;
 
 /// The lists, ready to be written as `<stem>.json`.
@@ -86,17 +86,6 @@ fn item<K: serde::Serialize>(obj: &K) -> Value {
     v
 }
 
-fn scoped<K>(client: &Client, ns: Option<&str>) -> Api<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as kube::Resource>::DynamicType: Default,
-{
-    ns.map_or_else(
-        || Api::all(client.clone()),
-        |n| Api::namespaced(client.clone(), n),
-    )
-}
-
 /// Lists everything the offline report reads, as raw objects.
 pub async fn list_raw(
     client: &Client,
@@ -105,24 +94,16 @@ pub async fn list_raw(
 ) -> Result<RawLists, ListError> {
     let lp = ListParams::default();
     let failed = |resource| move |source| ListError { resource, source };
-    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().map(|n| Some(n.as_str())).collect()
-    };
+    let scopes = k8s::scopes(namespaces);
     let (mut pods, mut quotas) = (Vec::new(), Vec::new());
     let mut owners: BTreeSet<(String, String)> = BTreeSet::new();
     let mut pod_namespaces: BTreeSet<String> = BTreeSet::new();
     for ns in &scopes {
-        let api: Api<Pod> = scoped(client, *ns);
+        let api: Api<Pod> = k8s::scoped(client, ns.as_deref());
         for p in api.list(&lp).await.map_err(failed("pods"))? {
             match project::pod(names, &p) {
                 Ok(Some(claim)) => {
-                    if let Some(c) = claim
-                        .controller
-                        .as_ref()
-                        .filter(|c| c.kind == "StatefulSet" && c.group == "apps")
-                    {
+                    if let Some(c) = k8s::statefulset_owner(&claim) {
                         owners.insert((claim.namespace.clone(), c.name.clone()));
                     }
                     pod_namespaces.insert(claim.namespace.clone());
@@ -136,7 +117,7 @@ pub async fn list_raw(
                 ),
             }
         }
-        let api: Api<ResourceQuota> = scoped(client, *ns);
+        let api: Api<ResourceQuota> = k8s::scoped(client, ns.as_deref());
         for q in api.list(&lp).await.map_err(failed("resourcequotas"))? {
             quotas.push(item(&q));
         }
@@ -212,9 +193,7 @@ async fn list_notebooks(
     let lp = ListParams::default();
     let failed = |resource| move |source| ListError { resource, source };
     let (mut notebooks, mut statefulsets) = (None, None);
-    if let Ok(group) = kube::discovery::group(client, "kubeflow.org").await
-        && let Some((ar, _)) = group.recommended_kind("Notebook")
-    {
+    if let Ok(Some(ar)) = k8s::notebook_resource(client).await {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         let list = api.list(&lp).await.map_err(failed("notebooks"))?;
         let types = TypeMeta {
@@ -239,9 +218,8 @@ async fn list_notebooks(
         notebooks = Some(list_of(items));
         let mut sets = Vec::new();
         for (ns, name) in owners {
-            let api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
             // As the live lists: a StatefulSet that cannot be read leaves its notebook unverified.
-            match api.get_opt(&name).await {
+            match k8s::get_statefulset(client, &ns, &name).await {
                 Ok(Some(sts)) => sets.push(item(&sts)),
                 Ok(None) => {}
                 Err(e) => warn!(
@@ -261,17 +239,16 @@ async fn list_notebooks(
 async fn list_dra(
     client: &Client,
     names: &ResourceNames,
-    scopes: &[Option<&str>],
+    scopes: &[Option<String>],
 ) -> Result<(Option<Value>, Option<Value>, Option<Value>), ListError> {
     let lp = ListParams::default();
     let failed = |resource| move |source| ListError { resource, source };
-    let owned: Vec<Option<String>> = scopes.iter().map(|s| s.map(str::to_string)).collect();
     let (mut resource_claims, mut resource_slices, mut device_classes) = (None, None, None);
-    if !names.dra_drivers.is_empty() && super::dra::available(client, &owned).await {
+    if !names.dra_drivers.is_empty() && super::dra::available(client, scopes).await {
         use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
         let mut claims = Vec::new();
         for ns in scopes {
-            let api: Api<ResourceClaim> = scoped(client, *ns);
+            let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
             for c in api.list(&lp).await.map_err(failed("resourceclaims"))? {
                 claims.push(item(&c));
             }

@@ -9,17 +9,15 @@
 //! When the API group is not served (or not readable) every DRA watch is skipped, with a log
 //! line and `gpu_ledger_dra_enabled 0`.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceSelector, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::watch::{self, RestartHook, Stores};
+use crate::k8s;
 use crate::ledger::claims::{
     DeviceClassInfo, DraAllocation, DraDevice, DraDeviceKind, DraDeviceStatus, DraRequest,
     ResourceClaimInfo, ResourceNames,
@@ -291,7 +289,7 @@ pub fn resource_claim(names: &ResourceNames, rc: &ResourceClaim) -> Option<Resou
 
 /// Whether `resource.k8s.io/v1` is served with claims, slices and classes, and readable by us;
 /// `false` (with the reason logged) when not: DRA accounting is then off.
-pub(super) async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
+pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
     let group = tokio::time::timeout(PROBE_TIMEOUT, kube::discovery::group(client, GROUP)).await;
     let group = match group {
         Ok(Ok(g)) => g,
@@ -334,7 +332,7 @@ pub(super) async fn available(client: &Client, scopes: &[Option<String>]) -> boo
     let lp = ListParams::default().limit(1);
     let mut probes: Vec<(&str, Result<(), kube::Error>)> = Vec::new();
     for ns in scopes {
-        let api: Api<ResourceClaim> = watch::scoped(client, ns.as_deref());
+        let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
         probes.push(("resourceclaims", probe(&api, &lp).await));
     }
     probes.push((
@@ -385,81 +383,16 @@ where
     }
 }
 
-/// Starts the DRA watches on `stores` when the API is served and readable (see [`available`]);
-/// `scopes` are the namespaces claims are watched in (`None`: all).
-pub(super) async fn start(
-    client: &Client,
-    names: &ResourceNames,
-    scopes: &[Option<String>],
-    spawn: watch::Spawn<'_>,
-    cancel: &CancellationToken,
-    stores: &Stores,
-    on_restart: &RestartHook,
-) {
-    if names.dra_drivers.is_empty() {
-        info!("no --dra-gpu-drivers: DRA accounting is off");
-        return;
-    }
-    if !available(client, scopes).await {
-        return;
-    }
-    stores.dra_enabled.store(true, Ordering::Relaxed);
-    info!(drivers = ?names.dra_drivers, "watching {GROUP}/{VERSION} resourceclaims, resourceslices, deviceclasses");
-    for (i, ns) in scopes.iter().enumerate() {
-        let api: Api<ResourceClaim> = watch::scoped(client, ns.as_deref());
-        let names = names.clone();
-        watch::spawn_watch(
-            spawn,
-            cancel,
-            stores,
-            watch::leak_label("resourceclaims", i),
-            api,
-            watcher::Config::default(),
-            on_restart.clone(),
-            move |rc: &ResourceClaim| resource_claim(&names, rc),
-            stores.resource_claims.clone(),
-            |rc: &ResourceClaim| {
-                format!("{}/{}", rc.namespace().unwrap_or_default(), rc.name_any())
-            },
-        );
-    }
-    let names_s = names.clone();
-    watch::spawn_watch(
-        spawn,
-        cancel,
-        stores,
-        "resourceslices",
-        Api::<ResourceSlice>::all(client.clone()),
-        watcher::Config::default(),
-        on_restart.clone(),
-        move |s: &ResourceSlice| slice_devices(&names_s, s),
-        stores.resource_slices.clone(),
-        ResourceExt::name_any,
-    );
-    watch::spawn_watch(
-        spawn,
-        cancel,
-        stores,
-        "deviceclasses",
-        Api::<DeviceClass>::all(client.clone()),
-        watcher::Config::default(),
-        on_restart.clone(),
-        |c: &DeviceClass| Some(device_class(c)),
-        stores.device_classes.clone(),
-        ResourceExt::name_any,
-    );
-}
-
 /// Registers `gpu_ledger_dra_enabled` (1 when the DRA watches run) on `registry`.
 pub fn register_enabled(
     registry: &prometheus::Registry,
-    stores: &Stores,
+    enabled: &AtomicBool,
 ) -> Result<(), prometheus::Error> {
     let g = prometheus::IntGauge::new(
         "gpu_ledger_dra_enabled",
         "1 when resource.k8s.io/v1 is served and readable and its ResourceClaims, ResourceSlices and DeviceClasses are watched; 0 when DRA accounting is off.",
     )?;
-    g.set(i64::from(stores.dra_enabled.load(Ordering::Relaxed)));
+    g.set(i64::from(enabled.load(Ordering::Relaxed)));
     registry.register(Box::new(g))
 }
 
@@ -470,17 +403,13 @@ pub async fn list_into(
     namespaces: &[String],
     claims: &mut crate::ledger::claims::Claims,
 ) -> Result<(), kube::Error> {
-    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().cloned().map(Some).collect()
-    };
+    let scopes = k8s::scopes(namespaces);
     if names.dra_drivers.is_empty() || !available(client, &scopes).await {
         return Ok(());
     }
     let lp = ListParams::default();
     for ns in &scopes {
-        let api: Api<ResourceClaim> = watch::scoped(client, ns.as_deref());
+        let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
         for rc in list(&api, &lp).await? {
             claims.resource_claims.extend(resource_claim(names, &rc));
         }

@@ -650,7 +650,7 @@ pub fn load_with_limits(
         let notebooks: Vec<MetaOnly> = list(path, "Notebook", "notebooks.kubeflow.org", limits, w)?;
         claims.notebooks = notebooks
             .iter()
-            .map(|n| project::notebook(&n.metadata))
+            .map(|n| crate::k8s::notebook(&n.metadata))
             .collect();
         claims.notebooks_enabled = true;
     }

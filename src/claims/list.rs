@@ -1,13 +1,13 @@
 //! One-shot claims from the live API (`report` against a cluster): one list per resource, into
 //! the same projections as the watches.
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, ListParams};
 use tracing::warn;
 
 use super::project;
+use crate::k8s;
 use crate::ledger::claims::{Claims, ResourceNames};
 
 /// A list call that failed.
@@ -19,17 +19,6 @@ pub struct ListError {
     pub source: kube::Error,
 }
 
-fn scoped<K>(client: &Client, ns: Option<&str>) -> Api<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as kube::Resource>::DynamicType: Default,
-{
-    ns.map_or_else(
-        || Api::all(client.clone()),
-        |n| Api::namespaced(client.clone(), n),
-    )
-}
-
 /// Lists pods, quotas, nodes, Notebooks (when served) and the StatefulSets owning GPU pods.
 pub async fn list_claims(
     client: &Client,
@@ -38,14 +27,10 @@ pub async fn list_claims(
 ) -> Result<Claims, ListError> {
     let mut claims = Claims::default();
     let lp = ListParams::default();
-    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().map(|n| Some(n.as_str())).collect()
-    };
+    let scopes = k8s::scopes(namespaces);
     let failed = |resource| move |source| ListError { resource, source };
     for ns in &scopes {
-        let pods: Api<Pod> = scoped(client, *ns);
+        let pods: Api<Pod> = k8s::scoped(client, ns.as_deref());
         for p in pods.list(&lp).await.map_err(failed("pods"))? {
             match project::pod(names, &p) {
                 Ok(Some(c)) => {
@@ -59,7 +44,7 @@ pub async fn list_claims(
                 Err(e) => warn!(error = &e as &dyn std::error::Error, "ignoring pod"),
             }
         }
-        let quotas: Api<ResourceQuota> = scoped(client, *ns);
+        let quotas: Api<ResourceQuota> = k8s::scoped(client, ns.as_deref());
         for q in quotas.list(&lp).await.map_err(failed("resourcequotas"))? {
             if let Ok(Some(info)) = project::quota(names, &q) {
                 claims.quotas.push(info);
@@ -76,35 +61,25 @@ pub async fn list_claims(
     super::dra::list_into(client, names, namespaces, &mut claims)
         .await
         .map_err(failed("resource.k8s.io"))?;
-    if let Ok(group) = kube::discovery::group(client, "kubeflow.org").await
-        && let Some((ar, _)) = group.recommended_kind("Notebook")
-    {
+    if let Ok(Some(ar)) = k8s::notebook_resource(client).await {
         // Per namespace when --namespaces is set, as the watches do (the RBAC may be bound there
         // only).
         for ns in &scopes {
-            let api: Api<DynamicObject> = match ns {
-                Some(n) => Api::namespaced_with(client.clone(), n, &ar),
-                None => Api::all_with(client.clone(), &ar),
-            };
+            let api = k8s::scoped_dynamic(client, ns.as_deref(), &ar);
             let list = api.list(&lp).await.map_err(failed("notebooks"))?;
             claims
                 .notebooks
-                .extend(list.items.iter().map(|o| project::notebook(&o.metadata)));
+                .extend(list.items.iter().map(|o| k8s::notebook(&o.metadata)));
         }
         claims.notebooks_enabled = true;
         let mut sets = std::collections::BTreeSet::new();
         for p in &claims.pods {
-            if let Some(c) = p
-                .controller
-                .as_ref()
-                .filter(|c| c.kind == "StatefulSet" && c.group == "apps")
-            {
+            if let Some(c) = k8s::statefulset_owner(p) {
                 sets.insert((p.namespace.clone(), c.name.clone()));
             }
         }
         for (ns, name) in sets {
-            let api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-            if let Ok(Some(sts)) = api.get_opt(&name).await {
+            if let Ok(Some(sts)) = k8s::get_statefulset(client, &ns, &name).await {
                 claims.statefulsets.push(project::statefulset(&sts));
             }
         }

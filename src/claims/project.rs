@@ -11,12 +11,12 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::quantity::{MAX_GPU_UNITS, QuantityError, parse_gpu_units, parse_units};
+use crate::k8s::to_chrono;
 use crate::ledger::claims::{
-    CULL_OPT_OUT_ANNOTATION, DaemonPod, Deletion, GFD_LABEL_PREFIX, LabelSelector, NodeInfo,
-    NodeOp, NodeRequirement, NodeSelectorTerm, NotebookInfo, OwnerRef, PRODUCT_LABEL, Placement,
-    PodClaim, PodPhase, QuotaInfo, REPLICAS_LABEL, ResourceNames, SNOOZE_ANNOTATION,
-    STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION, SelectorOp,
-    SelectorRequirement, StatefulSetInfo, Taint, Toleration,
+    DaemonPod, Deletion, GFD_LABEL_PREFIX, LabelSelector, NodeInfo, NodeOp, NodeRequirement,
+    NodeSelectorTerm, OwnerRef, PRODUCT_LABEL, Placement, PodClaim, PodPhase, QuotaInfo,
+    REPLICAS_LABEL, ResourceNames, SelectorOp, SelectorRequirement, StatefulSetInfo, Taint,
+    Toleration,
 };
 
 /// A quantity that cannot be a GPU count, with where it was found.
@@ -38,12 +38,6 @@ fn object_name(kind: &str, meta: &ObjectMeta) -> String {
 
 fn time(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<DateTime<Utc>> {
     t.map(|t| to_chrono(t.0))
-}
-
-/// k8s-openapi carries `jiff` timestamps; the rest of the crate uses `chrono`.
-pub fn to_chrono(t: k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
-    DateTime::from_timestamp(t.as_second(), t.subsec_nanosecond().unsigned_abs())
-        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// The controller owner reference (group without version).
@@ -509,48 +503,6 @@ pub fn quota(
     }))
 }
 
-/// A Notebook from its metadata alone (spec and status are never read).
-///
-/// Every annotation culling reads fails closed: one that is present but not understood is named
-/// in [`NotebookInfo::invalid_annotations`] (culling holds the notebook back), never read as
-/// absent — a snooze that is a date alone, a time without a zone or prose is no snooze only to a
-/// parser, not to the user who wrote it.
-pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
-    let ann = meta.annotations.as_ref();
-    let get = |k: &str| ann.and_then(|a| a.get(k));
-    let mut invalid_annotations = Vec::new();
-    // RFC 3339 with a zone (surrounding whitespace ignored); anything else is not understood.
-    let mut parse_time = |k: &'static str| {
-        let parsed = DateTime::parse_from_rfc3339(get(k)?.trim()).ok();
-        if parsed.is_none() {
-            invalid_annotations.push(k);
-        }
-        parsed.map(|t| t.with_timezone(&Utc))
-    };
-    let snooze_until = parse_time(SNOOZE_ANNOTATION);
-    let last_stopped_by_us = parse_time(STOPPED_AT_ANNOTATION);
-    let stop_scheduled_at = parse_time(STOP_SCHEDULED_AT_ANNOTATION);
-    // Strict: absent or exactly "true" allows culling, "false" opts out, anything else is not
-    // understood: it fails closed as opted out and is named as invalid (docs/culling.md).
-    let opt_out = get(CULL_OPT_OUT_ANNOTATION);
-    if opt_out.is_some_and(|v| v != "true" && v != "false") {
-        invalid_annotations.push(CULL_OPT_OUT_ANNOTATION);
-    }
-    NotebookInfo {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
-        resource_version: meta.resource_version.clone().unwrap_or_default(),
-        stopped: get(STOP_ANNOTATION).cloned(),
-        deleting: meta.deletion_timestamp.is_some(),
-        cull_opt_out: opt_out.is_some_and(|v| v != "true"),
-        snooze_until,
-        last_stopped_by_us,
-        invalid_annotations,
-        stop_scheduled_at,
-    }
-}
-
 /// A StatefulSet's identity and controller.
 pub fn statefulset(sts: &StatefulSet) -> StatefulSetInfo {
     let meta = &sts.metadata;
@@ -828,79 +780,5 @@ mod tests {
                 .expect("ok")
                 .is_none()
         );
-    }
-
-    fn notebook_with(annotations: &[(&str, &str)]) -> NotebookInfo {
-        let meta: ObjectMeta = serde_json::from_value(json!({
-            "name": "nb", "namespace": "team-a", "uid": "nb-uid",
-            "annotations": annotations.iter().copied().collect::<BTreeMap<_, _>>()
-        }))
-        .expect("valid metadata");
-        notebook(&meta)
-    }
-
-    #[test]
-    fn malformed_culling_annotations_fail_closed() {
-        // Not RFC 3339 with a zone: a date alone, a time without zone, prose, empty, a bad month.
-        let malformed = [
-            "2026-12-24",
-            "2026-12-24T10:00:00",
-            "next week",
-            "",
-            "2026-13-01T00:00:00Z",
-            "1735000000",
-        ];
-        for key in [SNOOZE_ANNOTATION, STOPPED_AT_ANNOTATION] {
-            for value in malformed {
-                let nb = notebook_with(&[(key, value)]);
-                assert_eq!(nb.invalid_annotations, vec![key], "{key}={value:?}");
-                assert_eq!((nb.snooze_until, nb.last_stopped_by_us), (None, None));
-            }
-        }
-        // Both at once: both named.
-        let nb = notebook_with(&[
-            (SNOOZE_ANNOTATION, "tomorrow"),
-            (STOPPED_AT_ANNOTATION, "yesterday"),
-        ]);
-        assert_eq!(
-            nb.invalid_annotations,
-            vec![SNOOZE_ANNOTATION, STOPPED_AT_ANNOTATION]
-        );
-        // The opt-out is still read as opted out, and now also named as not understood.
-        for value in ["False", "no", "0", ""] {
-            let nb = notebook_with(&[(CULL_OPT_OUT_ANNOTATION, value)]);
-            assert!(nb.cull_opt_out, "{value:?}");
-            assert_eq!(
-                nb.invalid_annotations,
-                vec![CULL_OPT_OUT_ANNOTATION],
-                "{value:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn well_formed_culling_annotations_are_read() {
-        let nb = notebook_with(&[]);
-        assert!(nb.invalid_annotations.is_empty());
-        assert_eq!((nb.snooze_until, nb.last_stopped_by_us), (None, None));
-        let nb = notebook_with(&[
-            (SNOOZE_ANNOTATION, "2026-12-24T10:00:00+01:00"),
-            (STOPPED_AT_ANNOTATION, " 2026-11-28T09:00:00Z\n"),
-            (CULL_OPT_OUT_ANNOTATION, "false"),
-        ]);
-        assert!(nb.invalid_annotations.is_empty(), "{nb:?}");
-        assert_eq!(
-            nb.snooze_until.map(|t| t.to_rfc3339()),
-            Some("2026-12-24T09:00:00+00:00".to_string())
-        );
-        assert_eq!(
-            nb.last_stopped_by_us.map(|t| t.to_rfc3339()),
-            Some("2026-11-28T09:00:00+00:00".to_string())
-        );
-        assert!(nb.cull_opt_out);
-        assert!(!notebook_with(&[(CULL_OPT_OUT_ANNOTATION, "true")]).cull_opt_out);
-        // Any value of the stop annotation means stopped: nothing there can be malformed.
-        let nb = notebook_with(&[(STOP_ANNOTATION, "odh-notebook-controller-lock")]);
-        assert!(nb.invalid_annotations.is_empty() && nb.stopped.is_some());
     }
 }

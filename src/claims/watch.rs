@@ -17,8 +17,8 @@ use std::time::Duration;
 use dashmap::DashMap;
 use futures::TryStreamExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DynamicObject};
 use kube::discovery::ApiResource;
 use kube::runtime::utils::Backoff as _;
@@ -28,7 +28,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::project;
+use super::{dra, project};
+use crate::app::tasks::Spawn;
+use crate::k8s;
 use crate::ledger::claims::{
     Claims, DaemonPod, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
     ResourceClaimInfo, ResourceNames, StatefulSetInfo,
@@ -63,10 +65,6 @@ pub enum WatchError {
 
 /// Called with the resource name whenever a watch stream restarts after an error.
 pub type RestartHook = Arc<dyn Fn(&'static str) + Send + Sync>;
-
-/// How the caller runs each watch task (`serve` supervises them: a watch that ends early stops
-/// the process). Arguments: the task's name (`watch:pods`), its future.
-pub type Spawn<'a> = &'a (dyn Fn(String, BoxFuture<'static, ()>) + Sync);
 
 /// The error history of one watch stream, on the monotonic clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -250,17 +248,15 @@ impl Stores {
             .pods
             .iter()
             .filter_map(|p| {
-                let c = p
-                    .controller
-                    .as_ref()
-                    .filter(|c| c.kind == "StatefulSet" && c.group == "apps")?;
+                let c = k8s::statefulset_owner(&p)?;
                 (!self.statefulsets.contains_key(&c.uid))
                     .then(|| (p.namespace.clone(), c.name.clone(), c.uid.clone()))
             })
             .collect();
         for (namespace, name, uid) in wanted {
-            let api: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
-            match tokio::time::timeout(API_TIMEOUT, api.get_opt(&name)).await {
+            match tokio::time::timeout(API_TIMEOUT, k8s::get_statefulset(client, &namespace, &name))
+                .await
+            {
                 Ok(Ok(Some(sts))) if sts.uid().as_deref() == Some(uid.as_str()) => {
                     self.statefulsets.insert(uid, project::statefulset(&sts));
                 }
@@ -322,14 +318,10 @@ pub async fn start_with(
 ) -> Stores {
     let stores = Stores::new();
     let names = config.names.clone();
-    let scopes: Vec<Option<String>> = if config.namespaces.is_empty() {
-        vec![None]
-    } else {
-        config.namespaces.iter().cloned().map(Some).collect()
-    };
+    let scopes = k8s::scopes(&config.namespaces);
 
     for (i, ns) in scopes.iter().enumerate() {
-        let api: Api<Pod> = scoped(&client, ns.as_deref());
+        let api: Api<Pod> = k8s::scoped(&client, ns.as_deref());
         let store = stores.pods.clone();
         let names = names.clone();
         spawn_watch(
@@ -353,7 +345,7 @@ pub async fn start_with(
             store,
             pod_key,
         );
-        let api: Api<ResourceQuota> = scoped(&client, ns.as_deref());
+        let api: Api<ResourceQuota> = k8s::scoped(&client, ns.as_deref());
         let names = config.names.clone();
         spawn_watch(
             spawn,
@@ -370,18 +362,9 @@ pub async fn start_with(
     }
     // DaemonSet pods only (the label is set by the DaemonSet controller alone), in the
     // exporter's namespaces: it usually runs outside the watched ones.
-    let exporter_scopes: Vec<Option<String>> = if config.exporter_namespaces.is_empty() {
-        vec![None]
-    } else {
-        config
-            .exporter_namespaces
-            .iter()
-            .cloned()
-            .map(Some)
-            .collect()
-    };
+    let exporter_scopes = k8s::scopes(&config.exporter_namespaces);
     for (i, ns) in exporter_scopes.iter().enumerate() {
-        let api: Api<Pod> = scoped(&client, ns.as_deref());
+        let api: Api<Pod> = k8s::scoped(&client, ns.as_deref());
         spawn_watch(
             spawn,
             &cancel,
@@ -415,10 +398,7 @@ pub async fn start_with(
             stores.notebooks_enabled.store(true, Ordering::Relaxed);
             info!(version = %ar.version, "watching kubeflow.org notebooks");
             for (i, ns) in scopes.iter().enumerate() {
-                let api: Api<DynamicObject> = match ns {
-                    Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-                    None => Api::all_with(client.clone(), &ar),
-                };
+                let api = k8s::scoped_dynamic(&client, ns.as_deref(), &ar);
                 spawn_watch(
                     spawn,
                     &cancel,
@@ -427,7 +407,7 @@ pub async fn start_with(
                     api,
                     watcher::Config::default(),
                     on_restart.clone(),
-                    |o: &DynamicObject| Some(project::notebook(&o.metadata)),
+                    |o: &DynamicObject| Some(k8s::notebook(&o.metadata)),
                     stores.notebooks.clone(),
                     |o: &DynamicObject| {
                         format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any())
@@ -441,7 +421,7 @@ pub async fn start_with(
             "notebook discovery failed: notebook ownership is off"
         ),
     }
-    super::dra::start(
+    start_dra(
         &client,
         &config.names,
         &scopes,
@@ -454,23 +434,77 @@ pub async fn start_with(
     stores
 }
 
+/// Starts the DRA watches on `stores` when the API is served and readable (see [`dra::available`]);
+/// `scopes` are the namespaces claims are watched in (`None`: all).
+async fn start_dra(
+    client: &Client,
+    names: &ResourceNames,
+    scopes: &[Option<String>],
+    spawn: Spawn<'_>,
+    cancel: &CancellationToken,
+    stores: &Stores,
+    on_restart: &RestartHook,
+) {
+    if names.dra_drivers.is_empty() {
+        info!("no --dra-gpu-drivers: DRA accounting is off");
+        return;
+    }
+    if !dra::available(client, scopes).await {
+        return;
+    }
+    stores.dra_enabled.store(true, Ordering::Relaxed);
+    info!(drivers = ?names.dra_drivers, "watching {}/{} resourceclaims, resourceslices, deviceclasses", dra::GROUP, dra::VERSION);
+    for (i, ns) in scopes.iter().enumerate() {
+        let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
+        let names = names.clone();
+        spawn_watch(
+            spawn,
+            cancel,
+            stores,
+            leak_label("resourceclaims", i),
+            api,
+            watcher::Config::default(),
+            on_restart.clone(),
+            move |rc: &ResourceClaim| dra::resource_claim(&names, rc),
+            stores.resource_claims.clone(),
+            |rc: &ResourceClaim| {
+                format!("{}/{}", rc.namespace().unwrap_or_default(), rc.name_any())
+            },
+        );
+    }
+    let names_s = names.clone();
+    spawn_watch(
+        spawn,
+        cancel,
+        stores,
+        "resourceslices",
+        Api::<ResourceSlice>::all(client.clone()),
+        watcher::Config::default(),
+        on_restart.clone(),
+        move |s: &ResourceSlice| dra::slice_devices(&names_s, s),
+        stores.resource_slices.clone(),
+        ResourceExt::name_any,
+    );
+    spawn_watch(
+        spawn,
+        cancel,
+        stores,
+        "deviceclasses",
+        Api::<DeviceClass>::all(client.clone()),
+        watcher::Config::default(),
+        on_restart.clone(),
+        |c: &DeviceClass| Some(dra::device_class(c)),
+        stores.device_classes.clone(),
+        ResourceExt::name_any,
+    );
+}
+
 /// Label of the i-th watch of a resource (static strings keep metric labels bounded).
 pub(super) fn leak_label(resource: &'static str, i: usize) -> &'static str {
     if i == 0 {
         resource
     } else {
         Box::leak(format!("{resource}#{i}").into_boxed_str())
-    }
-}
-
-pub(super) fn scoped<K>(client: &Client, ns: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as Resource>::DynamicType: Default,
-{
-    match ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
     }
 }
 
@@ -484,12 +518,11 @@ fn quota_key(q: &ResourceQuota) -> String {
 
 /// The served version of kubeflow.org/Notebook, or `None` when the group or kind is absent.
 async fn notebook_resource(client: &Client) -> Result<Option<ApiResource>, WatchError> {
-    let discovered =
-        tokio::time::timeout(API_TIMEOUT, kube::discovery::group(client, "kubeflow.org"))
-            .await
-            .map_err(|_| WatchError::DiscoveryTimeout)?;
+    let discovered = tokio::time::timeout(API_TIMEOUT, k8s::notebook_resource(client))
+        .await
+        .map_err(|_| WatchError::DiscoveryTimeout)?;
     match discovered {
-        Ok(group) => Ok(group.recommended_kind("Notebook").map(|(ar, _)| ar)),
+        Ok(ar) => Ok(ar),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
         Err(kube::Error::Discovery(_)) => Ok(None),
         Err(e) => Err(WatchError::Discovery(e)),

@@ -777,17 +777,8 @@ impl KubeCullApi {
         let ar = self
             .notebook
             .get_or_try_init(|| async {
-                let group = kube::discovery::group(&self.client, "kubeflow.org").await?;
-                ["v1", "v1beta1"]
-                    .iter()
-                    .find_map(|v| {
-                        group
-                            .versioned_resources(v)
-                            .into_iter()
-                            .find(|(r, _)| r.kind == "Notebook")
-                    })
-                    .or_else(|| group.recommended_kind("Notebook"))
-                    .map(|(r, _)| r)
+                crate::k8s::notebook_resource(&self.client)
+                    .await?
                     .ok_or_else(|| {
                         kube::Error::Discovery(kube::error::DiscoveryError::MissingResource(
                             "kubeflow.org Notebook".to_string(),
@@ -825,7 +816,7 @@ impl CullApi for KubeCullApi {
             Ok(api
                 .get_opt(name)
                 .await?
-                .map(|o| crate::claims::project::notebook(&o.metadata)))
+                .map(|o| crate::k8s::notebook(&o.metadata)))
         })
     }
 

@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::claims::project::to_chrono;
+use crate::k8s::to_chrono;
 
 /// Bound of every culling API call (Lease GET/PUT, kill switch, Notebook GET/PATCH, Event POST,
 /// namespace list). It must stay below `lease duration − renew deadline` (5 s for the default

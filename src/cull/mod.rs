@@ -12,6 +12,7 @@ pub mod demand;
 pub mod lease;
 pub mod metrics;
 pub mod plan;
+pub mod render;
 pub mod webhook;
 
 use std::collections::BTreeMap;
@@ -20,11 +21,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
-use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::app::tasks::Spawn;
 use crate::ledger::Ledger;
 
 pub use actuator::{
@@ -39,6 +40,7 @@ pub use plan::{
     Action, CancelReason, CircuitReason, CullPolicy, Notice, Plan, Skip, SkipReason, plan,
     plan_with,
 };
+pub use render::render_plan;
 
 /// Whether culling acts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -152,10 +154,6 @@ pub fn kill_switch_engaged(value: Option<&str>) -> Result<bool, String> {
         )),
     }
 }
-
-/// How `serve` runs a task that must live as long as the process (supervised: if it ends or
-/// panics early, the process stops non-zero).
-pub type Spawn<'a> = &'a (dyn Fn(String, BoxFuture<'static, ()>) + Sync);
 
 /// Everything culling needs; the app maps its flags onto it.
 #[derive(Debug, Clone, PartialEq)]
@@ -693,57 +691,6 @@ fn log_plan(plan: &Plan, mode: CullMode) {
             }
         }
     }
-}
-
-/// Writes a plan as text (the offline `report --cull-dry-run`).
-pub fn render_plan(plan: &Plan, out: &mut impl std::io::Write) -> std::io::Result<()> {
-    writeln!(out)?;
-    let circuit = plan.circuit.map_or("closed", CircuitReason::as_str);
-    writeln!(
-        out,
-        "CULL PLAN  candidates={}  would_stop={}  circuit={circuit}",
-        plan.candidates,
-        plan.actions.len()
-    )?;
-    for a in &plan.actions {
-        let Action::Stop {
-            namespace,
-            notebook,
-            pod,
-            ..
-        } = a;
-        writeln!(
-            out,
-            "  STOP  {namespace}/{notebook}  pod={pod}  {}",
-            a.reason_text()
-        )?;
-    }
-    for n in &plan.notices {
-        let (namespace, notebook, _) = n.target();
-        match n {
-            Notice::Schedule { stop_at, pod, .. } => writeln!(
-                out,
-                "  NOTICE  {namespace}/{notebook}  pod={pod}  stops at {} unless used or snoozed: {}",
-                plan::rfc3339(*stop_at),
-                n.reason_text()
-            )?,
-            Notice::Cancel { stop_at, pod, .. } => writeln!(
-                out,
-                "  CANCEL  {namespace}/{notebook}  pod={pod}  stop at {} cancelled: {}",
-                plan::rfc3339(*stop_at),
-                n.reason_text()
-            )?,
-        }
-    }
-    let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
-    for s in &plan.skips {
-        *by_reason.entry(s.reason.as_str()).or_default() += 1;
-    }
-    if !by_reason.is_empty() {
-        let parts: Vec<String> = by_reason.iter().map(|(r, n)| format!("{r}={n}")).collect();
-        writeln!(out, "  skipped: {}", parts.join(" "))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

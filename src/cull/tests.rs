@@ -13,25 +13,14 @@ use crate::ledger::{Attribution, Evidence, PodRow, PodState};
 fn idle_pod() -> PodRow {
     let n = now();
     PodRow {
-        namespace: "team-a".into(),
-        pod: "nb-0".into(),
         node: Some("gpu-1".into()),
         state: PodState::Running,
         gpus: 1.0,
-        resources: std::collections::BTreeMap::new(),
-        gpus_by_resource: Vec::new(),
         attribution: Attribution::Exclusive,
         utilization: Some(0.0),
-        memory_used_bytes: None,
         idle: Some(true),
         idle_seconds: Some(3.0 * 3600.0),
-        terminating_seconds: None,
-        stuck: false,
-        pending_seconds: None,
         notebook: Some("nb".into()),
-        owner: None,
-        devices: Vec::new(),
-        pending_reason: None,
         evidence: Evidence {
             uid: "pod-uid".into(),
             notebook: Some((notebook(), true)),
@@ -45,6 +34,7 @@ fn idle_pod() -> PodRow {
             devices_expected: 1,
             ..Evidence::default()
         },
+        ..PodRow::new("team-a", "nb-0")
     }
 }
 
@@ -420,7 +410,7 @@ fn opt_out_annotation_is_parsed_strictly() {
             })
             .into_iter()
             .collect();
-        crate::claims::project::notebook(&ObjectMeta {
+        crate::k8s::notebook(&ObjectMeta {
             name: Some("nb".into()),
             namespace: Some("team-a".into()),
             annotations: Some(annotations),

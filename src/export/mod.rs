@@ -3,7 +3,6 @@
 pub mod auth;
 pub mod collector;
 pub mod history;
-pub mod page;
 pub mod server;
 pub mod tls;
 

@@ -1,5 +1,7 @@
-//! The admin HTTP server: `/` (the page, `page.rs`), `/metrics`, `/healthz`, `/readyz`, `/livez`,
-//! `/api/v1/ledger`, `/api/v1/history` (`history.rs`).
+//! The admin HTTP server's router and handlers, in one place: `/` (the page: report's HTML
+//! renderer over the latest snapshot, served with its Content-Security-Policy; it refreshes
+//! itself from `/api/v1/ledger`), `/metrics`, `/healthz`, `/readyz`, `/livez`, `/api/v1/ledger`,
+//! `/api/v1/history` (`history.rs`). Serving it (TLS or plain) is `tls.rs`.
 //!
 //! `/livez` answers while the process serves HTTP. `/healthz` (the liveness probe) and `/readyz`
 //! (the readiness probe) ask [`Probes`], which the app backs with real state: loop progress for
@@ -9,13 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus::Registry;
 
 use super::SharedSnapshot;
+use crate::report::html::{self, PageOptions, View};
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -85,7 +88,7 @@ pub fn router_with_history(state: AppState, history: super::history::HistoryStat
         .route("/api/v1/history", get(super::history::history))
         .with_state(history);
     Router::new()
-        .route("/", get(super::page::index))
+        .route("/", get(index))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/livez", get(|| async { "ok" }))
@@ -184,4 +187,58 @@ fn waiting_json(waiting: &Waiting) -> Response {
         )
             .into_response(),
     }
+}
+
+/// `GET /?namespace=…&node=…&sort=…&dir=asc|desc`.
+pub async fn index(State(state): State<AppState>, Query(view): Query<View>) -> Response {
+    if let Some(waiting) = state.probes.waiting() {
+        return waiting_page(&waiting);
+    }
+    let snapshot = state.snapshot.load_full();
+    // Rendering walks every pod: keep it off the async workers, like /metrics.
+    let rendered = tokio::task::spawn_blocking(move || {
+        html::render_page(&snapshot.ledger, &PageOptions { live: true, view })
+    })
+    .await;
+    match rendered {
+        Ok(page) => (page_headers(), page).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("render task: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+/// The headers of both pages: HTML under the page's Content-Security-Policy, never framed,
+/// sniffed, cached or referred.
+fn page_headers() -> [(header::HeaderName, String); 5] {
+    [
+        (header::CONTENT_TYPE, "text/html; charset=utf-8".to_string()),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            format!(
+                "{}; frame-ancestors 'none'",
+                html::content_security_policy(true)
+            ),
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+        (header::REFERRER_POLICY, "no-referrer".to_string()),
+        (header::CACHE_CONTROL, "no-store".to_string()),
+    ]
+}
+
+/// The page before the first snapshot: what it waits for and why, never an empty ledger that
+/// reads like a cluster without GPU pods. It reloads itself (a meta refresh: no script, so the
+/// Content-Security-Policy needs no hash for it).
+fn waiting_page(waiting: &Waiting) -> Response {
+    let page = format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"5\"><title>gpu-ledger: {state}</title></head>\
+         <body><h1>gpu-ledger: {state}</h1><p>No ledger yet: {reason}.</p>\
+         <p>This page reloads every 5 s.</p></body></html>\n",
+        state = html::escape(waiting.state.text()),
+        reason = html::escape(&waiting.reason),
+    );
+    (StatusCode::SERVICE_UNAVAILABLE, page_headers(), page).into_response()
 }

@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::*;
-use crate::ledger::{
-    Attribution, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState,
-};
+use crate::ledger::{Attribution, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState};
 
 fn t() -> DateTime<Utc> {
     DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
@@ -17,8 +15,6 @@ fn t() -> DateTime<Utc> {
 
 fn pod(ns: &str, name: &str) -> PodRow {
     PodRow {
-        namespace: ns.into(),
-        pod: name.into(),
         node: Some("n1".into()),
         state: PodState::Running,
         gpus: 1.0,
@@ -26,20 +22,13 @@ fn pod(ns: &str, name: &str) -> PodRow {
         gpus_by_resource: vec![("nvidia.com/gpu".to_string(), 1.0)],
         attribution: Attribution::Exclusive,
         utilization: Some(0.25),
-        memory_used_bytes: None,
         idle: Some(false),
         idle_seconds: Some(0.0),
-        terminating_seconds: None,
-        stuck: false,
-        pending_seconds: None,
-        notebook: None,
         owner: Some(Owner {
             kind: "Job".into(),
             name: "j".into(),
         }),
-        devices: vec![],
-        pending_reason: None,
-        evidence: Evidence::default(),
+        ..PodRow::new(ns, name)
     }
 }
 

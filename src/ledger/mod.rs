@@ -187,6 +187,36 @@ pub struct PodRow {
     pub evidence: Evidence,
 }
 
+impl PodRow {
+    /// A pending pod that holds nothing and has no evidence: the base rows are built from
+    /// outside `build` (tests, benchmarks), naming only what they set:
+    /// `PodRow { gpus: 1.0, ..PodRow::new("team-a", "nb-0") }`.
+    pub fn new(namespace: impl Into<String>, pod: impl Into<String>) -> Self {
+        PodRow {
+            namespace: namespace.into(),
+            pod: pod.into(),
+            node: None,
+            state: PodState::Pending,
+            gpus: 0.0,
+            resources: BTreeMap::new(),
+            gpus_by_resource: Vec::new(),
+            attribution: Attribution::None,
+            utilization: None,
+            memory_used_bytes: None,
+            idle: None,
+            idle_seconds: None,
+            terminating_seconds: None,
+            stuck: false,
+            pending_seconds: None,
+            notebook: None,
+            owner: None,
+            devices: Vec::new(),
+            pending_reason: None,
+            evidence: Evidence::default(),
+        }
+    }
+}
+
 /// GPU capacity of one node.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeRow {

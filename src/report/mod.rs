@@ -6,7 +6,6 @@
 //! the page's script (`page/page.js`) formats the same way, which the Chromium test checks.
 
 pub mod advice;
-pub mod cull;
 pub mod html;
 pub mod showback;
 pub mod table;

@@ -31,6 +31,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 
+/// The driver name of NVIDIA's DRA driver for GPUs (the ResourceSlices whose devices are
+/// reported; `dra.rs` publishes them).
+pub const DRIVER: &str = "gpu.nvidia.com";
+
 /// Pod annotation holding the simulated GPU utilisation in percent (0–100).
 pub const UTILIZATION_ANNOTATION: &str = "gpu-ledger.test/utilization";
 /// Pod annotation that hides the pod from the exporter (simulates missing pod labels).
@@ -218,7 +222,7 @@ struct SliceDevice {
 fn slice_devices(view: &DraView, node: &str) -> Vec<SliceDevice> {
     let mut out = Vec::new();
     for s in &view.slices {
-        if s.spec.driver != crate::dra::DRIVER || s.spec.node_name.as_deref() != Some(node) {
+        if s.spec.driver != DRIVER || s.spec.node_name.as_deref() != Some(node) {
             continue;
         }
         for d in s.spec.devices.iter().flatten() {
@@ -265,7 +269,7 @@ fn dra_holders<'a>(
             .allocation
             .iter()
             .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
-            .any(|r| r.driver == crate::dra::DRIVER && r.pool == dev.pool && r.device == dev.name);
+            .any(|r| r.driver == DRIVER && r.pool == dev.pool && r.device == dev.name);
         if !allocated {
             continue;
         }
@@ -274,7 +278,7 @@ fn dra_holders<'a>(
             c.metadata.name.clone().unwrap_or_default(),
             c.metadata.namespace.clone().unwrap_or_default(),
             dev.name,
-            crate::dra::DRIVER,
+            DRIVER,
         );
         if let Some((_, profile)) = &dev.mig {
             let _ = write!(

@@ -28,10 +28,10 @@ use k8s_openapi::api::resource::v1::{
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
+// The driver name lives with the exporter double, which reads the driver's ResourceSlices, so
+// that dcgm.rs need not name this file (no two files import each other).
+pub use crate::dcgm::DRIVER;
 use crate::dcgm::{HIDDEN_ANNOTATION, UTILIZATION_ANNOTATION, device_uuid};
-
-/// The driver name of NVIDIA's DRA driver for GPUs.
-pub const DRIVER: &str = "gpu.nvidia.com";
 /// DeviceClass of whole GPUs.
 pub const GPU_CLASS: &str = "gpu.nvidia.com";
 /// DeviceClass of MIG devices.

@@ -17,21 +17,11 @@ fn namespace(name: &str) -> Namespace {
     serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("namespace")
 }
 
+/// testkit's GPU pod, held by `finalizer` when given.
 fn gpu_pod(name: &str, gpus: u32, finalizer: Option<&str>) -> Pod {
-    let mut pod = serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [{
-                "name": "cuda",
-                "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
-                "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}
-            }]
-        }
-    });
-    if let Some(f) = finalizer {
-        pod["metadata"]["finalizers"] = serde_json::json!([f]);
-    }
-    serde_json::from_value(pod).expect("pod")
+    let mut pod = gpu_ledger_testkit::stack::gpu_pod(name, gpus, None);
+    pod.metadata.finalizers = finalizer.map(|f| vec![f.to_string()]);
+    pod
 }
 
 #[tokio::test]

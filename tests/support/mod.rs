@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use gpu_ledger_testkit::stack::LEDGER_NAMESPACE;
+use gpu_ledger_testkit::stack::{LEDGER_NAMESPACE, Stack};
+use gpu_ledger_testkit::{GpuNode, TierBOptions};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -14,6 +15,38 @@ use serde_json::json;
 pub const READ_ONLY_RBAC: &str = include_str!("../../deploy/kustomize/base/rbac.yaml");
 pub const CULLING_RBAC: &str =
     include_str!("../../deploy/kustomize/overlays/culling/culling-rbac.yaml");
+
+/// What the token user `gpu-ledger` may do on a [`tier_b`] stack: the shipped read-only RBAC,
+/// and culling's on top.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grants {
+    ReadOnly,
+    Culling,
+}
+
+/// testkit's tier-B [`Stack`] with `nodes`, the shipped RBAC granted to the token user
+/// `gpu-ledger` as `grants` says: the set-up the tier-B tests share.
+pub async fn tier_b(nodes: &[GpuNode], grants: Grants) -> Stack {
+    tier_b_with(nodes, TierBOptions::default(), grants).await
+}
+
+/// [`tier_b`] with tier-B options (an audit log, extra controllers, kwok configs).
+pub async fn tier_b_with(nodes: &[GpuNode], options: TierBOptions, grants: Grants) -> Stack {
+    let stack = Stack::start_with(nodes, options)
+        .await
+        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    stack
+        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
+        .await
+        .expect("read-only RBAC");
+    if grants == Grants::Culling {
+        stack
+            .grant_rbac(CULLING_RBAC, "gpu-ledger")
+            .await
+            .expect("culling RBAC");
+    }
+    stack
+}
 
 /// Binds the shipped read-only ClusterRole to the token user `gpu-ledger`.
 pub async fn grant_shipped_read_only(admin: &kube::Client) {
@@ -35,17 +68,13 @@ pub async fn namespace(admin: &kube::Client, name: &str, labels: &[(&str, &str)]
         .expect("create namespace");
 }
 
-/// A pod asking for `gpus` × `nvidia.com/gpu`; `node` binds it directly (no scheduler needed).
+/// testkit's GPU pod (`gpus` × `nvidia.com/gpu`); `node` binds it directly (no scheduler needed).
 pub fn gpu_pod(name: &str, gpus: u32, node: Option<&str>) -> Pod {
-    let mut spec = json!({
-        "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
-            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}],
-        "terminationGracePeriodSeconds": 1
-    });
-    if let Some(n) = node {
-        spec["nodeName"] = json!(n);
+    let mut pod = gpu_ledger_testkit::stack::gpu_pod(name, gpus, None);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.node_name = node.map(Into::into);
     }
-    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).expect("pod")
+    pod
 }
 
 /// Polls `f` until it returns `Some`, panicking with `what` after `timeout`.

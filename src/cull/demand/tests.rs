@@ -17,26 +17,12 @@ fn t0() -> DateTime<Utc> {
 
 fn base(ns: &str, pod: &str, node: Option<&str>, state: PodState, gpus: u64) -> PodRow {
     PodRow {
-        namespace: ns.into(),
-        pod: pod.into(),
         node: node.map(Into::into),
         state,
         gpus: gpus as f64,
         resources: BTreeMap::from([("nvidia.com/gpu".to_string(), gpus)]),
         gpus_by_resource: vec![("nvidia.com/gpu".to_string(), gpus as f64)],
-        attribution: Attribution::None,
-        utilization: None,
-        memory_used_bytes: None,
-        idle: None,
-        idle_seconds: None,
-        terminating_seconds: None,
-        stuck: false,
-        pending_seconds: None,
-        notebook: None,
-        owner: None,
-        devices: Vec::new(),
-        pending_reason: None,
-        evidence: Evidence::default(),
+        ..PodRow::new(ns, pod)
     }
 }
 

@@ -35,8 +35,6 @@ fn notebook(ns: &str, name: &str) -> NotebookInfo {
 fn idle_row(ns: &str, name: &str, idle_h: i64) -> PodRow {
     let now = t0();
     PodRow {
-        namespace: ns.into(),
-        pod: format!("{name}-0"),
         node: Some("gpu-1".into()),
         state: PodState::Running,
         gpus: 1.0,
@@ -47,13 +45,7 @@ fn idle_row(ns: &str, name: &str, idle_h: i64) -> PodRow {
         memory_used_bytes: Some(0.0),
         idle: Some(true),
         idle_seconds: Some((idle_h * 3600) as f64),
-        terminating_seconds: None,
-        stuck: false,
-        pending_seconds: None,
         notebook: Some(name.into()),
-        owner: None,
-        devices: Vec::new(),
-        pending_reason: None,
         evidence: Evidence {
             uid: format!("pod-{ns}-{name}"),
             notebook: Some((notebook(ns, name), true)),
@@ -67,6 +59,7 @@ fn idle_row(ns: &str, name: &str, idle_h: i64) -> PodRow {
             devices_expected: 1,
             ..Evidence::default()
         },
+        ..PodRow::new(ns, format!("{name}-0"))
     }
 }
 

@@ -31,29 +31,15 @@ fn node(name: &str, alloc: &[(&str, u64)]) -> NodeInfo {
 
 fn row(ns: &str, pod: &str, node: Option<&str>, state: PodState, r: &[(&str, u64)]) -> PodRow {
     PodRow {
-        namespace: ns.into(),
-        pod: pod.into(),
         node: node.map(Into::into),
         state,
         gpus: r.iter().map(|(_, u)| *u as f64).sum(),
         resources: res(r),
-        gpus_by_resource: vec![],
-        attribution: Attribution::None,
-        utilization: None,
-        memory_used_bytes: None,
-        idle: None,
-        idle_seconds: None,
-        terminating_seconds: None,
-        stuck: false,
-        pending_seconds: None,
-        notebook: None,
-        owner: None,
-        devices: vec![],
-        pending_reason: None,
         evidence: Evidence {
             uid: format!("uid-{ns}-{pod}"),
             ..Evidence::default()
         },
+        ..PodRow::new(ns, pod)
     }
 }
 

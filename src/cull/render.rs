@@ -1,10 +1,13 @@
-//! A culling plan for `report --cull-dry-run`: text (the table's section), the `cull` object of
-//! the JSON (docs/report-json.md) and the plan's `gpu_ledger_cull_*` families for `-o metrics`.
+//! Culling's own rendering of a plan for `report --cull-dry-run`: text (the table's section),
+//! the `cull` object of the JSON (docs/report-json.md) and the plan's `gpu_ledger_cull_*`
+//! families for `-o metrics`. It lives beside the plan so that no other sink imports culling.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::cull::metrics::CullMetrics;
-use crate::cull::plan::{Action, Notice, Plan, rfc3339};
+use super::metrics::CullMetrics;
+use super::plan::{Action, CircuitReason, Notice, Plan, rfc3339};
 
 /// The `cull` object of `report -o json --cull-dry-run`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -59,7 +62,7 @@ impl CullJson {
     pub fn of(plan: &Plan) -> Self {
         CullJson {
             candidates: plan.candidates,
-            circuit: plan.circuit.map(crate::cull::plan::CircuitReason::as_str),
+            circuit: plan.circuit.map(CircuitReason::as_str),
             would_stop: plan
                 .actions
                 .iter()
@@ -129,4 +132,55 @@ pub fn plan_metrics(plan: &Plan) -> Result<String, prometheus::Error> {
     registry.register(Box::new(m.skips))?;
     registry.register(Box::new(m.circuit_open))?;
     prometheus::TextEncoder::new().encode_to_string(&registry.gather())
+}
+
+/// Writes a plan as text (the offline `report --cull-dry-run`).
+pub fn render_plan(plan: &Plan, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    writeln!(out)?;
+    let circuit = plan.circuit.map_or("closed", CircuitReason::as_str);
+    writeln!(
+        out,
+        "CULL PLAN  candidates={}  would_stop={}  circuit={circuit}",
+        plan.candidates,
+        plan.actions.len()
+    )?;
+    for a in &plan.actions {
+        let Action::Stop {
+            namespace,
+            notebook,
+            pod,
+            ..
+        } = a;
+        writeln!(
+            out,
+            "  STOP  {namespace}/{notebook}  pod={pod}  {}",
+            a.reason_text()
+        )?;
+    }
+    for n in &plan.notices {
+        let (namespace, notebook, _) = n.target();
+        match n {
+            Notice::Schedule { stop_at, pod, .. } => writeln!(
+                out,
+                "  NOTICE  {namespace}/{notebook}  pod={pod}  stops at {} unless used or snoozed: {}",
+                rfc3339(*stop_at),
+                n.reason_text()
+            )?,
+            Notice::Cancel { stop_at, pod, .. } => writeln!(
+                out,
+                "  CANCEL  {namespace}/{notebook}  pod={pod}  stop at {} cancelled: {}",
+                rfc3339(*stop_at),
+                n.reason_text()
+            )?,
+        }
+    }
+    let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in &plan.skips {
+        *by_reason.entry(s.reason.as_str()).or_default() += 1;
+    }
+    if !by_reason.is_empty() {
+        let parts: Vec<String> = by_reason.iter().map(|(r, n)| format!("{r}={n}")).collect();
+        writeln!(out, "  skipped: {}", parts.join(" "))?;
+    }
+    Ok(())
 }
