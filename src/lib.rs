@@ -13,7 +13,8 @@
 //! crate; `export` never imports `cull`; `report` never imports `claims`; `config` never imports
 //! `cull`; the sinks (`export`, `report`, `cull`) import no other sink, except the page using
 //! report's HTML renderer, and `cull` no source: shared Kubernetes lookups live in `k8s`. No two
-//! files import each other. `app` wires the modes together.
+//! files import each other. `app` wires the modes together and nothing it wires names it (tasks
+//! reach its supervisor through `spawn::Spawn`).
 
 pub mod app;
 pub mod claims;
@@ -23,6 +24,7 @@ pub mod export;
 pub mod k8s;
 pub mod ledger;
 pub mod report;
+pub mod spawn;
 pub mod telemetry;
 pub mod test_hooks;
 pub mod usage;

@@ -58,6 +58,36 @@ const RULES: &[(&str, &[&str], &str)] = &[
         &["config"],
         "cull takes its own config, never clap types",
     ),
+    (
+        "claims",
+        &["app"],
+        "only app wires everything; nothing it wires names it",
+    ),
+    (
+        "usage",
+        &["app"],
+        "only app wires everything; nothing it wires names it",
+    ),
+    (
+        "cull",
+        &["app"],
+        "only app wires everything; nothing it wires names it",
+    ),
+    (
+        "export",
+        &["app"],
+        "only app wires everything; nothing it wires names it",
+    ),
+    (
+        "report",
+        &["app"],
+        "only app wires everything; nothing it wires names it",
+    ),
+    (
+        "k8s.rs",
+        &["app"],
+        "only app wires everything; nothing it wires names it",
+    ),
 ];
 
 fn rust_files(path: &Path) -> Vec<PathBuf> {
@@ -415,11 +445,12 @@ fn import_rules_hold() {
 fn the_checker_sees_every_spelling_of_a_forbidden_import() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path();
-    for m in ["ledger", "export", "report", "cull"] {
+    for m in ["ledger", "export", "report", "cull", "claims", "usage"] {
         std::fs::create_dir_all(src.join(m)).expect("mkdir");
         std::fs::write(src.join(m).join("mod.rs"), "//! clean\n").expect("write");
     }
     std::fs::write(src.join("config.rs"), "use crate::ledger::Policy;\n").expect("write");
+    std::fs::write(src.join("k8s.rs"), "//! clean\n").expect("write");
     assert!(violations(src).is_empty(), "a clean tree passes");
 
     std::fs::write(
@@ -454,7 +485,16 @@ fn the_checker_sees_every_spelling_of_a_forbidden_import() {
         "use crate::report::html;\n",
     )
     .expect("write");
+    std::fs::write(
+        src.join("claims").join("watch.rs"),
+        "use crate::app::tasks::Spawn;\n",
+    )
+    .expect("write");
     let v = violations(src).join("\n");
+    assert!(
+        v.contains("claims names crate::app"),
+        "a source naming app is caught:\n{v}"
+    );
     assert!(
         !v.contains("export/server.rs"),
         "the page may render report's HTML:\n{v}"

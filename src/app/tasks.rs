@@ -8,14 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, error, info, info_span, warn};
 
-/// How a module runs a task that must live until shutdown (`serve` supervises them: one that
-/// ends early stops the process). Arguments: the task's name (`watch:pods`), its future.
-pub type Spawn<'a> = &'a (dyn Fn(String, BoxFuture<'static, ()>) + Sync);
+pub use crate::spawn::Spawn;
 
 /// Longest wait for tasks to stop after cancellation.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -29,12 +29,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{dra, project};
-use crate::app::tasks::Spawn;
 use crate::k8s;
 use crate::ledger::claims::{
     Claims, DaemonPod, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
     ResourceClaimInfo, ResourceNames, StatefulSetInfo,
 };
+use crate::spawn::Spawn;
 
 /// Bound of one API call made besides the watches (notebook discovery, a StatefulSet GET).
 pub const API_TIMEOUT: Duration = Duration::from_secs(10);

@@ -25,8 +25,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::app::tasks::Spawn;
 use crate::ledger::Ledger;
+use crate::spawn::Spawn;
 
 pub use actuator::{
     Actuator, CullApi, KubeCullApi, NoticeOutcome, NoticeResult, Outcome, Recheck, RecheckError,
