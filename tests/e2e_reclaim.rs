@@ -27,7 +27,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, Notebook, STOP_ANNOTATION, metric_value, notebook_resource,
+    GpuLedgerProcess, Notebook, STOP_ANNOTATION, Stack, metric_value, notebook_resource,
     spawn_notebook_stop_rule,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -88,6 +88,58 @@ async fn metric(gl: &GpuLedgerProcess, family: &str, labels: &[(&str, &str)]) ->
     metric_value(&gl.metrics_text().await.ok()?, family, labels)
 }
 
+/// Creates the notebooks (each pinned to its node) and waits for their pods to run.
+async fn notebooks_running(stack: &Stack, notebooks: &[Notebook]) {
+    for nb in notebooks {
+        stack.create_notebook(nb).await.expect("notebook");
+    }
+    for nb in notebooks {
+        stack
+            .wait_pod_running(&nb.namespace, &nb.pod_name())
+            .await
+            .expect("notebook pod Running");
+    }
+}
+
+/// `gpu-ledger serve` culling on demand (short timings), with `extra` flags.
+async fn start_demand_culling(stack: &Stack, extra: &[&str]) -> GpuLedgerProcess {
+    let mut args = vec![
+        "--cull=on",
+        "--cull-when=demand",
+        "--lease-name",
+        "gpu-ledger",
+        "--cull-idle-after",
+        "15s",
+        "--cull-min-runtime",
+        "5s",
+    ];
+    args.extend_from_slice(extra);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    stack
+        .start_gpu_ledger(bin, "gpu-ledger", &args)
+        .await
+        .expect("gpu-ledger")
+}
+
+/// Waits until a plan skipped at least `notebooks` candidates for no demand and kept none.
+async fn no_demand_skips(gl: &GpuLedgerProcess, notebooks: f64) {
+    eventually(
+        "every notebook skipped for no demand in one plan",
+        WAIT,
+        || async {
+            let skipped = metric(
+                gl,
+                "gpu_ledger_cull_skips_total",
+                &[("reason", "no_demand")],
+            )
+            .await?;
+            let candidates = metric(gl, "gpu_ledger_cull_candidates", &[]).await?;
+            (skipped >= notebooks && candidates == 0.0).then_some(())
+        },
+    )
+    .await;
+}
+
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_notebook_is_stopped_only_for_a_pod_that_fits_by_it() {
@@ -105,15 +157,7 @@ async fn an_idle_notebook_is_stopped_only_for_a_pod_that_fits_by_it() {
         Notebook::new(NS, "tainted-nb").node("n2"),
         Notebook::new(NS, "infer-nb").node("n3"),
     ];
-    for nb in &notebooks {
-        stack.create_notebook(nb).await.expect("notebook");
-    }
-    for nb in &notebooks {
-        stack
-            .wait_pod_running(&nb.namespace, &nb.pod_name())
-            .await
-            .expect("notebook pod Running");
-    }
+    notebooks_running(&stack, &notebooks).await;
     // NoSchedule keeps new pods off n2 and leaves its running notebook alone.
     Api::<Node>::all(admin.clone())
         .patch(
@@ -125,41 +169,10 @@ async fn an_idle_notebook_is_stopped_only_for_a_pod_that_fits_by_it() {
         .await
         .expect("taint n2");
 
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    let gl = stack
-        .start_gpu_ledger(
-            bin,
-            "gpu-ledger",
-            &[
-                "--cull=on",
-                "--cull-when=demand",
-                "--lease-name",
-                "gpu-ledger",
-                "--cull-idle-after",
-                "15s",
-                "--cull-min-runtime",
-                "5s",
-            ],
-        )
-        .await
-        .expect("gpu-ledger");
+    let gl = start_demand_culling(&stack, &[]).await;
 
     // 1. Nothing waits: every notebook qualifies, none is stopped.
-    eventually(
-        "three notebooks skipped for no demand in one plan",
-        WAIT,
-        || async {
-            let skipped = metric(
-                &gl,
-                "gpu_ledger_cull_skips_total",
-                &[("reason", "no_demand")],
-            )
-            .await?;
-            let candidates = metric(&gl, "gpu_ledger_cull_candidates", &[]).await?;
-            (skipped >= 3.0 && candidates == 0.0).then_some(())
-        },
-    )
-    .await;
+    no_demand_skips(&gl, 3.0).await;
     // A few more cycles (1 s refresh) with candidates and no demand.
     tokio::time::sleep(Duration::from_secs(5)).await;
     for nb in ["idle-nb", "tainted-nb", "infer-nb"] {
@@ -175,19 +188,9 @@ async fn an_idle_notebook_is_stopped_only_for_a_pod_that_fits_by_it() {
 
     // 2. A pod that fits only on n1 arrives.
     support::namespace(&admin, TRIALS, &[]).await;
-    let trial: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "trial-1"},
-        "spec": {
-            "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
-                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-            "nodeSelector": {"pool": "train"},
-            "terminationGracePeriodSeconds": 1
-        }
-    }))
-    .expect("pod");
     let trials: Api<Pod> = Api::namespaced(admin.clone(), TRIALS);
     trials
-        .create(&PostParams::default(), &trial)
+        .create(&PostParams::default(), &trial_pod())
         .await
         .expect("create trial");
 
@@ -224,7 +227,7 @@ async fn an_idle_notebook_is_stopped_only_for_a_pod_that_fits_by_it() {
     assert_eq!(stop_events(&admin, "idle-nb").await.len(), 1, "one stop");
 }
 
-/// A pending pod that one of two idle notebooks' cards would take (both on `pool=train`).
+/// The pending pod: one `nvidia.com/gpu` on a `pool=train` node, no toleration.
 fn trial_pod() -> Pod {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": "trial-1"},
@@ -252,47 +255,11 @@ async fn a_notice_for_the_pod_that_waits_a_snooze_and_the_stop_that_follows() {
         Notebook::new(NS, "a-nb").node("n1"),
         Notebook::new(NS, "b-nb").node("n2"),
     ];
-    for nb in &notebooks {
-        stack.create_notebook(nb).await.expect("notebook");
-    }
-    for nb in &notebooks {
-        stack
-            .wait_pod_running(&nb.namespace, &nb.pod_name())
-            .await
-            .expect("notebook pod Running");
-    }
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    let gl = stack
-        .start_gpu_ledger(
-            bin,
-            "gpu-ledger",
-            &[
-                "--cull=on",
-                "--cull-when=demand",
-                "--cull-notice",
-                "20s",
-                "--lease-name",
-                "gpu-ledger",
-                "--cull-idle-after",
-                "15s",
-                "--cull-min-runtime",
-                "5s",
-            ],
-        )
-        .await
-        .expect("gpu-ledger");
+    notebooks_running(&stack, &notebooks).await;
+    let gl = start_demand_culling(&stack, &["--cull-notice", "20s"]).await;
 
     // 1. Nothing waits: both qualify, neither is warned.
-    eventually("both notebooks skipped for no demand", WAIT, || async {
-        let skipped = metric(
-            &gl,
-            "gpu_ledger_cull_skips_total",
-            &[("reason", "no_demand")],
-        )
-        .await?;
-        (skipped >= 2.0).then_some(())
-    })
-    .await;
+    no_demand_skips(&gl, 2.0).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     for nb in ["a-nb", "b-nb"] {
         assert_eq!(
