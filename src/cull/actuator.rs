@@ -178,6 +178,19 @@ pub async fn bounded<T>(
     }
 }
 
+/// The outcome of a failed Notebook patch, in the result type of the write (stop or notice):
+/// a 409 is a conflict (re-planned next cycle), a 404 a notebook that is gone, anything else an
+/// error with its cause chain.
+fn patch_failure<R>(e: &CallError, conflict: R, gone: R, error: R) -> (R, String) {
+    if e.status().is_some_and(kube::core::Status::is_conflict) {
+        (conflict, "notebook changed (409)".into())
+    } else if e.status().is_some_and(kube::core::Status::is_not_found) {
+        (gone, "notebook is gone".into())
+    } else {
+        (error, chain(e))
+    }
+}
+
 /// `error: cause: cause`, each message once (for outcome details, which are logged as text): a
 /// cause whose text the message already contains (kube's `ApiError: {status}`) is not repeated.
 pub fn chain(e: &dyn std::error::Error) -> String {
@@ -507,20 +520,18 @@ impl Actuator {
                 // The notice is spent: a stale one must not skip the next notice after a restart.
                 clear_notice(&mut body);
             }
-            match bounded(
+            if let Err(e) = bounded(
                 "patch notebook",
                 self.api.patch_notebook(namespace, notebook, &body, dry_run),
             )
             .await
             {
-                Ok(()) => {}
-                Err(e) if e.status().is_some_and(kube::core::Status::is_conflict) => {
-                    return (StopResult::Conflict, "notebook changed (409)".into());
-                }
-                Err(e) if e.status().is_some_and(kube::core::Status::is_not_found) => {
-                    return (StopResult::Changed, "notebook is gone".into());
-                }
-                Err(e) => return (StopResult::Error, chain(&e)),
+                return patch_failure(
+                    &e,
+                    StopResult::Conflict,
+                    StopResult::Changed,
+                    StopResult::Error,
+                );
             }
         }
         let result = if dry_run {
@@ -715,20 +726,18 @@ impl Actuator {
             );
         }
         let body = notice_patch(notice, &fresh.resource_version);
-        match bounded(
+        if let Err(e) = bounded(
             "patch notebook",
             self.api.patch_notebook(namespace, notebook, &body, false),
         )
         .await
         {
-            Ok(()) => {}
-            Err(e) if e.status().is_some_and(kube::core::Status::is_conflict) => {
-                return (NoticeResult::Conflict, "notebook changed (409)".into());
-            }
-            Err(e) if e.status().is_some_and(kube::core::Status::is_not_found) => {
-                return (NoticeResult::Changed, "notebook is gone".into());
-            }
-            Err(e) => return (NoticeResult::Error, chain(&e)),
+            return patch_failure(
+                &e,
+                NoticeResult::Conflict,
+                NoticeResult::Changed,
+                NoticeResult::Error,
+            );
         }
         if !leadership.is_leader() {
             warn!(%namespace, %notebook, "leadership ran out before the event; not published");
