@@ -40,9 +40,9 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::Value;
-use support::{CULLING_RBAC, described_events, eventually, has_event_line};
+use support::{CULLING_RBAC, eventually};
 
 const NS: &str = "team-ml";
 const DRY_NS: &str = "team-dry";
@@ -535,19 +535,7 @@ async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
         notice_due(&admin, "snooze-nb")
     })
     .await;
-    let until = (Utc::now() + chrono::Duration::hours(1))
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
-    let nb_api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &notebook_resource());
-    nb_api
-        .patch(
-            "snooze-nb",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                "gpu-ledger.io/snooze-until": until}}})),
-        )
-        .await
-        .expect("snooze");
+    let until = support::snooze_for_an_hour(&admin, NS, "snooze-nb").await;
     assert!(
         Utc::now() < snooze_due,
         "snoozed within the notice (due {snooze_due})"
@@ -625,28 +613,22 @@ async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
     assert_not_stopped(&admin, NS, &["snooze-nb"], "snoozed during its notice").await;
 
     // The whole story, as `kubectl describe notebook` shows it.
-    let stopped = eventually("notice-nb's story in kubectl describe", WAIT, || async {
-        let e = described_events(&stack, NS, "notice-nb");
-        (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
-            && has_event_line(&e, "Normal", "IdleGPUStopped"))
-        .then_some(e)
-    })
+    support::assert_notice_story(
+        &stack,
+        NS,
+        "notice-nb",
+        "IdleGPUStopped",
+        "GpuIdleStopCancelled",
+    )
     .await;
-    assert!(
-        !has_event_line(&stopped, "Normal", "GpuIdleStopCancelled"),
-        "{stopped}"
-    );
-    let snoozed = eventually("snooze-nb's story in kubectl describe", WAIT, || async {
-        let e = described_events(&stack, NS, "snooze-nb");
-        (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
-            && has_event_line(&e, "Normal", "GpuIdleStopCancelled"))
-        .then_some(e)
-    })
+    support::assert_notice_story(
+        &stack,
+        NS,
+        "snooze-nb",
+        "GpuIdleStopCancelled",
+        "IdleGPUStopped",
+    )
     .await;
-    assert!(
-        !has_event_line(&snoozed, "Normal", "IdleGPUStopped"),
-        "{snoozed}"
-    );
     for (kind, at_least) in [("schedule", 2.0), ("cancel", 1.0)] {
         let n = metric(
             &gl,

@@ -33,7 +33,7 @@ use gpu_ledger_testkit::stack::{
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use support::{described_events, eventually, has_event_line};
+use support::eventually;
 
 const NS: &str = "team-ml";
 const TRIALS: &str = "trials";
@@ -292,18 +292,7 @@ async fn a_notice_for_the_pod_that_waits_a_snooze_and_the_stop_that_follows() {
     };
 
     // 3. Its owner snoozes it within the notice: the stop is cancelled.
-    let until = (Utc::now() + chrono::Duration::hours(1))
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
-    Api::<DynamicObject>::namespaced_with(admin.clone(), NS, &notebook_resource())
-        .patch(
-            first,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                "gpu-ledger.io/snooze-until": until}}})),
-        )
-        .await
-        .expect("snooze");
+    support::snooze_for_an_hour(&admin, NS, first).await;
     assert!(Utc::now() < due, "snoozed within the notice (due {due})");
 
     // 4. The other notebook gets the notice instead and is stopped once it has run out, for the
@@ -341,28 +330,9 @@ async fn a_notice_for_the_pod_that_waits_a_snooze_and_the_stop_that_follows() {
     assert_eq!(placed, second_node);
 
     // 5. Both stories, as `kubectl describe notebook` shows them.
-    let told = eventually("the stopped notebook's story", WAIT, || async {
-        let e = described_events(&stack, NS, second);
-        (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
-            && has_event_line(&e, "Normal", "IdleGPUStopped"))
-        .then_some(e)
-    })
-    .await;
-    assert!(
-        !has_event_line(&told, "Normal", "GpuIdleStopCancelled"),
-        "{told}"
-    );
-    let snoozed = eventually("the snoozed notebook's story", WAIT, || async {
-        let e = described_events(&stack, NS, first);
-        (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
-            && has_event_line(&e, "Normal", "GpuIdleStopCancelled"))
-        .then_some(e)
-    })
-    .await;
-    assert!(
-        !has_event_line(&snoozed, "Normal", "IdleGPUStopped"),
-        "{snoozed}"
-    );
+    support::assert_notice_story(&stack, NS, second, "IdleGPUStopped", "GpuIdleStopCancelled")
+        .await;
+    support::assert_notice_story(&stack, NS, first, "GpuIdleStopCancelled", "IdleGPUStopped").await;
     assert_eq!(annotation(&admin, first, STOP_ANNOTATION).await, None);
     assert_eq!(annotation(&admin, first, NOTICE_ANNOTATION).await, None);
 }

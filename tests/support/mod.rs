@@ -150,3 +150,50 @@ pub fn has_event_line(events: &str, kind: &str, reason: &str) -> bool {
         words.next() == Some(kind) && words.next() == Some(reason)
     })
 }
+
+/// The notebook's owner snoozes it for an hour (`gpu-ledger.io/snooze-until`, as the notice's
+/// suggested `kubectl annotate` does); returns the annotation's value.
+pub async fn snooze_for_an_hour(admin: &kube::Client, ns: &str, nb: &str) -> String {
+    let until = (chrono::Utc::now() + chrono::Duration::hours(1))
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let notebooks: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        ns,
+        &gpu_ledger_testkit::stack::notebook_resource(),
+    );
+    notebooks
+        .patch(
+            nb,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                "gpu-ledger.io/snooze-until": &until}}})),
+        )
+        .await
+        .expect("snooze");
+    until
+}
+
+/// Waits until `kubectl describe notebook` tells a notice's story — the Warning
+/// `GpuIdleStopScheduled`, then the Normal `ending` (`IdleGPUStopped` or `GpuIdleStopCancelled`)
+/// — and checks the Normal `never` is not in it.
+pub async fn assert_notice_story(
+    stack: &gpu_ledger_testkit::stack::Stack,
+    ns: &str,
+    nb: &str,
+    ending: &str,
+    never: &str,
+) {
+    let story = eventually(
+        &format!("{nb}'s story in kubectl describe"),
+        Duration::from_secs(120),
+        || async {
+            let e = described_events(stack, ns, nb);
+            (has_event_line(&e, "Warning", "GpuIdleStopScheduled")
+                && has_event_line(&e, "Normal", ending))
+            .then_some(e)
+        },
+    )
+    .await;
+    assert!(!has_event_line(&story, "Normal", never), "{story}");
+}
