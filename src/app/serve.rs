@@ -515,11 +515,12 @@ impl Rechecker<'_> {
                 now,
                 &policy,
             );
-            Ok(ledger
-                .pods
-                .iter()
-                .find(|p| p.evidence.uid == pod_uid)
-                .is_some_and(|row| cull::plan::judge(row, &cull_policy, now).is_ok()))
+            Ok(cull::plan::still_a_stop(
+                &ledger,
+                &cull_policy,
+                now,
+                &pod_uid,
+            ))
         }
     }
 }

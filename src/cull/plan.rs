@@ -644,6 +644,36 @@ pub fn plan(ledger: &Ledger, policy: &CullPolicy, now: DateTime<Utc>) -> Plan {
     plan_with(ledger, policy, &Backoff::default(), now)
 }
 
+/// The re-check right before a stop, on a ledger built from fresh claims and a fresh query: the
+/// pod still passes every rule of [`judge`] and, with `--cull-when=demand`, a pending pod still
+/// waits for it (a pending pod that went away, or now fits elsewhere, takes its reason with it).
+pub fn still_a_stop(
+    ledger: &Ledger,
+    policy: &CullPolicy,
+    now: DateTime<Utc>,
+    pod_uid: &str,
+) -> bool {
+    let Some(row) = ledger.pods.iter().find(|p| p.evidence.uid == pod_uid) else {
+        return false;
+    };
+    if judge(row, policy, now).is_err() {
+        return false;
+    }
+    match policy.when {
+        CullWhen::Idle => true,
+        CullWhen::Demand => {
+            let candidates = ledger
+                .pods
+                .iter()
+                .filter(|p| p.state.holds() && judge(p, policy, now).is_ok())
+                .map(|p| (p.namespace.as_str(), p.pod.as_str()))
+                .collect();
+            demand::needed(&ledger.reclaim, &candidates)
+                .contains_key(&(row.namespace.clone(), row.pod.clone()))
+        }
+    }
+}
+
 /// [`plan`] with the notebooks backing off after failed stops (the culler's state): a held
 /// candidate is skipped as [`SkipReason::Backoff`] and takes neither cap, so the next candidate
 /// is chosen in its place.

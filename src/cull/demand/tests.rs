@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
 use crate::cull::CullWhen;
-use crate::cull::plan::{Action, CullPolicy, SkipReason, plan};
+use crate::cull::plan::{Action, CullPolicy, SkipReason, plan, still_a_stop};
 use crate::ledger::claims::{Claims, NodeInfo, NotebookInfo};
 use crate::ledger::{Attribution, Evidence, Ledger, PodRow, PodState, reclaim};
 
@@ -185,4 +185,29 @@ fn an_option_culling_cannot_complete_is_passed_over() {
         [("x", Some("ml/big")), ("y", Some("ml/big"))],
         "{p:?}"
     );
+}
+
+#[test]
+fn the_re_check_before_a_stop_drops_it_once_nobody_waits() {
+    let nodes = vec![node("gpu-1", 1)];
+    let waiting = ledger(
+        nodes.clone(),
+        vec![
+            idle_nb("u", "a", "gpu-1", 9),
+            base("ml", "trial", None, PodState::Pending, 1),
+        ],
+    );
+    let uid = "pod-u-a";
+    assert_eq!(
+        stopped(&plan(&waiting, &demand(), t0())),
+        [("a", Some("ml/trial"))]
+    );
+    assert!(still_a_stop(&waiting, &demand(), t0(), uid));
+    // Between the plan and the write the pending pod was deleted: the fresh ledger has no
+    // demand, so the stop is called off; under `idle` it still goes ahead.
+    let gone = ledger(nodes, vec![idle_nb("u", "a", "gpu-1", 9)]);
+    assert!(!still_a_stop(&gone, &demand(), t0(), uid));
+    assert!(still_a_stop(&gone, &CullPolicy::default(), t0(), uid));
+    // And a pod that is no longer a candidate is never a stop.
+    assert!(!still_a_stop(&waiting, &demand(), t0(), "pod-u-missing"));
 }
