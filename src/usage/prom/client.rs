@@ -431,20 +431,28 @@ mod tests {
         (url, task)
     }
 
-    #[tokio::test]
-    async fn path_prefix_and_tenant_headers_reach_the_store() {
-        let (url, request) = capture_request().await;
-        let client = PromClient::new(PromConfig {
+    /// Settings for `url` and nothing else.
+    fn config(url: &str) -> PromConfig {
+        PromConfig {
             url: url.parse().expect("url"),
             bearer_token_file: None,
             ca_file: None,
             insecure_skip_verify: false,
             timeout: Duration::from_secs(30),
             selector: None,
+            headers: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn path_prefix_and_tenant_headers_reach_the_store() {
+        let (url, request) = capture_request().await;
+        let client = PromClient::new(PromConfig {
             headers: vec![
                 "X-Scope-OrgID: team-a".parse().expect("header"),
                 "X-Extra: 1".parse().expect("header"),
             ],
+            ..config(&url)
         })
         .expect("client");
         client
@@ -469,17 +477,9 @@ mod tests {
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
-        let client = PromClient::new(PromConfig {
-            url: format!("http://gl-user:s3cret-pw@127.0.0.1:{port}/prefix")
-                .parse()
-                .expect("url"),
-            bearer_token_file: None,
-            ca_file: None,
-            insecure_skip_verify: false,
-            timeout: Duration::from_secs(30),
-            selector: None,
-            headers: Vec::new(),
-        })
+        let client = PromClient::new(config(&format!(
+            "http://gl-user:s3cret-pw@127.0.0.1:{port}/prefix"
+        )))
         .expect("client");
         let err = client
             .instant("vector(1)", chrono::Utc::now())

@@ -2,8 +2,9 @@
 //! their evaluation against a dump's labels), the labels naming a series' cluster, the window's
 //! range-vector selector and the start-up history (bootstrap) query.
 
-use crate::ledger::usage::{Window, fields};
+use crate::ledger::usage::Window;
 use crate::usage::LabelScheme;
+use crate::usage::fields;
 
 /// Label added by `label_replace` to tell statistics apart in one answer.
 pub const STAT_LABEL: &str = "stat";
