@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 
 use super::PromError;
-use super::decode::{ApiResponse, MAX_ANSWER_BYTES, QueryData, Sample, Warnings, WindowData};
+use super::decode::{
+    ApiResponse, MAX_ANSWER_BYTES, MatrixRow, QueryData, Sample, Warnings, WindowData,
+};
 use super::queries::{Selector, range_selector};
 use crate::usage::series::Series;
 
@@ -327,10 +329,7 @@ impl PromClient {
             .await?
             .complete()?
             .into_rows()?;
-        Ok(rows
-            .into_iter()
-            .flat_map(|row| row.into_samples())
-            .collect())
+        Ok(rows.into_iter().flat_map(MatrixRow::into_samples).collect())
     }
 
     /// Raw samples of `fields` over `(at - range, at]`, with their own timestamps: one instant
