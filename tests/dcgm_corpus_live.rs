@@ -193,13 +193,11 @@ async fn every_case_yields_its_expected_ledger_live() {
         failures.clear();
         for case in &cases {
             let client = PromClient::new(PromConfig {
-                url: prom.url().parse().expect("prometheus url"),
-                bearer_token_file: None,
-                ca_file: None,
-                insecure_skip_verify: false,
-                timeout: Duration::from_secs(30),
                 selector: Some(format!("case=\"{}\"", case.name).parse().expect("selector")),
-                headers: Vec::new(),
+                ..PromConfig::new(
+                    prom.url().parse().expect("prometheus url"),
+                    Duration::from_secs(30),
+                )
             })
             .expect("client");
             let now = Utc::now();

@@ -116,15 +116,10 @@ async fn start(om: &Om) -> (Prometheus, PromClient) {
              or set PROMETHEUS_BIN/PROMTOOL_BIN): {e:#}"
             )
         });
-    let client = PromClient::new(PromConfig {
-        url: prom.url().parse().expect("prometheus url"),
-        bearer_token_file: None,
-        ca_file: None,
-        insecure_skip_verify: false,
-        timeout: Duration::from_secs(60),
-        selector: None,
-        headers: Vec::new(),
-    })
+    let client = PromClient::new(PromConfig::new(
+        prom.url().parse().expect("prometheus url"),
+        Duration::from_secs(60),
+    ))
     .expect("client");
     (prom, client)
 }
@@ -828,15 +823,10 @@ async fn errors_are_typed() {
         .await
         .expect_err("bad query");
     assert_eq!(err.kind(), "status", "{err}");
-    let dead = PromClient::new(PromConfig {
-        url: "http://127.0.0.1:9/".parse().expect("url"),
-        bearer_token_file: None,
-        ca_file: None,
-        insecure_skip_verify: false,
-        timeout: Duration::from_secs(5),
-        selector: None,
-        headers: Vec::new(),
-    })
+    let dead = PromClient::new(PromConfig::new(
+        "http://127.0.0.1:9/".parse().expect("url"),
+        Duration::from_secs(5),
+    ))
     .expect("client");
     let err = dead
         .instant("up", at(now_secs()))

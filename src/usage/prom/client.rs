@@ -34,6 +34,22 @@ pub struct PromConfig {
     pub headers: Vec<Header>,
 }
 
+impl PromConfig {
+    /// `url` with `timeout` per request and nothing else: no token, the system's CAs (verified),
+    /// no selector, no extra headers. Callers set the rest with struct update syntax.
+    pub fn new(url: reqwest::Url, timeout: Duration) -> Self {
+        PromConfig {
+            url,
+            bearer_token_file: None,
+            ca_file: None,
+            insecure_skip_verify: false,
+            timeout,
+            selector: None,
+            headers: Vec::new(),
+        }
+    }
+}
+
 /// One `--prometheus-header` (`Name: value`), validated as an HTTP header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
@@ -432,15 +448,7 @@ mod tests {
 
     /// Settings for `url` and nothing else.
     fn config(url: &str) -> PromConfig {
-        PromConfig {
-            url: url.parse().expect("url"),
-            bearer_token_file: None,
-            ca_file: None,
-            insecure_skip_verify: false,
-            timeout: Duration::from_secs(30),
-            selector: None,
-            headers: Vec::new(),
-        }
+        PromConfig::new(url.parse().expect("url"), Duration::from_secs(30))
     }
 
     #[tokio::test]
