@@ -513,3 +513,27 @@ fn the_checker_sees_every_spelling_of_a_forbidden_import() {
     }
     assert!(!v.contains("crate::usage"), "comments are ignored:\n{v}");
 }
+
+/// DCGM metric names are the usage sources' business (`usage::fields`): the ledger sees the
+/// `Signal` a device's series were reduced to, never a metric name (issue 29).
+#[test]
+fn dcgm_field_names_live_in_usage_not_in_the_ledger() {
+    let ledger = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join("ledger");
+    let mut found = Vec::new();
+    for file in rust_files(&ledger) {
+        let text = std::fs::read_to_string(&file).expect("readable source");
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if code.contains("\"DCGM_FI_") || code.contains("\"dcgm_") {
+                found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "DCGM field names in the ledger (they belong in src/usage/fields.rs):\n{}",
+        found.join("\n")
+    );
+}

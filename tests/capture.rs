@@ -17,12 +17,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use gpu_ledger_testkit::stack::{Notebook, Stack, notebook_resource};
+use gpu_ledger_testkit::stack::{Notebook, notebook_resource};
 use gpu_ledger_testkit::{GpuNode, binary};
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use serde_json::{Value, json};
-use support::{READ_ONLY_RBAC, eventually};
+use support::{Grants, eventually, tier_b};
 
 const TEAM: &str = "team-ml";
 const RESEARCH: &str = "research";
@@ -114,14 +114,12 @@ fn differences(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capture_then_offline_report_equals_the_live_report() {
-    let stack = Stack::start(&[GpuNode::new("gpu-1", 2), GpuNode::new("gpu-2", 2)])
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let stack = tier_b(
+        &[GpuNode::new("gpu-1", 2), GpuNode::new("gpu-2", 2)],
+        Grants::ReadOnly,
+    )
+    .await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("shipped read-only RBAC");
     let prom = stack.prometheus.url().to_string();
     let reader = stack.cp.kubeconfig_path("gpu-ledger").expect("kubeconfig");
     let admin_kubeconfig = stack.cp.kubeconfig_path("admin").expect("kubeconfig");

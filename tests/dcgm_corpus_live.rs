@@ -19,9 +19,9 @@ use std::time::Duration;
 use chrono::Utc;
 use gpu_ledger::app::offline::{self, OfflineInput};
 use gpu_ledger::claims::files::{self, DumpPaths};
-use gpu_ledger::ledger::usage::fields;
 use gpu_ledger::ledger::usage::{Usage, Window};
 use gpu_ledger::ledger::{self, Policy};
+use gpu_ledger::usage::fields;
 use gpu_ledger::usage::history;
 use gpu_ledger::usage::live::{self, LiveSettings};
 use gpu_ledger::usage::prom::{PromClient, PromConfig};
@@ -193,13 +193,11 @@ async fn every_case_yields_its_expected_ledger_live() {
         failures.clear();
         for case in &cases {
             let client = PromClient::new(PromConfig {
-                url: prom.url().parse().expect("prometheus url"),
-                bearer_token_file: None,
-                ca_file: None,
-                insecure_skip_verify: false,
-                timeout: Duration::from_secs(30),
                 selector: Some(format!("case=\"{}\"", case.name).parse().expect("selector")),
-                headers: Vec::new(),
+                ..PromConfig::new(
+                    prom.url().parse().expect("prometheus url"),
+                    Duration::from_secs(30),
+                )
             })
             .expect("client");
             let now = Utc::now();

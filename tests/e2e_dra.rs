@@ -20,15 +20,14 @@ use std::time::Duration;
 use gpu_ledger_testkit::dra::{self, ClaimSource, NvidiaSlice};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::stack::{
-    Notebook, STOP_ANNOTATION, Stack, gpu_pod, metric_value, notebook_resource,
-    spawn_notebook_stop_rule,
+    Notebook, STOP_ANNOTATION, gpu_pod, metric_value, notebook_resource, spawn_notebook_stop_rule,
 };
 use gpu_ledger_testkit::{ControlPlane, GpuNode, Tier, TierBOptions};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{CULLING_RBAC, READ_ONLY_RBAC, eventually};
+use support::{Grants, READ_ONLY_RBAC, eventually, tier_b_with};
 
 const NS: &str = "team-dra";
 const NB_NS: &str = "team-nb";
@@ -117,24 +116,16 @@ async fn dra_claims_end_to_end() {
         // Device plugin advertises both cards; the DRA driver publishes card 1 as well.
         GpuNode::new("mixed", 2),
     ];
-    let stack = Stack::start_with(
+    let stack = tier_b_with(
         &nodes,
         TierBOptions {
             extra_controllers: vec!["resourceclaim-controller".into()],
             ..TierBOptions::default()
         },
+        Grants::Culling,
     )
-    .await
-    .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    .await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("shipped read-only RBAC");
-    stack
-        .grant_rbac(CULLING_RBAC, "gpu-ledger")
-        .await
-        .expect("shipped culling RBAC");
     dra::install_device_classes(&admin)
         .await
         .expect("DeviceClasses");

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::prometheus::promtool_check_metrics;
-use gpu_ledger_testkit::stack::{GpuLedgerProcess, Stack, metric_value};
+use gpu_ledger_testkit::stack::{GpuLedgerProcess, metric_value};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use serde_json::Value;
-use support::{READ_ONLY_RBAC, eventually};
+use support::{Grants, eventually, tier_b};
 
 const NS: &str = "team-ml";
 const WAIT: Duration = Duration::from_secs(60);
@@ -41,18 +41,16 @@ async fn ledger_row(gl: &GpuLedgerProcess, pod: &str) -> Option<Value> {
 async fn serve_end_to_end_with_prometheus_outage() {
     // `broken`: GFD says three GPUs, the device plugin advertises none ("three GPUs, zero
     // schedulable").
-    let mut stack = Stack::start(&[
-        GpuNode::new("gpu-1", 1),
-        GpuNode::new("gpu-2", 1),
-        GpuNode::new("broken", 0).label("nvidia.com/gpu.count", "3"),
-    ])
-    .await
-    .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let mut stack = tier_b(
+        &[
+            GpuNode::new("gpu-1", 1),
+            GpuNode::new("gpu-2", 1),
+            GpuNode::new("broken", 0).label("nvidia.com/gpu.count", "3"),
+        ],
+        Grants::ReadOnly,
+    )
+    .await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("shipped read-only RBAC");
     stack.ensure_namespace(NS).await.expect("namespace");
     stack
         .create_gpu_pod(NS, "busy", 1, Some(90.0))

@@ -47,7 +47,7 @@ use futures::{StreamExt, TryStreamExt};
 use gpu_ledger::claims::watch::{self, Stores, WatchConfig};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::stack::{
-    LEDGER_NAMESPACE, LedgerOptions, Notebook, STOP_ANNOTATION, Stack, apply_rbac, metric_value,
+    LEDGER_NAMESPACE, LedgerOptions, Notebook, STOP_ANNOTATION, apply_rbac, metric_value,
     notebook_resource,
 };
 use gpu_ledger_testkit::{ControlPlane, Fault, FaultProxy, GpuNode, Rule, Tier};
@@ -60,7 +60,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 use support::{
-    CULLING_RBAC, READ_ONLY_RBAC, eventually, gpu_pod, grant_shipped_read_only, namespace,
+    CULLING_RBAC, Grants, eventually, gpu_pod, grant_shipped_read_only, namespace, tier_b,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -1083,19 +1083,9 @@ async fn broken_pods_watch_is_visible_and_holds_culling_back() {
     const NS: &str = "team-w";
     const KILL: &str = "gpu-ledger-cull";
     let started = Instant::now();
-    let stack = Stack::start(&[GpuNode::new("n1", 1)])
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let stack = tier_b(&[GpuNode::new("n1", 1)], Grants::Culling).await;
     eprintln!("[{:?}] stack up", started.elapsed());
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("read-only RBAC");
-    stack
-        .grant_rbac(CULLING_RBAC, "gpu-ledger")
-        .await
-        .expect("culling RBAC");
     let nb = Notebook::new(NS, "idle-nb").node("n1");
     stack.create_notebook(&nb).await.expect("notebook");
     stack

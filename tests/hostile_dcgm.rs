@@ -362,15 +362,10 @@ async fn answer(mut sock: TcpStream, samples: &Mutex<Vec<(i64, f64)>>) -> std::i
 #[tokio::test]
 async fn a_future_sample_does_not_blind_the_live_window() {
     let fake = FakePrometheus::start().await;
-    let client = PromClient::new(PromConfig {
-        url: format!("http://{}/", fake.addr).parse().expect("url"),
-        bearer_token_file: None,
-        ca_file: None,
-        insecure_skip_verify: false,
-        timeout: Duration::from_secs(30),
-        selector: None,
-        headers: Vec::new(),
-    })
+    let client = PromClient::new(PromConfig::new(
+        format!("http://{}/", fake.addr).parse().expect("url"),
+        Duration::from_secs(30),
+    ))
     .expect("client");
     let window = Window {
         length: chrono::Duration::minutes(10),

@@ -61,13 +61,8 @@ fn settings() -> LiveSettings {
 fn client(url: &str, selector: Option<&str>) -> Arc<PromClient> {
     Arc::new(
         PromClient::new(PromConfig {
-            url: url.parse().expect("store url"),
-            bearer_token_file: None,
-            ca_file: None,
-            insecure_skip_verify: false,
-            timeout: Duration::from_secs(30),
             selector: selector.map(|s| s.parse().expect("selector")),
-            headers: Vec::new(),
+            ..PromConfig::new(url.parse().expect("store url"), Duration::from_secs(30))
         })
         .expect("client"),
     )

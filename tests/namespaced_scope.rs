@@ -9,9 +9,8 @@ mod support;
 use std::time::Duration;
 
 use gpu_ledger_testkit::GpuNode;
-use gpu_ledger_testkit::stack::Stack;
 use serde_json::Value;
-use support::{READ_ONLY_RBAC, eventually};
+use support::{Grants, eventually, tier_b};
 
 const WATCHED: &str = "team-a";
 const UNWATCHED: &str = "team-b";
@@ -19,13 +18,7 @@ const WAIT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_gpu_of_an_unwatched_namespace_is_not_unclaimed() {
-    let stack = Stack::start(&[GpuNode::new("gpu-1", 2)])
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("shipped read-only RBAC");
+    let stack = tier_b(&[GpuNode::new("gpu-1", 2)], Grants::ReadOnly).await;
     for ns in [WATCHED, UNWATCHED] {
         stack.ensure_namespace(ns).await.expect("namespace");
     }

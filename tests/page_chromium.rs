@@ -19,11 +19,11 @@ use std::time::Duration;
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::chromium::{Browser, Page};
 use gpu_ledger_testkit::dcgm::UTILIZATION_ANNOTATION;
-use gpu_ledger_testkit::stack::{Notebook, Stack, spawn_notebook_stop_rule};
+use gpu_ledger_testkit::stack::{Notebook, spawn_notebook_stop_rule};
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{READ_ONLY_RBAC, eventually};
+use support::{Grants, eventually, tier_b};
 
 const TEAM: &str = "team-ml";
 const TRIALS: &str = "trials";
@@ -87,14 +87,12 @@ fn assert_clean(page: &Page<'_>, origin: &str) {
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_in_headless_chromium() {
-    let stack = Stack::start(&[GpuNode::new("gpu-1", 2), GpuNode::new("gpu-2", 2)])
-        .await
-        .expect("stack (run scripts/build-test-cluster.sh if binaries are missing)");
+    let stack = tier_b(
+        &[GpuNode::new("gpu-1", 2), GpuNode::new("gpu-2", 2)],
+        Grants::ReadOnly,
+    )
+    .await;
     let admin = stack.admin();
-    stack
-        .grant_rbac(READ_ONLY_RBAC, "gpu-ledger")
-        .await
-        .expect("shipped read-only RBAC");
     // The homelab story, live: an idle notebook, a busy job, a stopped notebook whose pod a
     // finalizer holds Terminating, a pending trial, a namespace with a GPU quota and one without.
     stack.ensure_namespace(TEAM).await.expect("namespace");

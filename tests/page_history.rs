@@ -45,15 +45,10 @@ impl Probes for AlwaysLive {
 
 fn client(url: &str) -> Arc<PromClient> {
     Arc::new(
-        PromClient::new(PromConfig {
-            url: url.parse().expect("prometheus url"),
-            bearer_token_file: None,
-            ca_file: None,
-            insecure_skip_verify: false,
-            timeout: Duration::from_secs(30),
-            selector: None,
-            headers: Vec::new(),
-        })
+        PromClient::new(PromConfig::new(
+            url.parse().expect("prometheus url"),
+            Duration::from_secs(30),
+        ))
         .expect("client"),
     )
 }

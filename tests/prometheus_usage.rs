@@ -1,7 +1,7 @@
 //! Live usage path against a REAL Prometheus 2.42 (`/usr/bin/prometheus`, `/usr/bin/promtool`):
 //! generated DCGM series are backfilled with `promtool tsdb create-blocks-from openmetrics`, then
 //! the live usage source (`usage::live`: raw samples by `PromClient::range_series`, kept for the
-//! window, reduced by `usage::series::reduce`) and `history::bootstrap` query them over HTTP. The
+//! window, reduced by `usage::series::reduce`) and `live::bootstrap` query them over HTTP. The
 //! key test (`live_and_offline_agree`) checks that the live path and the offline reduction
 //! (`usage::series::reduce` over the parsed `OpenMetrics` text) mean the same thing.
 //!
@@ -12,7 +12,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Window, Workload, fields};
+use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Window, Workload};
+use gpu_ledger::usage::fields;
 use std::sync::Arc;
 
 use gpu_ledger::usage::history::{self, History};
@@ -115,15 +116,10 @@ async fn start(om: &Om) -> (Prometheus, PromClient) {
              or set PROMETHEUS_BIN/PROMTOOL_BIN): {e:#}"
             )
         });
-    let client = PromClient::new(PromConfig {
-        url: prom.url().parse().expect("prometheus url"),
-        bearer_token_file: None,
-        ca_file: None,
-        insecure_skip_verify: false,
-        timeout: Duration::from_secs(60),
-        selector: None,
-        headers: Vec::new(),
-    })
+    let client = PromClient::new(PromConfig::new(
+        prom.url().parse().expect("prometheus url"),
+        Duration::from_secs(60),
+    ))
     .expect("client");
     (prom, client)
 }
@@ -454,7 +450,7 @@ async fn history_bootstrap_finds_activity_hours_ago() {
     let scheme = live::detect_scheme(&client, SchemeChoice::Auto, at(now))
         .await
         .expect("detect");
-    let mut h = history::bootstrap(
+    let mut h = live::bootstrap(
         &client,
         &scheme,
         &w,
@@ -827,15 +823,10 @@ async fn errors_are_typed() {
         .await
         .expect_err("bad query");
     assert_eq!(err.kind(), "status", "{err}");
-    let dead = PromClient::new(PromConfig {
-        url: "http://127.0.0.1:9/".parse().expect("url"),
-        bearer_token_file: None,
-        ca_file: None,
-        insecure_skip_verify: false,
-        timeout: Duration::from_secs(5),
-        selector: None,
-        headers: Vec::new(),
-    })
+    let dead = PromClient::new(PromConfig::new(
+        "http://127.0.0.1:9/".parse().expect("url"),
+        Duration::from_secs(5),
+    ))
     .expect("client");
     let err = dead
         .instant("up", at(now_secs()))

@@ -13,8 +13,8 @@ use chrono::{DateTime, Utc};
 use gpu_ledger::claims::files::{self, DumpPaths};
 use gpu_ledger::claims::quantity::parse_units;
 use gpu_ledger::ledger::claims::ResourceNames;
-use gpu_ledger::ledger::usage::fields;
 use gpu_ledger::usage::exposition;
+use gpu_ledger::usage::fields;
 use gpu_ledger::usage::prom::{self, ApiResponse};
 use gpu_ledger::usage::series::{Labels, Series};
 

@@ -315,7 +315,12 @@ impl PromHistory {
 
 impl HistorySource for PromHistory {
     fn fetch(&self, span: Span, now: DateTime<Utc>) -> Fetch<'_> {
-        Box::pin(async move { self.raw(span, now).await.map_err(|e| e.to_string()) })
+        // The chain, since the page shows it: a transport error's cause is its source.
+        Box::pin(async move {
+            self.raw(span, now)
+                .await
+                .map_err(|e| crate::telemetry::error_chain(&e))
+        })
     }
 }
 

@@ -14,10 +14,11 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::LabelScheme;
 use super::exposition;
+use super::fields;
 use super::prom::{Selector, clusters_of};
 use super::scheme::SchemeChoice;
 use super::series::{self, Series};
-use crate::ledger::usage::{Usage, Window, fields};
+use crate::ledger::usage::{Usage, Window};
 
 /// Scrape interval assumed when the dump does not show one (a single snapshot).
 pub const DEFAULT_SCRAPE_INTERVAL_SECS: i64 = 30;

@@ -1,12 +1,13 @@
 //! Idle history kept across refreshes, and rebuilt at bounded cost after a restart.
 //!
 //! A refresh only sees its window (minutes); "idle since" and "covered since" need hours. At
-//! start-up [`bootstrap`] asks Prometheus once over the lookback, in buckets (one query, 8 s at
-//! 4,000 GPUs with half an hour of data, more with a full lookback; times err late by up to one
-//! bucket, never early); `serve` runs it beside the first
-//! refreshes and folds it in with [`History::absorb`]. Afterwards [`History::merge`] keeps both up
-//! to date from each refresh (pure, no I/O), which also lets a refresh scan activity only since
-//! the previous one.
+//! start-up the live source ([`super::live::bootstrap`], the bootstrap's one home) asks
+//! Prometheus once over the lookback, in buckets (one query, 8 s at 4,000 GPUs with half an hour
+//! of data, more with a full lookback; times err late by up to one bucket, never early), builds
+//! the history from the answer here ([`History::from_bootstrap_rows`], pure), runs it beside the
+//! first refreshes and folds it in with [`History::absorb`]. Afterwards [`History::merge`]
+//! keeps both up to date from each refresh (pure, no I/O), which also lets a refresh scan
+//! activity only since the previous one.
 //!
 //! Rules per device, keyed by [`DeviceKey`] (UUID and GPU instance; never the host label, which
 //! may name the exporter pod and change when it restarts):
@@ -27,7 +28,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::LabelScheme;
-use super::prom::{FIELD_LABEL, PromClient, PromError, STAT_LABEL, Sample, queries};
+use super::prom::{FIELD_LABEL, STAT_LABEL, Sample};
 use crate::ledger::usage::{DeviceKey, DeviceUsage, Window};
 
 /// Default lookback of the start-up query.
@@ -40,10 +41,6 @@ const LOOKBACK_DELTA: chrono::Duration = chrono::Duration::minutes(5);
 fn minus(t: DateTime<Utc>, d: chrono::Duration) -> DateTime<Utc> {
     t.checked_sub_signed(d).unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
-
-/// Timeout of the start-up query: it reads every sample of the lookback (hours × every GPU), so
-/// it is given far more headroom than a refresh query; `serve` runs it beside the refreshes.
-pub const BOOTSTRAP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// A device of the history.
 pub type HistoryKey = DeviceKey;
@@ -68,32 +65,6 @@ impl Default for History {
     fn default() -> Self {
         Self::new(DEFAULT_LOOKBACK)
     }
-}
-
-/// One start-up query over `lookback` (default [`DEFAULT_LOOKBACK`]) rebuilding the history.
-pub async fn bootstrap(
-    client: &PromClient,
-    scheme: &LabelScheme,
-    window: &Window,
-    lookback: chrono::Duration,
-    min_coverage: f64,
-    now: DateTime<Utc>,
-) -> Result<History, PromError> {
-    let rows = client
-        .instant_with_timeout(
-            &queries::bootstrap_query(scheme, window, lookback, min_coverage, client.matchers()),
-            now,
-            BOOTSTRAP_TIMEOUT,
-        )
-        .await?;
-    Ok(History::from_bootstrap_rows(
-        &rows,
-        scheme,
-        window,
-        lookback,
-        min_coverage,
-        now,
-    ))
 }
 
 fn secs(v: f64) -> Option<DateTime<Utc>> {

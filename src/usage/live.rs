@@ -4,9 +4,15 @@
 //! The first refresh reads the whole window; every later one reads only the samples since the
 //! previous refresh (plus two sample intervals of overlap for ingestion lag; samples already
 //! held are skipped by timestamp), so a refresh costs Prometheus a chunk read of a few samples
-//! per series. `serve` starts the slow start-up history query in the background and keeps
-//! refreshing beside it; a one-shot caller (`report` against a live cluster) rebuilds the history
-//! inline.
+//! per series.
+//!
+//! The idle history's start-up bootstrap lives here, whole: the one query over the lookback
+//! ([`bootstrap`]; the history is built from its answer by the pure
+//! [`History::from_bootstrap_rows`]), the fallback to an empty history when it fails, and its
+//! run beside the refreshes: `serve` hands [`LiveUsage::start_bootstrap`] its supervisor and
+//! keeps refreshing, each refresh folding the answer in once it has come; a one-shot caller
+//! (`report` against a live cluster) rebuilds the history inline on its one refresh. The history
+//! reaches the hub with each refresh ([`LiveUsage::history`]).
 //!
 //! Samples stamped after the query time (the range selector asks for samples at or before it, so
 //! only a misbehaving backend or a hostile answer sends them) or at a time no DCGM reading can
@@ -24,11 +30,12 @@ use std::collections::HashMap;
 
 use super::LabelScheme;
 use super::exposition::plausible_sample_ms;
-use super::history::{self, History};
-use super::prom::{PromClient, PromError, QueryStats};
+use super::fields;
+use super::history::History;
+use super::prom::{PromClient, PromError, QueryStats, queries};
 use super::scheme::{READ_LABELS, SchemeChoice};
 use super::series::{self, Labels, Series};
-use crate::ledger::usage::{DeviceUsage, Usage, Window, fields};
+use crate::ledger::usage::{DeviceUsage, Usage, Window};
 
 /// What the live source needs besides the client.
 #[derive(Debug, Clone, Copy)]
@@ -270,6 +277,37 @@ pub struct LiveUsage {
     settings: LiveSettings,
 }
 
+/// Timeout of the start-up query: it reads every sample of the lookback (hours × every GPU), so
+/// it is given far more headroom than a refresh query; `serve` runs it beside the refreshes.
+pub const BOOTSTRAP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// One start-up query over `lookback` (default [`super::history::DEFAULT_LOOKBACK`]) rebuilding the
+/// history.
+pub async fn bootstrap(
+    client: &PromClient,
+    scheme: &LabelScheme,
+    window: &Window,
+    lookback: chrono::Duration,
+    min_coverage: f64,
+    now: DateTime<Utc>,
+) -> Result<History, PromError> {
+    let rows = client
+        .instant_with_timeout(
+            &queries::bootstrap_query(scheme, window, lookback, min_coverage, client.matchers()),
+            now,
+            BOOTSTRAP_TIMEOUT,
+        )
+        .await?;
+    Ok(History::from_bootstrap_rows(
+        &rows,
+        scheme,
+        window,
+        lookback,
+        min_coverage,
+        now,
+    ))
+}
+
 /// Rebuilds the idle history with one query over the lookback. A failed or slow bootstrap must not
 /// stop anything: the history then starts empty (idle time accrues from now), and the log says so.
 async fn bootstrap_history(
@@ -279,7 +317,7 @@ async fn bootstrap_history(
 ) -> History {
     let result = async {
         let scheme = detect_scheme(&client, settings.scheme, now).await?;
-        history::bootstrap(
+        bootstrap(
             &client,
             &scheme,
             &settings.window,

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::LabelScheme;
-use crate::ledger::usage::{DeviceKey, DeviceUsage, OwnWindow, Signal, Window, Workload, fields};
+use super::fields;
+use crate::ledger::usage::{DeviceKey, DeviceUsage, OwnWindow, Signal, Window, Workload};
 
 /// Label name → value (empty values are dropped at parse time).
 pub type Labels = BTreeMap<String, String>;

@@ -318,7 +318,7 @@ async fn query_time(http: &reqwest::Client, prom: &str, q: &str) -> Result<(f64,
     Ok((pct(&mut t, 0.5), n))
 }
 
-/// The metric names gpu-ledger's refresh selects (`fields::SPELLINGS` in src/ledger/usage.rs:
+/// The metric names gpu-ledger's refresh selects (`SPELLINGS` in src/usage/fields.rs:
 /// the three fields in the current, `--use-old-namespace` and 1.x spellings).
 const FIELD_SPELLINGS: &[&str] = &[
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE",

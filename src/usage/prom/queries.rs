@@ -1,8 +1,10 @@
-//! `PromQL` builders (pure; their text is unit-tested): the window's range-vector selector and
-//! the start-up history (bootstrap) query.
+//! `PromQL` (pure; the text is unit-tested): validated `--prometheus-selector` matchers (and
+//! their evaluation against a dump's labels), the labels naming a series' cluster, the window's
+//! range-vector selector and the start-up history (bootstrap) query.
 
-use crate::ledger::usage::{Window, fields};
+use crate::ledger::usage::Window;
 use crate::usage::LabelScheme;
+use crate::usage::fields;
 
 /// Label added by `label_replace` to tell statistics apart in one answer.
 pub const STAT_LABEL: &str = "stat";
@@ -117,4 +119,341 @@ pub(super) fn range_selector(fields: &[&str], matchers: &str, range: chrono::Dur
         fields.join("|"),
         duration(range)
     )
+}
+
+/// A validated list of label matchers (`cluster="prod",job=~"dcgm.*"`), safe to splice into a
+/// selector: each is `name op "value"` with a Prometheus label name, one of `=`, `!=`, `=~`,
+/// `!~`, and a double-quoted value with `\`-escapes only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selector(String);
+
+impl Selector {
+    /// The matchers, comma-separated, as given (whitespace around them trimmed).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for Selector {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut rest = s.trim();
+        let mut out = Vec::new();
+        while !rest.is_empty() {
+            let name_len = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let name = &rest[..name_len];
+            if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+                return Err(format!("{s:?}: expected a label name at {rest:?}"));
+            }
+            let after = rest[name_len..].trim_start();
+            let op = ["=~", "!~", "!=", "="]
+                .into_iter()
+                .find(|op| after.starts_with(op))
+                .ok_or_else(|| format!("{s:?}: expected =, !=, =~ or !~ after {name}"))?;
+            let value = after[op.len()..].trim_start();
+            let body = value
+                .strip_prefix('"')
+                .ok_or_else(|| format!("{s:?}: the value of {name} must be double-quoted"))?;
+            let mut end = None;
+            let mut escaped = false;
+            for (i, c) in body.char_indices() {
+                match (escaped, c) {
+                    (true, _) => escaped = false,
+                    (false, '\\') => escaped = true,
+                    (false, '"') => {
+                        end = Some(i);
+                        break;
+                    }
+                    (false, '\n') => break,
+                    _ => {}
+                }
+            }
+            let end = end.ok_or_else(|| format!("{s:?}: unterminated value of {name}"))?;
+            out.push(format!("{name}{op}\"{}\"", &body[..end]));
+            rest = body[end + 1..].trim_start();
+            if let Some(r) = rest.strip_prefix(',') {
+                rest = r.trim_start();
+                if rest.is_empty() {
+                    return Err(format!("{s:?}: trailing comma"));
+                }
+            } else if !rest.is_empty() {
+                return Err(format!("{s:?}: expected a comma before {rest:?}"));
+            }
+        }
+        if out.is_empty() {
+            return Err("empty selector".into());
+        }
+        Ok(Selector(out.join(",")))
+    }
+}
+
+impl Selector {
+    /// The matchers, parsed for evaluation against a series' labels: the offline report applies
+    /// `--prometheus-selector` to a dump as Prometheus applies it to a query.
+    pub fn matchers(&self) -> Result<Vec<Matcher>, String> {
+        let mut out = Vec::new();
+        let mut rest = self.0.as_str();
+        // `as_str` is canonical (`name op "value"`, comma-separated; validated by `from_str`).
+        while !rest.is_empty() {
+            let op_at = rest
+                .find(['=', '!'])
+                .ok_or_else(|| format!("{}: no operator", self.0))?;
+            let name = &rest[..op_at];
+            let (op, len) = if rest[op_at..].starts_with("=~") {
+                (MatchOp::Re, 2)
+            } else if rest[op_at..].starts_with("!~") {
+                (MatchOp::NotRe, 2)
+            } else if rest[op_at..].starts_with("!=") {
+                (MatchOp::Ne, 2)
+            } else {
+                (MatchOp::Eq, 1)
+            };
+            let body = &rest[op_at + len + 1..];
+            let mut value = String::new();
+            let mut end = None;
+            let mut chars = body.char_indices();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next() {
+                        Some((_, 'n')) => value.push('\n'),
+                        Some((_, 't')) => value.push('\t'),
+                        Some((_, e)) => value.push(e),
+                        None => {}
+                    },
+                    '"' => {
+                        end = Some(i);
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            let end = end.ok_or_else(|| format!("{}: unterminated value", self.0))?;
+            let regex = match op {
+                MatchOp::Re | MatchOp::NotRe => Some(
+                    // Prometheus anchors label regexes at both ends.
+                    regex::Regex::new(&format!("^(?:{value})$"))
+                        .map_err(|e| format!("{}: regex of {name}: {e}", self.0))?,
+                ),
+                MatchOp::Eq | MatchOp::Ne => None,
+            };
+            out.push(Matcher {
+                name: name.to_string(),
+                op,
+                value,
+                regex,
+            });
+            rest = body[end + 1..]
+                .strip_prefix(',')
+                .unwrap_or(&body[end + 1..]);
+        }
+        Ok(out)
+    }
+}
+
+/// How a [`Matcher`] compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchOp {
+    Eq,
+    Ne,
+    Re,
+    NotRe,
+}
+
+/// One label matcher of a [`Selector`], evaluated as Prometheus does: an absent label has the
+/// empty value.
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    pub name: String,
+    pub op: MatchOp,
+    pub value: String,
+    regex: Option<regex::Regex>,
+}
+
+impl Matcher {
+    /// Whether a series with `value` (None: the label is absent) passes.
+    pub fn matches(&self, value: Option<&str>) -> bool {
+        let v = value.unwrap_or("");
+        match (self.op, &self.regex) {
+            (MatchOp::Eq, _) => v == self.value,
+            (MatchOp::Ne, _) => v != self.value,
+            (MatchOp::Re, Some(r)) => r.is_match(v),
+            (MatchOp::NotRe, Some(r)) => !r.is_match(v),
+            (MatchOp::Re | MatchOp::NotRe, None) => false,
+        }
+    }
+}
+
+/// Labels that name the cluster a series came from in a metrics store shared by several
+/// clusters: `cluster` (kubernetes-mixin, kube-prometheus-stack's external labels, Thanos and
+/// Mimir docs) and `cluster_id` (OpenCost).
+pub const CLUSTER_LABELS: &[&str] = &["cluster", "cluster_id"];
+
+/// The distinct cluster names among `labels` (per [`CLUSTER_LABELS`], `name=value`), sorted;
+/// a series without any cluster label counts as `(none)`. More than one entry means the
+/// series come from several clusters and must not be joined to this cluster's pods.
+pub fn clusters_of<'a>(
+    labels: impl IntoIterator<Item = &'a std::collections::BTreeMap<String, String>>,
+) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut unlabelled = false;
+    for l in labels {
+        let mut named = false;
+        for name in CLUSTER_LABELS {
+            if let Some(v) = l.get(*name) {
+                seen.insert(format!("{name}={v:?}"));
+                named = true;
+            }
+        }
+        unlabelled |= !named;
+    }
+    if unlabelled && !seen.is_empty() {
+        seen.insert("(none)".to_string());
+    }
+    seen.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::usage::series::Labels;
+
+    fn window() -> Window {
+        Window {
+            length: chrono::Duration::minutes(10),
+            interval: chrono::Duration::seconds(30),
+            idle_threshold: 0.05,
+            max_staleness: chrono::Duration::minutes(2),
+        }
+    }
+
+    #[test]
+    fn bootstrap_text() {
+        let q = bootstrap_query(
+            &LabelScheme::default(),
+            &window(),
+            chrono::Duration::hours(24),
+            0.9,
+            "",
+        );
+        // 24 h in 5-minute buckets; 10 scrapes of 30 s per bucket, 9 needed.
+        assert!(q.contains("max_over_time(timestamp(max_over_time(DCGM_FI_DEV_GPU_UTIL[299999ms]) >= 5)[86400000ms:300000ms])"), "{q}");
+        assert!(q.contains("\"field\", \"gr\""), "{q}");
+        assert!(
+            q.contains("timestamp(count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms]) < 9)"),
+            "{q}"
+        );
+        assert!(q.contains("count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms]) unless count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms] offset 300000ms)"), "{q}");
+        assert_eq!(
+            bootstrap_bucket(&window(), chrono::Duration::minutes(30)),
+            chrono::Duration::seconds(30),
+            "never finer than a scrape"
+        );
+        assert_eq!(
+            bootstrap_bucket(&window(), chrono::Duration::days(30)),
+            chrono::Duration::minutes(10),
+            "never wider than the window"
+        );
+    }
+
+    #[test]
+    fn selectors_are_validated_and_spliced_into_every_query() {
+        let sel: Selector = r#" cluster="prod" , job=~"dcgm.*",env!="a\"b" "#
+            .parse()
+            .expect("valid");
+        assert_eq!(sel.as_str(), r#"cluster="prod",job=~"dcgm.*",env!="a\"b""#);
+        for bad in [
+            "",
+            "cluster",
+            "cluster=prod",
+            r#"cluster="prod"}"#,
+            r#"cluster="prod""#.trim_end_matches('"'),
+            r#"cluster="a",,job="b""#,
+            r#"1x="a""#,
+            r#"cluster="a" job="b""#,
+            r#"cluster="a"} or vector(1) or {x="b""#,
+        ] {
+            assert!(bad.parse::<Selector>().is_err(), "{bad:?}");
+        }
+        let q = bootstrap_query(
+            &LabelScheme::default(),
+            &window(),
+            chrono::Duration::hours(1),
+            0.9,
+            r#",cluster="prod""#,
+        );
+        assert!(
+            q.contains(r#"timestamp(DCGM_FI_DEV_GPU_UTIL{cluster="prod"}) and DCGM_FI_DEV_GPU_UTIL{cluster="prod"} >= 5"#),
+            "{q}"
+        );
+        assert!(
+            q.contains(r#"dcgm_gpu_utilization{cluster="prod"}"#),
+            "every spelling: {q}"
+        );
+    }
+
+    #[test]
+    fn selectors_evaluate_like_prometheus_matchers() {
+        let labels = |pairs: &[(&str, &str)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect()
+        };
+        let passes = |sel: &str, l: &Labels| {
+            let s: Selector = sel.parse().expect("selector");
+            s.matchers()
+                .expect("matchers")
+                .iter()
+                .all(|m| m.matches(l.get(&m.name).map(String::as_str)))
+        };
+        let east = labels(&[("cluster", "east"), ("job", "dcgm")]);
+        let bare = labels(&[("job", "dcgm")]);
+        assert!(passes(r#"cluster="east""#, &east));
+        assert!(!passes(r#"cluster="west""#, &east));
+        assert!(passes(r#"cluster!="west",job="dcgm""#, &east));
+        // Regexes are anchored at both ends, as in PromQL.
+        assert!(passes(r#"cluster=~"ea.*""#, &east));
+        assert!(!passes(r#"cluster=~"as""#, &east));
+        assert!(passes(r#"cluster!~"w.*""#, &east));
+        // An absent label is the empty value.
+        assert!(passes(r#"cluster="""#, &bare));
+        assert!(!passes(r#"cluster=~".+""#, &bare));
+        // Escapes inside values.
+        let quoted = labels(&[("team", "a\"b")]);
+        assert!(passes(r#"team="a\"b""#, &quoted));
+    }
+
+    #[test]
+    fn clusters_are_named_and_a_missing_label_counts() {
+        let l = |pairs: &[(&str, &str)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect()
+        };
+        let (east, west, bare) = (
+            l(&[("cluster", "east")]),
+            l(&[("cluster", "west")]),
+            l(&[("job", "dcgm")]),
+        );
+        assert!(
+            clusters_of([&bare, &bare]).is_empty(),
+            "one Prometheus, no label"
+        );
+        assert_eq!(clusters_of([&east, &east]), ["cluster=\"east\""]);
+        assert_eq!(
+            clusters_of([&east, &west]),
+            ["cluster=\"east\"", "cluster=\"west\""]
+        );
+        assert_eq!(
+            clusters_of([&east, &bare]),
+            ["(none)", "cluster=\"east\""],
+            "a store mixing labelled and unlabelled series is ambiguous too"
+        );
+        let opencost = l(&[("cluster_id", "c1")]);
+        assert_eq!(clusters_of([&opencost]), ["cluster_id=\"c1\""]);
+    }
 }

@@ -1,0 +1,509 @@
+//! The Prometheus HTTP client: connection settings, the one POST of `/api/v1/query` every
+//! question goes through (body bounded, warnings counted), and the questions gpu-ledger asks.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+
+use super::PromError;
+use super::decode::{
+    ApiResponse, MAX_ANSWER_BYTES, MatrixRow, QueryData, Sample, Warnings, WindowData,
+};
+use super::queries::{Selector, range_selector};
+use crate::usage::series::Series;
+
+/// Connection settings for the Prometheus HTTP API.
+#[derive(Debug, Clone)]
+pub struct PromConfig {
+    /// Base URL, e.g. `http://prometheus:9090/` (a path prefix is kept).
+    pub url: reqwest::Url,
+    /// File holding a bearer token, re-read for every batch of requests (tokens rotate).
+    pub bearer_token_file: Option<PathBuf>,
+    /// PEM bundle of extra CAs to trust.
+    pub ca_file: Option<PathBuf>,
+    pub insecure_skip_verify: bool,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// Extra label matchers on every DCGM selector (`--prometheus-selector`), e.g. one
+    /// cluster's or one job's series in a shared Prometheus or Thanos.
+    pub selector: Option<Selector>,
+    /// Extra headers on every request (`--prometheus-header`), e.g. Mimir's or Cortex'
+    /// tenant `X-Scope-OrgID`.
+    pub headers: Vec<Header>,
+}
+
+impl PromConfig {
+    /// `url` with `timeout` per request and nothing else: no token, the system's CAs (verified),
+    /// no selector, no extra headers. Callers set the rest with struct update syntax.
+    pub fn new(url: reqwest::Url, timeout: Duration) -> Self {
+        PromConfig {
+            url,
+            bearer_token_file: None,
+            ca_file: None,
+            insecure_skip_verify: false,
+            timeout,
+            selector: None,
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// One `--prometheus-header` (`Name: value`), validated as an HTTP header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub name: String,
+    pub value: String,
+}
+
+impl std::str::FromStr for Header {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, value) = s
+            .split_once(':')
+            .ok_or_else(|| format!("{s:?}: expected `Name: value`"))?;
+        let (name, value) = (name.trim(), value.trim());
+        reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("{name:?} is not a valid header name"))?;
+        reqwest::header::HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of {name} is not a valid header value"))?;
+        if name.eq_ignore_ascii_case("authorization") {
+            return Err(
+                "set the Authorization header with --prometheus-bearer-token-file (re-read, never logged)".into(),
+            );
+        }
+        Ok(Header {
+            name: name.to_string(),
+            value: value.to_string(),
+        })
+    }
+}
+
+/// Counters of one refresh.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QueryStats {
+    /// HTTP queries sent.
+    pub queries: u32,
+    pub duration: Duration,
+    /// Warnings in answers since the previous refresh (any query of the client).
+    pub warnings: u64,
+}
+
+/// A decoded answer and the warnings Prometheus attached to it.
+#[derive(Debug)]
+pub struct Answered<T> {
+    pub value: T,
+    /// Non-empty for a partial answer (Thanos or Mimir missed a store, a remote read failed):
+    /// what it holds is true, but something may be missing, so it proves no device idle.
+    pub warnings: Warnings,
+}
+
+impl<T> Answered<T> {
+    pub fn is_partial(&self) -> bool {
+        self.warnings.count > 0
+    }
+
+    /// The value of a complete answer; a partial one is [`PromError::Partial`].
+    pub fn complete(self) -> Result<T, PromError> {
+        if self.is_partial() {
+            return Err(PromError::Partial(self.warnings));
+        }
+        Ok(self.value)
+    }
+
+    fn map<U>(self, f: impl FnOnce(T) -> Result<U, PromError>) -> Result<Answered<U>, PromError> {
+        Ok(Answered {
+            value: f(self.value)?,
+            warnings: self.warnings,
+        })
+    }
+}
+
+/// Prometheus HTTP API client.
+#[derive(Debug)]
+pub struct PromClient {
+    http: reqwest::Client,
+    query_url: reqwest::Url,
+    token_file: Option<PathBuf>,
+    /// `,matchers` appended inside every DCGM selector (empty without `--prometheus-selector`).
+    matchers: String,
+    /// Warnings in answers since [`Self::take_warnings`] last read them.
+    warnings: AtomicU64,
+}
+
+impl PromClient {
+    pub fn new(cfg: PromConfig) -> Result<Self, PromError> {
+        let mut b = reqwest::Client::builder()
+            .timeout(cfg.timeout)
+            .use_rustls_tls();
+        if let Some(ca) = &cfg.ca_file {
+            let pem = std::fs::read(ca)
+                .map_err(|e| PromError::config(format!("reading CA file {}", ca.display()), e))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| PromError::config(format!("parsing CA file {}", ca.display()), e))?;
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        if cfg.insecure_skip_verify {
+            b = b.danger_accept_invalid_certs(true);
+        }
+        let mut headers = reqwest::header::HeaderMap::new();
+        for h in &cfg.headers {
+            let name = reqwest::header::HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|e| PromError::config(format!("header {:?}", h.name), e))?;
+            let mut value = reqwest::header::HeaderValue::from_str(&h.value)
+                .map_err(|e| PromError::config(format!("value of header {}", h.name), e))?;
+            // Tenant ids are not secrets, but keep header values out of debug output anyway.
+            value.set_sensitive(true);
+            headers.append(name, value);
+        }
+        b = b.default_headers(headers);
+        let http = b
+            .build()
+            .map_err(|e| PromError::config("building the HTTP client", e.without_url()))?;
+        let mut base = cfg.url;
+        if !base.path().ends_with('/') {
+            let p = format!("{}/", base.path());
+            base.set_path(&p);
+        }
+        let query_url = base
+            .join("api/v1/query")
+            .map_err(|e| PromError::config("the prometheus URL", e))?;
+        Ok(Self {
+            http,
+            query_url,
+            token_file: cfg.bearer_token_file,
+            matchers: cfg
+                .selector
+                .map(|s| format!(",{}", s.as_str()))
+                .unwrap_or_default(),
+            warnings: AtomicU64::new(0),
+        })
+    }
+
+    /// Warnings in answers to every query of this client since the previous call (for
+    /// `gpu_ledger_prometheus_warnings_total`).
+    pub fn take_warnings(&self) -> u64 {
+        self.warnings.swap(0, Ordering::Relaxed)
+    }
+
+    /// The extra matchers of every DCGM selector, `,`-prefixed (empty when none).
+    pub fn matchers(&self) -> &str {
+        &self.matchers
+    }
+
+    /// Reads the bearer token (once per batch of requests). Never logged.
+    fn token(&self) -> Result<Option<String>, PromError> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let t = std::fs::read_to_string(path).map_err(|e| {
+            PromError::config(format!("reading bearer token file {}", path.display()), e)
+        })?;
+        Ok(Some(t.trim().to_string()))
+    }
+
+    /// Instant query at `at` (POST form `query`, `time`).
+    pub async fn instant(&self, query: &str, at: DateTime<Utc>) -> Result<Vec<Sample>, PromError> {
+        let token = self.token()?;
+        self.instant_with(token.as_deref(), query, at, None).await
+    }
+
+    /// Instant query with its own timeout instead of the client's (the one-off start-up history
+    /// query scans hours of data and may take far longer than a refresh query).
+    pub async fn instant_with_timeout(
+        &self,
+        query: &str,
+        at: DateTime<Utc>,
+        timeout: Duration,
+    ) -> Result<Vec<Sample>, PromError> {
+        let token = self.token()?;
+        self.instant_with(token.as_deref(), query, at, Some(timeout))
+            .await
+    }
+
+    /// One instant query answered with a vector or scalar; `timeout` replaces the client's. A
+    /// partial answer is an error: the only such query is the start-up history, and activity
+    /// missing from it would be read as idle time.
+    async fn instant_with(
+        &self,
+        token: Option<&str>,
+        query: &str,
+        at: DateTime<Utc>,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Sample>, PromError> {
+        self.query_data::<QueryData>(token, query, at, timeout)
+            .await?
+            .complete()?
+            .into_samples()
+    }
+
+    /// One instant query (POST form `query`, `time`), its answer's `data` and warnings (counted
+    /// and logged here). The body is read up to [`MAX_ANSWER_BYTES`] and decoded in one pass
+    /// that refuses an answer over a bound before copying the offending part out of the body.
+    async fn query_data<D: serde::de::DeserializeOwned>(
+        &self,
+        token: Option<&str>,
+        query: &str,
+        at: DateTime<Utc>,
+        timeout: Option<Duration>,
+    ) -> Result<Answered<D>, PromError> {
+        let time = format!("{:.3}", at.timestamp_millis() as f64 / 1000.0);
+        let started = Instant::now();
+        let mut req = self
+            .http
+            .post(self.query_url.clone())
+            .form(&[("query", query), ("time", time.as_str())]);
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let mut resp = req.send().await.map_err(PromError::from_reqwest)?;
+        let status = resp.status();
+        let announced = resp.content_length();
+        if announced.is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
+            return Err(PromError::BodyTooLarge);
+        }
+        // Sized once when announced: growing by doubling would hold two copies on the way.
+        let mut body: Vec<u8> =
+            Vec::with_capacity(announced.and_then(|n| usize::try_from(n).ok()).unwrap_or(0));
+        while let Some(chunk) = resp.chunk().await.map_err(PromError::from_reqwest)? {
+            if body.len().saturating_add(chunk.len()) > MAX_ANSWER_BYTES {
+                return Err(PromError::BodyTooLarge);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        tracing::debug!(
+            query,
+            bytes = body.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "prometheus answered"
+        );
+        let parsed: Result<ApiResponse<D>, _> = serde_json::from_slice(&body);
+        if !status.is_success() {
+            let (error_type, message) = match parsed {
+                Ok(r) => (
+                    r.error_type.unwrap_or_default(),
+                    r.error.unwrap_or_default(),
+                ),
+                Err(_) => (
+                    String::new(),
+                    String::from_utf8_lossy(&body).chars().take(300).collect(),
+                ),
+            };
+            return Err(PromError::Status {
+                code: status.as_u16(),
+                error_type,
+                message,
+            });
+        }
+        drop(body);
+        let r = parsed.map_err(PromError::decoding)?;
+        if r.status != "success" {
+            return Err(PromError::Api {
+                error_type: r.error_type.unwrap_or_default(),
+                error: r.error.unwrap_or_default(),
+            });
+        }
+        if r.warnings.count > 0 {
+            self.warnings.fetch_add(
+                u64::try_from(r.warnings.count).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+            tracing::warn!(
+                warnings = r.warnings.count,
+                first = r.warnings.first(),
+                "prometheus answered partially; nothing in this answer is proof of idleness"
+            );
+        }
+        let value = r
+            .data
+            .ok_or_else(|| PromError::Unexpected("success without data".into()))?;
+        Ok(Answered {
+            value,
+            warnings: r.warnings,
+        })
+    }
+
+    /// An instant query answered with a matrix (a subquery `expr[range:step]`): every point of
+    /// every series as one [`Sample`] (labels, Unix seconds, value). Series need no metric name
+    /// (an aggregation's subquery has none). A partial answer is an error: a missing point would
+    /// read as a gap.
+    pub async fn instant_matrix(
+        &self,
+        query: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Vec<Sample>, PromError> {
+        let token = self.token()?;
+        let rows = self
+            .query_data::<QueryData>(token.as_deref(), query, at, None)
+            .await?
+            .complete()?
+            .into_rows()?;
+        Ok(rows.into_iter().flat_map(MatrixRow::into_samples).collect())
+    }
+
+    /// Raw samples of `fields` over `(at - range, at]`, with their own timestamps: one instant
+    /// query of a range-vector selector (`{__name__=~"A|B"}[range]`), the cheapest question
+    /// Prometheus answers (no evaluation per step). Each answer series becomes one [`Series`]
+    /// named by its `__name__`; empty label values are dropped (as Prometheus itself treats them).
+    /// A partial answer is an error ([`PromError::Partial`]): `capture` writes what it reads as
+    /// a complete record.
+    pub async fn range_series(
+        &self,
+        fields: &[&str],
+        range: chrono::Duration,
+        at: DateTime<Utc>,
+    ) -> Result<Vec<Series>, PromError> {
+        self.raw_samples::<QueryData>(fields, range, at)
+            .await?
+            .complete()?
+            .into_series()
+    }
+
+    /// As [`Self::range_series`], keeping only the labels the reduction reads ([`WindowData`]):
+    /// for everything that reduces (the sample window, scheme detection, the pre-stop re-check).
+    /// `capture` uses [`Self::range_series`], which keeps them all. A partial answer is
+    /// returned with its warnings: busy samples in it are still evidence.
+    pub async fn window_series(
+        &self,
+        fields: &[&str],
+        range: chrono::Duration,
+        at: DateTime<Utc>,
+    ) -> Result<Answered<Vec<Series>>, PromError> {
+        self.raw_samples::<WindowData>(fields, range, at)
+            .await?
+            .map(WindowData::into_series)
+    }
+
+    /// The answer to `{__name__=~"<fields>",<matchers>}[range]` at `at`, decoded as `D`.
+    async fn raw_samples<D: serde::de::DeserializeOwned>(
+        &self,
+        fields: &[&str],
+        range: chrono::Duration,
+        at: DateTime<Utc>,
+    ) -> Result<Answered<D>, PromError> {
+        let token = self.token()?;
+        let query = range_selector(fields, &self.matchers, range);
+        self.query_data(token.as_deref(), &query, at, None).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_validated_and_authorization_is_refused() {
+        let h: Header = "X-Scope-OrgID: team-a".parse().expect("header");
+        assert_eq!(
+            (h.name.as_str(), h.value.as_str()),
+            ("X-Scope-OrgID", "team-a")
+        );
+        assert!("X-Scope-OrgID:team-a".parse::<Header>().is_ok());
+        for bad in [
+            "no colon",
+            "bad name: x",
+            "X-Tenant: a\nb",
+            "Authorization: Bearer x",
+        ] {
+            assert!(bad.parse::<Header>().is_err(), "{bad:?}");
+        }
+    }
+
+    /// A one-shot HTTP server answering an empty vector and handing back the request head it
+    /// read: a test double of Prometheus' query endpoint, to see what the client sends.
+    async fn capture_request() -> (String, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!(
+            "http://{}/select/0/prometheus",
+            listener.local_addr().expect("addr")
+        );
+        let task = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.expect("accept");
+            let mut buf = vec![0u8; 65536];
+            let mut n = 0;
+            while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                n += sock.read(&mut buf[n..]).await.expect("read");
+            }
+            let body = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            sock.write_all(head.as_bytes()).await.expect("write");
+            sock.write_all(body.as_bytes()).await.expect("write");
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        (url, task)
+    }
+
+    /// Settings for `url` and nothing else.
+    fn config(url: &str) -> PromConfig {
+        PromConfig::new(url.parse().expect("url"), Duration::from_secs(30))
+    }
+
+    #[tokio::test]
+    async fn path_prefix_and_tenant_headers_reach_the_store() {
+        let (url, request) = capture_request().await;
+        let client = PromClient::new(PromConfig {
+            headers: vec![
+                "X-Scope-OrgID: team-a".parse().expect("header"),
+                "X-Extra: 1".parse().expect("header"),
+            ],
+            ..config(&url)
+        })
+        .expect("client");
+        client
+            .instant("vector(1)", chrono::Utc::now())
+            .await
+            .expect("query");
+        let head = request.await.expect("request").to_ascii_lowercase();
+        assert!(
+            head.starts_with("post /select/0/prometheus/api/v1/query "),
+            "the path prefix is kept: {head}"
+        );
+        assert!(head.contains("x-scope-orgid: team-a\r\n"), "{head}");
+        assert!(head.contains("x-extra: 1\r\n"), "{head}");
+    }
+
+    /// The configured URL may carry `user:password`; a transport error keeps its causes
+    /// (printed once as a chain) but not the URL, so neither reaches a log or a reason.
+    #[tokio::test]
+    async fn a_transport_error_keeps_its_causes_but_not_the_url() {
+        // A port nothing listens on: bound, then closed, so the connection is refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let client = PromClient::new(config(&format!(
+            "http://gl-user:s3cret-pw@127.0.0.1:{port}/prefix"
+        )))
+        .expect("client");
+        let err = client
+            .instant("vector(1)", chrono::Utc::now())
+            .await
+            .expect_err("refused");
+        assert_eq!(err.kind(), "transport", "{err:?}");
+        let chain = crate::telemetry::error_chain(&err);
+        let debug = format!("{err:?}");
+        assert!(
+            std::error::Error::source(&err).is_some(),
+            "the cause is kept: {debug}"
+        );
+        for shown in [&chain, &debug] {
+            for secret in ["s3cret-pw", "gl-user", "/prefix/api/v1/query"] {
+                assert!(!shown.contains(secret), "{secret:?} in {shown}");
+            }
+        }
+        assert!(chain.starts_with("prometheus transport error: "), "{chain}");
+    }
+}

@@ -1,0 +1,904 @@
+//! Decoding of Prometheus' query answers, bounded before anything is copied out of the body
+//! (see [`super`] for the bounds): the envelope, vector and scalar answers, and ONE matrix
+//! decoder ([`MatrixRow`]) for every range-vector and subquery answer, holding either every
+//! label ([`AllLabels`]: `capture`, subqueries) or only those the reduction reads
+//! ([`ReadLabels`]: the sample window).
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::PromError;
+use crate::usage::scheme::READ_LABELS;
+use crate::usage::series::{Labels, Series};
+
+/// Largest answer accepted (bytes). 4,000 GPUs × 3 fields × 10 minutes of samples with full label
+/// sets is about 15 MB; an answer 20 times that size is a misconfiguration (or a hostile
+/// endpoint), not telemetry.
+pub const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
+
+/// Longest label name or value accepted (bytes). Kubernetes names are at most 253 bytes, label
+/// values 63, GPU UUIDs 40, driver versions and model names a few dozen: a longer one is not
+/// telemetry, and one 200 MiB value took `serve` to a 1.84 GB peak (issue 22). A value over it
+/// refuses the whole answer (not the series): answers are already all or nothing for a bad
+/// sample value, and a dropped series would silently hide a device.
+pub const MAX_LABEL_BYTES: usize = 4096;
+
+/// Most labels on one series. dcgm-exporter writes about 15, service discovery adds a handful;
+/// Mimir refuses to ingest more than 30 by default.
+pub const MAX_LABELS_PER_SERIES: usize = 256;
+
+/// Most series (or vector samples) in one answer. The largest cluster Kubernetes supports (5,000
+/// nodes) of 8-GPU nodes split into 7 MIG instances each has 280,000 devices: 840,000 series
+/// for the three fields read. Every series is held for the window, so more would not fit
+/// anyway; a shared Thanos answering for many clusters wants `--prometheus-selector`.
+pub const MAX_SERIES: usize = 1_000_000;
+
+/// Warnings kept per answer for the log (all are counted), and the bytes kept of each one and
+/// of an error message.
+const KEPT_WARNINGS: usize = 4;
+const MAX_MESSAGE_BYTES: usize = 512;
+
+/// Marks a decoding error as a bound being exceeded ([`PromError::TooLarge`]).
+pub(super) const OVER_BOUND: &str = "answer over gpu-ledger's bounds";
+
+/// `/api/v1/query` envelope; `data` decodes as `D` ([`QueryData`], or [`WindowData`] for the
+/// window's range-vector answers).
+/// Strings of the envelope (`status`, `errorType`, `error`, each warning) are cut to
+/// [`MAX_MESSAGE_BYTES`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct ApiResponse<D = QueryData> {
+    #[serde(deserialize_with = "truncated")]
+    pub status: String,
+    #[serde(default = "none")]
+    pub data: Option<D>,
+    #[serde(default, rename = "errorType", deserialize_with = "truncated_opt")]
+    pub error_type: Option<String>,
+    #[serde(default, deserialize_with = "truncated_opt")]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub warnings: Warnings,
+}
+
+/// The `warnings` of an answer: how many, and the first few, truncated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Warnings {
+    pub count: usize,
+    /// At most [`KEPT_WARNINGS`], each at most [`MAX_MESSAGE_BYTES`].
+    pub kept: Vec<String>,
+}
+
+impl Warnings {
+    /// The first warning (truncated), or "" when there is none.
+    pub fn first(&self) -> &str {
+        self.kept.first().map_or("", String::as_str)
+    }
+}
+
+impl<'de> Deserialize<'de> for Warnings {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Warnings;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of warning strings")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Warnings, E> {
+                Ok(Warnings::default())
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Warnings, A::Error> {
+                let mut w = Warnings::default();
+                while let Some(Truncated(text)) = seq.next_element()? {
+                    w.count = w.count.saturating_add(1);
+                    if w.kept.len() < KEPT_WARNINGS {
+                        w.kept.push(text);
+                    }
+                }
+                Ok(w)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+/// A string cut to [`MAX_MESSAGE_BYTES`] (at a character boundary) before it is copied.
+struct Truncated(String);
+
+impl<'de> Deserialize<'de> for Truncated {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = Truncated;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Truncated, E> {
+                Ok(Truncated(truncate(v, MAX_MESSAGE_BYTES).to_string()))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends at a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn truncated<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Truncated::deserialize(d).map(|t| t.0)
+}
+
+fn truncated_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Option::<Truncated>::deserialize(d).map(|t| t.map(|t| t.0))
+}
+
+fn over_bound<E: serde::de::Error>(what: std::fmt::Arguments<'_>) -> E {
+    E::custom(format_args!("{OVER_BOUND}: {what}"))
+}
+
+/// A label name or value (or a sample value string) of at most [`MAX_LABEL_BYTES`], refused
+/// before it is copied out of the body.
+struct Bounded(String);
+
+impl<'de> Deserialize<'de> for Bounded {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, |v| Bounded(v.to_string()))
+    }
+}
+
+/// A label value that is checked against [`MAX_LABEL_BYTES`] and dropped (no allocation).
+struct BoundedIgnored;
+
+impl<'de> Deserialize<'de> for BoundedIgnored {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, |_| BoundedIgnored)
+    }
+}
+
+/// Deserialises a string, refused over [`MAX_LABEL_BYTES`], into `keep(it)`.
+fn checked_str<'de, D: serde::Deserializer<'de>, T>(
+    d: D,
+    keep: fn(&str) -> T,
+) -> Result<T, D::Error> {
+    struct Visit<T>(fn(&str) -> T);
+    impl<T> serde::de::Visitor<'_> for Visit<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+            if v.len() > MAX_LABEL_BYTES {
+                return Err(over_bound(format_args!(
+                    "a string of {} bytes (at most {MAX_LABEL_BYTES})",
+                    v.len()
+                )));
+            }
+            Ok((self.0)(v))
+        }
+    }
+    d.deserialize_str(Visit(keep))
+}
+
+/// The labels of a series, each name and value bounded, at most [`MAX_LABELS_PER_SERIES`].
+fn bounded_labels<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Labels, D::Error> {
+    struct Visit;
+    impl<'de> serde::de::Visitor<'de> for Visit {
+        type Value = Labels;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a label map")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
+            let mut labels = Labels::new();
+            let mut seen = 0_usize;
+            while let Some(Bounded(name)) = map.next_key()? {
+                seen = count_label(seen)?;
+                let Bounded(value) = map.next_value()?;
+                labels.insert(name, value);
+            }
+            Ok(labels)
+        }
+    }
+    d.deserialize_map(Visit)
+}
+
+/// One more label on a series: refused past [`MAX_LABELS_PER_SERIES`].
+fn count_label<E: serde::de::Error>(seen: usize) -> Result<usize, E> {
+    if seen >= MAX_LABELS_PER_SERIES {
+        return Err(over_bound(format_args!(
+            "a series with more than {MAX_LABELS_PER_SERIES} labels"
+        )));
+    }
+    Ok(seen + 1)
+}
+
+/// A sample `[time, "value"]`, the value string bounded.
+fn bounded_point<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(f64, String), D::Error> {
+    let (t, Bounded(v)) = Deserialize::deserialize(d)?;
+    Ok((t, v))
+}
+
+/// The `result` list of an answer: at most `MAX` elements (series or vector samples), refused
+/// at the first one over.
+struct SeriesList<T, const MAX: usize = MAX_SERIES>(Vec<T>);
+
+impl<'de, T: Deserialize<'de>, const MAX: usize> Deserialize<'de> for SeriesList<T, MAX> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<T, const MAX: usize>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>, const MAX: usize> serde::de::Visitor<'de> for Visit<T, MAX> {
+            type Value = SeriesList<T, MAX>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of series")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<SeriesList<T, MAX>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(x) = seq.next_element()? {
+                    if out.len() >= MAX {
+                        return Err(over_bound(format_args!("more than {MAX} series")));
+                    }
+                    out.push(x);
+                }
+                Ok(SeriesList(out))
+            }
+        }
+        d.deserialize_seq(Visit(std::marker::PhantomData))
+    }
+}
+
+/// `resultType` of an answer's `data`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ResultType {
+    Vector,
+    Scalar,
+    String,
+    Matrix,
+}
+
+/// A key of an answer's `data`.
+#[derive(Deserialize)]
+#[serde(field_identifier)]
+enum DataKey {
+    #[serde(rename = "resultType")]
+    ResultType,
+    #[serde(rename = "result")]
+    Result,
+    #[serde(other)]
+    Other,
+}
+
+/// Decodes `result` once its `resultType` is known.
+trait FromResult: Sized {
+    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error>;
+}
+
+/// [`FromResult`] as a seed, for `MapAccess::next_value_seed`.
+struct ResultSeed<T>(ResultType, std::marker::PhantomData<T>);
+
+impl<'de, T: FromResult> serde::de::DeserializeSeed<'de> for ResultSeed<T> {
+    type Value = T;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+        T::result(self.0, d)
+    }
+}
+
+/// An answer's `data`, decoded by its `resultType` straight into the bounded decoders. Prometheus,
+/// Thanos, Mimir and VictoriaMetrics write `resultType` first; a proxy that re-encodes with
+/// sorted keys puts `result` first, and serde's derived adjacently tagged enum would then buffer
+/// it into a generic tree many times the size of its text before any bound applies. Here it is
+/// kept as its raw text instead (one copy, at most the body) and decoded once the type is known.
+fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult>(d: D) -> Result<T, D::Error> {
+    struct Visit<T>(std::marker::PhantomData<T>);
+    impl<'de, T: FromResult> serde::de::Visitor<'de> for Visit<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an answer's data: resultType and result")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+            use serde::de::Error;
+            let mut kind: Option<ResultType> = None;
+            let mut out = None;
+            let mut early: Option<Box<serde_json::value::RawValue>> = None;
+            while let Some(key) = map.next_key()? {
+                match key {
+                    DataKey::ResultType if kind.is_none() => kind = Some(map.next_value()?),
+                    DataKey::Result if out.is_none() && early.is_none() => match kind {
+                        Some(kind) => {
+                            out = Some(
+                                map.next_value_seed(ResultSeed(kind, std::marker::PhantomData))?,
+                            );
+                        }
+                        None => early = Some(map.next_value()?),
+                    },
+                    DataKey::ResultType => return Err(A::Error::duplicate_field("resultType")),
+                    DataKey::Result => return Err(A::Error::duplicate_field("result")),
+                    DataKey::Other => {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+            }
+            if let Some(out) = out {
+                return Ok(out);
+            }
+            let raw = early.ok_or_else(|| A::Error::missing_field("result"))?;
+            let kind = kind.ok_or_else(|| A::Error::missing_field("resultType"))?;
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let out = T::result(kind, &mut de).map_err(A::Error::custom)?;
+            de.end().map_err(A::Error::custom)?;
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Visit(std::marker::PhantomData))
+}
+
+/// `data` of a query answer; a matrix series keeps the labels `L` holds ([`AllLabels`] or
+/// [`ReadLabels`]). Values are strings (`"0.5"`, `"NaN"`, `"+Inf"`); times float seconds.
+#[derive(Debug, Clone)]
+pub enum QueryData<L = AllLabels> {
+    Vector(Vec<RawVectorSample>),
+    Scalar((f64, String)),
+    String((f64, String)),
+    Matrix(Vec<MatrixRow<L>>),
+}
+
+/// `data` of a range-vector answer as the sample window reads it: each series keeps only
+/// `__name__` and the labels the reduction reads ([`READ_LABELS`]); every other label, and each
+/// sample's value string, is decoded without an allocation. A profile of the live refresh put a
+/// quarter of its CPU in building full label maps that the window then cut down
+/// (docs/benchmarks.md). The decoder and its bounds are [`QueryData`]'s: both refuse the same
+/// answers.
+pub type WindowData = QueryData<ReadLabels>;
+
+impl<L: RowLabels> FromResult for QueryData<L> {
+    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error> {
+        let point = |(t, Bounded(v)): (f64, Bounded)| (t, v);
+        Ok(match kind {
+            ResultType::Vector => Self::Vector(SeriesList::<_>::deserialize(d)?.0),
+            ResultType::Scalar => Self::Scalar(point(Deserialize::deserialize(d)?)),
+            ResultType::String => Self::String(point(Deserialize::deserialize(d)?)),
+            ResultType::Matrix => Self::Matrix(SeriesList::<_>::deserialize(d)?.0),
+        })
+    }
+}
+
+impl<'de, L: RowLabels> Deserialize<'de> for QueryData<L> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        data_in_order(d)
+    }
+}
+
+/// One element of a vector answer.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawVectorSample {
+    #[serde(default, deserialize_with = "bounded_labels")]
+    pub metric: Labels,
+    #[serde(deserialize_with = "bounded_point")]
+    pub value: (f64, String),
+}
+
+/// One series of a matrix answer: the labels `L` keeps, each sample's value parsed as it is
+/// read ([`parse_value`]; a bad one fails the answer).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(bound(deserialize = "L: RowLabels"))]
+pub struct MatrixRow<L> {
+    #[serde(default)]
+    metric: L,
+    values: Vec<(f64, PromValue)>,
+}
+
+fn none<D>() -> Option<D> {
+    None
+}
+
+/// The labels a [`MatrixRow`] holds.
+pub trait RowLabels: Default + for<'de> Deserialize<'de> {
+    /// The labels held, without empty values (Prometheus treats an empty label as absent).
+    fn into_labels(self) -> Labels;
+}
+
+/// Every label of a series, each name and value bounded.
+#[derive(Debug, Clone, Default)]
+pub struct AllLabels(Labels);
+
+impl<'de> Deserialize<'de> for AllLabels {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        bounded_labels(d).map(AllLabels)
+    }
+}
+
+impl RowLabels for AllLabels {
+    fn into_labels(self) -> Labels {
+        let mut labels = self.0;
+        labels.retain(|_, v| !v.is_empty());
+        labels
+    }
+}
+
+/// The labels of a series that the window keeps: `__name__` and [`READ_LABELS`], non-empty.
+#[derive(Debug, Clone, Default)]
+pub struct ReadLabels(Labels);
+
+impl<'de> Deserialize<'de> for ReadLabels {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = ReadLabels;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a label map")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ReadLabels, A::Error> {
+                let mut labels = Labels::new();
+                let mut seen = 0_usize;
+                while let Some(LabelName(kept)) = map.next_key()? {
+                    seen = count_label(seen)?;
+                    match kept {
+                        Some(name) => {
+                            let Bounded(value) = map.next_value()?;
+                            if !value.is_empty() {
+                                labels.insert(name.to_string(), value);
+                            }
+                        }
+                        None => {
+                            map.next_value::<BoundedIgnored>()?;
+                        }
+                    }
+                }
+                Ok(ReadLabels(labels))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// A label name, resolved to its static spelling when the window keeps it (no allocation).
+struct LabelName(Option<&'static str>);
+
+impl<'de> Deserialize<'de> for LabelName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = LabelName;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a label name")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<LabelName, E> {
+                if v.len() > MAX_LABEL_BYTES {
+                    return Err(over_bound(format_args!(
+                        "a label name of {} bytes (at most {MAX_LABEL_BYTES})",
+                        v.len()
+                    )));
+                }
+                Ok(LabelName(
+                    std::iter::once(&NAME_LABEL)
+                        .chain(READ_LABELS)
+                        .find(|k| **k == v)
+                        .copied(),
+                ))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+/// A sample value parsed straight from its string ([`parse_value`]); a bad one fails the answer.
+#[derive(Debug, Clone, Copy)]
+struct PromValue(f64);
+
+impl<'de> Deserialize<'de> for PromValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = PromValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a sample value string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PromValue, E> {
+                if v.len() > MAX_LABEL_BYTES {
+                    return Err(over_bound(format_args!(
+                        "a sample value of {} bytes (at most {MAX_LABEL_BYTES})",
+                        v.len()
+                    )));
+                }
+                parse_value(v)
+                    .map(PromValue)
+                    .ok_or_else(|| E::custom(format!("bad sample value {v:?}")))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+impl RowLabels for ReadLabels {
+    fn into_labels(self) -> Labels {
+        self.0
+    }
+}
+
+const NAME_LABEL: &str = "__name__";
+
+/// A decoded instant-query sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub labels: Labels,
+    /// Evaluation (or sample) time in Unix seconds.
+    pub time: f64,
+    pub value: f64,
+}
+
+/// Parses a Prometheus sample value string (`"0.5"`, `"NaN"`, `"+Inf"`, `"-Inf"`, `"-0"`).
+pub fn parse_value(s: &str) -> Option<f64> {
+    match s {
+        "NaN" => Some(f64::NAN),
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        other => other.parse().ok(),
+    }
+}
+
+fn bad_value(v: &str) -> PromError {
+    PromError::Unexpected(format!("bad sample value {v:?}"))
+}
+
+impl MatrixRow<AllLabels> {
+    /// Every point as a [`Sample`] (Unix seconds), every label kept as answered: a subquery's
+    /// series need no metric name.
+    pub fn into_samples(self) -> impl Iterator<Item = Sample> {
+        let labels = self.metric.0;
+        self.values.into_iter().map(move |(time, v)| Sample {
+            labels: labels.clone(),
+            time,
+            value: v.0,
+        })
+    }
+}
+
+impl<L: RowLabels> QueryData<L> {
+    /// The series of a matrix answer; any other answer type is an error.
+    pub fn into_rows(self) -> Result<Vec<MatrixRow<L>>, PromError> {
+        let Self::Matrix(rows) = self else {
+            return Err(PromError::Unexpected(
+                "expected a matrix answer to a range-vector selector".into(),
+            ));
+        };
+        Ok(rows)
+    }
+
+    /// A matrix answer as [`Series`]: named by `__name__` (taken out of the labels), the labels
+    /// `L` keeps without empty values, times in milliseconds.
+    pub fn into_series(self) -> Result<Vec<Series>, PromError> {
+        self.into_rows()?
+            .into_iter()
+            .map(|row| {
+                let mut labels = row.metric.into_labels();
+                let name = labels.remove(NAME_LABEL).ok_or_else(|| {
+                    PromError::Unexpected("matrix series without __name__".into())
+                })?;
+                Ok(Series {
+                    name,
+                    labels: Arc::new(labels),
+                    samples: row
+                        .values
+                        .into_iter()
+                        .map(|(t, v)| (secs_to_ms(t), v.0))
+                        .collect(),
+                })
+            })
+            .collect()
+    }
+
+    /// Vector and scalar answers as samples (a scalar becomes one label-less sample).
+    pub fn into_samples(self) -> Result<Vec<Sample>, PromError> {
+        let point = |labels: Labels, (t, v): (f64, String)| {
+            let value = parse_value(&v).ok_or_else(|| bad_value(&v))?;
+            Ok(Sample {
+                labels,
+                time: t,
+                value,
+            })
+        };
+        match self {
+            Self::Vector(v) => v.into_iter().map(|s| point(s.metric, s.value)).collect(),
+            Self::Scalar(p) => Ok(vec![point(Labels::new(), p)?]),
+            Self::String(_) => Err(PromError::Unexpected(
+                "string result where a vector was expected".into(),
+            )),
+            Self::Matrix(_) => Err(PromError::Unexpected(
+                "matrix result where a vector was expected".into(),
+            )),
+        }
+    }
+}
+
+fn secs_to_ms(s: f64) -> i64 {
+    (s * 1000.0).round() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::usage::prom::Answered;
+
+    #[test]
+    fn decodes_answers() {
+        let body = r#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"UUID":"GPU-a","stat":"last"},"value":[1700000000.123,"NaN"]},
+            {"metric":{},"value":[1700000000,"+Inf"]},
+            {"metric":{"a":"b"},"value":[1700000000,"-0"]}]}}"#;
+        let r: ApiResponse = serde_json::from_str(body).expect("decodes");
+        let s = r.data.expect("data").into_samples().expect("samples");
+        assert!(s[0].value.is_nan());
+        assert!((s[0].time - 1_700_000_000.123).abs() < 1e-6);
+        assert!(s[1].value.is_infinite() && s[1].value > 0.0);
+        assert!(s[2].value.abs() < f64::EPSILON);
+        let r: ApiResponse = serde_json::from_str(
+            r#"{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}"#,
+        )
+        .expect("scalar");
+        let v = r.data.expect("data").into_samples().expect("samples")[0].value;
+        assert!((v - 2.0).abs() < f64::EPSILON);
+        let r: ApiResponse = serde_json::from_str(
+            r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#,
+        )
+        .expect("error");
+        assert_eq!(r.error_type.as_deref(), Some("bad_data"));
+    }
+
+    /// A dcgm-exporter series as Prometheus answers a range-vector selector (labels as in
+    /// dcgm-exporter's README sample, plus the scrape's `instance`/`job`).
+    const WINDOW_ANSWER: &str = r#"{"status":"success","data":{"resultType":"matrix","result":[
+        {"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","gpu":"0","UUID":"GPU-604ac76c",
+          "pci_bus_id":"00000000:00:1E.0","device":"nvidia0","modelName":"Tesla T4",
+          "Hostname":"ip-10-0-1-2","DCGM_FI_DRIVER_VERSION":"535.104.05","container":"",
+          "instance":"10.0.1.7:9400","job":"dcgm-exporter","pod":"train-0","namespace":"ml"},
+         "values":[[1700000000,"42"],[1700000015.5,"NaN"]]}]}}"#;
+
+    #[test]
+    fn the_window_decoder_keeps_only_read_labels_and_agrees_with_the_full_one() {
+        let r: ApiResponse<WindowData> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
+        let window = r.data.expect("data").into_series().expect("series");
+        let r: ApiResponse = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
+        let mut full = r.data.expect("data").into_series().expect("series");
+        assert!(
+            full[0].labels.contains_key("pci_bus_id"),
+            "the full decoder keeps all"
+        );
+        Arc::make_mut(&mut full[0].labels).retain(|k, _| READ_LABELS.contains(&k.as_str()));
+        assert_eq!(window[0].name, "DCGM_FI_DEV_GPU_UTIL");
+        assert_eq!(window[0].labels, full[0].labels);
+        let kept: Vec<&str> = window[0].labels.keys().map(String::as_str).collect();
+        assert_eq!(
+            kept,
+            [
+                "Hostname",
+                "UUID",
+                "instance",
+                "modelName",
+                "namespace",
+                "pod"
+            ],
+            "empty `container` dropped, device/gpu/pci_bus_id/job/driver not held"
+        );
+        assert_eq!(window[0].samples[0], (1_700_000_000_000, 42.0));
+        assert_eq!(window[0].samples[1].0, 1_700_000_015_500);
+        assert!(window[0].samples[1].1.is_nan());
+    }
+
+    #[test]
+    fn the_window_decoder_rejects_what_the_full_one_rejects() {
+        let bad_value = WINDOW_ANSWER.replace(r#""42""#, r#""4x2""#);
+        let err = serde_json::from_str::<ApiResponse<WindowData>>(&bad_value)
+            .expect_err("bad value")
+            .to_string();
+        assert!(err.contains(r#"bad sample value "4x2""#), "{err}");
+        let nameless = WINDOW_ANSWER.replace(r#""__name__":"DCGM_FI_DEV_GPU_UTIL","#, "");
+        let r: ApiResponse<WindowData> = serde_json::from_str(&nameless).expect("decodes");
+        let err = r.data.expect("data").into_series().expect_err("no name");
+        assert!(err.to_string().contains("without __name__"), "{err}");
+        let vector = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        let r: ApiResponse<WindowData> = serde_json::from_str(vector).expect("decodes");
+        let err = r
+            .data
+            .expect("data")
+            .into_series()
+            .expect_err("not a matrix");
+        assert!(err.to_string().contains("expected a matrix"), "{err}");
+    }
+
+    /// Decodes `body` with both label policies as `query_data` does (the same error classification).
+    fn both(
+        body: &str,
+    ) -> (
+        Result<Vec<Series>, PromError>,
+        Result<Vec<Series>, PromError>,
+    ) {
+        let full = serde_json::from_str::<ApiResponse>(body)
+            .map_err(PromError::decoding)
+            .and_then(|r| r.data.expect("data").into_series());
+        let window = serde_json::from_str::<ApiResponse<WindowData>>(body)
+            .map_err(PromError::decoding)
+            .and_then(|r| r.data.expect("data").into_series());
+        (full, window)
+    }
+
+    fn assert_too_large(body: &str, what: &str) {
+        let (full, window) = both(body);
+        for (decoder, r) in [("full", full), ("window", window)] {
+            match r {
+                Err(e @ PromError::TooLarge(_)) => {
+                    assert_eq!(e.kind(), "too_large");
+                    let text = crate::telemetry::error_chain(&e);
+                    assert!(text.contains(what), "{decoder}: {text}");
+                    assert!(
+                        text.len() < 1000,
+                        "{decoder}: the error does not echo the input"
+                    );
+                }
+                other => panic!("{decoder}: expected too_large ({what}), got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn label_values_names_and_sample_strings_are_bounded() {
+        let at_bound = "v".repeat(MAX_LABEL_BYTES);
+        let over = "v".repeat(MAX_LABEL_BYTES + 1);
+        // A read label (`pod`), an ignored one (`pci_bus_id`): the bound is on every label.
+        for label in ["pod", "pci_bus_id"] {
+            let ok = WINDOW_ANSWER.replace(r#""train-0""#, &format!("{at_bound:?}"));
+            let ok = ok.replace(r#""00000000:00:1E.0""#, &format!("{at_bound:?}"));
+            let (full, window) = both(&ok);
+            assert!(
+                full.is_ok() && window.is_ok(),
+                "{MAX_LABEL_BYTES} bytes pass"
+            );
+            let bad = if label == "pod" {
+                WINDOW_ANSWER.replace(r#""train-0""#, &format!("{over:?}"))
+            } else {
+                WINDOW_ANSWER.replace(r#""00000000:00:1E.0""#, &format!("{over:?}"))
+            };
+            assert_too_large(&bad, &format!("a string of {} bytes", MAX_LABEL_BYTES + 1));
+        }
+        // Escaped text is measured decoded, as held.
+        let escaped = WINDOW_ANSWER.replace(
+            r#""train-0""#,
+            &format!("\"{}\"", "\\u0041".repeat(MAX_LABEL_BYTES + 1)),
+        );
+        assert_too_large(&escaped, "bytes (at most 4096)");
+        let long_name = WINDOW_ANSWER.replace(r#""job":"#, &format!("{over:?}:"));
+        assert_too_large(&long_name, "bytes (at most 4096)");
+        let long_value = WINDOW_ANSWER.replace(
+            r#""42""#,
+            &format!("\"{}\"", "4".repeat(MAX_LABEL_BYTES + 1)),
+        );
+        assert_too_large(&long_value, "bytes (at most 4096)");
+    }
+
+    #[test]
+    fn labels_per_series_are_bounded() {
+        let labels = |n: usize| {
+            (0..n)
+                .map(|i| format!(r#""l{i}":"x""#))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let answer = |n: usize| {
+            format!(
+                r#"{{"status":"success","data":{{"resultType":"matrix","result":[{{"metric":{{"__name__":"DCGM_FI_DEV_GPU_UTIL",{}}},"values":[[1,"1"]]}}]}}}}"#,
+                labels(n)
+            )
+        };
+        let (full, window) = both(&answer(MAX_LABELS_PER_SERIES - 1));
+        assert!(
+            full.is_ok() && window.is_ok(),
+            "__name__ plus 255 labels pass"
+        );
+        assert_too_large(&answer(MAX_LABELS_PER_SERIES), "more than 256 labels");
+    }
+
+    #[test]
+    fn series_per_answer_are_bounded() {
+        let list = |n: usize| format!("[{}]", vec!["1"; n].join(","));
+        let three = serde_json::from_str::<SeriesList<u8, 3>>(&list(3)).expect("3 of 3");
+        assert_eq!(three.0.len(), 3);
+        let err = serde_json::from_str::<SeriesList<u8, 3>>(&list(4))
+            .err()
+            .expect("4 of 3 refused");
+        assert!(err.to_string().contains("more than 3 series"), "{err}");
+        assert!(err.to_string().contains(OVER_BOUND), "{err}");
+        assert_eq!(MAX_SERIES, 1_000_000);
+    }
+
+    #[test]
+    fn result_before_result_type_decodes_alike_and_is_bounded() {
+        // serde_json::Value re-encodes with sorted keys: `result` before `resultType`.
+        let sorted = serde_json::from_str::<serde_json::Value>(WINDOW_ANSWER)
+            .expect("json")
+            .to_string();
+        assert!(sorted.contains(r#""data":{"result":"#), "{sorted}");
+        let (full, window) = both(&sorted);
+        let (full_in_order, window_in_order) = both(WINDOW_ANSWER);
+        assert_eq!(format!("{full:?}"), format!("{full_in_order:?}"));
+        assert_eq!(format!("{window:?}"), format!("{window_in_order:?}"));
+        let r: ApiResponse = serde_json::from_str(
+            r#"{"status":"success","data":{"result":[1,"2"],"resultType":"scalar"}}"#,
+        )
+        .expect("scalar");
+        assert_eq!(
+            r.data.expect("data").into_samples().expect("samples").len(),
+            1
+        );
+        let huge = WINDOW_ANSWER.replace(
+            r#""train-0""#,
+            &format!("{:?}", "v".repeat(MAX_LABEL_BYTES + 1)),
+        );
+        let huge = serde_json::from_str::<serde_json::Value>(&huge)
+            .expect("json")
+            .to_string();
+        assert_too_large(&huge, "bytes (at most 4096)");
+        let extra =
+            r#"{"status":"success","data":{"resultType":"matrix","stats":{"x":[1]},"result":[]}}"#;
+        let (full, window) = both(extra);
+        assert!(full.expect("unknown keys ignored").is_empty());
+        assert!(window.expect("unknown keys ignored").is_empty());
+        for bad in [
+            r#"{"status":"success","data":{"resultType":"matrix"}}"#,
+            r#"{"status":"success","data":{"result":[]}}"#,
+            r#"{"status":"success","data":{"resultType":"matrix","result":[],"result":[]}}"#,
+        ] {
+            let (full, window) = both(bad);
+            assert!(full.is_err() && window.is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn warnings_are_counted_kept_truncated_and_make_an_answer_partial() {
+        let long = "w".repeat(10_000);
+        let warnings: Vec<String> = (0..10).map(|i| format!("{i}: {long}")).collect();
+        let body = format!(
+            r#"{{"status":"success","warnings":{},"data":{{"resultType":"vector","result":[]}}}}"#,
+            serde_json::to_string(&warnings).expect("json")
+        );
+        let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
+        assert_eq!(r.warnings.count, 10);
+        assert_eq!(r.warnings.kept.len(), KEPT_WARNINGS);
+        assert!(r.warnings.kept.iter().all(|w| w.len() == MAX_MESSAGE_BYTES));
+        assert!(r.warnings.first().starts_with("0: www"));
+        let answered = Answered {
+            value: (),
+            warnings: r.warnings,
+        };
+        assert!(answered.is_partial());
+        let err = answered.complete().expect_err("partial");
+        assert_eq!(err.kind(), "partial");
+        assert!(err.to_string().contains("10 warnings"), "{err}");
+        // Absent, null or empty: complete.
+        for w in ["", r#""warnings":null,"#, r#""warnings":[],"#] {
+            let body = format!(
+                r#"{{"status":"success",{w}"data":{{"resultType":"vector","result":[]}}}}"#
+            );
+            let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
+            assert_eq!(r.warnings.count, 0, "{body}");
+        }
+        // A multi-byte character is never cut in half; error texts are cut the same way.
+        assert_eq!(truncate("aé", 2), "a");
+        let body = format!(
+            r#"{{"status":"error","errorType":"bad_data","error":"{}"}}"#,
+            "é".repeat(1000)
+        );
+        let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
+        assert_eq!(r.error.expect("error").len(), MAX_MESSAGE_BYTES);
+    }
+}
