@@ -170,6 +170,7 @@ fn cluster() -> (Claims, Usage) {
             name: "gpu".into(),
             gpu_hard: [("requests.nvidia.com/gpu".to_string(), 64)].into(),
             names_gpu: true,
+            ..QuotaInfo::default()
         });
     }
     (

@@ -231,6 +231,7 @@ impl Stores {
                 .map(|e| e.value().clone())
                 .collect(),
             dra_enabled: self.dra_enabled.load(Ordering::Relaxed),
+            kueue: crate::ledger::kueue::KueueInputs::default(),
         }
     }
 

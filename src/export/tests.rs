@@ -55,6 +55,10 @@ fn ledger(pods: Vec<PodRow>) -> Ledger {
         unclaimed_busy: vec![],
         usage_available: true,
         reclaim: vec![],
+        quotas: vec![],
+        queues: vec![],
+        dra_claims_unquotaed: vec![],
+        kueue_available: false,
     }
 }
 

@@ -9,7 +9,9 @@ mod attribution;
 pub mod capacity;
 pub mod claims;
 mod dra;
+pub mod kueue;
 pub mod names;
+pub mod quota;
 pub mod reclaim;
 pub mod usage;
 
@@ -275,6 +277,14 @@ pub struct Ledger {
     /// For each pending GPU pod, where it would fit and what that takes ([`reclaim`]); empty
     /// when the claims show only some namespaces (no node's free capacity is known then).
     pub reclaim: Vec<reclaim::Reclaim>,
+    /// Per namespace and GPU resource a ResourceQuota names: hard, used, busy, idle ([`quota`]).
+    pub quotas: Vec<quota::QuotaRow>,
+    /// Per Kueue ClusterQueue, flavor and GPU resource ([`quota`]); empty without Kueue.
+    pub queues: Vec<quota::QueueRow>,
+    /// DRA GPU claims that no quota names ([`quota`]).
+    pub dra_claims_unquotaed: Vec<quota::UnquotaedClaim>,
+    /// Whether Kueue (`kueue.x-k8s.io/v1beta2`) is served and read.
+    pub kueue_available: bool,
 }
 
 impl Ledger {
@@ -288,6 +298,10 @@ impl Ledger {
             unclaimed_busy: Vec::new(),
             usage_available: false,
             reclaim: Vec::new(),
+            quotas: Vec::new(),
+            queues: Vec::new(),
+            dra_claims_unquotaed: Vec::new(),
+            kueue_available: false,
         }
     }
 }
@@ -472,6 +486,16 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         ClaimsScope::Namespaces => Vec::new(),
     };
     let reclaim = reclaim::plan(claims, &pods, now, policy.claims_scope);
+    let inputs = quota::Inputs {
+        claims,
+        pods: &pods,
+        names: &policy.names,
+        usage_available: usage.available,
+        now,
+    };
+    let quotas = quota::quota_rows(&inputs);
+    let queues = quota::queue_rows(&inputs);
+    let dra_claims_unquotaed = quota::unquotaed_claims(&inputs);
     Ledger {
         generated_at: now,
         pods,
@@ -480,6 +504,10 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         unclaimed_busy,
         usage_available: usage.available,
         reclaim,
+        quotas,
+        queues,
+        dra_claims_unquotaed,
+        kueue_available: claims.kueue.enabled,
     }
 }
 
@@ -662,7 +690,9 @@ fn namespace_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<Name
             r.gpus_pending += p.gpus;
         }
     }
-    for q in &claims.quotas {
+    // Only quotas on extended GPU resources make a namespace row (`gpu_quota`); device-class
+    // keys have their own rows (`quotas`).
+    for q in claims.quotas.iter().filter(|q| !q.gpu_hard.is_empty()) {
         let r = rows
             .entry(q.namespace.as_str())
             .or_insert_with(|| empty_namespace(&q.namespace));
