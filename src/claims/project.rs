@@ -811,3 +811,61 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod quota_tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_keeps_gpu_and_device_class_keys_with_their_status_used() {
+        // As the apiserver returns a ResourceQuota after the quota controller synced it (the
+        // Kubernetes "Resource Quotas" page: `requests.nvidia.com/gpu`, and
+        // `<class>.deviceclass.resource.k8s.io/devices` for DRA).
+        let q: ResourceQuota = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gpu", "namespace": "team-a"},
+            "spec": {"hard": {
+                "requests.nvidia.com/gpu": "4",
+                "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "2",
+                "requests.cpu": "64"
+            }},
+            "status": {
+                "hard": {"requests.nvidia.com/gpu": "4"},
+                "used": {
+                    "requests.nvidia.com/gpu": "3",
+                    "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "1",
+                    "requests.cpu": "12"
+                }
+            }
+        }))
+        .expect("quota");
+        let info = quota(&ResourceNames::default(), &q)
+            .expect("valid")
+            .expect("names a GPU");
+        assert_eq!(
+            info.gpu_hard,
+            [("requests.nvidia.com/gpu".to_string(), 4)].into()
+        );
+        assert_eq!(
+            info.dra_hard,
+            [(
+                "gpu.nvidia.com.deviceclass.resource.k8s.io/devices".to_string(),
+                2
+            )]
+            .into()
+        );
+        assert_eq!(info.used.len(), 2, "cpu is not kept: {:?}", info.used);
+        assert_eq!(info.used.get("requests.nvidia.com/gpu"), Some(&3));
+        // A device-class quota alone is a GPU-naming quota too; a used value that does not
+        // parse is unknown, not an error.
+        let q: ResourceQuota = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "dra", "namespace": "team-b"},
+            "spec": {"hard": {"gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "2"}},
+            "status": {"used": {"gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "x"}}
+        }))
+        .expect("quota");
+        let info = quota(&ResourceNames::default(), &q)
+            .expect("valid")
+            .expect("names a DRA class");
+        assert!(info.gpu_hard.is_empty() && info.used.is_empty());
+    }
+}
