@@ -10,9 +10,9 @@
 //!   no queue rows, everything else works.
 //! * `kueue_objects_are_watched_and_joined_to_their_pods`: Kueue's own CRDs (v0.17.0, from its
 //!   Go module) without Kueue's manager: the test writes ResourceFlavor, ClusterQueues,
-//!   LocalQueues, Jobs and Workloads and, through the status subresource, what Kueue would
+//!   LocalQueues, a Job, a Pod and Workloads and, through the status subresource, what Kueue would
 //!   write (admission, conditions, `flavorsUsage`). The watches project them, the admitted
-//!   workload's pod joins through its Job, the cohort view names the starved queue; `capture`
+//!   workload's pod joins (Kueue's pod integration: the Workload names the Pod as owner), the cohort view names the starved queue; `capture`
 //!   writes the Kueue objects and `report --from` gives the same queue rows as the live report.
 //!   (The end-to-end test with Kueue's real manager is `tests/e2e_kueue.rs`.)
 
@@ -333,13 +333,17 @@ async fn kueue_objects_are_watched_and_joined_to_their_pods() {
         )
         .await;
     }
-    // The lender's admitted, notebook-like Job: its pod holds a GPU and does nothing.
-    let nb_uid = job(&admin, lender_ns, "nb").await;
+    // The lender's admitted, notebook-like workload: a plain Pod under Kueue's pod integration
+    // (the Workload's owner is the Pod itself; a Job's pod would be completed at once by the
+    // stack's kwok stage `pod-complete`). It holds a GPU and does nothing.
     let mut nb_pod = gpu_pod("nb-x7k2p", 1, Some(0.0));
-    nb_pod.metadata.owner_references =
-        Some(serde_json::from_value(owner("nb", &nb_uid)).expect("owner"));
-    create(&Api::<Pod>::namespaced(admin.clone(), lender_ns), &nb_pod).await;
+    nb_pod.metadata.labels =
+        Some([("kueue.x-k8s.io/queue-name".to_string(), "lq".to_string())].into());
+    let nb_pod = create(&Api::<Pod>::namespaced(admin.clone(), lender_ns), &nb_pod).await;
+    let nb_uid = nb_pod.metadata.uid.clone().expect("uid");
     wait_running(&stack, lender_ns, "nb-x7k2p").await;
+    let pod_owner = json!([{"apiVersion": "v1", "kind": "Pod", "name": "nb-x7k2p",
+        "uid": nb_uid, "controller": true, "blockOwnerDeletion": true}]);
     let pod_set = json!([{"name": "main", "count": 1, "template": {"spec": {
         "restartPolicy": "Never",
         "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
@@ -350,8 +354,8 @@ async fn kueue_objects_are_watched_and_joined_to_their_pods() {
         &lender_wls,
         &object(
             "Workload",
-            json!({"metadata": {"name": "job-nb", "namespace": lender_ns,
-            "ownerReferences": owner("nb", &nb_uid)},
+            json!({"metadata": {"name": "pod-nb-x7k2p", "namespace": lender_ns,
+            "ownerReferences": pod_owner},
             "spec": {"queueName": "lq", "podSets": pod_set}}),
         ),
     )
@@ -363,7 +367,7 @@ async fn kueue_objects_are_watched_and_joined_to_their_pods() {
     };
     status(
         lender_wls.clone(),
-        "job-nb".into(),
+        "pod-nb-x7k2p".into(),
         json!({
             "admission": {"clusterQueue": "lender", "podSetAssignments": [{"name": "main",
                 "count": 1, "flavors": {"nvidia.com/gpu": "h100"},
