@@ -99,6 +99,7 @@ fn log_of(p: &GpuLedgerProcess) -> String {
     std::fs::read_to_string(p.log_path()).unwrap_or_default()
 }
 
+#[allow(clippy::too_many_lines)] // one scenario: quotas, pods, what the apiserver wrote, the ledger
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resource_quota_rows_match_what_the_apiserver_wrote() {
     let nodes = [
@@ -264,6 +265,7 @@ fn owner(job: &str, uid: &str) -> Value {
         "controller": true, "blockOwnerDeletion": true}])
 }
 
+#[allow(clippy::too_many_lines)] // one scenario: Kueue's objects written, live rows, capture, offline
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kueue_objects_are_watched_and_joined_to_their_pods() {
     let stack = support::tier_b(&[GpuNode::new("gpu-1", 2)], Grants::ReadOnly).await;

@@ -485,30 +485,16 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         }
         ClaimsScope::Namespaces => Vec::new(),
     };
-    let reclaim = reclaim::plan(claims, &pods, now, policy.claims_scope);
-    let inputs = quota::Inputs {
-        claims,
-        pods: &pods,
-        names: &policy.names,
-        usage_available: usage.available,
-        now,
-    };
-    let quotas = quota::quota_rows(&inputs);
-    let queues = quota::queue_rows(&inputs);
-    let dra_claims_unquotaed = quota::unquotaed_claims(&inputs);
     Ledger {
-        generated_at: now,
+        reclaim: reclaim::plan(claims, &pods, now, policy.claims_scope),
         pods,
         nodes,
         namespaces,
         unclaimed_busy,
         usage_available: usage.available,
-        reclaim,
-        quotas,
-        queues,
-        dra_claims_unquotaed,
-        kueue_available: claims.kueue.enabled,
+        ..Ledger::empty(now)
     }
+    .with_quotas(claims, &policy.names)
 }
 
 /// Notebook of a pod: verified through StatefulSet uid when StatefulSets are known, else by name.

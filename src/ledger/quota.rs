@@ -23,9 +23,9 @@ use chrono::{DateTime, Utc};
 use foldhash::{HashMap, HashMapExt};
 use serde::Serialize;
 
-use super::PodRow;
 use super::claims::{Claims, DRA_RESOURCE_PREFIX, PodClaim, ResourceClaimInfo, ResourceNames};
 use super::kueue::WorkloadInfo;
+use super::{Ledger, PodRow};
 
 /// Suffix of a ResourceQuota key that limits the devices of one DRA DeviceClass
 /// (`<class>.deviceclass.resource.k8s.io/devices`, Kubernetes "Resource Quotas", DRA).
@@ -105,6 +105,26 @@ pub(super) struct Inputs<'a> {
     pub names: &'a ResourceNames,
     pub usage_available: bool,
     pub now: DateTime<Utc>,
+}
+
+impl Ledger {
+    /// The ledger with its quota rows, queue rows, unquotaed DRA claims and `kueue_available`
+    /// set, from its pod rows.
+    pub(super) fn with_quotas(mut self, claims: &Claims, names: &ResourceNames) -> Self {
+        let i = Inputs {
+            claims,
+            pods: &self.pods,
+            names,
+            usage_available: self.usage_available,
+            now: self.generated_at,
+        };
+        let (quotas, queues, unquotaed) = (quota_rows(&i), queue_rows(&i), unquotaed_claims(&i));
+        self.quotas = quotas;
+        self.queues = queues;
+        self.dra_claims_unquotaed = unquotaed;
+        self.kueue_available = claims.kueue.enabled;
+        self
+    }
 }
 
 /// Busy and idle GPU equivalents.
