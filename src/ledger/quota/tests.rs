@@ -514,3 +514,23 @@ fn without_kueue_there_are_no_queue_rows_and_status_gaps_are_unknown() {
     let rows = queue_rows(&inputs(&claims, &pods, &names));
     assert_eq!(rows[0].admitted, None, "no status yet: unknown, not zero");
 }
+
+#[test]
+fn only_admitted_unfinished_workloads_hold_queue_quota() {
+    let names = ResourceNames::default();
+    // The lender's workload has reserved quota but waits for its admission checks (not
+    // Admitted): its pod's GPU is not the queue's admitted usage, and it is still pending.
+    let (mut claims, pods) = cohort(Some(true));
+    let w = &mut claims.kueue.workloads[0];
+    w.admitted = false;
+    w.admitted_since = None;
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(rows[0].idle, Some(0.0), "{rows:#?}");
+    assert_eq!(rows[0].pending_workloads, 1);
+    assert!(!rows[1].starved_while_lender_idle, "no lender is idle");
+    // Finished: its pods hold nothing of the queue's quota, and it is not pending either.
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.workloads[0].finished = true;
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!((rows[0].idle, rows[0].pending_workloads), (Some(0.0), 0));
+}
