@@ -317,6 +317,22 @@ impl Ledger {
         // A shard sees only its own nodes (and shard 0 every pending pod): where a pending pod
         // would fit is not known to any one shard.
         self.reclaim.clear();
+        // Quotas and queues are cluster-wide: shard 0 exports their limits and usage, no shard
+        // can prove what all their pods do (busy / idle unknown, so no queue is proven starved).
+        if shard == 0 {
+            for q in &mut self.quotas {
+                (q.busy, q.idle) = (None, None);
+            }
+            for r in &mut self.queues {
+                (r.busy, r.idle) = (None, None);
+                r.starved_while_lender_idle = false;
+                r.idle_lenders.clear();
+            }
+        } else {
+            self.quotas.clear();
+            self.queues.clear();
+            self.dra_claims_unquotaed.clear();
+        }
         self.unclaimed_busy.retain(|d| {
             let owner = d.node.as_deref().map_or(0, |n| claims::shard_of(n, total));
             owner == shard
