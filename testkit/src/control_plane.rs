@@ -393,6 +393,10 @@ impl ControlPlane {
         .arg(format!("--secure-port={kcm_port}"))
         .arg(format!("--cert-dir={}", path.join("kcm-certs").display()))
         .arg(always_allow)
+        // Only read when a test adds the resourcequota-controller: its full resync (5 min by
+        // default) recovers a quota whose first sync raced the controller's start-up well
+        // inside a test's patience (seen once: status.used still empty after 120 s).
+        .arg("--resource-quota-sync-period=15s")
         .arg(format!("--controllers={}", controllers.join(",")));
         let mut sched = Command::new(sched_bin);
         sched
