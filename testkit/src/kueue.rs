@@ -72,11 +72,65 @@ shift 2
 exec "$@"
 "#;
 
-/// Tier-B options with what Kueue needs beside the defaults: kube-controller-manager's Job
-/// controller (an admitted Job is unsuspended by Kueue; the Job controller creates its pods).
+/// Pod annotation (`"true"`) that keeps a Job's pod Running for a day on kwok instead of
+/// completing it at once (the tier-B `pod-complete` stage): a training run or a notebook-like
+/// workload that holds its GPU. See [`LONG_RUNNING_STAGE`].
+pub const LONG_RUNNING_ANNOTATION: &str = "gpu-ledger.test/long-running";
+
+/// A kwok Stage for Running Job pods carrying [`LONG_RUNNING_ANNOTATION`]: they complete after
+/// 24 h. It matches where `pod-complete` does; kwok picks among matching stages by weight and
+/// drops those without one once any has a positive weight, the way kwok's own chaos stages
+/// (`kustomize/stage/node/chaos`, weight 10000) take over from the default ones.
+pub const LONG_RUNNING_STAGE: &str = r#"apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-complete-after-a-day
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - key: '.metadata.annotations["gpu-ledger.test/long-running"]'
+      operator: 'In'
+      values:
+      - 'true'
+  weight: 1
+  delay:
+    durationMilliseconds: 86400000
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 0
+            finishedAt: {{ $now | Quote }}
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Succeeded
+"#;
+
+/// Tier-B options with what Kueue's tests need beside the defaults: kube-controller-manager's
+/// Job controller (an admitted Job is unsuspended by Kueue; the Job controller creates its
+/// pods) and [`LONG_RUNNING_STAGE`].
 pub fn tier_b_options() -> TierBOptions {
     TierBOptions {
         extra_controllers: vec!["job-controller".to_string()],
+        extra_kwok_configs: vec![LONG_RUNNING_STAGE.to_string()],
         ..TierBOptions::default()
     }
 }
