@@ -343,7 +343,6 @@ featureGates:
         let url = format!("{}/readyz", self.health_url);
         let start = Instant::now();
         loop {
-            let last;
             if let Some(status) = self.guard.try_exit_status() {
                 bail!(
                     "kueue exited ({status}) before becoming ready at {url}; last 40 lines of {}:\n{}",
@@ -351,11 +350,11 @@ featureGates:
                     self.guard.log_tail(40)
                 );
             }
-            match http.get(&url).send().await {
+            let last = match http.get(&url).send().await {
                 Ok(r) if r.status().is_success() => return Ok(()),
-                Ok(r) => last = format!("HTTP {}", r.status()),
-                Err(e) => last = format!("{e:#}"),
-            }
+                Ok(r) => format!("HTTP {}", r.status()),
+                Err(e) => format!("{e:#}"),
+            };
             if start.elapsed() >= timeout {
                 bail!(
                     "kueue not ready at {url} after {timeout:?} (last answer: {last}); last 40 \
