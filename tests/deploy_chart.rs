@@ -8,6 +8,8 @@
 //! `TEST_ASSET_HELM` / `TEST_ASSET_KUBECTL` or the build cache). Missing binaries fail the tests
 //! with a message naming that script: nothing is skipped.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -195,6 +197,10 @@ const READ_ONLY_RULES: &[(&str, &str, &str)] = &[
     ("kubeflow.org", "notebooks", "watch"),
     ("resource.k8s.io", "resourceclaims", "list"),
     ("resource.k8s.io", "resourceclaims", "watch"),
+    ("kueue.x-k8s.io", "localqueues", "list"),
+    ("kueue.x-k8s.io", "localqueues", "watch"),
+    ("kueue.x-k8s.io", "workloads", "list"),
+    ("kueue.x-k8s.io", "workloads", "watch"),
 ];
 
 /// ClusterRole `<fullname>-nodes`: cluster-scoped, always bound cluster-wide (nodes, and the
@@ -206,6 +212,10 @@ const NODE_RULES: &[(&str, &str, &str)] = &[
     ("resource.k8s.io", "deviceclasses", "watch"),
     ("resource.k8s.io", "resourceslices", "list"),
     ("resource.k8s.io", "resourceslices", "watch"),
+    ("kueue.x-k8s.io", "clusterqueues", "list"),
+    ("kueue.x-k8s.io", "clusterqueues", "watch"),
+    ("kueue.x-k8s.io", "resourceflavors", "list"),
+    ("kueue.x-k8s.io", "resourceflavors", "watch"),
 ];
 
 /// ClusterRole `<fullname>-culler`: re-read and patch a Notebook; events.k8s.io Events only
@@ -1193,6 +1203,8 @@ async fn install_fixture_crds(cp: &ControlPlane) -> Result<()> {
     ]);
     run_ok(c, None)?;
     cp.install_notebook_crd().await?;
+    // kubectl auth can-i resolves a resource through discovery: Kueue's kinds must be served.
+    support::install_kueue_crds(cp);
     Ok(())
 }
 
@@ -1495,6 +1507,13 @@ fn check_namespaced_release(cp: &ControlPlane, scoped: &str) -> Result<()> {
             ("list", "resourceslices.resource.k8s.io", None, true),
             ("watch", "resourceslices.resource.k8s.io", None, true),
             ("list", "deviceclasses.resource.k8s.io", None, true),
+            // Kueue: LocalQueues and Workloads per watched namespace; flavors and
+            // ClusterQueues are cluster-scoped.
+            ("list", "workloads.kueue.x-k8s.io", Some("team-a"), true),
+            ("watch", "localqueues.kueue.x-k8s.io", Some("team-b"), true),
+            ("list", "workloads.kueue.x-k8s.io", None, false),
+            ("watch", "clusterqueues.kueue.x-k8s.io", None, true),
+            ("list", "resourceflavors.kueue.x-k8s.io", None, true),
             ("list", "pods", None, false),
             ("watch", "pods", None, false),
             ("list", "pods", Some("team-c"), false),

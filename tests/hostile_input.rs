@@ -140,6 +140,10 @@ fn ledger() -> Ledger {
         unclaimed_busy,
         usage_available: true,
         reclaim: vec![],
+        quotas: vec![],
+        queues: vec![],
+        dra_claims_unquotaed: vec![],
+        kueue_available: false,
     }
 }
 
@@ -489,6 +493,10 @@ fn advice_ledger(pods: Vec<PodRow>) -> Ledger {
         unclaimed_busy: vec![],
         usage_available: true,
         reclaim: vec![],
+        quotas: vec![],
+        queues: vec![],
+        dra_claims_unquotaed: vec![],
+        kueue_available: false,
     }
 }
 

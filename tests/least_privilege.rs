@@ -17,6 +17,8 @@
 //!   (`cull::actuator::notice_patch`: written, then removed) passes too. The same writes succeed before
 //!   the policy exists (RBAC's `notebooks: patch` allows them), and other users are not limited.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -653,6 +655,8 @@ async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
     for ns in [LEDGER_NAMESPACE, NS, "gpu-operator"] {
         namespace(&stack.cp, ns)?;
     }
+    // Kueue's CRDs, so the Kueue grants are exercised (gpu-ledger reads Kueue when it is served).
+    support::install_kueue_crds(&stack.cp);
     apply(&stack.cp, &rbac)?;
     let kubeconfig = service_account_kubeconfig(&stack.cp)?;
     let nb = Notebook::new(NS, "idle-nb").node("n1");

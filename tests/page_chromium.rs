@@ -50,6 +50,10 @@ fn page_text(page: &Page<'_>) -> Value {
           namespaces: Array.from(document.querySelectorAll('#namespaces tbody tr')).map(tr => tr.innerText),
           unclaimed: Array.from(document.querySelectorAll('#unclaimed tbody tr')).map(tr => tr.innerText),
           reclaim: Array.from(document.querySelectorAll('#reclaim tbody tr')).map(tr => tr.innerText),
+          quotas: Array.from(document.querySelectorAll('#quotas tbody tr')).map(tr => tr.innerText),
+          queues: Array.from(document.querySelectorAll('#queues tbody tr')).map(tr => tr.innerText),
+          unquotaed: Array.from(document.querySelectorAll('#unquotaed tbody tr')).map(tr => tr.innerText),
+          queuesEmpty: document.getElementById('queues-empty').innerText,
           empty: Array.from(document.querySelectorAll('.empty')).map(e => e.id + ':' + e.hidden)})",
     )
     .expect("page text")
@@ -246,6 +250,29 @@ async fn page_in_headless_chromium() {
             .count(),
         options.max(1),
         "{reclaim:?}\n{planned:#}"
+    );
+    // Quotas and queues: the team's quota row as the JSON has it; Kueue is not installed here.
+    let quotas = table_rows(&off, "quotas");
+    let team_quota = ledger["quotas"]
+        .as_array()
+        .and_then(|q| q.iter().find(|q| q["namespace"] == TEAM))
+        .expect("the team's quota row in the JSON");
+    let row = quotas
+        .iter()
+        .find(|r| r[0] == TEAM)
+        .unwrap_or_else(|| panic!("no quota row for {TEAM}: {quotas:?}"));
+    assert_eq!(row[1..3], ["nvidia.com/gpu", "4"], "{row:?}");
+    assert_eq!(
+        row[3],
+        team_quota["used"]
+            .as_u64()
+            .map_or_else(|| "?".to_string(), |u| u.to_string()),
+        "{row:?} vs {team_quota}"
+    );
+    assert_eq!(
+        off.evaluate("document.getElementById('queues-empty').innerText")
+            .expect("queues-empty"),
+        Value::String("Kueue not found: no queue rows.".into())
     );
     let summary = off
         .evaluate("document.getElementById('summary').innerText")

@@ -170,6 +170,7 @@ fn cluster() -> (Claims, Usage) {
             name: "gpu".into(),
             gpu_hard: [("requests.nvidia.com/gpu".to_string(), 64)].into(),
             names_gpu: true,
+            ..QuotaInfo::default()
         });
     }
     (
@@ -244,6 +245,28 @@ fn union_of_shards_equals_the_unsharded_ledger() {
         .collect();
     busy.sort_by(|a, b| (&a.node, &a.uuid).cmp(&(&b.node, &b.uuid)));
     assert_eq!(busy, whole.unclaimed_busy);
+
+    // Quota rows are cluster-wide: once, by shard 0, with the unsharded limits; what their pods
+    // do no shard can prove (busy / idle unknown).
+    assert!(!whole.quotas.is_empty() && whole.quotas.iter().all(|q| q.idle.is_some()));
+    assert!(
+        shards[1..]
+            .iter()
+            .all(|l| l.quotas.is_empty() && l.queues.is_empty())
+    );
+    let limits = |l: &Ledger| -> Vec<(String, String, u64, Option<u64>)> {
+        l.quotas
+            .iter()
+            .map(|q| (q.namespace.clone(), q.resource.clone(), q.hard, q.used))
+            .collect()
+    };
+    assert_eq!(limits(&shards[0]), limits(&whole));
+    assert!(
+        shards[0]
+            .quotas
+            .iter()
+            .all(|q| q.busy.is_none() && q.idle.is_none())
+    );
 }
 
 #[test]

@@ -183,7 +183,7 @@ const EMPTY_LIST: &str = r#"{"apiVersion":"v1","kind":"List","items":[]}"#;
 const ONE_NODE: &str = r#"{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"},"status":{"allocatable":{"nvidia.com/gpu":"2"}}}]}"#;
 
 /// Slots a fuzz input can take, in `load` order; every other file is a valid list.
-const SLOTS: [&str; 8] = [
+const SLOTS: [&str; 12] = [
     "pods",
     "nodes",
     "quotas",
@@ -192,6 +192,10 @@ const SLOTS: [&str; 8] = [
     "resourceclaims",
     "resourceslices",
     "deviceclasses",
+    "resourceflavors",
+    "clusterqueues",
+    "localqueues",
+    "workloads",
 ];
 
 /// A scratch directory with the two filler dumps (empty list, one node), made once per process.
@@ -214,7 +218,8 @@ fn scratch() -> &'static (PathBuf, (PathBuf, PathBuf)) {
 }
 
 /// Offline kubectl dumps (JSON or YAML): the bytes are each dump file in turn (pods, nodes,
-/// quotas, notebooks, statefulsets, and the DRA resourceclaims, resourceslices, deviceclasses),
+/// quotas, notebooks, statefulsets, the DRA resourceclaims, resourceslices, deviceclasses, and
+/// Kueue's resourceflavors, clusterqueues, localqueues, workloads),
 /// the others valid lists; `load` never panics.
 pub fn kubectl_list(data: &[u8]) {
     let (dir, fillers) = scratch();
@@ -239,6 +244,10 @@ pub fn kubectl_list(data: &[u8]) {
             resource_claims: Some(path("resourceclaims")),
             resource_slices: Some(path("resourceslices")),
             device_classes: Some(path("deviceclasses")),
+            resource_flavors: Some(path("resourceflavors")),
+            cluster_queues: Some(path("clusterqueues")),
+            local_queues: Some(path("localqueues")),
+            workloads: Some(path("workloads")),
         };
         let _ = files::load(&paths, &ResourceNames::default());
     }

@@ -307,6 +307,20 @@ def panels():
              "How many pending GPUs could run now if idle holders stopped? Sum over namespaces of gpu_ledger_pending_reclaimable_gpus (GPU equivalents).",
              "sum(max by (namespace) (gpu_ledger_pending_reclaimable_gpus{%s}))" % NS,
              thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 0.01}]), 8, 8)
+    # --- quotas and queues (issue 25; docs/report-json.md#quotas-and-queues): one layout row
+    # (12 + 8 + 4 columns)
+    add(timeseries("Quotas and queues: GPUs held idle under a ResourceQuota",
+                   "Is a namespace's GPU quota spent on GPUs that do nothing? GPU equivalents held on each quota's GPU resource by pods proven idle (gpu_ledger_quota_gpus kind=idle). GpuLedgerQuotaHeldIdle fires when the quota is also used up (status.used >= hard) for 1h.",
+                   [target("A", 'max by (namespace, resource) (gpu_ledger_quota_gpus{kind="idle",%s})' % NS, "{{namespace}} {{resource}}")]), 12, 8)
+    add(timeseries("Quotas and queues: Kueue admitted vs idle GPUs",
+                   "How much of each Kueue ClusterQueue's admitted GPU quota (status.flavorsUsage, units) is held by pods proven idle (GPU equivalents)? Per ClusterQueue, summed over flavors and GPU resources. Cluster-wide (ClusterQueues are not namespaced).",
+                   [target("A", 'sum by (cluster_queue) (max by (cluster_queue, flavor, resource) (gpu_ledger_queue_gpus{kind="admitted"}))', "{{cluster_queue}} admitted"),
+                    target("B", 'sum by (cluster_queue) (max by (cluster_queue, flavor, resource) (gpu_ledger_queue_gpus{kind="idle"}))', "{{cluster_queue}} idle")]), 8, 8)
+    add(stat("Quotas and queues: queues starved while a lender idles",
+             "How many Kueue ClusterQueues have pending GPU workloads while another ClusterQueue of their cohort holds admitted GPUs proven idle? GpuLedgerQueueStarvedWhileLenderIdle fires after 15m.",
+             "sum(max by (cluster_queue) (gpu_ledger_queue_starved_while_lender_idle))",
+             decimals=0,
+             thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]), 4, 8)
 
     # lay out left to right, wrapping at 24 columns
     result, x, y, rowh = [], 0, 0, 0

@@ -106,6 +106,16 @@ def main():
     s("gpu_ledger_namespace_gpu_quota", "gauge", {"namespace": "team-a", "resource": "requests.nvidia.com/gpu"}, const(8))
     for ns, missing in (("team-a", 0), ("team-b", 1), ("team-c", 1)):
         s("gpu_ledger_namespace_gpu_quota_missing", "gauge", dict(namespace=ns), const(missing))
+    # quotas and queues: team-a's quota is full with 2 idle GPUs; two ClusterQueues in a cohort,
+    # the lender's admitted GPU idle, the other starved
+    for kind, v in (("hard", 8), ("used", 8), ("busy", 6), ("idle", 2)):
+        s("gpu_ledger_quota_gpus", "gauge", dict(namespace="team-a", resource="nvidia.com/gpu", kind=kind), const(v))
+    for cq, admitted, busy, idle, pending, starved in (("lender", 1, 0, 1, 0, 0), ("starved", 0, 0, 0, 1, 1)):
+        for kind, v in (("nominal", 2), ("admitted", admitted), ("busy", busy), ("idle", idle)):
+            s("gpu_ledger_queue_gpus", "gauge", dict(cluster_queue=cq, flavor="h100", resource="nvidia.com/gpu", kind=kind), const(v))
+        s("gpu_ledger_queue_pending_workloads", "gauge", dict(cluster_queue=cq), const(pending))
+        s("gpu_ledger_queue_starved_while_lender_idle", "gauge", dict(cluster_queue=cq), const(starved))
+    s("gpu_ledger_dra_claims_unquotaed", "gauge", dict(namespace="team-b"), const(1))
     s("gpu_ledger_unclaimed_busy_gpu_utilization_ratio", "gauge", dict(node="gpu-node-1", uuid="GPU-1-7", gpu_instance=""), const(0.7))
 
     # ---- self ----------------------------------------------------------------------------

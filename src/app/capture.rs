@@ -131,6 +131,13 @@ fn clear_previous(dir: &Path) -> Result<(), CaptureError> {
         "quotas",
         "resourcequotas",
         "statefulsets",
+        "resourceclaims",
+        "resourceslices",
+        "deviceclasses",
+        "resourceflavors",
+        "clusterqueues",
+        "localqueues",
+        "workloads",
     ];
     for stem in stems {
         for ext in ["json", "yaml", "yml"] {

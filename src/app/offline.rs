@@ -95,6 +95,9 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
         let wanted = |ns: &String| input.namespaces.contains(ns);
         claims.pods.retain(|p| wanted(&p.namespace));
         claims.quotas.retain(|q| wanted(&q.namespace));
+        // As the live watches: LocalQueues and Workloads of the watched namespaces only.
+        claims.kueue.local_queues.retain(|q| wanted(&q.namespace));
+        claims.kueue.workloads.retain(|w| wanted(&w.namespace));
     }
     let settings = DumpSettings {
         at: input.at,

@@ -65,6 +65,10 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
             resource_claims: None,
             resource_slices: None,
             device_classes: None,
+            resource_flavors: None,
+            cluster_queues: None,
+            local_queues: None,
+            workloads: None,
         };
         i.dcgm = files.dcgm.clone().unwrap_or_default();
         i

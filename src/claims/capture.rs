@@ -37,6 +37,9 @@ pub struct RawLists {
     pub resource_claims: Option<Value>,
     pub resource_slices: Option<Value>,
     pub device_classes: Option<Value>,
+    /// Kueue's ResourceFlavors, ClusterQueues, LocalQueues and Workloads by plural name
+    /// (`kueue.x-k8s.io/v1beta2`); `None` when Kueue is not served or readable.
+    pub kueue: Option<Vec<(&'static str, Value)>>,
 }
 
 impl RawLists {
@@ -61,6 +64,9 @@ impl RawLists {
             if let Some(l) = list {
                 v.push((stem, l));
             }
+        }
+        for (stem, list) in self.kueue.iter().flatten() {
+            v.push((stem, list));
         }
         v
     }
@@ -135,6 +141,7 @@ pub async fn list_raw(
     let (notebooks, statefulsets) = list_notebooks(client, &pod_namespaces, owners).await?;
     let (resource_claims, resource_slices, device_classes) =
         list_dra(client, names, &scopes).await?;
+    let kueue = list_kueue(client, &scopes).await?;
     Ok(RawLists {
         pods: list_of(pods),
         nodes: list_of(nodes),
@@ -144,7 +151,41 @@ pub async fn list_raw(
         resource_claims,
         resource_slices,
         device_classes,
+        kueue,
     })
+}
+
+/// Kueue's four kinds, when served and readable (cluster-scoped ones whole, LocalQueues and
+/// Workloads in the captured namespaces), each item with its `apiVersion` and `kind`.
+async fn list_kueue(
+    client: &Client,
+    scopes: &[Option<String>],
+) -> Result<Option<Vec<(&'static str, Value)>>, ListError> {
+    let lists = super::kueue::list_objects(client, scopes)
+        .await
+        .map_err(|(resource, source)| ListError { resource, source })?;
+    Ok(lists.map(|lists| {
+        super::kueue::KINDS
+            .iter()
+            .map(|(kind, plural, _)| {
+                let types = TypeMeta {
+                    api_version: format!("{}/{}", super::kueue::GROUP, super::kueue::VERSION),
+                    kind: (*kind).to_string(),
+                };
+                let items = lists
+                    .get(plural)
+                    .into_iter()
+                    .flatten()
+                    .map(|o| {
+                        let mut o = o.clone();
+                        o.types = Some(types.clone());
+                        item(&o)
+                    })
+                    .collect();
+                (*plural, list_of(items))
+            })
+            .collect()
+    }))
 }
 
 /// DaemonSet pods anywhere (dcgm-exporter usually runs outside the captured namespaces):

@@ -20,11 +20,12 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::DynamicObject;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::dra;
 use super::project::{self, ProjectError};
+use super::{dra, kueue};
 use crate::ledger::claims::{Claims, ResourceNames};
 use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain};
 
@@ -133,6 +134,12 @@ pub struct DumpPaths {
     pub resource_claims: Option<PathBuf>,
     pub resource_slices: Option<PathBuf>,
     pub device_classes: Option<PathBuf>,
+    /// Kueue dumps (`kubectl get resourceflavors|clusterqueues|localqueues|workloads
+    /// [-A] -o json`); with any of them, Kueue counts as served.
+    pub resource_flavors: Option<PathBuf>,
+    pub cluster_queues: Option<PathBuf>,
+    pub local_queues: Option<PathBuf>,
+    pub workloads: Option<PathBuf>,
 }
 
 impl DumpPaths {
@@ -156,6 +163,10 @@ impl DumpPaths {
             resource_claims: find("resourceclaims"),
             resource_slices: find("resourceslices"),
             device_classes: find("deviceclasses"),
+            resource_flavors: find("resourceflavors"),
+            cluster_queues: find("clusterqueues"),
+            local_queues: find("localqueues"),
+            workloads: find("workloads"),
         }
     }
 }
@@ -678,6 +689,31 @@ pub fn load_with_limits(
     if let Some(path) = &paths.device_classes {
         let items: Vec<DeviceClass> = list(path, "DeviceClass", "deviceclasses", limits, w)?;
         claims.device_classes = items.iter().map(dra::device_class).collect();
+    }
+    let kueue_files = [
+        (&paths.resource_flavors, "ResourceFlavor", "resourceflavors"),
+        (&paths.cluster_queues, "ClusterQueue", "clusterqueues"),
+        (&paths.local_queues, "LocalQueue", "localqueues"),
+        (&paths.workloads, "Workload", "workloads"),
+    ];
+    let mut kueue_lists: Vec<Vec<DynamicObject>> = Vec::with_capacity(kueue_files.len());
+    for (path, kind, plural) in kueue_files {
+        kueue_lists.push(match path {
+            Some(path) => list(path, kind, plural, limits, w)?,
+            None => Vec::new(),
+        });
+    }
+    if kueue_files.iter().any(|(p, _, _)| p.is_some()) {
+        let refs = |i: usize| kueue_lists[i].iter().collect();
+        claims.kueue = kueue::project_all(
+            names,
+            &kueue::Objects {
+                flavors: refs(0),
+                cluster_queues: refs(1),
+                local_queues: refs(2),
+                workloads: refs(3),
+            },
+        );
     }
     Ok(Loaded { claims, warnings })
 }

@@ -61,6 +61,9 @@ pub async fn list_claims(
     super::dra::list_into(client, names, namespaces, &mut claims)
         .await
         .map_err(failed("resource.k8s.io"))?;
+    super::kueue::list_into(client, names, namespaces, &mut claims)
+        .await
+        .map_err(failed("kueue.x-k8s.io"))?;
     if let Ok(Some(ar)) = k8s::notebook_resource(client).await {
         // Per namespace when --namespaces is set, as the watches do (the RBAC may be bound there
         // only).

@@ -18,6 +18,7 @@ use crate::ledger::claims::{
     REPLICAS_LABEL, ResourceNames, SelectorOp, SelectorRequirement, StatefulSetInfo, Taint,
     Toleration,
 };
+use crate::ledger::quota::device_class_of_quota_key;
 
 /// A quantity that cannot be a GPU count, with where it was found.
 #[derive(Debug, thiserror::Error)]
@@ -476,7 +477,11 @@ pub fn daemon_pod(pod: &Pod) -> Option<DaemonPod> {
     })
 }
 
-/// The GPU part of a ResourceQuota; `None` when no key names a GPU resource.
+/// Most DRA device-class keys kept of one ResourceQuota (an object is untrusted input).
+const MAX_QUOTA_KEYS: usize = 256;
+
+/// The GPU part of a ResourceQuota: hard limits of the keys that name a GPU resource or a DRA
+/// DeviceClass, and the apiserver's `status.used` of those keys; `None` when no key does.
 pub fn quota(
     names: &ResourceNames,
     quota: &ResourceQuota,
@@ -485,21 +490,45 @@ pub fn quota(
     let object = object_name("resourcequota", meta);
     let hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref());
     let mut gpu_hard = BTreeMap::new();
+    let mut dra_hard = BTreeMap::new();
     for (k, q) in hard.into_iter().flatten() {
-        if names.quota_key_resource(k).is_some() {
-            let units = parse_units(&q.0).map_err(|source| ProjectError {
-                object: object.clone(),
-                resource: k.clone(),
-                source,
-            })?;
+        let gpu = names.quota_key_resource(k).is_some();
+        let dra = !gpu && device_class_of_quota_key(k).is_some();
+        if !(gpu || dra) {
+            continue;
+        }
+        let units = parse_units(&q.0).map_err(|source| ProjectError {
+            object: object.clone(),
+            resource: k.clone(),
+            source,
+        })?;
+        if gpu {
             gpu_hard.insert(k.clone(), units);
+        } else if dra_hard.len() < MAX_QUOTA_KEYS {
+            dra_hard.insert(k.clone(), units);
         }
     }
-    Ok((!gpu_hard.is_empty()).then(|| QuotaInfo {
+    if gpu_hard.is_empty() && dra_hard.is_empty() {
+        return Ok(None);
+    }
+    // `status.used` is written by the quota controller; a value that does not parse is unknown
+    // (left out), not a reason to drop the limits.
+    let used = quota
+        .status
+        .as_ref()
+        .and_then(|s| s.used.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| gpu_hard.contains_key(*k) || dra_hard.contains_key(*k))
+        .filter_map(|(k, q)| parse_units(&q.0).ok().map(|u| (k.clone(), u)))
+        .collect();
+    Ok(Some(QuotaInfo {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
         names_gpu: true,
         gpu_hard,
+        dra_hard,
+        used,
     }))
 }
 
@@ -780,5 +809,63 @@ mod tests {
                 .expect("ok")
                 .is_none()
         );
+    }
+}
+
+#[cfg(test)]
+mod quota_tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_keeps_gpu_and_device_class_keys_with_their_status_used() {
+        // As the apiserver returns a ResourceQuota after the quota controller synced it (the
+        // Kubernetes "Resource Quotas" page: `requests.nvidia.com/gpu`, and
+        // `<class>.deviceclass.resource.k8s.io/devices` for DRA).
+        let q: ResourceQuota = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gpu", "namespace": "team-a"},
+            "spec": {"hard": {
+                "requests.nvidia.com/gpu": "4",
+                "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "2",
+                "requests.cpu": "64"
+            }},
+            "status": {
+                "hard": {"requests.nvidia.com/gpu": "4"},
+                "used": {
+                    "requests.nvidia.com/gpu": "3",
+                    "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "1",
+                    "requests.cpu": "12"
+                }
+            }
+        }))
+        .expect("quota");
+        let info = quota(&ResourceNames::default(), &q)
+            .expect("valid")
+            .expect("names a GPU");
+        assert_eq!(
+            info.gpu_hard,
+            [("requests.nvidia.com/gpu".to_string(), 4)].into()
+        );
+        assert_eq!(
+            info.dra_hard,
+            [(
+                "gpu.nvidia.com.deviceclass.resource.k8s.io/devices".to_string(),
+                2
+            )]
+            .into()
+        );
+        assert_eq!(info.used.len(), 2, "cpu is not kept: {:?}", info.used);
+        assert_eq!(info.used.get("requests.nvidia.com/gpu"), Some(&3));
+        // A device-class quota alone is a GPU-naming quota too; a used value that does not
+        // parse is unknown, not an error.
+        let q: ResourceQuota = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "dra", "namespace": "team-b"},
+            "spec": {"hard": {"gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "2"}},
+            "status": {"used": {"gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "x"}}
+        }))
+        .expect("quota");
+        let info = quota(&ResourceNames::default(), &q)
+            .expect("valid")
+            .expect("names a DRA class");
+        assert!(info.gpu_hard.is_empty() && info.used.is_empty());
     }
 }

@@ -28,11 +28,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::{dra, project};
+use super::{dra, kueue, project};
 use crate::k8s;
 use crate::ledger::claims::{
     Claims, DaemonPod, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
     ResourceClaimInfo, ResourceNames, StatefulSetInfo,
+};
+use crate::ledger::kueue::{
+    ClusterQueueInfo, KueueInputs, LocalQueueInfo, ResourceFlavorInfo, WorkloadInfo,
 };
 use crate::spawn::Spawn;
 
@@ -118,6 +121,13 @@ pub struct Stores {
     pub resource_slices: Arc<DashMap<String, Vec<DraDevice>>>,
     pub device_classes: Arc<DashMap<String, DeviceClassInfo>>,
     pub dra_enabled: Arc<AtomicBool>,
+    /// Kueue (`kueue.x-k8s.io/v1beta2`, see [`super::kueue`]): flavors and ClusterQueues by
+    /// name, LocalQueues and Workloads by `namespace/name`; `kueue_enabled` once watched.
+    pub kueue_flavors: Arc<DashMap<String, ResourceFlavorInfo>>,
+    pub cluster_queues: Arc<DashMap<String, ClusterQueueInfo>>,
+    pub local_queues: Arc<DashMap<String, LocalQueueInfo>>,
+    pub workloads: Arc<DashMap<String, WorkloadInfo>>,
+    pub kueue_enabled: Arc<AtomicBool>,
     synced: Arc<DashMap<&'static str, bool>>,
     health: Arc<DashMap<&'static str, WatchHealth>>,
     /// The last error of each watch, as text (why a watch has not synced yet).
@@ -141,6 +151,11 @@ impl Stores {
             resource_slices: Arc::default(),
             device_classes: Arc::default(),
             dra_enabled: Arc::new(AtomicBool::new(false)),
+            kueue_flavors: Arc::default(),
+            cluster_queues: Arc::default(),
+            local_queues: Arc::default(),
+            workloads: Arc::default(),
+            kueue_enabled: Arc::new(AtomicBool::new(false)),
             synced: Arc::default(),
             health: Arc::default(),
             last_errors: Arc::default(),
@@ -231,6 +246,25 @@ impl Stores {
                 .map(|e| e.value().clone())
                 .collect(),
             dra_enabled: self.dra_enabled.load(Ordering::Relaxed),
+            kueue: KueueInputs {
+                enabled: self.kueue_enabled.load(Ordering::Relaxed),
+                flavors: self
+                    .kueue_flavors
+                    .iter()
+                    .map(|e| e.value().clone())
+                    .collect(),
+                cluster_queues: self
+                    .cluster_queues
+                    .iter()
+                    .map(|e| e.value().clone())
+                    .collect(),
+                local_queues: self
+                    .local_queues
+                    .iter()
+                    .map(|e| e.value().clone())
+                    .collect(),
+                workloads: self.workloads.iter().map(|e| e.value().clone()).collect(),
+            },
         }
     }
 
@@ -431,7 +465,98 @@ pub async fn start_with(
         &on_restart,
     )
     .await;
+    start_kueue(
+        &client,
+        &config.names,
+        &scopes,
+        spawn,
+        &cancel,
+        &stores,
+        &on_restart,
+    )
+    .await;
     stores
+}
+
+/// Starts the Kueue watches on `stores` when `kueue.x-k8s.io/v1beta2` is served and readable
+/// (see [`kueue::available`], which says "Kueue not found" once when not); LocalQueues and
+/// Workloads in `scopes`.
+async fn start_kueue(
+    client: &Client,
+    names: &ResourceNames,
+    scopes: &[Option<String>],
+    spawn: Spawn<'_>,
+    cancel: &CancellationToken,
+    stores: &Stores,
+    on_restart: &RestartHook,
+) {
+    if !kueue::available(client, scopes).await {
+        return;
+    }
+    stores.kueue_enabled.store(true, Ordering::Relaxed);
+    info!(
+        group = kueue::GROUP,
+        version = kueue::VERSION,
+        "watching Kueue resourceflavors, clusterqueues, localqueues, workloads"
+    );
+    let by_name = |o: &DynamicObject| o.name_any();
+    let by_ns_name =
+        |o: &DynamicObject| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any());
+    let ar = kueue::api_resource("ResourceFlavor", "resourceflavors");
+    spawn_watch(
+        spawn,
+        cancel,
+        stores,
+        "resourceflavors",
+        Api::<DynamicObject>::all_with(client.clone(), &ar),
+        watcher::Config::default(),
+        on_restart.clone(),
+        |o: &DynamicObject| Some(kueue::resource_flavor(o)),
+        stores.kueue_flavors.clone(),
+        by_name,
+    );
+    let ar = kueue::api_resource("ClusterQueue", "clusterqueues");
+    spawn_watch(
+        spawn,
+        cancel,
+        stores,
+        "clusterqueues",
+        Api::<DynamicObject>::all_with(client.clone(), &ar),
+        watcher::Config::default(),
+        on_restart.clone(),
+        |o: &DynamicObject| Some(kueue::cluster_queue(o)),
+        stores.cluster_queues.clone(),
+        by_name,
+    );
+    for (i, ns) in scopes.iter().enumerate() {
+        let ar = kueue::api_resource("LocalQueue", "localqueues");
+        spawn_watch(
+            spawn,
+            cancel,
+            stores,
+            leak_label("localqueues", i),
+            k8s::scoped_dynamic(client, ns.as_deref(), &ar),
+            watcher::Config::default(),
+            on_restart.clone(),
+            |o: &DynamicObject| Some(kueue::local_queue(o)),
+            stores.local_queues.clone(),
+            by_ns_name,
+        );
+        let ar = kueue::api_resource("Workload", "workloads");
+        let names = names.clone();
+        spawn_watch(
+            spawn,
+            cancel,
+            stores,
+            leak_label("workloads", i),
+            k8s::scoped_dynamic(client, ns.as_deref(), &ar),
+            watcher::Config::default(),
+            on_restart.clone(),
+            move |o: &DynamicObject| Some(kueue::workload(&names, o)),
+            stores.workloads.clone(),
+            by_ns_name,
+        );
+    }
 }
 
 /// Starts the DRA watches on `stores` when the API is served and readable (see [`dra::available`]);

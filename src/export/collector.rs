@@ -256,6 +256,36 @@ const FAMILIES: &[Family] = &[
         labels: &["namespace"],
         counter: false,
     },
+    Family {
+        name: "gpu_ledger_quota_gpus",
+        help: "A ResourceQuota's GPU resource in the namespace: kind hard and used (the apiserver's status.used) in the resource's units; busy and idle in GPU equivalents held by pods proven busy / proven idle (from the last refresh).",
+        labels: &["namespace", "resource", "kind"],
+        counter: false,
+    },
+    Family {
+        name: "gpu_ledger_queue_gpus",
+        help: "A Kueue ClusterQueue's GPU resource per flavor: kind nominal and admitted (its status usage) in the resource's units; busy and idle in GPU equivalents held by its admitted workloads' pods (from the last refresh).",
+        labels: &["cluster_queue", "flavor", "resource", "kind"],
+        counter: false,
+    },
+    Family {
+        name: "gpu_ledger_queue_pending_workloads",
+        help: "Workloads of a Kueue ClusterQueue asking for a GPU, neither admitted nor finished (from the last refresh).",
+        labels: &["cluster_queue"],
+        counter: false,
+    },
+    Family {
+        name: "gpu_ledger_queue_starved_while_lender_idle",
+        help: "1 when a Kueue ClusterQueue has pending GPU workloads while another ClusterQueue of its cohort holds admitted GPUs proven idle (from the last refresh).",
+        labels: &["cluster_queue"],
+        counter: false,
+    },
+    Family {
+        name: "gpu_ledger_dra_claims_unquotaed",
+        help: "DRA ResourceClaims for a GPU in the namespace that no device-class ResourceQuota key and no Kueue workload covers (from the last refresh).",
+        labels: &["namespace"],
+        counter: false,
+    },
 ];
 
 /// Renders ledger families from a [`SharedSnapshot`].
@@ -389,6 +419,11 @@ mod idx {
     pub const NODE_UNSCHEDULABLE: usize = 19;
     pub const SECONDS_BY_MODEL: usize = 20;
     pub const PENDING_RECLAIMABLE: usize = 21;
+    pub const QUOTA_GPUS: usize = 22;
+    pub const QUEUE_GPUS: usize = 23;
+    pub const QUEUE_PENDING: usize = 24;
+    pub const QUEUE_STARVED: usize = 25;
+    pub const DRA_UNQUOTAED: usize = 26;
 }
 
 /// Builds every ledger family from one snapshot as proto families (the `Collector` path).
@@ -578,6 +613,58 @@ fn emit(snapshot: &Snapshot, out: &mut impl Sink) {
             ],
             d.utilization,
         );
+    }
+    emit_quotas(l, out);
+}
+
+/// The quota and queue families: unknown values (`null` in the JSON) have no series.
+fn emit_quotas(l: &Ledger, out: &mut impl Sink) {
+    for q in &l.quotas {
+        let kinds = [
+            ("hard", Some(q.hard as f64)),
+            ("used", q.used.map(|u| u as f64)),
+            ("busy", q.busy),
+            ("idle", q.idle),
+        ];
+        for (kind, v) in kinds {
+            if let Some(v) = v {
+                out.push(idx::QUOTA_GPUS, &[&q.namespace, &q.resource, kind], v);
+            }
+        }
+    }
+    // Pending and starvation are per ClusterQueue: once each, starved when any of its rows is.
+    let mut per_queue: BTreeMap<&str, (u64, bool)> = BTreeMap::new();
+    for r in &l.queues {
+        let kinds = [
+            ("nominal", r.nominal.map(|n| n as f64)),
+            ("admitted", r.admitted.map(|a| a as f64)),
+            ("busy", r.busy),
+            ("idle", r.idle),
+        ];
+        for (kind, v) in kinds {
+            if let Some(v) = v {
+                out.push(
+                    idx::QUEUE_GPUS,
+                    &[&r.cluster_queue, &r.flavor, &r.resource, kind],
+                    v,
+                );
+            }
+        }
+        let e = per_queue.entry(r.cluster_queue.as_str()).or_default();
+        e.0 = r.pending_workloads;
+        e.1 |= r.starved_while_lender_idle;
+    }
+    for (cq, (pending, starved)) in per_queue {
+        out.push(idx::QUEUE_PENDING, &[cq], pending as f64);
+        out.push(idx::QUEUE_STARVED, &[cq], if starved { 1.0 } else { 0.0 });
+    }
+    let mut unquotaed: BTreeMap<&str, u64> = BTreeMap::new();
+    for c in &l.dra_claims_unquotaed {
+        let n = unquotaed.entry(c.namespace.as_str()).or_default();
+        *n = n.saturating_add(1);
+    }
+    for (ns, n) in unquotaed {
+        out.push(idx::DRA_UNQUOTAED, &[ns], n as f64);
     }
 }
 

@@ -55,6 +55,10 @@ fn ledger(pods: Vec<PodRow>) -> Ledger {
         unclaimed_busy: vec![],
         usage_available: true,
         reclaim: vec![],
+        quotas: vec![],
+        queues: vec![],
+        dra_claims_unquotaed: vec![],
+        kueue_available: false,
     }
 }
 
@@ -311,5 +315,85 @@ fn pending_reclaimable_gpus_count_pods_that_fit_only_after_a_reclaim() {
     assert!(
         !none.contains("gpu_ledger_pending_reclaimable_gpus{"),
         "{none}"
+    );
+}
+
+#[test]
+fn quota_and_queue_families_leave_unknowns_out() {
+    use crate::ledger::quota::{QueueRow, QuotaRow, UnquotaedClaim};
+    let mut l = ledger(vec![pod("a", "p1")]);
+    l.quotas = vec![
+        QuotaRow {
+            namespace: "team-a".into(),
+            resource: "nvidia.com/gpu".into(),
+            hard: 4,
+            used: Some(4),
+            busy: Some(1.0),
+            idle: Some(3.0),
+        },
+        // status.used not written yet, no utilisation: only hard.
+        QuotaRow {
+            namespace: "team-b".into(),
+            resource: "nvidia.com/gpu".into(),
+            hard: 2,
+            used: None,
+            busy: None,
+            idle: None,
+        },
+    ];
+    let row = |flavor: &str, starved: bool| QueueRow {
+        cluster_queue: "cq".into(),
+        cohort: Some("pool".into()),
+        flavor: flavor.into(),
+        resource: "nvidia.com/gpu".into(),
+        nominal: Some(2),
+        borrowing_limit: None,
+        lending_limit: None,
+        admitted: None,
+        busy: Some(0.0),
+        idle: Some(1.0),
+        pending_workloads: 3,
+        oldest_pending_seconds: Some(60.0),
+        starved_while_lender_idle: starved,
+        idle_lenders: vec![],
+    };
+    l.queues = vec![row("a100", false), row("h100", true)];
+    l.dra_claims_unquotaed = vec![
+        UnquotaedClaim {
+            namespace: "team-d".into(),
+            claim: "c0".into(),
+            device_classes: vec![],
+        },
+        UnquotaedClaim {
+            namespace: "team-d".into(),
+            claim: "c1".into(),
+            device_classes: vec![],
+        },
+    ];
+    let text = render_snapshot(&Snapshot::new(l)).expect("render");
+    for line in [
+        "gpu_ledger_quota_gpus{namespace=\"team-a\",resource=\"nvidia.com/gpu\",kind=\"hard\"} 4",
+        "gpu_ledger_quota_gpus{namespace=\"team-a\",resource=\"nvidia.com/gpu\",kind=\"used\"} 4",
+        "gpu_ledger_quota_gpus{namespace=\"team-a\",resource=\"nvidia.com/gpu\",kind=\"idle\"} 3",
+        "gpu_ledger_quota_gpus{namespace=\"team-b\",resource=\"nvidia.com/gpu\",kind=\"hard\"} 2",
+        "gpu_ledger_queue_gpus{cluster_queue=\"cq\",flavor=\"h100\",resource=\"nvidia.com/gpu\",kind=\"nominal\"} 2",
+        "gpu_ledger_queue_gpus{cluster_queue=\"cq\",flavor=\"a100\",resource=\"nvidia.com/gpu\",kind=\"idle\"} 1",
+        "gpu_ledger_queue_pending_workloads{cluster_queue=\"cq\"} 3",
+        "gpu_ledger_queue_starved_while_lender_idle{cluster_queue=\"cq\"} 1",
+        "gpu_ledger_dra_claims_unquotaed{namespace=\"team-d\"} 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+    }
+    for absent in [
+        "namespace=\"team-b\",resource=\"nvidia.com/gpu\",kind=\"used\"",
+        "namespace=\"team-b\",resource=\"nvidia.com/gpu\",kind=\"idle\"",
+        "kind=\"admitted\"",
+    ] {
+        assert!(!text.contains(absent), "unknown {absent} exported\n{text}");
+    }
+    assert_eq!(
+        text.matches("gpu_ledger_queue_pending_workloads{").count(),
+        1,
+        "once per ClusterQueue"
     );
 }

@@ -59,6 +59,8 @@ pub struct Claims {
     pub device_classes: Vec<DeviceClassInfo>,
     /// False when `resource.k8s.io/v1` is not served (or not readable): DRA accounting is off.
     pub dra_enabled: bool,
+    /// Kueue's queues and workloads (`enabled` false when Kueue is not served).
+    pub kueue: super::kueue::KueueInputs,
 }
 
 /// A pod of a DaemonSet, reduced to where it runs.
@@ -266,7 +268,7 @@ pub struct NodeInfo {
 }
 
 /// A ResourceQuota that names a GPU resource.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct QuotaInfo {
     pub namespace: String,
     pub name: String,
@@ -274,6 +276,12 @@ pub struct QuotaInfo {
     pub gpu_hard: BTreeMap<String, u64>,
     /// True when any key names a GPU resource.
     pub names_gpu: bool,
+    /// Hard limit per DRA device-class key (`<class>.deviceclass.resource.k8s.io/devices`), in
+    /// devices; whether the class is a GPU class is the ledger's call (it knows the classes).
+    pub dra_hard: BTreeMap<String, u64>,
+    /// The apiserver's `status.used` for the keys of `gpu_hard` and `dra_hard` (a key missing
+    /// here is unknown: not written yet, or unreadable).
+    pub used: BTreeMap<String, u64>,
 }
 
 /// A Kubeflow Notebook, reduced to what reporting and culling read.

@@ -9,7 +9,9 @@ mod attribution;
 pub mod capacity;
 pub mod claims;
 mod dra;
+pub mod kueue;
 pub mod names;
+pub mod quota;
 pub mod reclaim;
 pub mod usage;
 
@@ -275,6 +277,14 @@ pub struct Ledger {
     /// For each pending GPU pod, where it would fit and what that takes ([`reclaim`]); empty
     /// when the claims show only some namespaces (no node's free capacity is known then).
     pub reclaim: Vec<reclaim::Reclaim>,
+    /// Per namespace and GPU resource a ResourceQuota names: hard, used, busy, idle ([`quota`]).
+    pub quotas: Vec<quota::QuotaRow>,
+    /// Per Kueue ClusterQueue, flavor and GPU resource ([`quota`]); empty without Kueue.
+    pub queues: Vec<quota::QueueRow>,
+    /// DRA GPU claims that no quota names ([`quota`]).
+    pub dra_claims_unquotaed: Vec<quota::UnquotaedClaim>,
+    /// Whether Kueue (`kueue.x-k8s.io/v1beta2`) is served and read.
+    pub kueue_available: bool,
 }
 
 impl Ledger {
@@ -288,6 +298,10 @@ impl Ledger {
             unclaimed_busy: Vec::new(),
             usage_available: false,
             reclaim: Vec::new(),
+            quotas: Vec::new(),
+            queues: Vec::new(),
+            dra_claims_unquotaed: Vec::new(),
+            kueue_available: false,
         }
     }
 }
@@ -303,6 +317,22 @@ impl Ledger {
         // A shard sees only its own nodes (and shard 0 every pending pod): where a pending pod
         // would fit is not known to any one shard.
         self.reclaim.clear();
+        // Quotas and queues are cluster-wide: shard 0 exports their limits and usage, no shard
+        // can prove what all their pods do (busy / idle unknown, so no queue is proven starved).
+        if shard == 0 {
+            for q in &mut self.quotas {
+                (q.busy, q.idle) = (None, None);
+            }
+            for r in &mut self.queues {
+                (r.busy, r.idle) = (None, None);
+                r.starved_while_lender_idle = false;
+                r.idle_lenders.clear();
+            }
+        } else {
+            self.quotas.clear();
+            self.queues.clear();
+            self.dra_claims_unquotaed.clear();
+        }
         self.unclaimed_busy.retain(|d| {
             let owner = d.node.as_deref().map_or(0, |n| claims::shard_of(n, total));
             owner == shard
@@ -471,16 +501,16 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         }
         ClaimsScope::Namespaces => Vec::new(),
     };
-    let reclaim = reclaim::plan(claims, &pods, now, policy.claims_scope);
     Ledger {
-        generated_at: now,
+        reclaim: reclaim::plan(claims, &pods, now, policy.claims_scope),
         pods,
         nodes,
         namespaces,
         unclaimed_busy,
         usage_available: usage.available,
-        reclaim,
+        ..Ledger::empty(now)
     }
+    .with_quotas(claims, &policy.names)
 }
 
 /// Notebook of a pod: verified through StatefulSet uid when StatefulSets are known, else by name.
@@ -662,7 +692,9 @@ fn namespace_rows(claims: &Claims, pods: &[PodRow], policy: &Policy) -> Vec<Name
             r.gpus_pending += p.gpus;
         }
     }
-    for q in &claims.quotas {
+    // Only quotas on extended GPU resources make a namespace row (`gpu_quota`); device-class
+    // keys have their own rows (`quotas`).
+    for q in claims.quotas.iter().filter(|q| !q.gpu_hard.is_empty()) {
         let r = rows
             .entry(q.namespace.as_str())
             .or_insert_with(|| empty_namespace(&q.namespace));

@@ -530,6 +530,7 @@ fn quotas_and_notebooks() {
         name: "q".into(),
         gpu_hard: [("requests.nvidia.com/gpu".to_string(), 4)].into(),
         names_gpu: true,
+        ..QuotaInfo::default()
     }];
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
     let p = pod(&l, "nb-0");

@@ -239,6 +239,7 @@ pub fn render_page(ledger: &Ledger, options: &PageOptions) -> String {
         history(&mut h);
     }
     reclaim_table(&mut h, ledger, view);
+    quotas_tables(&mut h, ledger, view);
     let _ = writeln!(
         h,
         "</main>\n<footer>gpu-ledger {} ({}){}</footer>",
@@ -563,6 +564,81 @@ fn reclaim_table(h: &mut String, ledger: &Ledger, view: &View) {
         "</tbody>\n</table>\n<p class=\"empty\" id=\"reclaim-empty\"{}>No GPU pod is pending.</p>\n</section>",
         if any { " hidden" } else { "" }
     );
+}
+
+/// "Quotas and queues": ResourceQuota rows (filtered by the namespace view), Kueue queue rows
+/// (cluster-scoped: never filtered) and DRA claims outside every quota; the page's script renders
+/// the same cells from `quotas`, `queues` and `dra_claims_unquotaed` of the embedded JSON.
+fn quotas_tables(h: &mut String, ledger: &Ledger, view: &View) {
+    h.push_str("<section>\n<h2>Quotas and queues</h2>\n<table id=\"quotas\">\n<thead><tr><th>Namespace</th><th>Resource</th><th class=\"num\">Hard</th><th class=\"num\">Used</th><th class=\"num\">Busy</th><th class=\"num\">Idle</th></tr></thead>\n<tbody>\n");
+    let mut any = false;
+    for q in ledger
+        .quotas
+        .iter()
+        .filter(|q| view.namespace().is_none_or(|v| q.namespace == v))
+    {
+        any = true;
+        cells_row(h, &super::quota_cells(q), 2..6);
+    }
+    let _ = writeln!(
+        h,
+        "</tbody>\n</table>\n<p class=\"empty\" id=\"quotas-empty\"{}>No ResourceQuota names a GPU resource.</p>",
+        if any { " hidden" } else { "" }
+    );
+    h.push_str("<table id=\"queues\">\n<thead><tr><th>ClusterQueue</th><th>Cohort</th><th>Flavor</th><th>Resource</th><th class=\"num\">Nominal</th><th class=\"num\">Borrow limit</th><th class=\"num\">Lend limit</th><th class=\"num\">Admitted</th><th class=\"num\">Busy</th><th class=\"num\">Idle</th><th class=\"num\">Pending</th><th class=\"num\">Oldest</th><th>Cohort view</th></tr></thead>\n<tbody>\n");
+    for r in &ledger.queues {
+        cells_row(h, &super::queue_cells(r), 4..12);
+    }
+    let _ = writeln!(
+        h,
+        "</tbody>\n</table>\n<p class=\"empty\" id=\"queues-empty\"{}>{}</p>",
+        if ledger.queues.is_empty() {
+            ""
+        } else {
+            " hidden"
+        },
+        if ledger.kueue_available {
+            "No Kueue ClusterQueue has a GPU quota."
+        } else {
+            "Kueue not found: no queue rows."
+        }
+    );
+    h.push_str("<table id=\"unquotaed\">\n<thead><tr><th>DRA claim outside every quota</th><th>Device classes</th></tr></thead>\n<tbody>\n");
+    let mut any = false;
+    for c in ledger
+        .dra_claims_unquotaed
+        .iter()
+        .filter(|c| view.namespace().is_none_or(|v| c.namespace == v))
+    {
+        any = true;
+        cells_row(
+            h,
+            &[
+                format!("{}/{}", c.namespace, c.claim),
+                c.device_classes.join(", "),
+            ],
+            0..0,
+        );
+    }
+    let _ = writeln!(
+        h,
+        "</tbody>\n</table>\n<p class=\"empty\" id=\"unquotaed-empty\"{}>Every DRA GPU claim is under a quota.</p>\n</section>",
+        if any { " hidden" } else { "" }
+    );
+}
+
+/// One table row of escaped cells; the cells in `numeric` are numbers (right-aligned).
+fn cells_row(h: &mut String, cells: &[String], numeric: std::ops::Range<usize>) {
+    h.push_str("<tr>");
+    for (i, c) in cells.iter().enumerate() {
+        let class = if numeric.contains(&i) {
+            " class=\"num\""
+        } else {
+            ""
+        };
+        let _ = write!(h, "<td{class}>{}</td>", escape(c));
+    }
+    h.push_str("</tr>\n");
 }
 
 #[cfg(test)]

@@ -14,6 +14,54 @@ pub use table::{render_json, render_table, render_wide};
 
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
 
+/// The cells of a quota row (`quotas` of the JSON): namespace, resource, hard, used, busy,
+/// idle; unknown is `?` (the page's script renders the same).
+pub fn quota_cells(q: &crate::ledger::quota::QuotaRow) -> [String; 6] {
+    let known = |v: Option<f64>| v.map_or_else(|| "?".into(), gpus);
+    [
+        q.namespace.clone(),
+        q.resource.clone(),
+        q.hard.to_string(),
+        q.used.map_or_else(|| "?".into(), |u| u.to_string()),
+        known(q.busy),
+        known(q.idle),
+    ]
+}
+
+/// The cells of a queue row (`queues` of the JSON): cluster queue, cohort, flavor, resource,
+/// nominal, borrowing and lending limits (`-`: none), admitted, busy, idle (`?`: unknown),
+/// pending workloads, oldest pending wait, and who it starves behind.
+pub fn queue_cells(r: &crate::ledger::quota::QueueRow) -> [String; 13] {
+    let units = |v: Option<u64>, none: &str| v.map_or_else(|| none.to_string(), |u| u.to_string());
+    let known = |v: Option<f64>| v.map_or_else(|| "?".into(), gpus);
+    [
+        r.cluster_queue.clone(),
+        r.cohort.clone().unwrap_or_else(|| "-".into()),
+        r.flavor.clone(),
+        r.resource.clone(),
+        units(r.nominal, "?"),
+        units(r.borrowing_limit, "-"),
+        units(r.lending_limit, "-"),
+        units(r.admitted, "?"),
+        known(r.busy),
+        known(r.idle),
+        r.pending_workloads.to_string(),
+        // Truncated to whole seconds, as the page's script does (`Math.trunc`).
+        r.oldest_pending_seconds
+            .map_or_else(|| "-".into(), |s| humanise_seconds(s as i64)),
+        if r.starved_while_lender_idle {
+            format!("starved: {} idle", r.idle_lenders.join(", "))
+        } else {
+            "-".into()
+        },
+    ]
+}
+
+/// Whether the ledger has anything for the "Quotas and queues" section.
+pub fn has_quotas(l: &Ledger) -> bool {
+    !l.quotas.is_empty() || !l.queues.is_empty() || !l.dra_claims_unquotaed.is_empty()
+}
+
 /// "2d3h", "3h12m", "45m", "30s" — the two most significant units.
 pub fn humanise_seconds(secs: i64) -> String {
     let secs = secs.max(0);

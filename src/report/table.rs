@@ -51,6 +51,10 @@ fn render(ledger: &Ledger, wide: bool, out: &mut impl Write) -> io::Result<()> {
         writeln!(out)?;
         reclaim_section(ledger, out)?;
     }
+    if super::has_quotas(ledger) {
+        writeln!(out)?;
+        quotas_section(ledger, out)?;
+    }
     if !ledger.usage_available {
         writeln!(out)?;
         writeln!(
@@ -205,6 +209,65 @@ fn reclaim_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
         }
     }
     t.write(out)
+}
+
+/// "Quotas and queues": ResourceQuota GPU keys and Kueue queues against the evidence, and the
+/// DRA claims no quota names.
+fn quotas_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "Quotas and queues")?;
+    if !ledger.quotas.is_empty() {
+        let mut t = Table::new(&[
+            ("NAMESPACE", Align::Left),
+            ("RESOURCE", Align::Left),
+            ("HARD", Align::Right),
+            ("USED", Align::Right),
+            ("BUSY", Align::Right),
+            ("IDLE", Align::Right),
+        ]);
+        for q in &ledger.quotas {
+            t.row(super::quota_cells(q).to_vec());
+        }
+        t.write(out)?;
+    }
+    if !ledger.queues.is_empty() {
+        let mut t = Table::new(&[
+            ("CLUSTER QUEUE", Align::Left),
+            ("COHORT", Align::Left),
+            ("FLAVOR", Align::Left),
+            ("RESOURCE", Align::Left),
+            ("NOMINAL", Align::Right),
+            ("BORROW", Align::Right),
+            ("LEND", Align::Right),
+            ("ADMITTED", Align::Right),
+            ("BUSY", Align::Right),
+            ("IDLE", Align::Right),
+            ("PENDING", Align::Right),
+            ("OLDEST", Align::Right),
+            ("COHORT VIEW", Align::Left),
+        ]);
+        for r in &ledger.queues {
+            t.row(super::queue_cells(r).to_vec());
+        }
+        t.write(out)?;
+    }
+    if !ledger.kueue_available {
+        writeln!(out, "  Kueue not found: no queue rows")?;
+    }
+    if !ledger.dra_claims_unquotaed.is_empty() {
+        // A table, not a line: names come from the API and are escaped per cell.
+        let mut t = Table::new(&[
+            ("DRA CLAIM OUTSIDE EVERY QUOTA", Align::Left),
+            ("DEVICE CLASSES", Align::Left),
+        ]);
+        for c in &ledger.dra_claims_unquotaed {
+            t.row(vec![
+                format!("{}/{}", c.namespace, c.claim),
+                c.device_classes.join(", "),
+            ]);
+        }
+        t.write(out)?;
+    }
+    Ok(())
 }
 
 fn nodes_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {

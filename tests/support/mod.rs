@@ -197,3 +197,53 @@ pub async fn assert_notice_story(
     .await;
     assert!(!has_event_line(&story, "Normal", never), "{story}");
 }
+
+/// Kueue's kinds gpu-ledger reads, as their CRD manifest files name them.
+pub const KUEUE_CRDS: [&str; 4] = [
+    "resourceflavors",
+    "clusterqueues",
+    "localqueues",
+    "workloads",
+];
+
+/// Installs Kueue's own CRD manifests of [`KUEUE_CRDS`] (from its Go module, v0.17.0: the
+/// directory `scripts/build-kueue.sh --print-crds` names) with `kubectl apply --server-side`
+/// (the Workload CRD is too large for client-side apply's annotation), and waits until they are
+/// Established. Fails loudly when the module cannot be had.
+pub fn install_kueue_crds(cp: &gpu_ledger_testkit::ControlPlane) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(root.join("scripts/build-kueue.sh"))
+        .arg("--print-crds")
+        .output()
+        .expect("run scripts/build-kueue.sh --print-crds");
+    assert!(
+        out.status.success(),
+        "scripts/build-kueue.sh --print-crds failed (the Kueue Go module is needed):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let mut apply = cp.kubectl("admin").expect("kubectl");
+    apply.args(["apply", "--server-side"]);
+    for plural in KUEUE_CRDS {
+        apply
+            .arg("-f")
+            .arg(dir.join(format!("kueue.x-k8s.io_{plural}.yaml")));
+    }
+    gpu_ledger_testkit::process::run_ok(apply, None).expect("apply Kueue's CRDs");
+    // `kubectl wait` errors out while a fresh CRD has no conditions yet: retry for a minute.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut wait = cp.kubectl("admin").expect("kubectl");
+        wait.args(["wait", "--for=condition=Established", "--timeout=10s"]);
+        for plural in KUEUE_CRDS {
+            wait.arg(format!("crd/{plural}.kueue.x-k8s.io"));
+        }
+        match gpu_ledger_testkit::process::run_ok(wait, None) {
+            Ok(_) => break,
+            Err(e) if std::time::Instant::now() > deadline => {
+                panic!("Kueue's CRDs not Established within a minute: {e:#}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}

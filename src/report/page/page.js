@@ -465,6 +465,44 @@
     document.getElementById("reclaim-empty").hidden = shown.length > 0;
   }
 
+  // "Quotas and queues": the cells of report::quota_cells / queue_cells.
+  function cellsRow(tbody, cells, numFrom, numTo) {
+    var tr = el("tr");
+    cells.forEach(function (c, i) { cell(tr, c, i >= numFrom && i < numTo ? "num" : null); });
+    tbody.appendChild(tr);
+  }
+  function known(v) { return v === null ? "?" : gpus(v); }
+  function units(v, none) { return v === null ? none : String(v); }
+  function renderQuotas() {
+    var tbody = document.getElementById("quotas").tBodies[0];
+    clear(tbody);
+    var shown = (ledger.quotas || []).filter(function (q) { return !view.namespace || q.namespace === view.namespace; });
+    shown.forEach(function (q) {
+      cellsRow(tbody, [q.namespace, q.resource, String(q.hard), units(q.used, "?"), known(q.busy), known(q.idle)], 2, 6);
+    });
+    document.getElementById("quotas-empty").hidden = shown.length > 0;
+    tbody = document.getElementById("queues").tBodies[0];
+    clear(tbody);
+    var queues = ledger.queues || [];
+    queues.forEach(function (r) {
+      cellsRow(tbody, [r.cluster_queue, r.cohort === null ? "-" : r.cohort, r.flavor, r.resource,
+        units(r.nominal, "?"), units(r.borrowing_limit, "-"), units(r.lending_limit, "-"), units(r.admitted, "?"),
+        known(r.busy), known(r.idle), String(r.pending_workloads),
+        r.oldest_pending_seconds === null ? "-" : humanise(r.oldest_pending_seconds),
+        r.starved_while_lender_idle ? "starved: " + r.idle_lenders.join(", ") + " idle" : "-"], 4, 12);
+    });
+    var empty = document.getElementById("queues-empty");
+    empty.hidden = queues.length > 0;
+    empty.textContent = ledger.kueue_available ? "No Kueue ClusterQueue has a GPU quota." : "Kueue not found: no queue rows.";
+    tbody = document.getElementById("unquotaed").tBodies[0];
+    clear(tbody);
+    var claims = (ledger.dra_claims_unquotaed || []).filter(function (c) { return !view.namespace || c.namespace === view.namespace; });
+    claims.forEach(function (c) {
+      cellsRow(tbody, [c.namespace + "/" + c.claim, c.device_classes.join(", ")], 0, 0);
+    });
+    document.getElementById("unquotaed-empty").hidden = claims.length > 0;
+  }
+
   function render() {
     renderSummary();
     renderFilters();
@@ -474,6 +512,7 @@
     renderUnclaimed();
     renderHistory();
     renderReclaim();
+    renderQuotas();
     body.setAttribute("data-rendered", "script");
   }
 

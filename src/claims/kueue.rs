@@ -1,0 +1,438 @@
+//! Kueue sources: ResourceFlavors, ClusterQueues, LocalQueues and Workloads of
+//! `kueue.x-k8s.io/v1beta2` (the version Kueue v0.17.0 stores), projected into
+//! [`crate::ledger::kueue`] from dynamic objects (live watches, lists and dump files alike).
+//!
+//! Kueue is optional, as DRA is: when the group or one of the kinds is not served, or not
+//! readable, one info line says "Kueue not found" and everything else works.
+//!
+//! Field names follow Kueue's Go types (`apis/kueue/v1beta2` of `sigs.k8s.io/kueue` v0.17.0:
+//! `clusterqueue_types.go`, `localqueue_types.go`, `resourceflavor_types.go`,
+//! `workload_types.go`). Every value is untrusted: lists are bounded, quantities that are not
+//! whole, sane units are unknown (`None`), never guessed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::discovery::ApiResource;
+use kube::{Client, ResourceExt};
+use serde::Deserialize;
+use serde_json::Value;
+use tracing::{info, warn};
+
+use super::project;
+use super::quantity::parse_units;
+use crate::k8s;
+use crate::ledger::claims::ResourceNames;
+use crate::ledger::kueue::{
+    Admission, ClusterQueueInfo, FlavorQuota, FlavorUsage, KueueInputs, LocalQueueInfo,
+    PodSetAssignment, PodSetInfo, ResourceFlavorInfo, WorkloadInfo, WorkloadOwner,
+};
+
+pub const GROUP: &str = "kueue.x-k8s.io";
+pub const VERSION: &str = "v1beta2";
+/// The kinds read, with their plural resource names and whether they are namespaced.
+pub const KINDS: [(&str, &str, bool); 4] = [
+    ("ResourceFlavor", "resourceflavors", false),
+    ("ClusterQueue", "clusterqueues", false),
+    ("LocalQueue", "localqueues", true),
+    ("Workload", "workloads", true),
+];
+
+/// Bound of discovery and of the list probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Most entries kept of any list inside one object (resource groups, flavors, resources, pod
+/// sets, owners, labels): Kueue's own CRDs cap these far lower (16 flavors, 16 resources,
+/// 8 pod sets).
+const MAX_ENTRIES: usize = 64;
+
+/// The [`ApiResource`] of a Kueue kind at [`VERSION`].
+pub fn api_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// A quantity (a string, as the API writes it, or a bare number in a hand-written dump) in
+/// whole units; `None` when absent or not a whole, non-negative count.
+fn units(v: Option<&Value>) -> Option<u64> {
+    match v? {
+        Value::String(s) => parse_units(s).ok(),
+        Value::Number(n) => n.as_u64(),
+        _ => None,
+    }
+}
+
+fn text(v: &Value, field: &str) -> Option<String> {
+    v.get(field)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+fn array<'v>(v: &'v Value, field: &str) -> impl Iterator<Item = &'v Value> {
+    v.get(field)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .take(MAX_ENTRIES)
+}
+
+/// A ResourceFlavor.
+pub fn resource_flavor(o: &DynamicObject) -> ResourceFlavorInfo {
+    let node_labels = o.data["spec"]["nodeLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .take(MAX_ENTRIES)
+        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+        .collect();
+    ResourceFlavorInfo {
+        name: o.name_any(),
+        node_labels,
+    }
+}
+
+fn flavor_usage(list: &Value) -> Vec<FlavorUsage> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .take(MAX_ENTRIES)
+        .flat_map(|f| {
+            let flavor = text(f, "name").unwrap_or_default();
+            array(f, "resources")
+                .map(|r| FlavorUsage {
+                    flavor: flavor.clone(),
+                    resource: text(r, "name").unwrap_or_default(),
+                    total: units(r.get("total")).or_else(|| r.get("total").is_none().then_some(0)),
+                    borrowed: units(r.get("borrowed")),
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A ClusterQueue: GPU and other quotas of every flavor, and its status usage.
+pub fn cluster_queue(o: &DynamicObject) -> ClusterQueueInfo {
+    let spec = &o.data["spec"];
+    let mut quotas = Vec::new();
+    for group in array(spec, "resourceGroups") {
+        for f in array(group, "flavors") {
+            let flavor = text(f, "name").unwrap_or_default();
+            for r in array(f, "resources") {
+                quotas.push(FlavorQuota {
+                    flavor: flavor.clone(),
+                    resource: text(r, "name").unwrap_or_default(),
+                    nominal: units(r.get("nominalQuota")),
+                    borrowing_limit: units(r.get("borrowingLimit")),
+                    lending_limit: units(r.get("lendingLimit")),
+                });
+            }
+        }
+    }
+    let status = &o.data["status"];
+    ClusterQueueInfo {
+        name: o.name_any(),
+        // v1beta2 `cohortName`; v1beta1 wrote `cohort` (an older dump).
+        cohort: text(spec, "cohortName").or_else(|| text(spec, "cohort")),
+        quotas,
+        usage: flavor_usage(&status["flavorsUsage"]),
+        reservation: flavor_usage(&status["flavorsReservation"]),
+        usage_reported: status.get("flavorsUsage").is_some()
+            || status.get("admittedWorkloads").is_some(),
+    }
+}
+
+/// A LocalQueue.
+pub fn local_queue(o: &DynamicObject) -> LocalQueueInfo {
+    LocalQueueInfo {
+        namespace: o.namespace().unwrap_or_default(),
+        name: o.name_any(),
+        cluster_queue: text(&o.data["spec"], "clusterQueue").unwrap_or_default(),
+    }
+}
+
+#[derive(Deserialize)]
+struct Condition {
+    #[serde(rename = "type", default)]
+    type_: String,
+    #[serde(default)]
+    status: String,
+    #[serde(rename = "lastTransitionTime", default)]
+    last_transition_time: Option<String>,
+}
+
+/// Whether condition `kind` is True, and since when (when its time parses).
+fn condition(conditions: &[Condition], kind: &str) -> (bool, Option<DateTime<Utc>>) {
+    conditions
+        .iter()
+        .find(|c| c.type_ == kind)
+        .filter(|c| c.status == "True")
+        .map_or((false, None), |c| {
+            (
+                true,
+                c.last_transition_time
+                    .as_deref()
+                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.with_timezone(&Utc)),
+            )
+        })
+}
+
+/// GPU units one pod of a pod set asks for, from its template (the pod claim rules).
+fn template_gpus(names: &ResourceNames, template: Option<&Value>) -> BTreeMap<String, u64> {
+    let Some(t) = template.and_then(|t| serde_json::from_value::<PodTemplateSpec>(t.clone()).ok())
+    else {
+        return BTreeMap::new();
+    };
+    let pod = Pod {
+        spec: t.spec,
+        ..Pod::default()
+    };
+    match project::pod(names, &pod) {
+        Ok(Some(c)) => c.resources,
+        _ => BTreeMap::new(),
+    }
+}
+
+/// A Workload: its queue, owners, pod sets, admission and conditions.
+pub fn workload(names: &ResourceNames, o: &DynamicObject) -> WorkloadInfo {
+    let spec = &o.data["spec"];
+    let status = &o.data["status"];
+    let pod_sets = array(spec, "podSets")
+        .map(|s| PodSetInfo {
+            name: text(s, "name").unwrap_or_default(),
+            count: s.get("count").and_then(Value::as_u64).unwrap_or(1),
+            gpu_per_pod: template_gpus(names, s.get("template")),
+        })
+        .collect();
+    let admission = status.get("admission").and_then(|a| {
+        Some(Admission {
+            cluster_queue: text(a, "clusterQueue")?,
+            assignments: array(a, "podSetAssignments")
+                .map(|p| PodSetAssignment {
+                    name: text(p, "name").unwrap_or_default(),
+                    flavors: p["flavors"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .take(MAX_ENTRIES)
+                        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+                        .collect(),
+                    count: p.get("count").and_then(Value::as_u64),
+                })
+                .collect(),
+        })
+    });
+    let conditions: Vec<Condition> = array(status, "conditions")
+        .filter_map(|c| serde_json::from_value(c.clone()).ok())
+        .collect();
+    let (_, quota_reserved_since) = condition(&conditions, "QuotaReserved");
+    let (admitted, admitted_since) = condition(&conditions, "Admitted");
+    let (finished, finished_since) = condition(&conditions, "Finished");
+    let owners = o
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .take(MAX_ENTRIES)
+        .map(|r| WorkloadOwner {
+            group: r
+                .api_version
+                .rsplit_once('/')
+                .map_or("", |(g, _)| g)
+                .to_string(),
+            kind: r.kind.clone(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        })
+        .collect();
+    WorkloadInfo {
+        namespace: o.namespace().unwrap_or_default(),
+        name: o.name_any(),
+        uid: o.metadata.uid.clone().unwrap_or_default(),
+        queue_name: text(spec, "queueName"),
+        created_at: o
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| k8s::to_chrono(t.0)),
+        owners,
+        pod_sets,
+        admission,
+        quota_reserved_since,
+        admitted_since,
+        finished_since,
+        admitted,
+        finished,
+    }
+}
+
+/// Objects of the four kinds, projected.
+#[derive(Debug, Default)]
+pub struct Objects<'a> {
+    pub flavors: Vec<&'a DynamicObject>,
+    pub cluster_queues: Vec<&'a DynamicObject>,
+    pub local_queues: Vec<&'a DynamicObject>,
+    pub workloads: Vec<&'a DynamicObject>,
+}
+
+/// Projects lists of the four kinds into the ledger's inputs (enabled).
+pub fn project_all(names: &ResourceNames, o: &Objects<'_>) -> KueueInputs {
+    KueueInputs {
+        enabled: true,
+        flavors: o.flavors.iter().map(|f| resource_flavor(f)).collect(),
+        cluster_queues: o.cluster_queues.iter().map(|c| cluster_queue(c)).collect(),
+        local_queues: o.local_queues.iter().map(|q| local_queue(q)).collect(),
+        workloads: o.workloads.iter().map(|w| workload(names, w)).collect(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live sources.
+
+/// Why Kueue is not read.
+fn not_found(reason: &str) {
+    info!(reason, group = GROUP, version = VERSION, "Kueue not found");
+}
+
+/// Whether `kueue.x-k8s.io/v1beta2` serves the four kinds and they are readable by us (probed
+/// in `scopes` for the namespaced ones); `false` after one info line "Kueue not found" with the
+/// reason when not: queue rows are then off.
+pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
+    let group = tokio::time::timeout(PROBE_TIMEOUT, kube::discovery::group(client, GROUP)).await;
+    let group = match group {
+        Ok(Ok(g)) => g,
+        Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
+            not_found("group not served");
+            return false;
+        }
+        Ok(Err(kube::Error::Discovery(_))) => {
+            not_found("group not served");
+            return false;
+        }
+        Ok(Err(e)) => {
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "discovering kueue.x-k8s.io failed"
+            );
+            not_found("discovery failed");
+            return false;
+        }
+        Err(_) => {
+            not_found("discovery timed out");
+            return false;
+        }
+    };
+    let served = group.versioned_resources(VERSION);
+    if KINDS
+        .iter()
+        .any(|(kind, _, _)| !served.iter().any(|(ar, _)| ar.kind == *kind))
+    {
+        not_found("v1beta2 does not serve ResourceFlavor, ClusterQueue, LocalQueue and Workload");
+        return false;
+    }
+    // A watch we may not list would restart forever and keep the service unready: probe first.
+    let lp = ListParams::default().limit(1);
+    for (kind, plural, namespaced) in KINDS {
+        let ar = api_resource(kind, plural);
+        let apis: Vec<Api<DynamicObject>> = if namespaced {
+            scopes
+                .iter()
+                .map(|ns| k8s::scoped_dynamic(client, ns.as_deref(), &ar))
+                .collect()
+        } else {
+            vec![Api::all_with(client.clone(), &ar)]
+        };
+        for api in apis {
+            let probe = tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&lp)).await;
+            match probe {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    warn!(
+                        resource = plural,
+                        error = &e as &dyn std::error::Error,
+                        "cannot list a Kueue resource (RBAC?)"
+                    );
+                    not_found("a resource is not readable");
+                    return false;
+                }
+                Err(_) => {
+                    not_found("listing timed out");
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// One-shot lists of the four kinds (cluster-scoped ones everywhere, namespaced ones in
+/// `scopes`), as raw objects by plural name; `None` when Kueue is not available.
+pub async fn list_objects(
+    client: &Client,
+    scopes: &[Option<String>],
+) -> Result<Option<BTreeMap<&'static str, Vec<DynamicObject>>>, (&'static str, kube::Error)> {
+    if !available(client, scopes).await {
+        return Ok(None);
+    }
+    let lp = ListParams::default();
+    let mut out = BTreeMap::new();
+    for (kind, plural, namespaced) in KINDS {
+        let ar = api_resource(kind, plural);
+        let mut items = Vec::new();
+        let apis: Vec<Api<DynamicObject>> = if namespaced {
+            scopes
+                .iter()
+                .map(|ns| k8s::scoped_dynamic(client, ns.as_deref(), &ar))
+                .collect()
+        } else {
+            vec![Api::all_with(client.clone(), &ar)]
+        };
+        for api in apis {
+            let list = api.list(&lp).await.map_err(|e| (plural, e))?;
+            items.extend(list.items);
+        }
+        out.insert(plural, items);
+    }
+    Ok(Some(out))
+}
+
+/// One-shot lists into `claims.kueue` (`report` against a live cluster).
+pub async fn list_into(
+    client: &Client,
+    names: &ResourceNames,
+    namespaces: &[String],
+    claims: &mut crate::ledger::claims::Claims,
+) -> Result<(), kube::Error> {
+    let scopes = k8s::scopes(namespaces);
+    let Some(lists) = list_objects(client, &scopes).await.map_err(|(_, e)| e)? else {
+        return Ok(());
+    };
+    let pick = |plural: &str| {
+        lists
+            .get(plural)
+            .map(|v| v.iter().collect())
+            .unwrap_or_default()
+    };
+    claims.kueue = project_all(
+        names,
+        &Objects {
+            flavors: pick("resourceflavors"),
+            cluster_queues: pick("clusterqueues"),
+            local_queues: pick("localqueues"),
+            workloads: pick("workloads"),
+        },
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

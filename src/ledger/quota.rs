@@ -1,0 +1,516 @@
+//! Quota held versus used (DESIGN.md, "Quota held versus used"): ResourceQuota GPU keys and
+//! Kueue ClusterQueues, each joined with the ledger's evidence — how much of a promised quota
+//! is held by pods proven busy, how much by pods proven idle.
+//!
+//! Rules (docs/report-json.md, "quotas", "queues", "dra_claims_unquotaed"):
+//! - One quota row per namespace and GPU resource a ResourceQuota names (`requests.<name>`,
+//!   `limits.<name>` or the bare name, and DRA's `<class>.deviceclass.resource.k8s.io/devices`
+//!   for a class of a counted driver): the tightest hard limit, the apiserver's `status.used`
+//!   of that key, and the GPU equivalents of the namespace's holding pods on that resource
+//!   proven busy / proven idle (`null` when no utilisation source works).
+//! - One queue row per ClusterQueue, flavor and GPU resource of its `resourceGroups`: nominal
+//!   quota, borrowing and lending limits, admitted usage from its status, and busy / idle GPU
+//!   equivalents of the pods of its admitted, unfinished workloads. A pod belongs to a Workload
+//!   when its controller (or the pod itself) is one of the Workload's owners, in its namespace.
+//! - A queue is "starved while a lender is idle" when it has pending GPU workloads while another
+//!   ClusterQueue of its cohort holds admitted GPUs of the same resource proven idle.
+//! - A DRA claim asking for or holding a GPU is unquotaed when its namespace has no device-class
+//!   quota key for one of its GPU classes and no pod using it belongs to a Kueue workload.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use foldhash::{HashMap, HashMapExt};
+use serde::Serialize;
+
+use super::claims::{Claims, DRA_RESOURCE_PREFIX, PodClaim, ResourceClaimInfo, ResourceNames};
+use super::kueue::WorkloadInfo;
+use super::{Ledger, PodRow};
+
+/// Suffix of a ResourceQuota key that limits the devices of one DRA DeviceClass
+/// (`<class>.deviceclass.resource.k8s.io/devices`, Kubernetes "Resource Quotas", DRA).
+pub const DEVICE_CLASS_QUOTA_SUFFIX: &str = ".deviceclass.resource.k8s.io/devices";
+
+/// The DeviceClass a ResourceQuota key limits, with or without a `requests.` prefix.
+pub fn device_class_of_quota_key(key: &str) -> Option<&str> {
+    let k = key.strip_prefix("requests.").unwrap_or(key);
+    k.strip_suffix(DEVICE_CLASS_QUOTA_SUFFIX)
+        .filter(|class| !class.is_empty())
+}
+
+/// One namespace's quota on one GPU resource, against its evidence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuotaRow {
+    pub namespace: String,
+    /// The resource the quota key names: `nvidia.com/gpu`, a MIG or shared name, or
+    /// `<class>.deviceclass.resource.k8s.io/devices`.
+    pub resource: String,
+    /// Tightest hard limit over the quotas naming it, in the resource's units.
+    pub hard: u64,
+    /// The apiserver's `status.used` for the key of that limit; `None` until the quota
+    /// controller has written it (or when unreadable).
+    pub used: Option<u64>,
+    /// GPU equivalents held on the resource by pods proven busy; `None` without utilisation.
+    pub busy: Option<f64>,
+    /// GPU equivalents held on the resource by pods proven idle; `None` without utilisation.
+    pub idle: Option<f64>,
+}
+
+/// One ClusterQueue's quota of one flavor and GPU resource, against its evidence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueRow {
+    pub cluster_queue: String,
+    pub cohort: Option<String>,
+    pub flavor: String,
+    pub resource: String,
+    /// `nominalQuota`, units.
+    pub nominal: Option<u64>,
+    /// `borrowingLimit`; `None` = absent (no limit) or unreadable.
+    pub borrowing_limit: Option<u64>,
+    /// `lendingLimit`; `None` = absent (no limit) or unreadable.
+    pub lending_limit: Option<u64>,
+    /// Kueue's `status.flavorsUsage` total for the flavor and resource, units; `None` when the
+    /// status says nothing yet.
+    pub admitted: Option<u64>,
+    /// GPU equivalents held by the admitted workloads' pods proven busy.
+    pub busy: Option<f64>,
+    /// GPU equivalents held by the admitted workloads' pods proven idle ("idle quota").
+    pub idle: Option<f64>,
+    /// Workloads of the ClusterQueue (through its LocalQueues) asking for a GPU, neither
+    /// admitted nor finished (the same on every row of the queue).
+    pub pending_workloads: u64,
+    /// Age of the oldest of them, seconds since its creation; `None` without one.
+    pub oldest_pending_seconds: Option<f64>,
+    /// Pending GPU workloads here while another ClusterQueue of the cohort holds admitted GPUs
+    /// of this resource proven idle.
+    pub starved_while_lender_idle: bool,
+    /// Those ClusterQueues, sorted.
+    pub idle_lenders: Vec<String>,
+}
+
+/// A DRA claim for a GPU that no quota names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UnquotaedClaim {
+    pub namespace: String,
+    pub claim: String,
+    /// The GPU DeviceClasses its requests name (sorted); empty when only its allocation shows
+    /// a GPU (a request that names a driver directly).
+    pub device_classes: Vec<String>,
+}
+
+/// What the quota rows are built from.
+pub(super) struct Inputs<'a> {
+    pub claims: &'a Claims,
+    pub pods: &'a [PodRow],
+    pub names: &'a ResourceNames,
+    pub usage_available: bool,
+    pub now: DateTime<Utc>,
+}
+
+impl Ledger {
+    /// The ledger with its quota rows, queue rows, unquotaed DRA claims and `kueue_available`
+    /// set, from its pod rows.
+    pub(super) fn with_quotas(mut self, claims: &Claims, names: &ResourceNames) -> Self {
+        let i = Inputs {
+            claims,
+            pods: &self.pods,
+            names,
+            usage_available: self.usage_available,
+            now: self.generated_at,
+        };
+        let (quotas, queues, unquotaed) = (quota_rows(&i), queue_rows(&i), unquotaed_claims(&i));
+        self.quotas = quotas;
+        self.queues = queues;
+        self.dra_claims_unquotaed = unquotaed;
+        self.kueue_available = claims.kueue.enabled;
+        self
+    }
+}
+
+/// Busy and idle GPU equivalents.
+#[derive(Debug, Clone, Copy, Default)]
+struct Evidence {
+    busy: f64,
+    idle: f64,
+}
+
+impl Evidence {
+    fn add(&mut self, row: &PodRow, gpus: f64) {
+        match row.idle {
+            Some(true) => self.idle += gpus,
+            Some(false) => self.busy += gpus,
+            None => {}
+        }
+    }
+}
+
+/// The GPU DeviceClasses of a claim's requests (a class of a counted driver, or a request whose
+/// own selectors name one).
+fn gpu_classes<'c>(
+    rc: &'c ResourceClaimInfo,
+    claims: &Claims,
+    names: &ResourceNames,
+) -> BTreeSet<&'c str> {
+    rc.requests
+        .iter()
+        .filter(|r| {
+            r.drivers.iter().any(|d| names.is_gpu_driver(d))
+                || claims
+                    .device_classes
+                    .iter()
+                    .find(|c| c.name == r.device_class)
+                    .is_some_and(|c| c.drivers.iter().any(|d| names.is_gpu_driver(d)))
+        })
+        .map(|r| r.device_class.as_str())
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// Whether a claim asks for or holds a GPU of a counted driver.
+fn is_gpu_claim(rc: &ResourceClaimInfo, claims: &Claims, names: &ResourceNames) -> bool {
+    rc.allocated.as_ref().is_some_and(|a| !a.is_empty())
+        || !gpu_classes(rc, claims, names).is_empty()
+}
+
+/// Per namespace and GPU resource of a ResourceQuota.
+pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
+    // (namespace, resource) → (hard, used of the key with that hard).
+    let mut limits: BTreeMap<(&str, String), (u64, Option<u64>)> = BTreeMap::new();
+    for q in &i.claims.quotas {
+        let keys = q.gpu_hard.iter().filter_map(|(key, hard)| {
+            i.names
+                .quota_key_resource(key)
+                .map(|r| (key, r.to_string(), *hard))
+        });
+        let dra = q.dra_hard.iter().filter_map(|(key, hard)| {
+            let class = device_class_of_quota_key(key)?;
+            let gpu = i
+                .claims
+                .device_classes
+                .iter()
+                .find(|c| c.name == class)
+                .is_some_and(|c| c.drivers.iter().any(|d| i.names.is_gpu_driver(d)));
+            gpu.then(|| (key, format!("{class}{DEVICE_CLASS_QUOTA_SUFFIX}"), *hard))
+        });
+        for (key, resource, hard) in keys.chain(dra) {
+            let used = q.used.get(key).copied();
+            limits
+                .entry((q.namespace.as_str(), resource))
+                .and_modify(|e| {
+                    if hard < e.0 {
+                        *e = (hard, used);
+                    }
+                })
+                .or_insert((hard, used));
+        }
+    }
+    if limits.is_empty() {
+        return Vec::new();
+    }
+    let claims_by_name: HashMap<(&str, &str), &ResourceClaimInfo> = i
+        .claims
+        .resource_claims
+        .iter()
+        .map(|rc| ((rc.namespace.as_str(), rc.name.as_str()), rc))
+        .collect();
+    let pod_claims: HashMap<(&str, &str), &PodClaim> = i
+        .claims
+        .pods
+        .iter()
+        .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
+        .collect();
+    let mut evidence: HashMap<(&str, String), Evidence> = HashMap::new();
+    for row in i.pods.iter().filter(|p| p.state.holds()) {
+        let mut dra_gpus = 0.0;
+        for (resource, gpus) in &row.gpus_by_resource {
+            if resource.starts_with(DRA_RESOURCE_PREFIX) {
+                dra_gpus += gpus;
+            } else {
+                evidence
+                    .entry((row.namespace.as_str(), resource.clone()))
+                    .or_default()
+                    .add(row, *gpus);
+            }
+        }
+        if dra_gpus <= 0.0 {
+            continue;
+        }
+        // The pod's DRA GPUs, shared among the GPU classes its claims request by device count.
+        let Some(p) = pod_claims.get(&(row.namespace.as_str(), row.pod.as_str())) else {
+            continue;
+        };
+        let mut weights: BTreeMap<&str, u64> = BTreeMap::new();
+        for name in &p.resource_claims {
+            let Some(rc) = claims_by_name.get(&(p.namespace.as_str(), name.as_str())) else {
+                continue;
+            };
+            let classes = gpu_classes(rc, i.claims, i.names);
+            for r in rc
+                .requests
+                .iter()
+                .filter(|r| classes.contains(r.device_class.as_str()))
+            {
+                let w = weights.entry(r.device_class.as_str()).or_insert(0);
+                *w = w.saturating_add(r.count.max(1));
+            }
+        }
+        let total: u64 = weights.values().fold(0u64, |a, w| a.saturating_add(*w));
+        for (class, w) in weights {
+            let share = dra_gpus * w as f64 / total.max(1) as f64;
+            evidence
+                .entry((
+                    row.namespace.as_str(),
+                    format!("{class}{DEVICE_CLASS_QUOTA_SUFFIX}"),
+                ))
+                .or_default()
+                .add(row, share);
+        }
+    }
+    limits
+        .into_iter()
+        .map(|((ns, resource), (hard, used))| {
+            let e = evidence
+                .get(&(ns, resource.clone()))
+                .copied()
+                .unwrap_or_default();
+            QuotaRow {
+                namespace: ns.to_string(),
+                resource,
+                hard,
+                used,
+                busy: i.usage_available.then_some(e.busy),
+                idle: i.usage_available.then_some(e.idle),
+            }
+        })
+        .collect()
+}
+
+/// The Workloads each GPU pod belongs to: its controller's uid (or its own) among a Workload's
+/// owners, in the same namespace.
+fn workload_of<'w>(
+    owners: &HashMap<(&str, &str), &'w WorkloadInfo>,
+    p: &PodClaim,
+) -> Option<&'w WorkloadInfo> {
+    p.controller
+        .as_ref()
+        .and_then(|c| owners.get(&(p.namespace.as_str(), c.uid.as_str())))
+        .or_else(|| owners.get(&(p.namespace.as_str(), p.uid.as_str())))
+        .copied()
+}
+
+/// Owner uid → Workload, for the pod join. A uid owned by two Workloads is dropped (ambiguous).
+fn owner_index(workloads: &[WorkloadInfo]) -> HashMap<(&str, &str), &WorkloadInfo> {
+    let mut out: HashMap<(&str, &str), &WorkloadInfo> = HashMap::new();
+    let mut twice: Vec<(&str, &str)> = Vec::new();
+    for w in workloads {
+        for o in w.owners.iter().filter(|o| !o.uid.is_empty()) {
+            let key = (w.namespace.as_str(), o.uid.as_str());
+            if out.insert(key, w).is_some() {
+                twice.push(key);
+            }
+        }
+    }
+    for k in twice {
+        out.remove(&k);
+    }
+    out
+}
+
+/// Per ClusterQueue, flavor and GPU resource.
+pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
+    let k = &i.claims.kueue;
+    if !k.enabled || k.cluster_queues.is_empty() {
+        return Vec::new();
+    }
+    let owners = owner_index(&k.workloads);
+    let pod_claims: HashMap<(&str, &str), &PodClaim> = i
+        .claims
+        .pods
+        .iter()
+        .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
+        .collect();
+    // (cluster queue, flavor, resource) → evidence of admitted workloads' pods.
+    let mut evidence: HashMap<(&str, &str, &str), Evidence> = HashMap::new();
+    for row in i.pods.iter().filter(|p| p.state.holds()) {
+        let Some(p) = pod_claims.get(&(row.namespace.as_str(), row.pod.as_str())) else {
+            continue;
+        };
+        let Some(w) = workload_of(&owners, p).filter(|w| w.holds_quota()) else {
+            continue;
+        };
+        let Some(adm) = &w.admission else { continue };
+        for (resource, gpus) in &row.gpus_by_resource {
+            // The flavor Kueue assigned for the resource (the first pod set naming it: pods are
+            // not told apart by pod set).
+            let Some(flavor) = adm
+                .assignments
+                .iter()
+                .find_map(|a| a.flavors.get(resource.as_str()))
+            else {
+                continue;
+            };
+            evidence
+                .entry((
+                    adm.cluster_queue.as_str(),
+                    flavor.as_str(),
+                    resource.as_str(),
+                ))
+                .or_default()
+                .add(row, *gpus);
+        }
+    }
+    // Pending GPU workloads per ClusterQueue (through the LocalQueue of their namespace).
+    let local: HashMap<(&str, &str), &str> = k
+        .local_queues
+        .iter()
+        .map(|q| {
+            (
+                (q.namespace.as_str(), q.name.as_str()),
+                q.cluster_queue.as_str(),
+            )
+        })
+        .collect();
+    let mut pending: HashMap<&str, (u64, Option<f64>)> = HashMap::new();
+    for w in k.workloads.iter().filter(|w| w.pending() && w.needs_gpus()) {
+        let Some(cq) = w
+            .queue_name
+            .as_deref()
+            .and_then(|q| local.get(&(w.namespace.as_str(), q)))
+        else {
+            continue;
+        };
+        let age = w
+            .created_at
+            .map(|c| (i.now - c).num_milliseconds().max(0) as f64 / 1000.0);
+        let e = pending.entry(cq).or_insert((0, None));
+        e.0 = e.0.saturating_add(1);
+        if let Some(age) = age {
+            e.1 = Some(e.1.map_or(age, |a: f64| a.max(age)));
+        }
+    }
+    let mut rows = Vec::new();
+    for cq in &k.cluster_queues {
+        let (pending_workloads, oldest) =
+            pending.get(cq.name.as_str()).copied().unwrap_or((0, None));
+        for q in cq
+            .quotas
+            .iter()
+            .filter(|q| i.names.classify(&q.resource).is_some())
+        {
+            let e = evidence
+                .get(&(cq.name.as_str(), q.flavor.as_str(), q.resource.as_str()))
+                .copied()
+                .unwrap_or_default();
+            let admitted = cq
+                .usage
+                .iter()
+                .find(|u| u.flavor == q.flavor && u.resource == q.resource)
+                .map_or(cq.usage_reported.then_some(0), |u| u.total);
+            rows.push(QueueRow {
+                cluster_queue: cq.name.clone(),
+                cohort: cq.cohort.clone(),
+                flavor: q.flavor.clone(),
+                resource: q.resource.clone(),
+                nominal: q.nominal,
+                borrowing_limit: q.borrowing_limit,
+                lending_limit: q.lending_limit,
+                admitted,
+                busy: i.usage_available.then_some(e.busy),
+                idle: i.usage_available.then_some(e.idle),
+                pending_workloads,
+                oldest_pending_seconds: oldest,
+                starved_while_lender_idle: false,
+                idle_lenders: Vec::new(),
+            });
+        }
+    }
+    // Cohort view: the ClusterQueues of a cohort holding idle admitted GPUs per resource.
+    let mut idle_by: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+    for r in &rows {
+        if let (Some(cohort), Some(idle)) = (&r.cohort, r.idle)
+            && idle > 0.0
+        {
+            idle_by
+                .entry((cohort.as_str(), r.resource.as_str()))
+                .or_default()
+                .insert(r.cluster_queue.as_str());
+        }
+    }
+    let lenders: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            if r.pending_workloads == 0 {
+                return Vec::new();
+            }
+            r.cohort
+                .as_deref()
+                .and_then(|c| idle_by.get(&(c, r.resource.as_str())))
+                .map(|set| {
+                    set.iter()
+                        .filter(|q| **q != r.cluster_queue)
+                        .map(|q| (*q).to_string())
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    for (r, l) in rows.iter_mut().zip(lenders) {
+        r.starved_while_lender_idle = !l.is_empty();
+        r.idle_lenders = l;
+    }
+    rows.sort_by(|a, b| {
+        (&a.cluster_queue, &a.flavor, &a.resource).cmp(&(&b.cluster_queue, &b.flavor, &b.resource))
+    });
+    rows
+}
+
+/// DRA GPU claims outside every quota.
+pub(super) fn unquotaed_claims(i: &Inputs<'_>) -> Vec<UnquotaedClaim> {
+    let c = i.claims;
+    if !c.dra_enabled || c.resource_claims.is_empty() {
+        return Vec::new();
+    }
+    let mut quota_classes: BTreeSet<(&str, &str)> = BTreeSet::new();
+    for q in &c.quotas {
+        for key in q.dra_hard.keys() {
+            if let Some(class) = device_class_of_quota_key(key) {
+                quota_classes.insert((q.namespace.as_str(), class));
+            }
+        }
+    }
+    let owners = owner_index(&c.kueue.workloads);
+    // Claims used by a pod of a Kueue workload.
+    let mut queued: BTreeSet<(&str, &str)> = BTreeSet::new();
+    if c.kueue.enabled {
+        for p in &c.pods {
+            if workload_of(&owners, p).is_some() {
+                for name in &p.resource_claims {
+                    queued.insert((p.namespace.as_str(), name.as_str()));
+                }
+            }
+        }
+    }
+    let mut out: Vec<UnquotaedClaim> = c
+        .resource_claims
+        .iter()
+        .filter(|rc| is_gpu_claim(rc, c, i.names))
+        .filter(|rc| !queued.contains(&(rc.namespace.as_str(), rc.name.as_str())))
+        .filter_map(|rc| {
+            let classes = gpu_classes(rc, c, i.names);
+            let covered = !classes.is_empty()
+                && classes
+                    .iter()
+                    .all(|class| quota_classes.contains(&(rc.namespace.as_str(), *class)));
+            (!covered).then(|| UnquotaedClaim {
+                namespace: rc.namespace.clone(),
+                claim: rc.name.clone(),
+                device_classes: classes.iter().map(|s| (*s).to_string()).collect(),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.namespace, &a.claim).cmp(&(&b.namespace, &b.claim)));
+    out
+}
+
+#[cfg(test)]
+mod tests;

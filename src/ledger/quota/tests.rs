@@ -1,0 +1,536 @@
+//! Quota rows: ResourceQuota keys, Kueue queues, unquotaed DRA claims (pure; see `ledger::quota`).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::*;
+use crate::ledger::claims::{
+    DeviceClassInfo, DraAllocation, DraRequest, OwnerRef, Placement, PodPhase, QuotaInfo,
+};
+use crate::ledger::kueue::{
+    Admission, ClusterQueueInfo, FlavorQuota, FlavorUsage, KueueInputs, LocalQueueInfo,
+    PodSetAssignment, PodSetInfo, WorkloadOwner,
+};
+use crate::ledger::{PodRow, PodState};
+
+fn now() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-03-01T12:00:00Z")
+        .map(|d| d.with_timezone(&Utc))
+        .expect("valid time")
+}
+
+/// A pod bound to `n1`, controlled by a Job with uid `job_uid` (empty: no controller).
+fn pod_claim(ns: &str, name: &str, job_uid: &str) -> PodClaim {
+    PodClaim {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        node: Some("n1".into()),
+        phase: PodPhase::Running,
+        created_at: None,
+        started_at: None,
+        ready_since: None,
+        deletion: None,
+        resources: BTreeMap::new(),
+        controller: (!job_uid.is_empty()).then(|| OwnerRef {
+            group: "batch".into(),
+            kind: "Job".into(),
+            name: format!("job-{job_uid}"),
+            uid: job_uid.into(),
+        }),
+        unschedulable_message: None,
+        labels: BTreeMap::new(),
+        resource_claims: Vec::new(),
+        placement: Placement::default(),
+    }
+}
+
+/// A running pod row holding `gpus` of `resource`, proven idle or busy (`None`: unknown).
+fn row(ns: &str, name: &str, resource: &str, gpus: f64, idle: Option<bool>) -> PodRow {
+    PodRow {
+        node: Some("n1".into()),
+        state: PodState::Running,
+        gpus,
+        gpus_by_resource: vec![(resource.to_string(), gpus)],
+        idle,
+        ..PodRow::new(ns, name)
+    }
+}
+
+fn quota(ns: &str, name: &str, hard: &[(&str, u64)], used: &[(&str, u64)]) -> QuotaInfo {
+    let map = |kv: &[(&str, u64)]| {
+        kv.iter()
+            .map(|(k, v)| ((*k).to_string(), *v))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let all = map(hard);
+    QuotaInfo {
+        namespace: ns.into(),
+        name: name.into(),
+        gpu_hard: all
+            .iter()
+            .filter(|(k, _)| device_class_of_quota_key(k).is_none())
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
+        dra_hard: all
+            .iter()
+            .filter(|(k, _)| device_class_of_quota_key(k).is_some())
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
+        names_gpu: true,
+        used: map(used),
+    }
+}
+
+fn inputs<'a>(claims: &'a Claims, pods: &'a [PodRow], names: &'a ResourceNames) -> Inputs<'a> {
+    Inputs {
+        claims,
+        pods,
+        names,
+        usage_available: true,
+        now: now(),
+    }
+}
+
+#[test]
+fn device_class_keys_name_their_class() {
+    assert_eq!(
+        device_class_of_quota_key("gpu.nvidia.com.deviceclass.resource.k8s.io/devices"),
+        Some("gpu.nvidia.com")
+    );
+    assert_eq!(
+        device_class_of_quota_key("requests.gpu.nvidia.com.deviceclass.resource.k8s.io/devices"),
+        Some("gpu.nvidia.com")
+    );
+    assert_eq!(
+        device_class_of_quota_key(".deviceclass.resource.k8s.io/devices"),
+        None
+    );
+    assert_eq!(device_class_of_quota_key("requests.nvidia.com/gpu"), None);
+}
+
+#[test]
+fn quota_rows_take_the_tightest_limit_its_used_and_the_evidence() {
+    let names = ResourceNames::default();
+    let claims = Claims {
+        quotas: vec![
+            quota(
+                "team-a",
+                "wide",
+                &[("requests.nvidia.com/gpu", 8)],
+                &[("requests.nvidia.com/gpu", 3)],
+            ),
+            quota(
+                "team-a",
+                "tight",
+                &[("requests.nvidia.com/gpu", 4)],
+                &[("requests.nvidia.com/gpu", 4)],
+            ),
+        ],
+        ..Claims::default()
+    };
+    let pods = vec![
+        row("team-a", "idle-0", "nvidia.com/gpu", 2.0, Some(true)),
+        row("team-a", "busy-0", "nvidia.com/gpu", 1.0, Some(false)),
+        row("team-a", "unknown-0", "nvidia.com/gpu", 1.0, None),
+        // Another namespace's idle pod is not team-a's.
+        row("team-b", "idle-1", "nvidia.com/gpu", 1.0, Some(true)),
+        // A pending pod holds nothing.
+        PodRow {
+            state: PodState::Pending,
+            node: None,
+            ..row("team-a", "wait-0", "nvidia.com/gpu", 1.0, None)
+        },
+    ];
+    let rows = quota_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(
+        rows,
+        vec![QuotaRow {
+            namespace: "team-a".into(),
+            resource: "nvidia.com/gpu".into(),
+            hard: 4,
+            used: Some(4),
+            busy: Some(1.0),
+            idle: Some(2.0),
+        }]
+    );
+    // Without a utilisation source nothing is proven: unknown, not zero.
+    let blind = Inputs {
+        usage_available: false,
+        ..inputs(&claims, &pods, &names)
+    };
+    let rows = quota_rows(&blind);
+    assert_eq!((rows[0].busy, rows[0].idle), (None, None));
+    // Before the quota controller writes status.used it is unknown.
+    let fresh = Claims {
+        quotas: vec![quota("team-a", "q", &[("requests.nvidia.com/gpu", 2)], &[])],
+        ..Claims::default()
+    };
+    assert_eq!(quota_rows(&inputs(&fresh, &[], &names))[0].used, None);
+}
+
+fn gpu_class(name: &str) -> DeviceClassInfo {
+    DeviceClassInfo {
+        name: name.into(),
+        drivers: vec!["gpu.nvidia.com".into()],
+        mig: false,
+    }
+}
+
+fn dra_claim(ns: &str, name: &str, class: &str, allocated: bool) -> ResourceClaimInfo {
+    ResourceClaimInfo {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: format!("claim-{name}"),
+        requests: vec![DraRequest {
+            name: "gpu".into(),
+            device_class: class.into(),
+            count: 1,
+            drivers: vec![],
+            profile: None,
+            mig: false,
+        }],
+        allocated: allocated.then(|| {
+            vec![DraAllocation {
+                request: "gpu".into(),
+                driver: "gpu.nvidia.com".into(),
+                pool: "n1".into(),
+                device: "gpu-0".into(),
+            }]
+        }),
+        reserved_for: vec![],
+        device_status: vec![],
+    }
+}
+
+#[test]
+fn device_class_quota_rows_count_the_pods_of_that_class() {
+    let names = ResourceNames::default();
+    let key = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices";
+    let mut holder = pod_claim("team-d", "dra-0", "");
+    holder.resource_claims = vec!["c0".into()];
+    let claims = Claims {
+        pods: vec![holder],
+        quotas: vec![quota(
+            "team-d",
+            "dra",
+            &[
+                (key, 2),
+                // A class that is no GPU class (another driver): no row.
+                ("nic.example.com.deviceclass.resource.k8s.io/devices", 4),
+            ],
+            &[(key, 1)],
+        )],
+        resource_claims: vec![dra_claim("team-d", "c0", "gpu.nvidia.com", true)],
+        device_classes: vec![
+            gpu_class("gpu.nvidia.com"),
+            DeviceClassInfo {
+                name: "nic.example.com".into(),
+                drivers: vec!["nic.example.com".into()],
+                mig: false,
+            },
+        ],
+        dra_enabled: true,
+        ..Claims::default()
+    };
+    let pods = vec![row(
+        "team-d",
+        "dra-0",
+        "dra:gpu.nvidia.com",
+        1.0,
+        Some(true),
+    )];
+    let rows = quota_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(
+        rows,
+        vec![QuotaRow {
+            namespace: "team-d".into(),
+            resource: key.into(),
+            hard: 2,
+            used: Some(1),
+            busy: Some(0.0),
+            idle: Some(1.0),
+        }]
+    );
+}
+
+#[test]
+fn dra_claims_outside_every_quota_are_flagged() {
+    let names = ResourceNames::default();
+    let key = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices";
+    let mut queued = pod_claim("team-q", "job-0", "job-uid");
+    queued.resource_claims = vec!["cq".into()];
+    let claims = Claims {
+        pods: vec![queued],
+        quotas: vec![
+            quota("team-a", "dra", &[(key, 2)], &[]),
+            // A quota on extended GPUs does not cap DRA GPUs.
+            quota("team-b", "gpu", &[("requests.nvidia.com/gpu", 2)], &[]),
+        ],
+        resource_claims: vec![
+            dra_claim("team-a", "covered", "gpu.nvidia.com", true),
+            dra_claim("team-b", "open", "gpu.nvidia.com", false),
+            dra_claim("team-q", "cq", "gpu.nvidia.com", true),
+            // Not a GPU class, not allocated: not a GPU claim.
+            dra_claim("team-b", "nic", "nic.example.com", false),
+        ],
+        device_classes: vec![gpu_class("gpu.nvidia.com")],
+        dra_enabled: true,
+        kueue: KueueInputs {
+            enabled: true,
+            workloads: vec![WorkloadInfo {
+                namespace: "team-q".into(),
+                name: "job-job-0".into(),
+                owners: vec![WorkloadOwner {
+                    group: "batch".into(),
+                    kind: "Job".into(),
+                    name: "job-0".into(),
+                    uid: "job-uid".into(),
+                }],
+                ..WorkloadInfo::default()
+            }],
+            ..KueueInputs::default()
+        },
+        ..Claims::default()
+    };
+    let out = unquotaed_claims(&inputs(&claims, &[], &names));
+    assert_eq!(
+        out,
+        vec![UnquotaedClaim {
+            namespace: "team-b".into(),
+            claim: "open".into(),
+            device_classes: vec!["gpu.nvidia.com".into()],
+        }]
+    );
+}
+
+fn gpu_quota(flavor: &str, nominal: u64, lending: Option<u64>) -> FlavorQuota {
+    FlavorQuota {
+        flavor: flavor.into(),
+        resource: "nvidia.com/gpu".into(),
+        nominal: Some(nominal),
+        borrowing_limit: None,
+        lending_limit: lending,
+    }
+}
+
+fn cq(name: &str, cohort: &str, admitted: Option<u64>) -> ClusterQueueInfo {
+    ClusterQueueInfo {
+        name: name.into(),
+        cohort: Some(cohort.into()),
+        quotas: vec![
+            gpu_quota("a100", 2, Some(2)),
+            // Not a GPU resource: no row.
+            FlavorQuota {
+                flavor: "a100".into(),
+                resource: "cpu".into(),
+                nominal: Some(64),
+                ..FlavorQuota::default()
+            },
+        ],
+        usage: admitted
+            .map(|a| {
+                vec![FlavorUsage {
+                    flavor: "a100".into(),
+                    resource: "nvidia.com/gpu".into(),
+                    total: Some(a),
+                    borrowed: None,
+                }]
+            })
+            .unwrap_or_default(),
+        reservation: vec![],
+        usage_reported: admitted.is_some(),
+    }
+}
+
+/// A workload of a Job (uid `job`) in `ns` through LocalQueue `lq`, asking for one GPU.
+fn workload(ns: &str, job: &str, lq: &str) -> WorkloadInfo {
+    WorkloadInfo {
+        namespace: ns.into(),
+        name: format!("job-{job}"),
+        uid: format!("wl-{job}"),
+        queue_name: Some(lq.into()),
+        created_at: Some(now() - Duration::minutes(10)),
+        owners: vec![WorkloadOwner {
+            group: "batch".into(),
+            kind: "Job".into(),
+            name: job.into(),
+            uid: job.into(),
+        }],
+        pod_sets: vec![PodSetInfo {
+            name: "main".into(),
+            count: 1,
+            gpu_per_pod: [("nvidia.com/gpu".to_string(), 1)].into(),
+        }],
+        ..WorkloadInfo::default()
+    }
+}
+
+fn admitted(mut w: WorkloadInfo, cq: &str) -> WorkloadInfo {
+    w.admission = Some(Admission {
+        cluster_queue: cq.into(),
+        assignments: vec![PodSetAssignment {
+            name: "main".into(),
+            flavors: [("nvidia.com/gpu".to_string(), "a100".to_string())].into(),
+            count: Some(1),
+        }],
+    });
+    w.admitted = true;
+    w.admitted_since = Some(now() - Duration::minutes(30));
+    w.quota_reserved_since = w.admitted_since;
+    w
+}
+
+fn lq(ns: &str, name: &str, cq: &str) -> LocalQueueInfo {
+    LocalQueueInfo {
+        namespace: ns.into(),
+        name: name.into(),
+        cluster_queue: cq.into(),
+    }
+}
+
+/// Two ClusterQueues in cohort `pool`: `lender` admitted a notebook-like Job whose pod is idle
+/// (`lender_idle`), `starved` has one pending GPU Job (created 10 minutes ago) and one finished.
+fn cohort(lender_idle: Option<bool>) -> (Claims, Vec<PodRow>) {
+    let mut finished = workload("team-s", "old", "lq-s");
+    finished.finished = true;
+    let claims = Claims {
+        pods: vec![pod_claim("team-l", "nb-job-0", "nb")],
+        kueue: KueueInputs {
+            enabled: true,
+            flavors: vec![],
+            cluster_queues: vec![
+                cq("lender", "pool", Some(1)),
+                cq("starved", "pool", Some(0)),
+            ],
+            local_queues: vec![
+                lq("team-l", "lq-l", "lender"),
+                lq("team-s", "lq-s", "starved"),
+            ],
+            workloads: vec![
+                admitted(workload("team-l", "nb", "lq-l"), "lender"),
+                workload("team-s", "train", "lq-s"),
+                finished,
+            ],
+        },
+        ..Claims::default()
+    };
+    let pods = vec![row(
+        "team-l",
+        "nb-job-0",
+        "nvidia.com/gpu",
+        1.0,
+        lender_idle,
+    )];
+    (claims, pods)
+}
+
+#[test]
+fn queue_rows_join_admitted_workloads_to_their_pods_and_count_pending() {
+    let names = ResourceNames::default();
+    let (claims, pods) = cohort(Some(true));
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    let lender = &rows[0];
+    assert_eq!(
+        lender,
+        &QueueRow {
+            cluster_queue: "lender".into(),
+            cohort: Some("pool".into()),
+            flavor: "a100".into(),
+            resource: "nvidia.com/gpu".into(),
+            nominal: Some(2),
+            borrowing_limit: None,
+            lending_limit: Some(2),
+            admitted: Some(1),
+            busy: Some(0.0),
+            idle: Some(1.0),
+            pending_workloads: 0,
+            oldest_pending_seconds: None,
+            starved_while_lender_idle: false,
+            idle_lenders: vec![],
+        }
+    );
+    let starved = &rows[1];
+    assert_eq!(starved.cluster_queue, "starved");
+    assert_eq!(starved.admitted, Some(0));
+    assert_eq!(
+        starved.pending_workloads, 1,
+        "the finished workload is not pending"
+    );
+    assert_eq!(starved.oldest_pending_seconds, Some(600.0));
+    assert!(starved.starved_while_lender_idle);
+    assert_eq!(starved.idle_lenders, vec!["lender".to_string()]);
+}
+
+#[test]
+fn a_busy_lender_or_another_cohort_starves_nobody() {
+    let names = ResourceNames::default();
+    let (claims, pods) = cohort(Some(false));
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(rows[0].busy, Some(1.0));
+    assert!(!rows[1].starved_while_lender_idle);
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.cluster_queues[1].cohort = Some("elsewhere".into());
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert!(!rows[1].starved_while_lender_idle);
+    // Unknown evidence is not idle.
+    let (claims, pods) = cohort(None);
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!((rows[0].busy, rows[0].idle), (Some(0.0), Some(0.0)));
+    assert!(!rows[1].starved_while_lender_idle);
+}
+
+#[test]
+fn a_pod_whose_controller_is_no_workload_owner_is_not_the_queues() {
+    let names = ResourceNames::default();
+    let (mut claims, pods) = cohort(Some(true));
+    claims.pods = vec![pod_claim("team-l", "nb-job-0", "someone-else")];
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(rows[0].idle, Some(0.0));
+    // Same uid in another namespace: not the workload's pod either.
+    let (mut claims, pods) = cohort(Some(true));
+    claims.pods = vec![pod_claim("team-x", "nb-job-0", "nb")];
+    let pods: Vec<PodRow> = pods
+        .into_iter()
+        .map(|p| PodRow {
+            namespace: "team-x".into(),
+            ..p
+        })
+        .collect();
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(rows[0].idle, Some(0.0));
+}
+
+#[test]
+fn without_kueue_there_are_no_queue_rows_and_status_gaps_are_unknown() {
+    let names = ResourceNames::default();
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.enabled = false;
+    assert!(queue_rows(&inputs(&claims, &pods, &names)).is_empty());
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.cluster_queues[0] = cq("lender", "pool", None);
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(rows[0].admitted, None, "no status yet: unknown, not zero");
+}
+
+#[test]
+fn only_admitted_unfinished_workloads_hold_queue_quota() {
+    let names = ResourceNames::default();
+    // The lender's workload has reserved quota but waits for its admission checks (not
+    // Admitted): its pod's GPU is not the queue's admitted usage, and it is still pending.
+    let (mut claims, pods) = cohort(Some(true));
+    let w = &mut claims.kueue.workloads[0];
+    w.admitted = false;
+    w.admitted_since = None;
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(rows[0].idle, Some(0.0), "{rows:#?}");
+    assert_eq!(rows[0].pending_workloads, 1);
+    assert!(!rows[1].starved_while_lender_idle, "no lender is idle");
+    // Finished: its pods hold nothing of the queue's quota, and it is not pending either.
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.workloads[0].finished = true;
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!((rows[0].idle, rows[0].pending_workloads), (Some(0.0), 0));
+}
