@@ -9,13 +9,21 @@
 //!    admitted (its Workload gets QuotaReserved and Admitted, the Job is unsuspended, its pod
 //!    is bound to a kwok node of the flavor), a second one is admitted by borrowing the other
 //!    queue's GPU, and a third, which fits nowhere in the cohort, stays suspended and pending.
+//! 2. gpu-ledger beside it (the tier-B stack: DCGM test double scraped by a real Prometheus,
+//!    the shipped read-only RBAC). First without Kueue (no CRDs): the ledger works, `queues`
+//!    is empty and one log line says Kueue was not found. Then with Kueue: `team-a-cq` lends
+//!    its GPU to the cohort but holds it with an admitted notebook-like Job whose GPU sits at
+//!    0 %, `team-b-cq` runs a busy Job and has a second one pending, which the cohort could
+//!    admit if `team-a-cq`'s idle GPU were freed. The ledger's `queues` rows show the idle
+//!    quota and the starved queue, and `/metrics` the series `GpuLedgerQueueStarvedWhileLenderIdle`
+//!    reads. `capture` of that cluster, reported offline, gives the live report's queue rows.
 
 mod support;
 
 use std::time::Duration;
 
 use gpu_ledger_testkit::kueue::{self, Kueue, QUEUE_LABEL};
-use gpu_ledger_testkit::stack::{ensure_namespace, gpu_pod};
+use gpu_ledger_testkit::stack::{GpuLedgerProcess, ensure_namespace, gpu_pod, metric_value};
 use gpu_ledger_testkit::{ControlPlane, GpuNode, Tier};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -167,20 +175,49 @@ fn borrowed(status: &Value, flavor: &str, resource: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Creates the flavor, two ClusterQueues in [`COHORT`] and a LocalQueue in each namespace
-/// (namespaces created); `queues` lists (namespace, cluster queue, nominal, borrowing, lending).
-async fn queues(admin: &kube::Client, queues: &[(&str, &str, u32, Option<u32>, Option<u32>)]) {
+/// A ClusterQueue `name` in [`COHORT`] and the LocalQueue `queue` of `namespace` pointing at it.
+struct Queue {
+    namespace: &'static str,
+    name: &'static str,
+    nominal: u32,
+    borrowing_limit: Option<u32>,
+    lending_limit: Option<u32>,
+}
+
+impl Queue {
+    fn new(namespace: &'static str, name: &'static str, nominal: u32) -> Self {
+        Self {
+            namespace,
+            name,
+            nominal,
+            borrowing_limit: None,
+            lending_limit: None,
+        }
+    }
+}
+
+/// Creates the flavor, the ClusterQueues and a LocalQueue `queue` in each namespace (namespaces
+/// created).
+async fn queues(admin: &kube::Client, queues: &[Queue]) {
     create(admin, "ResourceFlavor", None, flavor()).await;
-    for (ns, cq, nominal, borrowing, lending) in queues {
+    for q in queues {
         create(
             admin,
             "ClusterQueue",
             None,
-            cluster_queue(cq, *nominal, *borrowing, *lending),
+            cluster_queue(q.name, q.nominal, q.borrowing_limit, q.lending_limit),
         )
         .await;
-        ensure_namespace(admin, ns).await.expect("namespace");
-        create(admin, "LocalQueue", Some(ns), local_queue("queue", cq)).await;
+        ensure_namespace(admin, q.namespace)
+            .await
+            .expect("namespace");
+        create(
+            admin,
+            "LocalQueue",
+            Some(q.namespace),
+            local_queue("queue", q.name),
+        )
+        .await;
     }
 }
 
@@ -201,8 +238,8 @@ async fn kueue_admits_a_job_borrows_in_its_cohort_and_holds_the_one_that_fits_no
     queues(
         &admin,
         &[
-            ("team-a", "team-a-cq", 1, None, None),
-            ("team-b", "team-b-cq", 1, None, None),
+            Queue::new("team-a", "team-a-cq", 1),
+            Queue::new("team-b", "team-b-cq", 1),
         ],
     )
     .await;
@@ -298,4 +335,273 @@ async fn kueue_admits_a_job_borrows_in_its_cohort_and_holds_the_one_that_fits_no
         "a pending Job has no pod"
     );
     assert!(kueue.try_exit_status().is_none(), "Kueue exited");
+}
+
+/// The `queues` row of `cluster_queue` (flavor [`FLAVOR`], resource [`GPU`]), if listed.
+fn queue_row(ledger: &Value, cluster_queue: &str) -> Option<Value> {
+    ledger["queues"]
+        .as_array()?
+        .iter()
+        .find(|q| {
+            q["cluster_queue"] == cluster_queue && q["flavor"] == FLAVOR && q["resource"] == GPU
+        })
+        .cloned()
+}
+
+async fn metric(gl: &GpuLedgerProcess, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metric_value(&gl.metrics_text().await.ok()?, family, labels)
+}
+
+/// Lines of the process's log that say Kueue was not found.
+fn kueue_not_found_lines(gl: &GpuLedgerProcess) -> usize {
+    std::fs::read_to_string(gl.log_path())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("Kueue not found"))
+        .count()
+}
+
+/// Waits until Job `namespace/name`'s Workload is admitted and its pod runs.
+async fn admitted_and_running(admin: &kube::Client, namespace: &str, name: &str) {
+    eventually(&format!("{name}'s Workload admitted"), WAIT, || async {
+        let w = workload_of(admin, namespace, name).await?;
+        (condition(&w, "Admitted").as_deref() == Some("True")).then_some(())
+    })
+    .await;
+    eventually(&format!("{name}'s pod running"), WAIT, || {
+        running_pod(admin, namespace, name)
+    })
+    .await;
+}
+
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
+    let nodes = [GpuNode::new("gpu-1", 2), GpuNode::new("gpu-2", 2)];
+    let stack =
+        support::tier_b_with(&nodes, kueue::tier_b_options(), support::Grants::ReadOnly).await;
+    let admin = stack.admin();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+
+    // 1. No Kueue: no CRDs of kueue.x-k8s.io. A GPU pod outside any queue.
+    stack.ensure_namespace("plain").await.expect("namespace");
+    stack
+        .create_gpu_pod("plain", "solo", 1, Some(50.0))
+        .await
+        .expect("pod");
+    stack
+        .wait_pod_running("plain", "solo")
+        .await
+        .expect("pod Running");
+    let mut gl = stack
+        .start_gpu_ledger(bin, "gpu-ledger", &[])
+        .await
+        .expect("gpu-ledger without Kueue");
+    let ledger = eventually(
+        "the plain pod's utilisation in the ledger",
+        WAIT,
+        || async {
+            let l = gl.ledger_json().await.ok()?;
+            let row = l["pods"]
+                .as_array()?
+                .iter()
+                .find(|p| p["namespace"] == "plain" && p["pod"] == "solo")?
+                .clone();
+            row["utilization"].as_f64().map(|_| l)
+        },
+    )
+    .await;
+    assert_eq!(ledger["kueue_available"], false, "{ledger}");
+    assert_eq!(ledger["queues"], json!([]), "{ledger}");
+    assert_eq!(
+        kueue_not_found_lines(&gl),
+        1,
+        "one line says Kueue was not found:\n{}",
+        gl.log_tail(40)
+    );
+    gl.terminate(Duration::from_secs(5));
+
+    // 2. Kueue, and two ClusterQueues in one cohort.
+    let mut kueue = Kueue::start(&stack.cp)
+        .await
+        .expect("Kueue (run scripts/build-kueue.sh if the binary is missing)");
+    queues(
+        &admin,
+        &[
+            // The lender: its one GPU may all be lent to the cohort when unused.
+            Queue {
+                lending_limit: Some(1),
+                ..Queue::new("team-a", "team-a-cq", 1)
+            },
+            // May borrow one more GPU from the cohort.
+            Queue {
+                borrowing_limit: Some(1),
+                ..Queue::new("team-b", "team-b-cq", 1)
+            },
+        ],
+    )
+    .await;
+    // A notebook-like workload holds team-a-cq's GPU and does nothing with it.
+    create_job(&admin, "team-a", &job("notebook", "queue", 1, 0.0)).await;
+    admitted_and_running(&admin, "team-a", "notebook").await;
+    create_job(&admin, "team-b", &job("train", "queue", 1, 90.0)).await;
+    admitted_and_running(&admin, "team-b", "train").await;
+    // The cohort has no GPU left to lend: Kueue keeps the next one pending.
+    create_job(&admin, "team-b", &job("train-2", "queue", 1, 90.0)).await;
+    eventually("train-2's Workload found not to fit", WAIT, || async {
+        let w = workload_of(&admin, "team-b", "train-2").await?;
+        (condition(&w, "QuotaReserved").as_deref() == Some("False")).then_some(())
+    })
+    .await;
+
+    let gl = stack
+        .start_gpu_ledger(bin, "gpu-ledger", &[])
+        .await
+        .expect("gpu-ledger with Kueue");
+    let (lender, starved) = eventually(
+        "team-a-cq's GPU proven idle and team-b-cq starved by it",
+        WAIT,
+        || async {
+            let l = gl.ledger_json().await.ok()?;
+            let a = queue_row(&l, "team-a-cq")?;
+            let b = queue_row(&l, "team-b-cq")?;
+            (a["idle"].as_f64() == Some(1.0) && b["starved_while_lender_idle"] == true)
+                .then_some((a, b))
+        },
+    )
+    .await;
+    // The lender: its whole nominal quota admitted, and held idle.
+    assert_eq!(lender["cohort"], COHORT, "{lender}");
+    assert_eq!(lender["nominal"], 1, "{lender}");
+    assert_eq!(lender["lending_limit"], 1, "{lender}");
+    assert_eq!(lender["borrowing_limit"], Value::Null, "{lender}");
+    assert_eq!(lender["admitted"], 1, "{lender}");
+    assert_eq!(lender["busy"].as_f64(), Some(0.0), "{lender}");
+    assert_eq!(lender["pending_workloads"], 0, "{lender}");
+    assert_eq!(lender["starved_while_lender_idle"], false, "{lender}");
+    // The starved queue: its own GPU busy, one workload waiting on the lender's idle GPU.
+    assert_eq!(starved["cohort"], COHORT, "{starved}");
+    assert_eq!(starved["nominal"], 1, "{starved}");
+    assert_eq!(starved["borrowing_limit"], 1, "{starved}");
+    assert_eq!(starved["admitted"], 1, "{starved}");
+    assert_eq!(starved["busy"].as_f64(), Some(1.0), "{starved}");
+    assert_eq!(starved["idle"].as_f64(), Some(0.0), "{starved}");
+    assert_eq!(starved["pending_workloads"], 1, "{starved}");
+    assert!(
+        starved["oldest_pending_seconds"]
+            .as_f64()
+            .is_some_and(|s| s > 0.0),
+        "{starved}"
+    );
+    assert_eq!(starved["idle_lenders"], json!(["team-a-cq"]), "{starved}");
+
+    // The alert's input: GpuLedgerQueueStarvedWhileLenderIdle reads these two series.
+    let b = [("cluster_queue", "team-b-cq")];
+    assert_eq!(
+        metric(&gl, "gpu_ledger_queue_starved_while_lender_idle", &b).await,
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&gl, "gpu_ledger_queue_pending_workloads", &b).await,
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &gl,
+            "gpu_ledger_queue_starved_while_lender_idle",
+            &[("cluster_queue", "team-a-cq")]
+        )
+        .await,
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(
+            &gl,
+            "gpu_ledger_queue_gpus",
+            &[("cluster_queue", "team-a-cq"), ("kind", "idle")]
+        )
+        .await,
+        Some(1.0)
+    );
+    let ledger = gl.ledger_json().await.expect("ledger");
+    assert_eq!(ledger["kueue_available"], true, "{ledger}");
+    assert_eq!(kueue_not_found_lines(&gl), 0, "{}", gl.log_tail(40));
+
+    // 3. Offline: `capture` writes what Kueue wrote; `report --from` gives the live rows. The
+    // reports look 3 s back (complete samples), where the notebook must already be proven idle
+    // for a whole 10 s window: wait until it has been idle for 16 s.
+    eventually("the notebook's pod idle for 16 s", WAIT, || async {
+        let l = gl.ledger_json().await.ok()?;
+        let idle_for = l["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["namespace"] == "team-a" && p["owner"]["name"] == "notebook")?["idle_seconds"]
+            .as_f64()?;
+        (idle_for >= 16.0).then_some(())
+    })
+    .await;
+    let (live, offline) = live_and_offline(&stack);
+    assert_eq!(offline["kueue_available"], true, "{offline}");
+    assert_eq!(offline["queues"], live["queues"], "offline vs live");
+    let starved = queue_row(&offline, "team-b-cq").expect("team-b-cq offline");
+    assert_eq!(starved["idle_lenders"], json!(["team-a-cq"]), "{starved}");
+    assert!(kueue.try_exit_status().is_none(), "Kueue exited");
+}
+
+/// `gpu-ledger report -o json` live and from a `capture` of the same instant, both as the
+/// token user `gpu-ledger` with the stack's timings.
+fn live_and_offline(stack: &gpu_ledger_testkit::stack::Stack) -> (Value, Value) {
+    let bin = env!("CARGO_BIN_EXE_gpu-ledger");
+    let kubeconfig = stack.cp.kubeconfig_path("gpu-ledger").expect("kubeconfig");
+    let prom = stack.prometheus.url();
+    // A moment ago, so the Prometheus samples at that instant are complete.
+    let at = (chrono::Utc::now() - chrono::Duration::seconds(3))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let timings = [
+        "--scrape-interval",
+        "1s",
+        "--window",
+        "10s",
+        "--max-staleness",
+        "5s",
+    ];
+    let json = |out: std::process::Output, what: &str| -> Value {
+        assert!(out.status.success(), "{what}: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what} JSON: {e}"))
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = std::process::Command::new(bin)
+        .arg("capture")
+        .arg("--out")
+        .arg(dir.path())
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--prometheus-url", prom, "--at", &at])
+        .output()
+        .expect("run capture");
+    assert!(out.status.success(), "capture: {out:?}");
+    let offline = json(
+        std::process::Command::new(bin)
+            .arg("report")
+            .arg("--from")
+            .arg(dir.path())
+            .args(timings)
+            .args(["--at", &at, "-o", "json"])
+            .output()
+            .expect("run offline report"),
+        "offline report",
+    );
+    let live = json(
+        std::process::Command::new(bin)
+            .arg("report")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--prometheus-url", prom])
+            .args(timings)
+            .args(["--at", &at, "-o", "json"])
+            .output()
+            .expect("run live report"),
+        "live report",
+    );
+    (live, offline)
 }
