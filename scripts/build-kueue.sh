@@ -2,10 +2,12 @@
 # Build Kueue's controller manager from its Go module at a pinned release into a cache OUTSIDE the
 # repository, for the quota and queue tests (tests/e2e_kueue.rs). See docs/testing.md.
 #
-# Usage: scripts/build-kueue.sh [--print-bin | --print-crds]
+# Usage: scripts/build-kueue.sh [--print-bin | --print-crds | --print-module]
 #   --print-bin    print only the manager binary's path on stdout (progress goes to stderr),
 #                  building first if needed
 #   --print-crds   print only the directory holding Kueue's own CRD manifests (from the module)
+#   --print-module print only the module's directory (testkit/src/kueue.rs reads its CRDs,
+#                  webhook manifests and conversion patches under config/components)
 # Environment:
 #   GPU_LEDGER_CACHE   cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/gpu-ledger)
 #   KUEUE_BIN          use this binary instead of building one
@@ -23,6 +25,7 @@ for arg in "$@"; do
 	case "$arg" in
 	--print-bin) MODE=bin ;;
 	--print-crds) MODE=crds ;;
+	--print-module) MODE=module ;;
 	-h | --help)
 		sed -n '2,13p' "$0"
 		exit 0
@@ -47,15 +50,20 @@ CACHE_ROOT=${GPU_LEDGER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-ledger}
 STAMP_DIR="$CACHE_ROOT/kueue-${KUEUE_VERSION#v}"
 mkdir -p "$STAMP_DIR"
 
-if [[ $MODE == crds ]]; then
-	# The module zip carries config/components/crd/bases; `go mod download` fetches only the zip.
+if [[ $MODE == crds || $MODE == module ]]; then
+	# The module zip carries config/components (CRDs, webhook manifests); `go mod download`
+	# fetches only the zip, and answers from the module cache once it is there.
 	dir=$(go mod download -json "$MODULE@$KUEUE_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 	crds="$dir/config/components/crd/bases"
 	[[ -f $crds/kueue.x-k8s.io_clusterqueues.yaml ]] || {
 		echo "Kueue CRDs not found under $crds" >&2
 		exit 1
 	}
-	echo "$crds" >&3
+	if [[ $MODE == crds ]]; then
+		echo "$crds" >&3
+	else
+		echo "$dir" >&3
+	fi
 	exit 0
 fi
 

@@ -7,6 +7,8 @@
 //!   with `promtool tsdb create-blocks-from openmetrics`.
 //! * [`chromium::Browser`] runs Debian's headless Chromium, driven over the DevTools protocol.
 //! * [`FaultProxy`] (a test double) hangs or refuses chosen apiserver requests.
+//! * [`kueue::Kueue`] runs Kueue's controller manager (built from its Go module by
+//!   `scripts/build-kueue.sh`) against a tier-B control plane, with its own CRDs and webhooks.
 //! * [`binaries`] / [`binary`] locate the binaries built by `scripts/build-test-cluster.sh`
 //!   (`TEST_ASSET_*`, `KUBEBUILDER_ASSETS`, then the build cache).
 //!
@@ -21,6 +23,7 @@ pub mod control_plane;
 pub mod dcgm;
 pub mod dra;
 pub mod fault_proxy;
+pub mod kueue;
 pub mod nodes;
 pub mod process;
 pub mod prometheus;

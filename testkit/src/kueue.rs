@@ -1,0 +1,590 @@
+//! Kueue's controller manager as a local process against a test control plane.
+//!
+//! The binary is built from Kueue's Go module at a pinned release by `scripts/build-kueue.sh`
+//! (`KUEUE_BIN` overrides); everything Kueue is installed with comes from that module's own
+//! `config/components`: the CRDs (`crd/bases`), the CRD conversion webhooks
+//! (`crd/patches/webhook_in_*.yaml`, the ones `crd/kustomization.yaml` applies) and the
+//! admission webhooks (`webhook/manifests.yaml` with the namespace selectors of
+//! `webhook/kustomization.yaml`), each rewritten from the in-cluster Service to
+//! `url: https://127.0.0.1:<port>/<path>` with the `caBundle` of a loopback certificate
+//! ([`crate::certs::LoopbackTls`]).
+//!
+//! How it runs, and why:
+//! * As the control plane's `admin` user (`system:masters`), so Kueue's ClusterRole is not
+//!   installed: no test here is about Kueue's own permissions.
+//! * Leader election off, internal certificate management off (that mode writes certificates
+//!   for `<service>.<namespace>.svc`, a name the apiserver cannot reach here); the webhook
+//!   server reads our certificate from `webhook.certDir` and binds 127.0.0.1 only, as do the
+//!   health probes and the metrics server.
+//! * With internal certificate management off Kueue v0.17 reads its metrics server certificate
+//!   from the fixed path `/etc/kueue/metrics/certs` (a cert-manager Secret mounted into its pod).
+//!   The process gets the same: a private mount namespace (`unshare --mount`) where `/etc` is an
+//!   overlay whose upper layer (a tmpfs) adds only `kueue/metrics/certs`; the host's `/etc` is
+//!   untouched. As root that is all; otherwise a user namespace is added (`--map-root-user`).
+//! * The visibility API server (an aggregated API, on by default since v0.9) is switched off
+//!   (`VisibilityOnDemand: false`): nothing here reads it, and it would bind all interfaces.
+//! * Only the `batch/job` integration is enabled; the webhooks of the others answer as Kueue's
+//!   no-op webhooks do for disabled integrations.
+//!
+//! Jobs need kube-controller-manager's Job controller: start the control plane with
+//! [`tier_b_options`]. The process is killed when the [`Kueue`] value is dropped; if that
+//! happens while a test panics, the last lines of its log are printed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use base64::Engine as _;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+use crate::certs::LoopbackTls;
+use crate::process::ChildGuard;
+use crate::util::{free_ports, poll_until};
+use crate::{ControlPlane, TierBOptions};
+
+/// The pinned Kueue release (`scripts/build-kueue.sh`).
+pub const VERSION: &str = "v0.17.0";
+/// Kueue's API group.
+pub const GROUP: &str = "kueue.x-k8s.io";
+/// The API version Kueue v0.17 stores and its controllers use.
+pub const API_VERSION: &str = "v1beta2";
+/// The label naming a Job's LocalQueue.
+pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+/// The namespace Kueue "runs in" (`Configuration.namespace`).
+pub const NAMESPACE: &str = "kueue-system";
+/// Prefix of the webhook configurations' names, as `config/default`'s `namePrefix` gives them.
+const NAME_PREFIX: &str = "kueue-";
+
+/// Mounts the metrics certificate where Kueue reads it, inside the process's own mount
+/// namespace: `$1` an empty directory for the tmpfs, `$2` the directory holding `tls.crt` and
+/// `tls.key`, then the command. `exec` keeps the PID, so the guard stops Kueue itself.
+const MOUNT_SCRIPT: &str = r#"set -eu
+mount -t tmpfs -o mode=0700 tmpfs "$1"
+mkdir -p "$1/upper/kueue/metrics/certs" "$1/work"
+cp "$2/tls.crt" "$2/tls.key" "$1/upper/kueue/metrics/certs/"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1/upper,workdir=$1/work" /etc
+shift 2
+exec "$@"
+"#;
+
+/// Pod annotation (`"true"`) that keeps a Job's pod Running for a day on kwok instead of
+/// completing it at once (the tier-B `pod-complete` stage): a training run or a notebook-like
+/// workload that holds its GPU. See [`LONG_RUNNING_STAGE`].
+pub const LONG_RUNNING_ANNOTATION: &str = "gpu-ledger.test/long-running";
+
+/// A kwok Stage for Running Job pods carrying [`LONG_RUNNING_ANNOTATION`]: they complete after
+/// 24 h. It matches where `pod-complete` does; kwok picks among matching stages by weight and
+/// drops those without one once any has a positive weight, the way kwok's own chaos stages
+/// (`kustomize/stage/node/chaos`, weight 10000) take over from the default ones.
+pub const LONG_RUNNING_STAGE: &str = r#"apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-complete-after-a-day
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - key: '.metadata.annotations["gpu-ledger.test/long-running"]'
+      operator: 'In'
+      values:
+      - 'true'
+  weight: 1
+  delay:
+    durationMilliseconds: 86400000
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 0
+            finishedAt: {{ $now | Quote }}
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Succeeded
+"#;
+
+/// Tier-B options with what Kueue's tests need beside the defaults: kube-controller-manager's
+/// Job controller (an admitted Job is unsuspended by Kueue; the Job controller creates its
+/// pods) and [`LONG_RUNNING_STAGE`].
+pub fn tier_b_options() -> TierBOptions {
+    TierBOptions {
+        extra_controllers: vec!["job-controller".to_string()],
+        extra_kwok_configs: vec![LONG_RUNNING_STAGE.to_string()],
+        ..TierBOptions::default()
+    }
+}
+
+/// The `kueue.x-k8s.io/v1beta2` resource of `kind` (`ClusterQueue`, `LocalQueue`,
+/// `ResourceFlavor`, `Workload`, `Cohort`).
+pub fn resource(kind: &str) -> ApiResource {
+    resource_at(API_VERSION, kind)
+}
+
+/// [`resource`] at another served version (`v1beta1`, converted by Kueue's webhook).
+pub fn resource_at(version: &str, kind: &str) -> ApiResource {
+    let plural = format!("{}s", kind.to_lowercase());
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, version, kind), &plural)
+}
+
+/// The Kueue binary: `$KUEUE_BIN`, else `scripts/build-kueue.sh`'s cache entry.
+pub fn kueue_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("KUEUE_BIN").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        bail!("KUEUE_BIN={} is not a file", p.display());
+    }
+    let p = crate::bins::cache_root()
+        .join(format!("kueue-{}", VERSION.trim_start_matches('v')))
+        .join("bin/kueue");
+    if p.is_file() {
+        Ok(p)
+    } else {
+        bail!(
+            "{} not found: run scripts/build-kueue.sh (the README's test command does) or set \
+             KUEUE_BIN",
+            p.display()
+        )
+    }
+}
+
+/// Kueue's module directory: `$KUEUE_MODULE_DIR`, else `scripts/build-kueue.sh --print-module`
+/// (the Go module cache; `go mod download` fetches it once).
+pub fn module_dir() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("KUEUE_MODULE_DIR").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-kueue.sh");
+    let mut cmd = Command::new(&script);
+    cmd.arg("--print-module");
+    let out = crate::process::run_ok(cmd, None)
+        .with_context(|| format!("asking {} for Kueue's module", script.display()))?;
+    Ok(PathBuf::from(out.trim()))
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn write(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The non-empty documents of a multi-document YAML file.
+fn yaml_docs(text: &str, origin: &Path) -> Result<Vec<Value>> {
+    let mut docs = Vec::new();
+    for doc in text.split("\n---") {
+        let v: Value = serde_norway::from_str(doc)
+            .with_context(|| format!("parsing a YAML document of {}", origin.display()))?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+/// Installs Kueue's own CRDs from the module (every file of `config/components/crd/bases`) and
+/// waits until each is Established. Conversion webhooks are added by [`Kueue::start`] once
+/// Kueue serves them.
+pub async fn install_crds(cp: &ControlPlane) -> Result<Vec<String>> {
+    let bases = module_dir()?.join("config/components/crd/bases");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&bases)
+        .with_context(|| format!("listing {}", bases.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.retain(|f| f.extension().is_some_and(|x| x == "yaml"));
+    files.sort();
+    if files.is_empty() {
+        bail!("no CRD manifests under {}", bases.display());
+    }
+    let mut names = Vec::new();
+    for f in files {
+        let crd: CustomResourceDefinition = serde_norway::from_str(&read(&f)?)
+            .with_context(|| format!("parsing CRD {}", f.display()))?;
+        let crd = cp.install_crd(&crd).await?;
+        names.push(crd.metadata.name.unwrap_or_default());
+    }
+    Ok(names)
+}
+
+/// A running Kueue controller manager; dropping it stops the process.
+#[derive(Debug)]
+pub struct Kueue {
+    guard: ChildGuard,
+    health_url: String,
+    webhook_port: u16,
+    metrics_port: u16,
+}
+
+impl Kueue {
+    /// Installs the CRDs (unless present), starts Kueue as `admin`, waits for its `/readyz`,
+    /// then registers its conversion and admission webhooks on loopback and waits until a Job
+    /// carrying [`QUEUE_LABEL`] comes back from a dry-run create suspended (Kueue's Job webhook
+    /// answered through the apiserver). Generous timeouts: minutes on a busy machine.
+    pub async fn start(cp: &ControlPlane) -> Result<Self> {
+        install_crds(cp).await?;
+        let module = module_dir()?;
+        let bin = kueue_bin()?;
+        let dir = cp.dir().join("kueue");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let tls = LoopbackTls::generate("kueue-webhook")?;
+        let certs = dir.join("certs");
+        std::fs::create_dir_all(&certs)?;
+        write(&certs.join("tls.crt"), &tls.cert_pem)?;
+        write(&certs.join("tls.key"), &tls.key_pem)?;
+        let admin = cp.client("admin").await?;
+        crate::stack::ensure_namespace(&admin, NAMESPACE).await?;
+
+        // Ports are probed free, then bound by Kueue: a parallel test can take one in between,
+        // so such a start is retried on new ports (nothing names a port before Kueue is ready).
+        let mut attempt = 0;
+        let kueue = loop {
+            attempt += 1;
+            match Self::spawn(cp, &bin, &dir, attempt).await {
+                Err(e) if attempt < 4 && format!("{e:#}").contains("address already in use") => {}
+                other => break other?,
+            }
+        };
+        kueue.register_webhooks(&admin, &module, &tls).await?;
+        kueue.wait_job_webhook(&admin).await?;
+        Ok(kueue)
+    }
+
+    async fn spawn(cp: &ControlPlane, bin: &Path, dir: &Path, attempt: u32) -> Result<Self> {
+        let ports = free_ports(3)?;
+        let (health_port, metrics_port, webhook_port) = (ports[0], ports[1], ports[2]);
+        let certs = dir.join("certs");
+        let config = format!(
+            "apiVersion: config.kueue.x-k8s.io/{API_VERSION}
+kind: Configuration
+namespace: {NAMESPACE}
+health:
+  healthProbeBindAddress: 127.0.0.1:{health_port}
+metrics:
+  bindAddress: 127.0.0.1:{metrics_port}
+webhook:
+  host: 127.0.0.1
+  port: {webhook_port}
+  certDir: {certs}
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+integrations:
+  frameworks:
+  - batch/job
+featureGates:
+  VisibilityOnDemand: false
+",
+            certs = certs.display()
+        );
+        let config_path = dir.join("config.yaml");
+        write(&config_path, &config)?;
+        let mount_dir = dir.join(format!("etc-overlay-{attempt}"));
+        std::fs::create_dir_all(&mount_dir)?;
+
+        let mut cmd = Command::new("unshare");
+        // SAFETY: geteuid(2) has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            cmd.args(["--user", "--map-root-user"]);
+        }
+        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(MOUNT_SCRIPT)
+            .arg("kueue-mounts")
+            .arg(&mount_dir)
+            .arg(&certs)
+            .arg(bin)
+            .arg(format!("--config={}", config_path.display()))
+            .arg(format!(
+                "--kubeconfig={}",
+                cp.kubeconfig_path("admin")?.display()
+            ));
+        let log = cp.log_path("kueue");
+        if attempt > 1 && log.exists() {
+            std::fs::rename(&log, cp.log_path(&format!("kueue.{}", attempt - 1)))?;
+        }
+        let guard = ChildGuard::spawn("kueue", cmd, &log)?;
+        let mut k = Self {
+            guard,
+            health_url: format!("http://127.0.0.1:{health_port}"),
+            webhook_port,
+            metrics_port,
+        };
+        k.wait_ready(Duration::from_secs(300)).await?;
+        Ok(k)
+    }
+
+    async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()?;
+        let url = format!("{}/readyz", self.health_url);
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.guard.try_exit_status() {
+                bail!(
+                    "kueue exited ({status}) before becoming ready at {url}; last 40 lines of {}:\n{}",
+                    self.guard.log_path().display(),
+                    self.guard.log_tail(40)
+                );
+            }
+            let last = match http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) => format!("HTTP {}", r.status()),
+                Err(e) => format!("{e:#}"),
+            };
+            if start.elapsed() >= timeout {
+                bail!(
+                    "kueue not ready at {url} after {timeout:?} (last answer: {last}); last 40 \
+                     lines of {}:\n{}",
+                    self.guard.log_path().display(),
+                    self.guard.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    fn client_config(&self, path: &str, tls: &LoopbackTls) -> Value {
+        json!({
+            "url": format!("https://127.0.0.1:{}{path}", self.webhook_port),
+            "caBundle": base64::engine::general_purpose::STANDARD.encode(&tls.ca_cert_pem),
+        })
+    }
+
+    /// Conversion webhooks on the CRDs `crd/kustomization.yaml` patches, then the admission
+    /// webhooks of `webhook/manifests.yaml` with `webhook/kustomization.yaml`'s patches.
+    async fn register_webhooks(
+        &self,
+        admin: &kube::Client,
+        module: &Path,
+        tls: &LoopbackTls,
+    ) -> Result<()> {
+        let crd_dir = module.join("config/components/crd");
+        let kustomization = crd_dir.join("kustomization.yaml");
+        let k: Value = serde_norway::from_str(&read(&kustomization)?)
+            .with_context(|| format!("parsing {}", kustomization.display()))?;
+        let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+        let mut converted = 0;
+        for patch in k["patches"].as_array().into_iter().flatten() {
+            let Some(rel) = patch["path"].as_str() else {
+                continue;
+            };
+            let file = crd_dir.join(rel);
+            let p: Value = serde_norway::from_str(&read(&file)?)
+                .with_context(|| format!("parsing {}", file.display()))?;
+            let mut conversion = p["spec"]["conversion"].clone();
+            if conversion["strategy"] != "Webhook" {
+                continue;
+            }
+            let path = conversion["webhook"]["clientConfig"]["service"]["path"]
+                .as_str()
+                .with_context(|| format!("no clientConfig.service.path in {}", file.display()))?
+                .to_string();
+            conversion["webhook"]["clientConfig"] = self.client_config(&path, tls);
+            let name = p["metadata"]["name"]
+                .as_str()
+                .with_context(|| format!("no metadata.name in {}", file.display()))?;
+            crds.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"conversion": conversion}})),
+            )
+            .await
+            .with_context(|| format!("adding the conversion webhook to CRD {name}"))?;
+            converted += 1;
+        }
+        if converted == 0 {
+            bail!(
+                "no conversion webhook patch found through {}",
+                kustomization.display()
+            );
+        }
+
+        let webhook_dir = module.join("config/components/webhook");
+        let manifests = webhook_dir.join("manifests.yaml");
+        let wk = webhook_dir.join("kustomization.yaml");
+        let wk: Value = serde_norway::from_str(&read(&wk)?)
+            .with_context(|| format!("parsing {}", wk.display()))?;
+        let mut patches = Vec::new();
+        for p in wk["patches"].as_array().into_iter().flatten() {
+            if let Some(text) = p["patch"].as_str() {
+                patches.push(serde_norway::from_str::<Value>(text).context("webhook patch")?);
+            }
+        }
+        let mut registered = 0;
+        for mut config in yaml_docs(&read(&manifests)?, &manifests)? {
+            let kind = config["kind"].as_str().unwrap_or_default().to_string();
+            let plural = match kind.as_str() {
+                "MutatingWebhookConfiguration" => "mutatingwebhookconfigurations",
+                "ValidatingWebhookConfiguration" => "validatingwebhookconfigurations",
+                _ => continue,
+            };
+            let name = config["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            for patch in patches
+                .iter()
+                .filter(|p| p["kind"] == kind.as_str() && p["metadata"]["name"] == name.as_str())
+            {
+                merge_webhooks(&mut config, patch);
+            }
+            for hook in config["webhooks"].as_array_mut().into_iter().flatten() {
+                let path = hook["clientConfig"]["service"]["path"]
+                    .as_str()
+                    .with_context(|| format!("webhook {} without a service path", hook["name"]))?
+                    .to_string();
+                hook["clientConfig"] = self.client_config(&path, tls);
+            }
+            config["metadata"]["name"] = json!(format!("{NAME_PREFIX}{name}"));
+            let ar = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind),
+                plural,
+            );
+            let api: Api<DynamicObject> = Api::all_with(admin.clone(), &ar);
+            let obj: DynamicObject = serde_json::from_value(config).context("webhook config")?;
+            api.create(&PostParams::default(), &obj)
+                .await
+                .with_context(|| format!("creating {kind} {NAME_PREFIX}{name}"))?;
+            registered += 1;
+        }
+        if registered == 0 {
+            bail!("no webhook configuration in {}", manifests.display());
+        }
+        Ok(())
+    }
+
+    /// Polls a dry-run create of a Job with [`QUEUE_LABEL`] until it comes back suspended:
+    /// webhook configurations take effect in the apiserver a moment after they are created.
+    async fn wait_job_webhook(&self, admin: &kube::Client) -> Result<()> {
+        crate::stack::ensure_namespace(admin, "default").await?;
+        let jobs: Api<Job> = Api::namespaced(admin.clone(), "default");
+        let probe: Job = serde_json::from_value(json!({
+            "metadata": {"name": "kueue-webhook-probe", "labels": {QUEUE_LABEL: "probe"}},
+            "spec": {"template": {"spec": {"restartPolicy": "Never",
+                "containers": [{"name": "c", "image": "registry.invalid/probe"}]}}}
+        }))
+        .context("probe Job")?;
+        let pp = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let res = poll_until(
+            "Kueue's Job webhook to suspend a queued Job",
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            || async {
+                let j = jobs.create(&pp, &probe).await?;
+                Ok((j.spec.and_then(|s| s.suspend) == Some(true)).then_some(()))
+            },
+        )
+        .await;
+        res.with_context(|| format!("last 40 lines of kueue's log:\n{}", self.log_tail(40)))
+    }
+
+    /// Last `n` lines of Kueue's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        self.guard.log_tail(n)
+    }
+
+    /// Path of Kueue's log (`<control-plane dir>/kueue.log`).
+    pub fn log_path(&self) -> &Path {
+        self.guard.log_path()
+    }
+
+    /// `http://127.0.0.1:<port>` of the health probes (`/healthz`, `/readyz`).
+    pub fn health_url(&self) -> &str {
+        &self.health_url
+    }
+
+    /// Port of Kueue's metrics server (HTTPS, authenticated by the apiserver's TokenReview).
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
+    /// `Some(status)` if Kueue has exited.
+    pub fn try_exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.guard.try_exit_status()
+    }
+}
+
+impl Drop for Kueue {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "kueue: last 60 lines of {}:\n{}",
+                self.guard.log_path().display(),
+                self.guard.log_tail(60)
+            );
+        }
+    }
+}
+
+/// Merges a strategic-merge patch of a webhook configuration the way kustomize does for the
+/// `webhooks` list: entries are matched by `name`, and the patch's fields replace the entry's.
+fn merge_webhooks(config: &mut Value, patch: &Value) {
+    let Some(hooks) = config["webhooks"].as_array_mut() else {
+        return;
+    };
+    for p in patch["webhooks"].as_array().into_iter().flatten() {
+        let Some(hook) = hooks.iter_mut().find(|h| h["name"] == p["name"]) else {
+            continue;
+        };
+        if let (Some(h), Some(fields)) = (hook.as_object_mut(), p.as_object()) {
+            for (k, v) in fields {
+                h.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patches_match_webhooks_by_name() {
+        let mut config = json!({"webhooks": [
+            {"name": "mpod.kb.io", "failurePolicy": "Fail"},
+            {"name": "mjob.kb.io"}]});
+        let patch = json!({"webhooks": [{"name": "mpod.kb.io",
+            "namespaceSelector": {"matchLabels": {"a": "b"}}}]});
+        merge_webhooks(&mut config, &patch);
+        assert_eq!(config["webhooks"][0]["failurePolicy"], "Fail");
+        assert_eq!(
+            config["webhooks"][0]["namespaceSelector"]["matchLabels"]["a"],
+            "b"
+        );
+        assert!(config["webhooks"][1].get("namespaceSelector").is_none());
+    }
+
+    #[test]
+    fn resources_are_plural_lowercase() {
+        assert_eq!(resource("ClusterQueue").plural, "clusterqueues");
+        assert_eq!(resource("Workload").api_version, "kueue.x-k8s.io/v1beta2");
+        assert_eq!(resource_at("v1beta1", "LocalQueue").plural, "localqueues");
+    }
+}
