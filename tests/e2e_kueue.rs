@@ -540,68 +540,10 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
         (idle_for >= 16.0).then_some(())
     })
     .await;
-    let (live, offline) = live_and_offline(&stack);
+    let (live, offline, _capture) = support::live_and_offline(&stack);
     assert_eq!(offline["kueue_available"], true, "{offline}");
     assert_eq!(offline["queues"], live["queues"], "offline vs live");
     let starved = queue_row(&offline, "team-b-cq").expect("team-b-cq offline");
     assert_eq!(starved["idle_lenders"], json!(["team-a-cq"]), "{starved}");
     assert!(kueue.try_exit_status().is_none(), "Kueue exited");
-}
-
-/// `gpu-ledger report -o json` live and from a `capture` of the same instant, both as the
-/// token user `gpu-ledger` with the stack's timings.
-fn live_and_offline(stack: &gpu_ledger_testkit::stack::Stack) -> (Value, Value) {
-    let bin = env!("CARGO_BIN_EXE_gpu-ledger");
-    let kubeconfig = stack.cp.kubeconfig_path("gpu-ledger").expect("kubeconfig");
-    let prom = stack.prometheus.url();
-    // A moment ago, so the Prometheus samples at that instant are complete.
-    let at = (chrono::Utc::now() - chrono::Duration::seconds(3))
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let timings = [
-        "--scrape-interval",
-        "1s",
-        "--window",
-        "10s",
-        "--max-staleness",
-        "5s",
-    ];
-    let json = |out: std::process::Output, what: &str| -> Value {
-        assert!(out.status.success(), "{what}: {out:?}");
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what} JSON: {e}"))
-    };
-    let dir = tempfile::tempdir().expect("tmp");
-    let out = std::process::Command::new(bin)
-        .arg("capture")
-        .arg("--out")
-        .arg(dir.path())
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--prometheus-url", prom, "--at", &at])
-        .output()
-        .expect("run capture");
-    assert!(out.status.success(), "capture: {out:?}");
-    let offline = json(
-        std::process::Command::new(bin)
-            .arg("report")
-            .arg("--from")
-            .arg(dir.path())
-            .args(timings)
-            .args(["--at", &at, "-o", "json"])
-            .output()
-            .expect("run offline report"),
-        "offline report",
-    );
-    let live = json(
-        std::process::Command::new(bin)
-            .arg("report")
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["--prometheus-url", prom])
-            .args(timings)
-            .args(["--at", &at, "-o", "json"])
-            .output()
-            .expect("run live report"),
-        "live report",
-    );
-    (live, offline)
 }

@@ -18,8 +18,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use gpu_ledger::claims::kueue::api_resource;
@@ -40,26 +39,6 @@ const DRA_KEY: &str = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices";
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_gpu-ledger"))
-}
-
-fn gpu_ledger() -> Command {
-    let mut c = Command::new(bin());
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            c.env_remove(k);
-        }
-    }
-    c
-}
-
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).expect("utf8")
 }
 
 fn row<'a>(rows: &'a Value, key: &str, value: &str, resource: &str) -> Option<&'a Value> {
@@ -477,23 +456,7 @@ async fn kueue_objects_are_watched_and_joined_to_their_pods() {
     gl.terminate(Duration::from_secs(10));
 
     // Offline: capture writes the Kueue objects; report --from gives the live report's rows.
-    let reader = stack.cp.kubeconfig_path("gpu-ledger").expect("kubeconfig");
-    let prom = stack.prometheus.url().to_string();
-    let at = (chrono::Utc::now() - chrono::Duration::seconds(3))
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let dir = tempfile::tempdir().expect("tmp");
-    ok(
-        &gpu_ledger()
-            .arg("capture")
-            .arg("--out")
-            .arg(dir.path())
-            .arg("--kubeconfig")
-            .arg(&reader)
-            .args(["--prometheus-url", &prom, "--at", &at])
-            .output()
-            .expect("run capture"),
-        "capture",
-    );
+    let (live, offline, dir) = support::live_and_offline(&stack);
     for f in [
         "resourceflavors.json",
         "clusterqueues.json",
@@ -502,44 +465,7 @@ async fn kueue_objects_are_watched_and_joined_to_their_pods() {
     ] {
         assert!(dir.path().join(f).is_file(), "capture wrote no {f}");
     }
-    let timings = [
-        "--scrape-interval",
-        "1s",
-        "--window",
-        "10s",
-        "--max-staleness",
-        "5s",
-    ];
-    let offline: Value = serde_json::from_str(&ok(
-        &gpu_ledger()
-            .arg("report")
-            .arg("--from")
-            .arg(dir.path())
-            .args(timings)
-            .args(["--at", &at, "-o", "json"])
-            .output()
-            .expect("offline report"),
-        "offline report",
-    ))
-    .expect("json");
-    let live: Value = serde_json::from_str(&ok(
-        &live_report(&reader, &prom, &timings, &at),
-        "live report",
-    ))
-    .expect("json");
     assert_eq!(offline["kueue_available"], true);
     assert_eq!(offline["queues"], live["queues"], "offline vs live");
     assert_eq!(offline["quotas"], live["quotas"], "offline vs live");
-}
-
-fn live_report(kubeconfig: &Path, prometheus: &str, timings: &[&str], at: &str) -> Output {
-    gpu_ledger()
-        .arg("report")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--prometheus-url", prometheus])
-        .args(timings)
-        .args(["--at", at, "-o", "json"])
-        .output()
-        .expect("run live report")
 }

@@ -221,49 +221,25 @@ impl Stores {
                 .filter(|e| crate::ledger::claims::node_in_shard(&e.value().name, shard, total))
                 .map(|e| e.value().clone())
                 .collect(),
-            quotas: self.quotas.iter().map(|e| e.value().clone()).collect(),
-            notebooks: self.notebooks.iter().map(|e| e.value().clone()).collect(),
-            statefulsets: self
-                .statefulsets
-                .iter()
-                .map(|e| e.value().clone())
-                .collect(),
-            daemon_pods: self.daemon_pods.iter().map(|e| e.value().clone()).collect(),
+            quotas: values(&self.quotas),
+            notebooks: values(&self.notebooks),
+            statefulsets: values(&self.statefulsets),
+            daemon_pods: values(&self.daemon_pods),
             notebooks_enabled: self.notebooks_enabled.load(Ordering::Relaxed),
-            resource_claims: self
-                .resource_claims
-                .iter()
-                .map(|e| e.value().clone())
-                .collect(),
+            resource_claims: values(&self.resource_claims),
             dra_devices: self
                 .resource_slices
                 .iter()
                 .flat_map(|e| e.value().clone())
                 .collect(),
-            device_classes: self
-                .device_classes
-                .iter()
-                .map(|e| e.value().clone())
-                .collect(),
+            device_classes: values(&self.device_classes),
             dra_enabled: self.dra_enabled.load(Ordering::Relaxed),
             kueue: KueueInputs {
                 enabled: self.kueue_enabled.load(Ordering::Relaxed),
-                flavors: self
-                    .kueue_flavors
-                    .iter()
-                    .map(|e| e.value().clone())
-                    .collect(),
-                cluster_queues: self
-                    .cluster_queues
-                    .iter()
-                    .map(|e| e.value().clone())
-                    .collect(),
-                local_queues: self
-                    .local_queues
-                    .iter()
-                    .map(|e| e.value().clone())
-                    .collect(),
-                workloads: self.workloads.iter().map(|e| e.value().clone()).collect(),
+                flavors: values(&self.kueue_flavors),
+                cluster_queues: values(&self.cluster_queues),
+                local_queues: values(&self.local_queues),
+                workloads: values(&self.workloads),
             },
         }
     }
@@ -622,6 +598,11 @@ async fn start_dra(
         stores.device_classes.clone(),
         ResourceExt::name_any,
     );
+}
+
+/// A copy of every value of a store.
+fn values<V: Clone>(store: &DashMap<String, V>) -> Vec<V> {
+    store.iter().map(|e| e.value().clone()).collect()
 }
 
 /// Label of the i-th watch of a resource (static strings keep metric labels bounded).

@@ -247,3 +247,67 @@ pub fn install_kueue_crds(cp: &gpu_ledger_testkit::ControlPlane) {
         }
     }
 }
+
+/// `gpu-ledger report -o json` live and from a `capture` of the same instant (3 s ago, so the
+/// Prometheus samples then are complete), both as the token user `gpu-ledger` with one-second
+/// timings; the capture directory comes back too, for a look at the files.
+pub fn live_and_offline(
+    stack: &Stack,
+) -> (serde_json::Value, serde_json::Value, tempfile::TempDir) {
+    let bin = env!("CARGO_BIN_EXE_gpu-ledger");
+    let kubeconfig = stack.cp.kubeconfig_path("gpu-ledger").expect("kubeconfig");
+    let prom = stack.prometheus.url();
+    let at = (chrono::Utc::now() - chrono::Duration::seconds(3))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let timings = [
+        "--scrape-interval",
+        "1s",
+        "--window",
+        "10s",
+        "--max-staleness",
+        "5s",
+    ];
+    let run = |args: &[std::ffi::OsString], what: &str| -> std::process::Output {
+        let mut c = std::process::Command::new(bin);
+        // The test's own environment must not configure the binary.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("GPU_LEDGER_") {
+                c.env_remove(k);
+            }
+        }
+        let out = c
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("run {what}: {e}"));
+        assert!(
+            out.status.success(),
+            "{what}: exit {:?}\nstderr:\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let json = |out: std::process::Output, what: &str| -> serde_json::Value {
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what} JSON: {e}"))
+    };
+    let os = |v: &[&str]| -> Vec<std::ffi::OsString> { v.iter().map(Into::into).collect() };
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut capture = os(&["capture", "--out"]);
+    capture.push(dir.path().into());
+    capture.push("--kubeconfig".into());
+    capture.push(kubeconfig.clone().into());
+    capture.extend(os(&["--prometheus-url", prom, "--at", &at]));
+    run(&capture, "capture");
+    let mut offline = os(&["report", "--from"]);
+    offline.push(dir.path().into());
+    offline.extend(os(&timings));
+    offline.extend(os(&["--at", &at, "-o", "json"]));
+    let offline = json(run(&offline, "offline report"), "offline report");
+    let mut live = os(&["report", "--kubeconfig"]);
+    live.push(kubeconfig.into());
+    live.extend(os(&["--prometheus-url", prom]));
+    live.extend(os(&timings));
+    live.extend(os(&["--at", &at, "-o", "json"]));
+    let live = json(run(&live, "live report"), "live report");
+    (live, offline, dir)
+}
