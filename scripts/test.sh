@@ -81,8 +81,8 @@ export THANOS_BIN
 echo "THANOS_BIN=$THANOS_BIN"
 
 step "kueue (controller manager) from its Go module, for the quota and queue tests"
-# Cold (empty Go module cache for Kueue, 2026-12-02, machine busy with three Rust builds, load
-# 8-10 on 2 cores): 1,546 s wall (15 min of CPU); warm (binary cached) < 1 s. tests/e2e_kueue.rs
+# Cold (empty Go module and build caches, 2026-12-02): 480 s on the otherwise idle 2-core
+# machine, 1,546 s beside three Rust builds; warm (binary cached) < 1 s. tests/e2e_kueue.rs
 # also reads the module's CRDs and webhook manifests (`--print-module`), which this build leaves
 # in the Go module cache.
 KUEUE_BIN=$(scripts/build-kueue.sh --print-bin)
