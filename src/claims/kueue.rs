@@ -343,14 +343,7 @@ pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
     let lp = ListParams::default().limit(1);
     for (kind, plural, namespaced) in KINDS {
         let ar = api_resource(kind, plural);
-        let apis: Vec<Api<DynamicObject>> = if namespaced {
-            scopes
-                .iter()
-                .map(|ns| k8s::scoped_dynamic(client, ns.as_deref(), &ar))
-                .collect()
-        } else {
-            vec![Api::all_with(client.clone(), &ar)]
-        };
+        let apis = apis(client, scopes, &ar, namespaced);
         for api in apis {
             let probe = tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&lp)).await;
             match probe {
@@ -374,6 +367,23 @@ pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
     true
 }
 
+/// The APIs one kind is read through: one per scope when it is namespaced, else the cluster's.
+fn apis(
+    client: &Client,
+    scopes: &[Option<String>],
+    ar: &ApiResource,
+    namespaced: bool,
+) -> Vec<Api<DynamicObject>> {
+    if namespaced {
+        scopes
+            .iter()
+            .map(|ns| k8s::scoped_dynamic(client, ns.as_deref(), ar))
+            .collect()
+    } else {
+        vec![Api::all_with(client.clone(), ar)]
+    }
+}
+
 /// One-shot lists of the four kinds (cluster-scoped ones everywhere, namespaced ones in
 /// `scopes`), as raw objects by plural name; `None` when Kueue is not available.
 pub async fn list_objects(
@@ -388,14 +398,7 @@ pub async fn list_objects(
     for (kind, plural, namespaced) in KINDS {
         let ar = api_resource(kind, plural);
         let mut items = Vec::new();
-        let apis: Vec<Api<DynamicObject>> = if namespaced {
-            scopes
-                .iter()
-                .map(|ns| k8s::scoped_dynamic(client, ns.as_deref(), &ar))
-                .collect()
-        } else {
-            vec![Api::all_with(client.clone(), &ar)]
-        };
+        let apis = apis(client, scopes, &ar, namespaced);
         for api in apis {
             let list = api.list(&lp).await.map_err(|e| (plural, e))?;
             items.extend(list.items);

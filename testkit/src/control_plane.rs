@@ -394,8 +394,9 @@ impl ControlPlane {
         .arg(format!("--cert-dir={}", path.join("kcm-certs").display()))
         .arg(always_allow)
         // Only read when a test adds the resourcequota-controller: its full resync (5 min by
-        // default) recovers a quota whose first sync raced the controller's start-up well
-        // inside a test's patience (seen once: status.used still empty after 120 s).
+        // default) is longer than any test waits, so a missed quota update would never be
+        // repaired in time. A mitigation, not a proven fix: tests/quota_live.rs timed out once
+        // before this flag and once after it, in about 15 runs, cause not found.
         .arg("--resource-quota-sync-period=15s")
         .arg(format!("--controllers={}", controllers.join(",")));
         let mut sched = Command::new(sched_bin);
