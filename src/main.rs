@@ -11,7 +11,8 @@ use gpu_ledger::telemetry;
 
 /// mimalloc instead of glibc malloc: each refresh decodes megabytes of Prometheus answers and
 /// frees them again; glibc's per-thread arenas kept most of that resident. The image sets
-/// `MIMALLOC_PURGE_DELAY=0` so freed pages go back at once (docs/benchmarks.md).
+/// `MIMALLOC_PURGE_DELAY=0` so freed pages go back at once, and the crate is built without
+/// transparent huge pages (`no_thp` in Cargo.toml; docs/benchmarks.md).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
