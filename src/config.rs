@@ -275,6 +275,17 @@ pub struct ServeArgs {
         help_heading = "Server"
     )]
     pub total_shards: u32,
+    /// With more than one shard: the DCGM label naming a device's node (or its exporter pod), by
+    /// which each shard asks Prometheus only for its own nodes' devices; `none`: every shard
+    /// reads every device and drops the others' (when no label names the node).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_SHARD_QUERY_SCOPE",
+        default_value = "Hostname",
+        value_parser = shard_query_scope,
+        help_heading = "Server"
+    )]
+    pub shard_query_scope: String,
     #[command(flatten)]
     pub cull: CullArgs,
     /// PEM certificate (chain) to serve HTTPS on --listen; re-read when the file changes.
@@ -734,6 +745,17 @@ pub fn positive_duration(s: &str) -> Result<chrono::Duration, String> {
         return Err(format!("{s:?} must be longer than zero"));
     }
     Ok(d)
+}
+
+/// `none`, or a Prometheus label name (`--shard-query-scope`).
+pub fn shard_query_scope(s: &str) -> Result<String, String> {
+    let label_name = s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if label_name {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is neither a Prometheus label name nor none"))
+    }
 }
 
 /// Parses `PRODUCT=SLICES` with SLICES in 1..=8.

@@ -809,6 +809,74 @@ async fn query_count_is_constant_in_device_count() {
     assert_eq!(large, (1, 1, 500));
 }
 
+/// A shard's refresh asks only for the devices its nodes' names (or its exporter pods' names)
+/// carry in `Hostname`: the answer holds no other node's series, so the fleet's Prometheus work
+/// does not grow with the number of shards; no names, no query.
+#[tokio::test]
+async fn a_scoped_refresh_reads_only_the_named_nodes_devices() {
+    let now = now_secs();
+    let mut om = Om::default();
+    // Two real node names (one with dots, as on EKS) and one exporter pod name standing in for
+    // a node (dcgm-exporter without NODE_NAME reports its pod's name, dcgm-exporter#188).
+    let hosts = [
+        "gpu-node-1",
+        "ip-10-0-1-2.ec2.internal",
+        "nvidia-dcgm-exporter-x7k2p",
+        "ip-10-0-1-2xec2xinternal",
+    ];
+    for (i, host) in hosts.iter().enumerate() {
+        let uuid = format!("GPU-{i:04}");
+        let mut labels = dev(&uuid, &[]);
+        labels.retain(|(k, _)| *k != "Hostname");
+        labels.push(("Hostname", host));
+        om.series(fields::GR_ENGINE_ACTIVE, &labels, every(now, 600, |_| 0.5));
+    }
+    let (prom, client) = start(&om).await;
+    let another_client = || {
+        PromClient::new(PromConfig::new(
+            prom.url().parse().expect("prometheus url"),
+            Duration::from_secs(60),
+        ))
+        .expect("client")
+    };
+    let mut source = LiveUsage::new(Some(Arc::new(client)), settings(SchemeChoice::Auto));
+    source.set_scope(live::Scope::Named {
+        label: "Hostname".into(),
+        values: vec![
+            "ip-10-0-1-2.ec2.internal".into(),
+            "nvidia-dcgm-exporter-x7k2p".into(),
+        ],
+    });
+    let scoped = source.fetch_at(at(now)).await;
+    assert!(scoped.error.is_none(), "{:?}", scoped.error);
+    let mut hosts_read: Vec<&str> = scoped
+        .usage
+        .devices
+        .iter()
+        .filter_map(|d| d.hostname.as_deref())
+        .collect();
+    hosts_read.sort_unstable();
+    assert_eq!(
+        hosts_read,
+        ["ip-10-0-1-2.ec2.internal", "nvidia-dcgm-exporter-x7k2p"]
+    );
+
+    let mut nothing = LiveUsage::new(
+        Some(Arc::new(another_client())),
+        settings(SchemeChoice::Auto),
+    );
+    nothing.set_scope(live::Scope::Named {
+        label: "Hostname".into(),
+        values: Vec::new(),
+    });
+    let empty = nothing.fetch_at(at(now)).await;
+    assert_eq!(empty.stats.queries, 0);
+    assert!(empty.usage.available && empty.usage.devices.is_empty());
+
+    let all = fetch(&another_client(), SchemeChoice::Auto, at(now)).await;
+    assert_eq!(all.len(), hosts.len());
+}
+
 #[tokio::test]
 async fn errors_are_typed() {
     let mut om = Om::default();

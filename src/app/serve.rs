@@ -45,7 +45,7 @@ use crate::ledger::usage::Usage;
 use crate::ledger::{self, Ledger, Policy};
 use crate::test_hooks;
 use crate::usage::history::History;
-use crate::usage::live::{Fetched, LiveSettings, LiveUsage};
+use crate::usage::live::{Fetched, LiveSettings, LiveUsage, Scope};
 use crate::usage::prom::{PromClient, PromError};
 
 /// Bound of the notebook-ownership step of a refresh (StatefulSet GETs, each bounded too).
@@ -114,6 +114,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         );
     }
     let shard = (args.shard, args.total_shards);
+    let scope_label = Some(args.shard_query_scope.clone()).filter(|l| l != "none");
     let every = args
         .refresh_interval
         .to_std()
@@ -231,6 +232,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         refresh_loop(RefreshLoop {
             source,
             stores: stores.clone(),
+            shard,
+            scope_label: scope_label.clone(),
             client: client.clone(),
             metrics: metrics.clone(),
             every,
@@ -269,6 +272,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         policy,
         cull_policy: culler.config().policy.clone(),
         shard,
+        scope_label,
     };
     tasks.spawn_critical(
         "cull",
@@ -338,6 +342,9 @@ async fn cull_loop(
 struct RefreshLoop {
     source: LiveUsage,
     stores: Stores,
+    /// This replica's shard and the label its query is narrowed by ([`query_scope`]).
+    shard: (u32, u32),
+    scope_label: Option<String>,
     client: Client,
     metrics: SelfMetrics,
     every: Duration,
@@ -386,6 +393,8 @@ async fn refresh_loop(mut r: RefreshLoop) {
                 "verifying notebook ownership timed out this refresh"
             ),
         }
+        r.source
+            .set_scope(query_scope(&r.stores, r.shard, r.scope_label.as_deref()));
         let fetched = tokio::time::timeout(r.fetch_timeout, r.source.fetch())
             .await
             .ok();
@@ -404,6 +413,18 @@ async fn refresh_loop(mut r: RefreshLoop) {
         };
         r.tx.send_replace(Some(Arc::new(refreshed)));
         test_hooks::panic_point("refresh");
+    }
+}
+
+/// The devices this replica asks Prometheus for: all of them unsharded (or without a scope
+/// label), else those whose `label` names one of the shard's nodes or exporter pods.
+fn query_scope(stores: &Stores, (shard, total): (u32, u32), label: Option<&str>) -> Scope {
+    match label {
+        Some(label) if total > 1 => Scope::Named {
+            label: label.to_string(),
+            values: stores.shard_hostnames(shard, total),
+        },
+        _ => Scope::All,
     }
 }
 
@@ -467,6 +488,7 @@ struct RecheckContext {
     policy: Policy,
     cull_policy: CullPolicy,
     shard: (u32, u32),
+    scope_label: Option<String>,
 }
 
 impl RecheckContext {
@@ -496,6 +518,11 @@ impl Rechecker<'_> {
             .ctx
             .stores
             .claims_for(self.ctx.shard.0, self.ctx.shard.1);
+        let scope = query_scope(
+            &self.ctx.stores,
+            self.ctx.shard,
+            self.ctx.scope_label.as_deref(),
+        );
         let Action::Stop { pod_uid, .. } = action;
         let pod_uid = pod_uid.clone();
         async move {
@@ -503,8 +530,14 @@ impl Rechecker<'_> {
                 return Ok(false);
             };
             let now = Utc::now();
-            let devices =
-                crate::usage::live::fetch_window(&client, &settings, history.as_mut(), now).await?;
+            let devices = crate::usage::live::fetch_window_in(
+                &client,
+                &settings,
+                &scope,
+                history.as_mut(),
+                now,
+            )
+            .await?;
             let ledger = ledger::build(
                 &claims,
                 &Usage {

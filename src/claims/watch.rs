@@ -206,6 +206,27 @@ impl Stores {
         out
     }
 
+    /// The names a DCGM series' `Hostname` may carry for a device of this shard: its nodes, and
+    /// the DaemonSet pods on them (dcgm-exporter without `NODE_NAME` reports its pod's name,
+    /// dcgm-exporter#188). Sorted, without duplicates, so the query text is stable.
+    pub fn shard_hostnames(&self, shard: u32, total: u32) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|e| crate::ledger::claims::node_in_shard(&e.value().name, shard, total))
+            .map(|e| e.value().name.clone())
+            .chain(
+                self.daemon_pods
+                    .iter()
+                    .filter(|e| crate::ledger::claims::node_in_shard(&e.value().node, shard, total))
+                    .map(|e| e.value().name.clone()),
+            )
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
     /// The claims one shard owns, filtered while copying (only what the shard keeps is cloned).
     pub fn claims_for(&self, shard: u32, total: u32) -> Claims {
         Claims {
@@ -845,6 +866,56 @@ mod tests {
         assert!(h.broken(later + Duration::from_secs(70), bound));
         h.on_event();
         assert!(!h.broken(later + Duration::from_secs(70), bound));
+    }
+
+    /// A shard's query scope lists its nodes and the DaemonSet pods on them, nothing of the
+    /// other shards', sorted and once each; together the shards list every name.
+    #[test]
+    fn shard_hostnames_are_the_shards_nodes_and_their_exporter_pods() {
+        let stores = Stores::new();
+        for i in 0..20 {
+            let name = format!("gpu-node-{i:02}");
+            stores.nodes.insert(
+                name.clone(),
+                NodeInfo {
+                    name: name.clone(),
+                    allocatable: std::collections::BTreeMap::new(),
+                    replicas: 1,
+                    product: None,
+                    gpu_labels: std::collections::BTreeMap::new(),
+                    labels: std::collections::BTreeMap::new(),
+                    taints: Vec::new(),
+                },
+            );
+            let pod = format!("nvidia-dcgm-exporter-{i:02}");
+            stores.daemon_pods.insert(
+                format!("gpu-operator/{pod}"),
+                DaemonPod {
+                    namespace: "gpu-operator".into(),
+                    name: pod,
+                    node: name,
+                    ip: None,
+                },
+            );
+        }
+        let mut union = Vec::new();
+        for shard in 0..3 {
+            let names = stores.shard_hostnames(shard, 3);
+            assert!(names.is_sorted(), "{names:?}");
+            for n in &names {
+                let node = n.replace("nvidia-dcgm-exporter-", "gpu-node-");
+                assert!(
+                    crate::ledger::claims::node_in_shard(&node, shard, 3),
+                    "{n} is not shard {shard}'s"
+                );
+            }
+            union.extend(names);
+        }
+        union.sort_unstable();
+        assert_eq!(union.len(), 40, "every node and exporter pod, once");
+        union.dedup();
+        assert_eq!(union.len(), 40);
+        assert_eq!(stores.shard_hostnames(0, 1).len(), 40, "unsharded: all");
     }
 
     #[test]

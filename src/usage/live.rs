@@ -232,9 +232,23 @@ pub async fn fetch_window(
     history: Option<&mut History>,
     now: DateTime<Utc>,
 ) -> Result<Vec<DeviceUsage>, PromError> {
+    fetch_window_in(client, settings, &Scope::All, history, now).await
+}
+
+/// As [`fetch_window`], for the devices of `scope` only (a shard's re-check).
+pub async fn fetch_window_in(
+    client: &PromClient,
+    settings: &LiveSettings,
+    scope: &Scope,
+    history: Option<&mut History>,
+    now: DateTime<Utc>,
+) -> Result<Vec<DeviceUsage>, PromError> {
     let window = settings.window;
+    if scope.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut fresh = client
-        .window_series(&field_names(), window.length, now)
+        .window_series_in(&scope.matcher(), &field_names(), window.length, now)
         .await?
         .complete()?;
     // Nothing is held here, but the re-check reads what a refresh would: the same samples.
@@ -265,6 +279,33 @@ fn one_cluster<'a>(labels: impl IntoIterator<Item = &'a Labels>) -> Result<(), P
     }
 }
 
+/// Which devices a refresh asks Prometheus for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Scope {
+    /// Every device (one replica, or `--shard-query-scope=none`).
+    #[default]
+    All,
+    /// The devices whose `label` names one of `values` (a shard's nodes and the exporter pods on
+    /// them): each shard reads only its own devices, so the fleet's Prometheus work does not
+    /// grow with the number of shards. No values: nothing is asked.
+    Named { label: String, values: Vec<String> },
+}
+
+impl Scope {
+    /// The `,`-prefixed matcher narrowing the window's selector (empty for [`Scope::All`]).
+    fn matcher(&self) -> String {
+        match self {
+            Self::All => String::new(),
+            Self::Named { label, values } => queries::scope_matcher(label, values),
+        }
+    }
+
+    /// A named scope without a value: this shard owns no node, so no device.
+    fn is_empty(&self) -> bool {
+        matches!(self, Self::Named { values, .. } if values.is_empty())
+    }
+}
+
 /// Prometheus, the samples of the window, and the idle history.
 pub struct LiveUsage {
     client: Option<Arc<PromClient>>,
@@ -275,6 +316,10 @@ pub struct LiveUsage {
     /// When the last successful refresh read Prometheus.
     fetched_at: Option<DateTime<Utc>>,
     settings: LiveSettings,
+    /// The devices the next refresh asks for ([`Self::set_scope`]).
+    scope: Scope,
+    /// A named scope matched no series (warned once until it matches again).
+    scope_unmatched: bool,
 }
 
 /// Timeout of the start-up query: it reads every sample of the lookback (hours × every GPU), so
@@ -352,7 +397,31 @@ impl LiveUsage {
             bootstrap: None,
             fetched_at: None,
             settings,
+            scope: Scope::All,
+            scope_unmatched: false,
         }
+    }
+
+    /// Narrows the following refreshes to `scope` (a shard's devices).
+    pub fn set_scope(&mut self, scope: Scope) {
+        self.scope = scope;
+    }
+
+    /// Says once when a named scope finds no series: the label names neither the nodes nor the
+    /// exporter pods (`--shard-query-scope` then needs another label, or `none`).
+    fn warn_if_scope_unmatched(&mut self) {
+        let Scope::Named { label, values } = &self.scope else {
+            return;
+        };
+        let unmatched = self.samples.is_empty();
+        if unmatched && !self.scope_unmatched {
+            warn!(
+                label = label.as_str(),
+                names = values.len(),
+                "no DCGM series names this shard's nodes or exporter pods: utilisation is unknown; check --shard-query-scope"
+            );
+        }
+        self.scope_unmatched = unmatched;
     }
 
     /// The idle history as of the last refresh (for re-checks before a stop).
@@ -426,8 +495,24 @@ impl LiveUsage {
         let range = self.fetched_at.map_or(window.length, |t| {
             (now - t + window.interval * 2).clamp(window.interval, window.length)
         });
+        if self.scope.is_empty() {
+            // A shard without nodes has no device to ask for.
+            self.samples = SampleWindow::default();
+            self.fetched_at = Some(now);
+            return Fetched {
+                usage: Usage {
+                    available: true,
+                    ..Usage::default()
+                },
+                stats: QueryStats::default(),
+                error: None,
+                rejected: Rejected::default(),
+            };
+        }
         let started = std::time::Instant::now();
-        let answer = client.window_series(&field_names(), range, now).await;
+        let answer = client
+            .window_series_in(&self.scope.matcher(), &field_names(), range, now)
+            .await;
         let stats = QueryStats {
             queries: 1,
             duration: started.elapsed(),
@@ -449,6 +534,7 @@ impl LiveUsage {
                     .timestamp_millis()
                     .saturating_sub(window.length.num_milliseconds());
                 self.samples.absorb(fresh, keep_after);
+                self.warn_if_scope_unmatched();
                 if let Err(e) = one_cluster(self.samples.label_sets()) {
                     // Nothing of a mixed answer is kept: the next refresh reads the window anew.
                     self.samples = SampleWindow::default();

@@ -63,6 +63,9 @@ struct Args {
     dra: bool,
     /// Do not run kube-state-metrics.
     no_ksm: bool,
+    /// Run this many gpu-ledger shards (`--shard i --total-shards K`) instead of one replica and
+    /// measure each (see [`run_sharded`]); implies `--no-ksm`.
+    shards: u32,
 }
 
 fn args() -> Result<Args> {
@@ -78,6 +81,7 @@ fn args() -> Result<Args> {
         hold_cluster: false,
         dra: false,
         no_ksm: false,
+        shards: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -94,6 +98,10 @@ fn args() -> Result<Args> {
             "--hold" => a.hold_cluster = true,
             "--dra" => a.dra = true,
             "--no-ksm" => a.no_ksm = true,
+            "--shards" => {
+                a.shards = val()?.parse()?;
+                a.no_ksm |= a.shards > 1;
+            }
             _ => bail!("unknown flag {flag}"),
         }
     }
@@ -365,6 +373,259 @@ async fn prometheus_cpu_per_eval(
     Ok(spent / rounds as f64)
 }
 
+/// What [`run_sharded`] needs from the set-up.
+struct Sharded<'a> {
+    kubeconfig: &'a std::path::Path,
+    logdir: &'a std::path::Path,
+    prom: &'a Prometheus,
+    http: &'a reqwest::Client,
+    gpu_pods: usize,
+    setup: String,
+}
+
+/// The refresh query of a shard owning `hosts` (src/usage/live.rs `Scope`,
+/// src/usage/prom/queries.rs `scope_matcher`: node names are plain, only `.` needs escaping),
+/// over the steady range; all devices without `hosts`.
+fn shard_refresh_query(hosts: Option<&[String]>, refresh_secs: u64) -> String {
+    let scope = hosts.map_or(String::new(), |h| {
+        let names: Vec<String> = h.iter().map(|n| n.replace('.', "\\\\.")).collect();
+        format!(",Hostname=~\"{}\"", names.join("|"))
+    });
+    format!(
+        "{{__name__=~\"{}\"{scope}}}[{}s]",
+        FIELD_SPELLINGS.join("|"),
+        refresh_secs + 2 * 15
+    )
+}
+
+/// Prometheus CPU seconds per evaluation of `query` (as [`prometheus_cpu_per_eval`], sent as a
+/// form POST like gpu-ledger sends it: a shard's node list does not fit a URL well), and the
+/// series it returns.
+async fn prometheus_cpu_per_post(
+    http: &reqwest::Client,
+    prom: &Prometheus,
+    query: &str,
+    rounds: usize,
+) -> Result<(f64, usize)> {
+    let pid = prom.pid();
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let idle_rate = (cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64();
+    let (c1, t1) = (cpu_seconds(pid), Instant::now());
+    let mut series = 0;
+    for _ in 0..rounds {
+        let v: serde_json::Value = http
+            .post(format!("{}/api/v1/query", prom.url()))
+            .form(&[("query", query)])
+            .send()
+            .await?
+            .json()
+            .await?;
+        if v["status"] != "success" {
+            bail!("shard query failed: {v}");
+        }
+        series = v["data"]["result"].as_array().map_or(0, Vec::len);
+    }
+    let spent = cpu_seconds(pid) - c1 - idle_rate * t1.elapsed().as_secs_f64();
+    Ok((spent / rounds as f64, series))
+}
+
+/// The `devices=N` of the last `refreshed` line of a gpu-ledger log (what its last refresh read).
+fn last_refresh_devices(log: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines()
+        .rev()
+        .find(|l| l.contains("refreshed"))
+        .and_then(|l| l.split("devices=").nth(1))
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `--shards K`: K gpu-ledger processes (`--shard i --total-shards K`) side by side, no KSM.
+/// Measures the first complete export over all shards, each shard's steady RSS, CPU, refresh
+/// and devices read, Prometheus' CPU per evaluation of each shard's refresh query (the nodes a
+/// shard owns are read from its `/api/v1/ledger`) against the unsharded query, and Prometheus'
+/// CPU over the steady window.
+#[allow(clippy::too_many_lines)]
+async fn run_sharded(a: &Args, s: &Sharded<'_>) -> Result<String> {
+    let k = a.shards;
+    let prom_pid = s.prom.pid();
+    // Prometheus' own rate (scrapes, rules) before any shard runs.
+    let (c0, t0) = (cpu_seconds(prom_pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let prom_idle_rate = (cpu_seconds(prom_pid) - c0) / t0.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let mut shards = Vec::new();
+    for i in 0..k {
+        let port = free_port()?;
+        let log = s.logdir.join(format!("gpu-ledger-shard-{i}.log"));
+        let mut cmd = Command::new(&a.ledger_bin);
+        cmd.env("KUBECONFIG", s.kubeconfig)
+            .env("POD_NAMESPACE", "default")
+            .env("MIMALLOC_PURGE_DELAY", "0")
+            .arg("serve")
+            .arg(format!("--prometheus-url={}", s.prom.url()))
+            .arg(format!("--listen=127.0.0.1:{port}"))
+            .arg(format!("--refresh-interval={}", a.refresh))
+            .arg("--scrape-interval=15s")
+            .arg(format!("--shard={i}"))
+            .arg(format!("--total-shards={k}"))
+            // Each shard elects on its own Lease, as the chart sets it.
+            .arg(format!("--lease-name=gpu-ledger-{i}"));
+        let child = ChildGuard::spawn(&format!("gpu-ledger shard {i}"), cmd, &log)?;
+        shards.push((child, format!("http://127.0.0.1:{port}"), log));
+    }
+    poll_until(
+        "all shards complete",
+        Duration::from_secs(900),
+        Duration::from_millis(200),
+        || {
+            let urls: Vec<String> = shards
+                .iter()
+                .map(|(_, u, _)| format!("{u}/metrics"))
+                .collect();
+            let h = s.http.clone();
+            let want = s.gpu_pods;
+            async move {
+                let mut sum = 0;
+                for u in &urls {
+                    sum += count_prefix(&get_text(&h, u).await?, "gpu_ledger_pod_owner_info{");
+                }
+                Ok((sum >= want).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let first = t.elapsed().as_secs_f64();
+    log(&format!("{k} shards complete after {first:.2} s"));
+
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let window = Duration::from_secs(60);
+    let pids: Vec<u32> = shards.iter().map(|(c, _, _)| c.pid()).collect();
+    let metrics_of = |u: &str| format!("{u}/metrics");
+    let mut before = Vec::new();
+    for (_, u, _) in &shards {
+        before.push(get_text(s.http, &metrics_of(u)).await?);
+    }
+    let cpu0: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    let p0 = cpu_seconds(prom_pid);
+    let mut rss: Vec<Vec<f64>> = vec![Vec::new(); pids.len()];
+    let ends = Instant::now() + window;
+    while Instant::now() < ends {
+        for (i, p) in pids.iter().enumerate() {
+            rss[i].push(proc_status(*p).0 as f64);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let prom_spent = cpu_seconds(prom_pid) - p0 - prom_idle_rate * window.as_secs_f64();
+    let cpu1: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    let mut after = Vec::new();
+    for (_, u, _) in &shards {
+        after.push(get_text(s.http, &metrics_of(u)).await?);
+    }
+
+    // Each shard's nodes, from its own ledger; then its refresh query replayed.
+    let refresh_secs = seconds_of(&a.refresh).unwrap_or(10);
+    let mut owned: Vec<Vec<String>> = Vec::new();
+    for (_, u, _) in &shards {
+        let v: serde_json::Value = s
+            .http
+            .get(format!("{u}/api/v1/ledger"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let nodes = v["nodes"]
+            .as_array()
+            .map(|n| {
+                n.iter()
+                    .filter_map(|x| x["node"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        owned.push(nodes);
+    }
+    let (all_cpu, all_series) =
+        prometheus_cpu_per_post(s.http, s.prom, &shard_refresh_query(None, refresh_secs), 20)
+            .await?;
+    let mut per_shard_query = Vec::new();
+    for nodes in &owned {
+        per_shard_query.push(
+            prometheus_cpu_per_post(
+                s.http,
+                s.prom,
+                &shard_refresh_query(Some(nodes), refresh_secs),
+                20,
+            )
+            .await?,
+        );
+    }
+    log("shard queries timed");
+
+    let mut r = s.setup.clone();
+    let _ = writeln!(
+        r,
+        "\nfirst complete export over all {k} shards: {first:.2} s\n"
+    );
+    let _ = writeln!(
+        r,
+        "| shard | nodes | devices read per refresh | steady RSS (median) | CPU over {} s | refreshes | mean refresh | Prometheus CPU per evaluation of its refresh query | series returned |",
+        window.as_secs()
+    );
+    let _ = writeln!(
+        r,
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    let mut total_refreshes = 0.0;
+    for i in 0..shards.len() {
+        let delta = |name: &str| {
+            metric_value(&after[i], name).unwrap_or(0.0)
+                - metric_value(&before[i], name).unwrap_or(0.0)
+        };
+        let refreshes = delta("gpu_ledger_refresh_duration_seconds_count");
+        let mean = if refreshes > 0.0 {
+            delta("gpu_ledger_refresh_duration_seconds_sum") / refreshes
+        } else {
+            f64::NAN
+        };
+        total_refreshes += refreshes;
+        let devices =
+            last_refresh_devices(&shards[i].2).map_or_else(|| "?".to_string(), |d| d.to_string());
+        let _ = writeln!(
+            r,
+            "| {i} | {} | {devices} | {:.1} MiB | {:.2} s | {refreshes} | {mean:.3} s | {:.1} ms | {} |",
+            owned[i].len(),
+            pct(&mut rss[i], 0.5) / 1024.0,
+            cpu1[i] - cpu0[i],
+            per_shard_query[i].0 * 1000.0,
+            per_shard_query[i].1
+        );
+    }
+    let shard_sum: f64 = per_shard_query.iter().map(|(c, _)| c).sum();
+    let _ = writeln!(
+        r,
+        "\nPrometheus CPU per evaluation: the {k} shards' refresh queries together {:.1} ms, the unsharded refresh query {:.1} ms ({all_series} series), ratio {:.3}",
+        shard_sum * 1000.0,
+        all_cpu * 1000.0,
+        shard_sum / all_cpu
+    );
+    let cycles = total_refreshes / f64::from(k);
+    let _ = writeln!(
+        r,
+        "Prometheus CPU over the {} s steady window minus its idle rate: {:.2} s for {total_refreshes} shard refreshes ({:.1} ms per fleet refresh cycle of {k} queries)",
+        window.as_secs(),
+        prom_spent,
+        if cycles > 0.0 {
+            prom_spent / cycles * 1000.0
+        } else {
+            f64::NAN
+        }
+    );
+    drop(shards);
+    Ok(r)
+}
+
 #[allow(clippy::too_many_lines)]
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -608,6 +869,32 @@ async fn main() -> Result<()> {
         );
         log("holding the cluster for profiling; Ctrl-C ends");
         tokio::signal::ctrl_c().await?;
+        return Ok(());
+    }
+
+    if a.shards > 1 {
+        let report = run_sharded(
+            &a,
+            &Sharded {
+                kubeconfig: &kubeconfig,
+                logdir: &logdir,
+                prom: &prom,
+                http: &http,
+                gpu_pods,
+                setup: format!(
+                    "nodes: {} × 8 GPUs ({} GPUs); pods: {total} ({gpu_pods} GPU); cluster set-up {setup_s:.0} s; gpu-ledger --refresh-interval {}, {} shards\n",
+                    a.nodes,
+                    a.nodes * 8,
+                    a.refresh,
+                    a.shards
+                ),
+            },
+        )
+        .await?;
+        println!("{report}");
+        if let Some(out) = &a.out {
+            std::fs::write(out, &report)?;
+        }
         return Ok(());
     }
 

@@ -360,7 +360,7 @@ impl PromClient {
         range: chrono::Duration,
         at: DateTime<Utc>,
     ) -> Result<Vec<Series>, PromError> {
-        self.raw_samples::<QueryData>(fields, range, at)
+        self.raw_samples::<QueryData>("", fields, range, at)
             .await?
             .complete()?
             .into_series()
@@ -376,20 +376,33 @@ impl PromClient {
         range: chrono::Duration,
         at: DateTime<Utc>,
     ) -> Result<Answered<Vec<Series>>, PromError> {
-        self.raw_samples::<WindowData>(fields, range, at)
+        self.window_series_in("", fields, range, at).await
+    }
+
+    /// As [`Self::window_series`], narrowed by `scope` (`,`-prefixed matchers, e.g. a shard's
+    /// [`super::queries::scope_matcher`]; empty: every device).
+    pub async fn window_series_in(
+        &self,
+        scope: &str,
+        fields: &[&str],
+        range: chrono::Duration,
+        at: DateTime<Utc>,
+    ) -> Result<Answered<Vec<Series>>, PromError> {
+        self.raw_samples::<WindowData>(scope, fields, range, at)
             .await?
             .map(WindowData::into_series)
     }
 
-    /// The answer to `{__name__=~"<fields>",<matchers>}[range]` at `at`, decoded as `D`.
+    /// The answer to `{__name__=~"<fields>",<matchers><scope>}[range]` at `at`, decoded as `D`.
     async fn raw_samples<D: serde::de::DeserializeOwned>(
         &self,
+        scope: &str,
         fields: &[&str],
         range: chrono::Duration,
         at: DateTime<Utc>,
     ) -> Result<Answered<D>, PromError> {
         let token = self.token()?;
-        let query = range_selector(fields, &self.matchers, range);
+        let query = range_selector(fields, &format!("{}{scope}", self.matchers), range);
         self.query_data(token.as_deref(), &query, at, None).await
     }
 }

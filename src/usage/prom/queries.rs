@@ -121,6 +121,37 @@ pub(super) fn range_selector(fields: &[&str], matchers: &str, range: chrono::Dur
     )
 }
 
+/// `,<label>=~"a|b|…"`: the devices whose `label` names one of `values` (a shard's node names
+/// and its exporter pods' names, `docs/install.md` "Sharding"). Each value is matched literally:
+/// regex metacharacters are escaped, then the text is escaped for a `PromQL` string. Prometheus
+/// turns a plain alternation into a set lookup on its label index, so the cost of the match
+/// stays with the shard's own series. Empty `values` give an empty string: the caller asks
+/// nothing then (`=~""` would match every series without the label).
+pub fn scope_matcher(label: &str, values: &[String]) -> String {
+    if values.is_empty() {
+        return String::new();
+    }
+    let alternation: Vec<String> = values.iter().map(|v| quote_meta(v)).collect();
+    let promql_string = alternation
+        .join("|")
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"");
+    format!(",{label}=~\"{promql_string}\"")
+}
+
+/// `v` as a regex matching itself, escaped as Go's `regexp.QuoteMeta` does (`-` and `#` stay as
+/// they are): Prometheus recognises an alternation of such literals as a set of values.
+fn quote_meta(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        if r"\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// A validated list of label matchers (`cluster="prod",job=~"dcgm.*"`), safe to splice into a
 /// selector: each is `name op "value"` with a Prometheus label name, one of `=`, `!=`, `=~`,
 /// `!~`, and a double-quoted value with `\`-escapes only.
@@ -327,6 +358,32 @@ mod tests {
             idle_threshold: 0.05,
             max_staleness: chrono::Duration::minutes(2),
         }
+    }
+
+    #[test]
+    fn scope_matchers_match_names_literally_and_nothing_when_empty() {
+        assert_eq!(scope_matcher("Hostname", &[]), "");
+        let m = scope_matcher(
+            "Hostname",
+            &["gpu-node-0001".into(), "ip-10-0-1-2.ec2.internal".into()],
+        );
+        // The dot is a literal dot in the regex, and the backslash survives the PromQL string.
+        assert_eq!(
+            m,
+            r#",Hostname=~"gpu-node-0001|ip-10-0-1-2\\.ec2\\.internal""#
+        );
+        // What Prometheus sees after unquoting is a regex matching exactly those names.
+        let unquoted = m
+            .trim_start_matches(",Hostname=~\"")
+            .trim_end_matches('"')
+            .replace("\\\\", "\\");
+        let re = regex::Regex::new(&format!("^(?:{unquoted})$")).expect("a regex");
+        assert!(re.is_match("ip-10-0-1-2.ec2.internal"));
+        assert!(!re.is_match("ip-10-0-1-2xec2xinternal"));
+        assert!(!re.is_match("gpu-node-00010"));
+        // A quote in a value cannot end the PromQL string early.
+        let odd = scope_matcher("Hostname", &["a\"b".into()]);
+        assert_eq!(odd, r#",Hostname=~"a\"b""#);
     }
 
     #[test]
