@@ -4,11 +4,13 @@
 #
 #   scripts/bench-scale.sh [--nodes 500] [--refresh-interval 10s] [--extra-pods 3000] \
 #                          [--scrapes 100] [--deletions 100] [--out FILE] [--hold] \
-#                          [--dra] [--no-ksm]
+#                          [--dra] [--no-ksm] [--shards K]
 #
 # --dra gives the 1-GPU pods and notebooks their GPU through DRA ResourceClaims (templates,
 # allocated by the real scheduler from the ResourceSlices NVIDIA's driver would publish);
 # --no-ksm skips kube-state-metrics (no --with-ksm build needed; its columns print `–`).
+# --shards K runs K gpu-ledger shards (--shard i --total-shards K) instead of one replica, without
+# KSM, and prints per shard RSS, CPU, devices read and the Prometheus CPU of its refresh query.
 #
 # --hold builds the cluster and telemetry, prints the KUBECONFIG / Prometheus URL to run
 # gpu-ledger by hand (under heaptrack or perf), and waits for Ctrl-C.
@@ -32,6 +34,7 @@ while [[ $# -gt 0 ]]; do
 	--nodes) NODES=$2; shift ;;
 	--out) OUT=$2; shift ;;
 	--refresh-interval | --extra-pods | --scrapes | --deletions | --concurrency) ARGS+=("$1" "$2"); shift ;;
+	--shards) ARGS+=("$1" "$2"); NO_KSM=1; shift ;;
 	--hold | --dra) ARGS+=("$1") ;;
 	--no-ksm) ARGS+=("$1"); NO_KSM=1 ;;
 	*) echo "unknown argument $1" >&2; exit 2 ;;
