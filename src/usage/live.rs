@@ -699,8 +699,10 @@ mod tests {
         assert!(w.labels.is_empty());
     }
 
-    /// The held series' identities: name, label map (by address) and samples.
-    fn held(w: &SampleWindow) -> Vec<(String, *const Labels, Vec<(i64, f64)>)> {
+    /// A held series: name, label map (by address) and samples.
+    type Held = (String, *const Labels, Vec<(i64, f64)>);
+
+    fn held(w: &SampleWindow) -> Vec<Held> {
         w.series()
             .iter()
             .map(|s| (s.name.clone(), Arc::as_ptr(&s.labels), s.samples.clone()))
