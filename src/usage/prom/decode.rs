@@ -559,8 +559,9 @@ fn check_label_len<E: serde::de::Error>(v: &str) -> Result<(), E> {
 }
 
 /// Kept labels of one series before a spill to the heap: dcgm-exporter's read labels
-/// (`UUID`, `Hostname`, `modelName`, `pod`, `namespace`, `container`) and `instance`.
-const INLINE_LABELS: usize = 8;
+/// (`UUID`, `Hostname`, `modelName`, `pod`, `namespace`, `container`, on MIG devices
+/// `GPU_I_ID` and `GPU_I_PROFILE`) and `instance`, with one to spare (`cluster`).
+const INLINE_LABELS: usize = 10;
 
 /// The labels of a series that the window keeps, as decoded from the body: `__name__` and the
 /// non-empty [`READ_LABELS`], values borrowed where the JSON text allows, in name order (the
