@@ -2,7 +2,9 @@
 //! series): decoding Prometheus' answer to the window's range-vector selector and folding it
 //! into the held sample window (`SampleWindow`). The first refresh reads the whole window
 //! (40 samples a series) into an empty window; a steady one reads the last 3 samples of every
-//! series, all of them already held. Figures are recorded in docs/benchmarks.md.
+//! series, all of them already held; the steady refresh is also timed through the owned path
+//! (`WindowData` and `SampleWindow::absorb`) for comparison. Figures are recorded in
+//! docs/benchmarks.md.
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -10,6 +12,7 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use gpu_ledger::usage::fields;
 use gpu_ledger::usage::live::SampleWindow;
+use gpu_ledger::usage::prom::decode::WindowAnswer;
 use gpu_ledger::usage::prom::{ApiResponse, WindowData};
 
 /// The allocator the `gpu-ledger` binary ships with (src/main.rs): decoding and absorbing
@@ -72,8 +75,19 @@ fn answer(samples: i64, newest_ms: i64) -> Vec<u8> {
     body.into_bytes()
 }
 
-/// One refresh as `LiveUsage` runs it: the body decoded, then folded into the window.
+/// One refresh: the body decoded borrowing from it, then folded into the window.
 fn refresh(window: &mut SampleWindow, body: &[u8], keep_after: i64) {
+    let r: ApiResponse<WindowAnswer> = serde_json::from_slice(body).expect("decodes");
+    let fresh = r
+        .data
+        .expect("data")
+        .into_matrix()
+        .expect("a matrix answer");
+    window.absorb_answer(&fresh, keep_after);
+}
+
+/// One refresh as before issue 28's lever: owned label maps decoded, then found in the window.
+fn refresh_owned(window: &mut SampleWindow, body: &[u8], keep_after: i64) {
     let r: ApiResponse<WindowData> = serde_json::from_slice(body).expect("decodes");
     let fresh = r
         .data
@@ -110,6 +124,13 @@ fn bench_window(c: &mut Criterion) {
         b.iter_batched_ref(
             &held,
             |w| refresh(w, black_box(&steady), NEWEST_MS + STEP_MS - WINDOW_MS),
+            BatchSize::PerIteration,
+        );
+    });
+    g.bench_function("steady_4000_gpus_3_samples_owned", |b| {
+        b.iter_batched_ref(
+            &held,
+            |w| refresh_owned(w, black_box(&steady), NEWEST_MS + STEP_MS - WINDOW_MS),
             BatchSize::PerIteration,
         );
     });
