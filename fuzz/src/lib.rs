@@ -148,6 +148,17 @@ pub fn prom_response(data: &[u8]) {
     if let (Some(Ok(full)), Some(window)) = (&full, &window) {
         assert_eq!(Some(full), window.as_ref().ok(), "window decode differs");
     }
+    // The live refresh's decoder (label values borrowed from the body) accepts and refuses the
+    // same answers as the window's, with the same series.
+    let borrowed = serde_json::from_slice::<ApiResponse<prom::decode::WindowAnswer>>(data)
+        .ok()
+        .and_then(|r| r.data)
+        .map(|d| d.into_matrix().map(|m| comparable(&m.into_series())));
+    let kind = |r: &Option<Result<Comparable, prom::PromError>>| {
+        r.as_ref()
+            .map(|r| r.as_ref().map_err(prom::PromError::kind).cloned())
+    };
+    assert_eq!(kind(&window), kind(&borrowed), "borrowed decode differs");
     if let Ok(s) = std::str::from_utf8(data) {
         let _ = prom::parse_value(s);
     }

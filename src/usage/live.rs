@@ -32,6 +32,7 @@ use super::LabelScheme;
 use super::exposition::plausible_sample_ms;
 use super::fields;
 use super::history::History;
+use super::prom::decode::WindowSeries;
 use super::prom::{PromClient, PromError, QueryStats, queries};
 use super::scheme::{READ_LABELS, SchemeChoice};
 use super::series::{self, Labels, Series};
@@ -72,19 +73,32 @@ pub struct Rejected {
 fn reject_implausible(fresh: &mut [Series], now_ms: i64) -> Rejected {
     let mut rejected = Rejected::default();
     for s in fresh {
-        s.samples.retain(|(t, _)| {
-            if *t > now_ms {
-                rejected.future += 1;
-                false
-            } else if !plausible_sample_ms(*t) {
-                rejected.impossible += 1;
-                false
-            } else {
-                true
-            }
-        });
+        s.samples.retain(|(t, _)| rejected.plausible(*t, now_ms));
     }
     rejected
+}
+
+/// [`reject_implausible`] for a window answer decoded borrowing from its body (the live
+/// refresh's, [`SampleWindow::absorb_answer`]).
+pub fn reject_implausible_answer(fresh: &mut WindowSeries<'_>, now_ms: i64) -> Rejected {
+    let mut rejected = Rejected::default();
+    fresh.retain_samples(|t| rejected.plausible(t, now_ms));
+    rejected
+}
+
+impl Rejected {
+    /// Whether a sample at `t` is kept; counts it by reason when not.
+    fn plausible(&mut self, t: i64, now_ms: i64) -> bool {
+        if t > now_ms {
+            self.future += 1;
+            false
+        } else if !plausible_sample_ms(t) {
+            self.impossible += 1;
+            false
+        } else {
+            true
+        }
+    }
 }
 
 /// The raw samples of the window: one series per metric name and label set (labels cut to
@@ -103,13 +117,34 @@ pub struct SampleWindow {
     labels: foldhash::HashSet<Arc<Labels>>,
 }
 
-fn identity_hash(name: &str, labels: &Labels) -> u64 {
+/// Hash of a series' identity: its name and its (name-ordered) labels. The owned [`Labels`] of a
+/// held series and the borrowed [`super::prom::decode::WindowLabels`] of an answer's series hash alike when equal.
+fn identity_hash<'a>(name: &str, labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> u64 {
     use std::hash::{BuildHasher, Hash, Hasher};
     // A fixed seed: the index lives as long as the window, and equal identities must collide.
     let mut h = foldhash::fast::FixedState::with_seed(0x6770_755f_6c65_6467).build_hasher();
     name.hash(&mut h);
-    labels.hash(&mut h);
+    for (k, v) in labels {
+        k.hash(&mut h);
+        v.hash(&mut h);
+    }
     h.finish()
+}
+
+fn pairs(labels: &Labels) -> impl Iterator<Item = (&str, &str)> {
+    labels.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+}
+
+/// Appends the samples of `fresh` newer than what `held` holds, and drops those at or before
+/// `keep_after`.
+fn merge(held: &mut Vec<(i64, f64)>, fresh: &[(i64, f64)], keep_after: i64) {
+    // Old samples go first, so the buffer only grows past what the window holds.
+    let cut = held.partition_point(|(t, _)| *t <= keep_after);
+    held.drain(..cut);
+    let newest = held.last().map(|(t, _)| *t);
+    let wanted = |t: i64| newest.is_none_or(|n| t > n) && t > keep_after;
+    held.reserve_exact(fresh.iter().filter(|(t, _)| wanted(*t)).count());
+    held.extend(fresh.iter().copied().filter(|(t, _)| wanted(*t)));
 }
 
 impl SampleWindow {
@@ -119,37 +154,66 @@ impl SampleWindow {
         for s in fresh {
             let mut labels = Arc::unwrap_or_clone(s.labels);
             labels.retain(|k, _| READ_LABELS.contains(&k.as_str()));
-            let h = identity_hash(&s.name, &labels);
-            let slots = self.index.entry(h).or_default();
-            let found = slots
-                .iter()
-                .copied()
-                .find(|&i| self.series[i].name == s.name && *self.series[i].labels == labels);
-            let i = found.unwrap_or_else(|| {
-                let shared = if let Some(held) = self.labels.get(&labels) {
-                    Arc::clone(held)
-                } else {
-                    let held = Arc::new(labels);
-                    self.labels.insert(Arc::clone(&held));
-                    held
-                };
-                self.series.push(Series {
-                    name: s.name,
-                    labels: shared,
-                    samples: Vec::new(),
-                });
-                slots.push(self.series.len() - 1);
-                self.series.len() - 1
-            });
-            let held = &mut self.series[i].samples;
-            // Old samples go first, so the buffer only grows past what the window holds.
-            let cut = held.partition_point(|(t, _)| *t <= keep_after);
-            held.drain(..cut);
-            let newest = held.last().map(|(t, _)| *t);
-            let wanted = |t: i64| newest.is_none_or(|n| t > n) && t > keep_after;
-            held.reserve_exact(s.samples.iter().filter(|(t, _)| wanted(*t)).count());
-            held.extend(s.samples.into_iter().filter(|(t, _)| wanted(*t)));
+            let h = identity_hash(&s.name, pairs(&labels));
+            let i = match self.find(h, |held| held.name == s.name && *held.labels == labels) {
+                Some(i) => i,
+                None => self.hold(h, s.name, labels),
+            };
+            merge(&mut self.series[i].samples, &s.samples, keep_after);
         }
+        self.age(keep_after);
+    }
+
+    /// [`Self::absorb`] for an answer decoded borrowing from its body ([`WindowSeries`]): a
+    /// series already held is found by its borrowed labels, so only a new series makes an owned
+    /// label map (interned, shared by the fields of its device).
+    pub fn absorb_answer(&mut self, fresh: &WindowSeries<'_>, keep_after: i64) {
+        for s in fresh.iter() {
+            let h = identity_hash(s.name, s.labels.iter());
+            let same = |held: &Series| {
+                held.name == s.name
+                    && held.labels.len() == s.labels.len()
+                    && pairs(&held.labels).eq(s.labels.iter())
+            };
+            let i = match self.find(h, same) {
+                Some(i) => i,
+                None => self.hold(h, s.name.to_string(), s.labels.to_labels()),
+            };
+            merge(&mut self.series[i].samples, s.samples, keep_after);
+        }
+        self.age(keep_after);
+    }
+
+    /// The position of the held series with identity hash `h` that `same` accepts.
+    fn find(&self, h: u64, same: impl Fn(&Series) -> bool) -> Option<usize> {
+        self.index
+            .get(&h)?
+            .iter()
+            .copied()
+            .find(|&i| same(&self.series[i]))
+    }
+
+    /// Holds a new, empty series (its label map interned), and returns its position.
+    fn hold(&mut self, h: u64, name: String, labels: Labels) -> usize {
+        let shared = if let Some(held) = self.labels.get(&labels) {
+            Arc::clone(held)
+        } else {
+            let held = Arc::new(labels);
+            self.labels.insert(Arc::clone(&held));
+            held
+        };
+        self.series.push(Series {
+            name,
+            labels: shared,
+            samples: Vec::new(),
+        });
+        let i = self.series.len() - 1;
+        self.index.entry(h).or_default().push(i);
+        i
+    }
+
+    /// Forgets samples at or before `keep_after`, and series left empty.
+    fn age(&mut self, keep_after: i64) {
         let mut emptied = false;
         for s in &mut self.series {
             let cut = s.samples.partition_point(|(t, _)| *t <= keep_after);
@@ -162,7 +226,7 @@ impl SampleWindow {
             self.index.clear();
             for (i, s) in self.series.iter().enumerate() {
                 self.index
-                    .entry(identity_hash(&s.name, &s.labels))
+                    .entry(identity_hash(&s.name, pairs(&s.labels)))
                     .or_default()
                     .push(i);
             }
@@ -595,6 +659,40 @@ mod tests {
         }
     }
 
+    /// `series` as Prometheus answers the window's range-vector selector.
+    fn answer_body(series: &[Series]) -> String {
+        let result: Vec<serde_json::Value> = series
+            .iter()
+            .map(|s| {
+                let mut metric = serde_json::Map::new();
+                metric.insert("__name__".into(), s.name.clone().into());
+                for (k, v) in s.labels.iter() {
+                    metric.insert(k.clone(), v.clone().into());
+                }
+                let values: Vec<serde_json::Value> = s
+                    .samples
+                    .iter()
+                    .map(|(t, v)| serde_json::json!([*t as f64 / 1000.0, v.to_string()]))
+                    .collect();
+                serde_json::json!({"metric": metric, "values": values})
+            })
+            .collect();
+        serde_json::json!({"status": "success", "data": {"resultType": "matrix", "result": result}})
+            .to_string()
+    }
+
+    /// `body` decoded as the live refresh decodes it, borrowing from it.
+    fn decoded(body: &str) -> WindowSeries<'_> {
+        serde_json::from_str::<
+            crate::usage::prom::ApiResponse<crate::usage::prom::decode::WindowAnswer>,
+        >(body)
+        .expect("decodes")
+        .data
+        .expect("data")
+        .into_matrix()
+        .expect("a matrix")
+    }
+
     #[test]
     fn the_window_appends_only_new_samples_and_forgets_old_ones() {
         let mut w = SampleWindow::default();
@@ -686,4 +784,158 @@ mod tests {
         assert!(w.is_empty());
         assert!(w.labels.is_empty());
     }
+
+    /// A held series: name, label map (by address) and samples.
+    type Held = (String, *const Labels, Vec<(i64, f64)>);
+
+    fn held(w: &SampleWindow) -> Vec<Held> {
+        w.series()
+            .iter()
+            .map(|s| (s.name.clone(), Arc::as_ptr(&s.labels), s.samples.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_steady_answer_finds_the_held_series_by_borrowed_labels() {
+        let a = [
+            ("UUID", "GPU-a"),
+            ("Hostname", "n1"),
+            ("pod", "p"),
+            ("namespace", "ml"),
+            ("job", "dcgm"),
+        ];
+        // An escaped value takes the owned path of the decoder: found all the same.
+        let b = [
+            ("UUID", "GPU-b"),
+            ("Hostname", "n1"),
+            ("pod", r#"caf\u00e9 \"x\""#),
+        ];
+        let b_decoded = [("UUID", "GPU-b"), ("Hostname", "n1"), ("pod", "café \"x\"")];
+        let first: Vec<Series> = [fields::GPU_UTIL, fields::FB_USED]
+            .into_iter()
+            .flat_map(|f| {
+                [
+                    series(f, &a, &[(1_000, 1.0), (2_000, 2.0)]),
+                    series(f, &b_decoded, &[(1_000, 1.0), (2_000, 2.0)]),
+                ]
+            })
+            .collect();
+        // Held through the owned entry point: the borrowed one must hash and compare alike.
+        let mut w = SampleWindow::default();
+        w.absorb(first.clone(), 0);
+        let mut borrowed = SampleWindow::default();
+        borrowed.absorb_answer(&decoded(&answer_body(&first)), 0);
+        assert_eq!(
+            w.series(),
+            borrowed.series(),
+            "both entry points hold the same"
+        );
+        assert_eq!(w.len(), 4);
+        assert_eq!(w.labels.len(), 2, "one map per device");
+        let before = held(&w);
+        let steady: Vec<Series> = [fields::GPU_UTIL, fields::FB_USED]
+            .into_iter()
+            .flat_map(|f| {
+                [
+                    series(f, &a, &[(2_000, 2.0), (3_000, 3.0)]),
+                    series(f, &b_decoded, &[(2_000, 2.0), (3_000, 3.0)]),
+                ]
+            })
+            .collect();
+        let body = answer_body(&steady);
+        assert!(body.contains("café"), "serde_json writes é as is: {body}");
+        let body = body.replace(r#"café \"x\""#, b[2].1);
+        assert!(body.contains(r"\u00e9"), "{body}");
+        let fresh = decoded(&body);
+        w.absorb_answer(&fresh, 1_500);
+        let after = held(&w);
+        assert_eq!(after.len(), 4, "no series added");
+        assert_eq!(w.labels.len(), 2, "no label map interned");
+        for ((name, map, samples), (name_before, map_before, _)) in after.iter().zip(&before) {
+            assert_eq!(name, name_before);
+            assert_eq!(map, map_before, "{name}: the held map, not a new one");
+            assert_eq!(samples, &[(2_000, 2.0), (3_000, 3.0)], "{name}");
+        }
+        // A new device in a later answer is held beside them, its fields sharing one map.
+        let c = [("UUID", "GPU-c")];
+        let later = [
+            series(fields::GPU_UTIL, &c, &[(4_000, 4.0)]),
+            series(fields::FB_USED, &c, &[(4_000, 4.0)]),
+        ];
+        w.absorb_answer(&decoded(&answer_body(&later)), 1_500);
+        assert_eq!(w.len(), 6);
+        assert_eq!(w.labels.len(), 3);
+        let [.., util, fb] = w.series() else {
+            panic!("six series")
+        };
+        assert!(Arc::ptr_eq(&util.labels, &fb.labels));
+    }
+
+    #[test]
+    fn both_entry_points_keep_the_same_window() {
+        // The refresh pattern of the capacity test above: 15 s samples, 10 s refreshes with 30 s
+        // of overlap, a 10-minute window; one device leaves half way, another arrives.
+        let interval = 15_000;
+        let length = 600_000;
+        let upto = |now: i64, from: i64| -> Vec<(i64, f64)> {
+            (0..=now / interval)
+                .map(|k| k * interval)
+                .filter(|t| *t > from)
+                .map(|t| (t, (t / interval % 7) as f64))
+                .collect()
+        };
+        let (mut owned, mut borrowed) = (SampleWindow::default(), SampleWindow::default());
+        let mut now = length;
+        let mut from = 0;
+        for step in 0..150 {
+            let mut fresh = Vec::new();
+            for (device, present) in [("GPU-a", true), ("GPU-b", step < 60), ("GPU-c", step > 40)] {
+                if present {
+                    let labels = [("UUID", device), ("pod", "p"), ("namespace", "ml")];
+                    fresh.push(series(fields::GPU_UTIL, &labels, &upto(now, from)));
+                    fresh.push(series(fields::GR_ENGINE_ACTIVE, &labels, &upto(now, from)));
+                }
+            }
+            let body = answer_body(&fresh);
+            owned.absorb(fresh, now - length);
+            borrowed.absorb_answer(&decoded(&body), now - length);
+            assert_eq!(owned.series(), borrowed.series(), "step {step}");
+            assert_eq!(owned.labels, borrowed.labels, "step {step}");
+            from = now - 30_000;
+            now += 10_000;
+        }
+        assert_eq!(borrowed.len(), 4, "GPU-b aged out");
+    }
+
+    #[test]
+    fn implausible_samples_of_an_answer_are_dropped_and_counted() {
+        let labels = [("UUID", "GPU-a")];
+        let body = answer_body(&[
+            series(
+                fields::GPU_UTIL,
+                &labels,
+                &[(-5_000, 1.0), (T_MS, 2.0), (T_MS + 1, 3.0)],
+            ),
+            series(
+                fields::FB_USED,
+                &labels,
+                &[(T_MS - 1, 4.0), (T_MS + 60_000, 5.0)],
+            ),
+        ]);
+        let mut fresh = decoded(&body);
+        let owned = fresh.clone().into_series();
+        let rejected = reject_implausible_answer(&mut fresh, T_MS);
+        assert_eq!(
+            rejected,
+            Rejected {
+                future: 2,
+                impossible: 1
+            }
+        );
+        let mut expected = owned;
+        assert_eq!(reject_implausible(&mut expected, T_MS), rejected);
+        assert_eq!(fresh.into_series(), expected);
+    }
+
+    const T_MS: i64 = 1_700_000_000_000;
 }

@@ -2,8 +2,12 @@
 //! (see [`super`] for the bounds): the envelope, vector and scalar answers, and ONE matrix
 //! decoder ([`MatrixRow`]) for every range-vector and subquery answer, holding either every
 //! label ([`AllLabels`]: `capture`, subqueries) or only those the reduction reads
-//! ([`ReadLabels`]: the sample window).
+//! ([`ReadLabels`]: the sample window). The live refresh decodes its answer as a
+//! [`WindowAnswer`] instead: the same bounds, label values borrowed from the body, samples in
+//! one buffer, so a series the window already holds costs no allocation.
 
+use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -278,18 +282,33 @@ enum DataKey {
 }
 
 /// Decodes `result` once its `resultType` is known.
-trait FromResult: Sized {
-    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error>;
+trait FromResult<'de>: Sized {
+    /// `result` met before `resultType`, held as its raw text until the type is known: owned
+    /// for the owned decoders, borrowed from the body for [`WindowAnswer`].
+    type Early: Deserialize<'de>;
+    fn result<D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error>;
+    fn from_early(kind: ResultType, early: Self::Early) -> Result<Self, serde_json::Error>;
 }
 
 /// [`FromResult`] as a seed, for `MapAccess::next_value_seed`.
 struct ResultSeed<T>(ResultType, std::marker::PhantomData<T>);
 
-impl<'de, T: FromResult> serde::de::DeserializeSeed<'de> for ResultSeed<T> {
+impl<'de, T: FromResult<'de>> serde::de::DeserializeSeed<'de> for ResultSeed<T> {
     type Value = T;
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
         T::result(self.0, d)
     }
+}
+
+/// Decodes the raw text of a `result` met before its `resultType`.
+fn result_from_text<'a, T: FromResult<'a>>(
+    kind: ResultType,
+    text: &'a str,
+) -> Result<T, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let out = T::result(kind, &mut de)?;
+    de.end()?;
+    Ok(out)
 }
 
 /// An answer's `data`, decoded by its `resultType` straight into the bounded decoders. Prometheus,
@@ -297,9 +316,11 @@ impl<'de, T: FromResult> serde::de::DeserializeSeed<'de> for ResultSeed<T> {
 /// sorted keys puts `result` first, and serde's derived adjacently tagged enum would then buffer
 /// it into a generic tree many times the size of its text before any bound applies. Here it is
 /// kept as its raw text instead (one copy, at most the body) and decoded once the type is known.
-fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult>(d: D) -> Result<T, D::Error> {
+fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult<'de>>(
+    d: D,
+) -> Result<T, D::Error> {
     struct Visit<T>(std::marker::PhantomData<T>);
-    impl<'de, T: FromResult> serde::de::Visitor<'de> for Visit<T> {
+    impl<'de, T: FromResult<'de>> serde::de::Visitor<'de> for Visit<T> {
         type Value = T;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("an answer's data: resultType and result")
@@ -308,7 +329,7 @@ fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult>(d: D) -> Resul
             use serde::de::Error;
             let mut kind: Option<ResultType> = None;
             let mut out = None;
-            let mut early: Option<Box<serde_json::value::RawValue>> = None;
+            let mut early: Option<T::Early> = None;
             while let Some(key) = map.next_key()? {
                 match key {
                     DataKey::ResultType if kind.is_none() => kind = Some(map.next_value()?),
@@ -332,10 +353,7 @@ fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult>(d: D) -> Resul
             }
             let raw = early.ok_or_else(|| A::Error::missing_field("result"))?;
             let kind = kind.ok_or_else(|| A::Error::missing_field("resultType"))?;
-            let mut de = serde_json::Deserializer::from_str(raw.get());
-            let out = T::result(kind, &mut de).map_err(A::Error::custom)?;
-            de.end().map_err(A::Error::custom)?;
-            Ok(out)
+            T::from_early(kind, raw).map_err(A::Error::custom)
         }
     }
     d.deserialize_map(Visit(std::marker::PhantomData))
@@ -359,8 +377,12 @@ pub enum QueryData<L = AllLabels> {
 /// answers.
 pub type WindowData = QueryData<ReadLabels>;
 
-impl<L: RowLabels> FromResult for QueryData<L> {
-    fn result<'de, D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error> {
+impl<'de, L: RowLabels> FromResult<'de> for QueryData<L> {
+    type Early = Box<serde_json::value::RawValue>;
+    fn from_early(kind: ResultType, raw: Self::Early) -> Result<Self, serde_json::Error> {
+        result_from_text(kind, raw.get())
+    }
+    fn result<D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error> {
         let point = |(t, Bounded(v)): (f64, Bounded)| (t, v);
         Ok(match kind {
             ResultType::Vector => Self::Vector(SeriesList::<_>::deserialize(d)?.0),
@@ -430,36 +452,12 @@ pub struct ReadLabels(Labels);
 
 impl<'de> Deserialize<'de> for ReadLabels {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = ReadLabels;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a label map")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<ReadLabels, A::Error> {
-                let mut labels = Labels::new();
-                let mut seen = 0_usize;
-                while let Some(LabelName(kept)) = map.next_key()? {
-                    seen = count_label(seen)?;
-                    match kept {
-                        Some(name) => {
-                            let Bounded(value) = map.next_value()?;
-                            if !value.is_empty() {
-                                labels.insert(name.to_string(), value);
-                            }
-                        }
-                        None => {
-                            map.next_value::<BoundedIgnored>()?;
-                        }
-                    }
-                }
-                Ok(ReadLabels(labels))
-            }
+        let read = WindowLabels::deserialize(d)?;
+        let mut labels = read.to_labels();
+        if let Some(name) = read.name {
+            labels.insert(NAME_LABEL.to_string(), name.into_owned());
         }
-        d.deserialize_map(Visit)
+        Ok(ReadLabels(labels))
     }
 }
 
@@ -518,6 +516,378 @@ impl<'de> Deserialize<'de> for PromValue {
             }
         }
         d.deserialize_str(Visit)
+    }
+}
+
+/// A label value (or name) of at most [`MAX_LABEL_BYTES`], borrowed from the body when its
+/// JSON text has no escape (owned when serde must unescape it), refused before it is copied.
+struct BoundedCow<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for BoundedCow<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = BoundedCow<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<BoundedCow<'de>, E> {
+                check_label_len(v)?;
+                Ok(BoundedCow(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<BoundedCow<'de>, E> {
+                check_label_len(v)?;
+                Ok(BoundedCow(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+/// Refuses a label value over [`MAX_LABEL_BYTES`] (measured decoded, as it would be held).
+fn check_label_len<E: serde::de::Error>(v: &str) -> Result<(), E> {
+    if v.len() > MAX_LABEL_BYTES {
+        return Err(over_bound(format_args!(
+            "a string of {} bytes (at most {MAX_LABEL_BYTES})",
+            v.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Kept labels of one series before a spill to the heap: dcgm-exporter's read labels
+/// (`UUID`, `Hostname`, `modelName`, `pod`, `namespace`, `container`, on MIG devices
+/// `GPU_I_ID` and `GPU_I_PROFILE`) and `instance`, with one to spare (`cluster`).
+const INLINE_LABELS: usize = 10;
+
+/// The labels of a series that the window keeps, as decoded from the body: `__name__` and the
+/// non-empty [`READ_LABELS`], values borrowed where the JSON text allows, in name order (the
+/// order of a [`Labels`] map). The decoder behind both [`ReadLabels`] and [`WindowAnswer`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WindowLabels<'de> {
+    name: Option<Cow<'de, str>>,
+    kept: smallvec::SmallVec<[(&'static str, Cow<'de, str>); INLINE_LABELS]>,
+}
+
+impl WindowLabels<'_> {
+    /// The kept labels (without `__name__`), in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.kept.iter().map(|(k, v)| (*k, v.as_ref()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.kept.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+
+    /// The kept labels (without `__name__`) as an owned map.
+    pub fn to_labels(&self) -> Labels {
+        self.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}
+
+impl<'de> Deserialize<'de> for WindowLabels<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = WindowLabels<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a label map")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<WindowLabels<'de>, A::Error> {
+                let mut labels = WindowLabels::default();
+                let mut seen = 0_usize;
+                while let Some(LabelName(kept)) = map.next_key()? {
+                    seen = count_label(seen)?;
+                    match kept {
+                        Some(NAME_LABEL) => {
+                            let BoundedCow(value) = map.next_value()?;
+                            labels.name = Some(value).filter(|v| !v.is_empty());
+                        }
+                        Some(name) => {
+                            let BoundedCow(value) = map.next_value()?;
+                            let at = labels.kept.iter().position(|(k, _)| *k >= name);
+                            match at {
+                                Some(i) if labels.kept[i].0 == name => {
+                                    if value.is_empty() {
+                                        labels.kept.remove(i);
+                                    } else {
+                                        labels.kept[i].1 = value;
+                                    }
+                                }
+                                _ if value.is_empty() => {}
+                                Some(i) => labels.kept.insert(i, (name, value)),
+                                None => labels.kept.push((name, value)),
+                            }
+                        }
+                        None => {
+                            map.next_value::<BoundedIgnored>()?;
+                        }
+                    }
+                }
+                Ok(labels)
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// `data` of a range-vector answer as the live refresh decodes it: the bounds and the
+/// accepted answers of [`WindowData`], but each series' labels ([`WindowLabels`]) borrowed from
+/// the body and every sample in one buffer, so decoding a series allocates nothing unless its
+/// labels are escaped or more than [`INLINE_LABELS`]. A profile at 4,000 GPUs put a quarter of
+/// the service's CPU in building owned label maps for series the window already held
+/// (docs/benchmarks.md, "Performance round 3").
+#[derive(Debug, Clone)]
+pub struct WindowAnswer<'de> {
+    /// `None` for an answer that is not a matrix (decoded and bounded, then refused by
+    /// [`Self::into_matrix`]).
+    matrix: Option<WindowSeries<'de>>,
+}
+
+/// The series of a matrix answer ([`WindowAnswer::into_matrix`]).
+#[derive(Debug, Clone, Default)]
+pub struct WindowSeries<'de> {
+    rows: Vec<WindowRow<'de>>,
+    /// The samples of every series, row after row: (Unix milliseconds, value).
+    samples: Vec<(i64, f64)>,
+}
+
+/// One series of a [`WindowSeries`].
+#[derive(Debug, Clone)]
+struct WindowRow<'de> {
+    labels: WindowLabels<'de>,
+    samples: Range<usize>,
+}
+
+/// One series of a window answer, as read: the metric name, the kept labels and the samples.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowRowRef<'a, 'de> {
+    pub name: &'a str,
+    pub labels: &'a WindowLabels<'de>,
+    pub samples: &'a [(i64, f64)],
+}
+
+impl<'de> WindowAnswer<'de> {
+    /// The series of a matrix answer; another answer type, or a series without `__name__`, is
+    /// an error (as [`QueryData::into_series`]).
+    pub fn into_matrix(self) -> Result<WindowSeries<'de>, PromError> {
+        let Some(series) = self.matrix else {
+            return Err(PromError::Unexpected(
+                "expected a matrix answer to a range-vector selector".into(),
+            ));
+        };
+        if series.rows.iter().any(|r| r.labels.name.is_none()) {
+            return Err(PromError::Unexpected(
+                "matrix series without __name__".into(),
+            ));
+        }
+        Ok(series)
+    }
+}
+
+impl<'de> WindowSeries<'de> {
+    /// Each series: name, kept labels, samples in the answer's order.
+    pub fn iter(&self) -> impl Iterator<Item = WindowRowRef<'_, 'de>> {
+        self.rows.iter().map(|r| WindowRowRef {
+            name: r.labels.name.as_deref().unwrap_or_default(),
+            labels: &r.labels,
+            samples: self.samples.get(r.samples.clone()).unwrap_or_default(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Keeps the samples whose time `keep` accepts (series left empty stay, as in [`Series`]).
+    pub fn retain_samples(&mut self, mut keep: impl FnMut(i64) -> bool) {
+        let mut kept = 0;
+        for row in &mut self.rows {
+            let start = kept;
+            for i in row.samples.clone() {
+                let sample = self.samples[i];
+                if keep(sample.0) {
+                    self.samples[kept] = sample;
+                    kept += 1;
+                }
+            }
+            row.samples = start..kept;
+        }
+        self.samples.truncate(kept);
+    }
+
+    /// The series as owned [`Series`] (what [`QueryData::into_series`] gives for [`WindowData`]).
+    pub fn into_series(self) -> Vec<Series> {
+        self.iter()
+            .map(|r| Series {
+                name: r.name.to_string(),
+                labels: Arc::new(r.labels.to_labels()),
+                samples: r.samples.to_vec(),
+            })
+            .collect()
+    }
+}
+
+impl<'de> FromResult<'de> for WindowAnswer<'de> {
+    type Early = &'de serde_json::value::RawValue;
+    fn from_early(kind: ResultType, raw: Self::Early) -> Result<Self, serde_json::Error> {
+        result_from_text(kind, raw.get())
+    }
+    fn result<D: serde::Deserializer<'de>>(kind: ResultType, d: D) -> Result<Self, D::Error> {
+        if let ResultType::Matrix = kind {
+            return d
+                .deserialize_seq(WindowSeriesVisit)
+                .map(|s| WindowAnswer { matrix: Some(s) });
+        }
+        // Decoded (and bounded) as the owned decoders do, to refuse the same answers.
+        <QueryData<ReadLabels> as FromResult<'de>>::result(kind, d)?;
+        Ok(WindowAnswer { matrix: None })
+    }
+}
+
+impl<'de> Deserialize<'de> for WindowAnswer<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        data_in_order(d)
+    }
+}
+
+/// The `result` list of a matrix answer, at most [`MAX_SERIES`] series (as [`SeriesList`]).
+struct WindowSeriesVisit;
+
+impl<'de> serde::de::Visitor<'de> for WindowSeriesVisit {
+    type Value = WindowSeries<'de>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of series")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> Result<WindowSeries<'de>, A::Error> {
+        let mut out = WindowSeries::default();
+        while let Some(row) = seq.next_element_seed(RowSeed(&mut out.samples))? {
+            if out.rows.len() >= MAX_SERIES {
+                return Err(over_bound(format_args!("more than {MAX_SERIES} series")));
+            }
+            out.rows.push(row);
+        }
+        Ok(out)
+    }
+}
+
+/// A key of a matrix series.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum RowKey {
+    Metric,
+    Values,
+    #[serde(other)]
+    Other,
+}
+
+/// One matrix series, its samples appended to the answer's buffer. Accepts what the derived
+/// decoder of [`MatrixRow`] accepts: a map (`metric` optional, `values` required, other keys
+/// ignored, none twice) or a `[metric, values]` list.
+struct RowSeed<'a>(&'a mut Vec<(i64, f64)>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for RowSeed<'_> {
+    type Value = WindowRow<'de>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<WindowRow<'de>, D::Error> {
+        d.deserialize_struct("MatrixRow", &["metric", "values"], self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for RowSeed<'_> {
+    type Value = WindowRow<'de>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("struct MatrixRow")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<WindowRow<'de>, A::Error> {
+        use serde::de::Error;
+        let start = self.0.len();
+        let mut labels = None;
+        let mut values = false;
+        while let Some(key) = map.next_key()? {
+            match key {
+                RowKey::Metric if labels.is_some() => {
+                    return Err(A::Error::duplicate_field("metric"));
+                }
+                RowKey::Metric => labels = Some(map.next_value()?),
+                RowKey::Values if values => return Err(A::Error::duplicate_field("values")),
+                RowKey::Values => {
+                    map.next_value_seed(ValuesSeed(self.0))?;
+                    values = true;
+                }
+                RowKey::Other => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        if !values {
+            return Err(A::Error::missing_field("values"));
+        }
+        Ok(WindowRow {
+            labels: labels.unwrap_or_default(),
+            samples: start..self.0.len(),
+        })
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> Result<WindowRow<'de>, A::Error> {
+        use serde::de::Error;
+        let start = self.0.len();
+        let labels = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::invalid_length(0, &"struct MatrixRow with 2 elements"))?;
+        seq.next_element_seed(ValuesSeed(self.0))?
+            .ok_or_else(|| A::Error::invalid_length(1, &"struct MatrixRow with 2 elements"))?;
+        Ok(WindowRow {
+            labels,
+            samples: start..self.0.len(),
+        })
+    }
+}
+
+/// The `values` of a matrix series, each `[time, "value"]` parsed as it is read ([`PromValue`])
+/// and appended to the answer's buffer in milliseconds.
+struct ValuesSeed<'a>(&'a mut Vec<(i64, f64)>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for ValuesSeed<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ValuesSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of samples")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some((t, PromValue(v))) = seq.next_element::<(f64, PromValue)>()? {
+            self.0.push((secs_to_ms(t), v));
+        }
+        Ok(())
     }
 }
 
@@ -730,7 +1100,133 @@ mod tests {
         let window = serde_json::from_str::<ApiResponse<WindowData>>(body)
             .map_err(PromError::decoding)
             .and_then(|r| r.data.expect("data").into_series());
+        // The live refresh's decoder, borrowing from the body, agrees with the window's.
+        let borrowed = serde_json::from_str::<ApiResponse<WindowAnswer>>(body)
+            .map_err(PromError::decoding)
+            .and_then(|r| r.data.expect("data").into_matrix())
+            .map(WindowSeries::into_series);
+        match (&window, &borrowed) {
+            (Ok(w), Ok(b)) => assert_eq!(format!("{w:?}"), format!("{b:?}"), "{body}"),
+            (Err(w), Err(b)) => assert_eq!(
+                crate::telemetry::error_chain(w),
+                crate::telemetry::error_chain(b),
+                "{body}"
+            ),
+            (w, b) => panic!("window {w:?}, borrowed {b:?}"),
+        }
         (full, window)
+    }
+
+    /// The kept label values of the (first) series of `body`, as the live refresh decodes them,
+    /// and whether each is borrowed from the body.
+    fn borrowed_values(body: &str) -> Vec<(String, bool)> {
+        let r: ApiResponse<WindowAnswer> = serde_json::from_str(body).expect("decodes");
+        let m = r.data.expect("data").into_matrix().expect("matrix");
+        m.rows[0]
+            .labels
+            .kept
+            .iter()
+            .map(|(_, v)| (v.to_string(), matches!(v, Cow::Borrowed(_))))
+            .collect()
+    }
+
+    #[test]
+    fn the_live_decoder_borrows_label_values_from_the_body() {
+        let values = borrowed_values(WINDOW_ANSWER);
+        assert_eq!(values.len(), 6, "{values:?}");
+        assert!(values.iter().all(|(_, b)| *b), "none copied: {values:?}");
+        // A proxy's sorted keys (`result` held as raw text until its type is known) too.
+        let sorted = serde_json::from_str::<serde_json::Value>(WINDOW_ANSWER)
+            .expect("json")
+            .to_string();
+        assert_eq!(borrowed_values(&sorted), values);
+        let (_, window) = both(WINDOW_ANSWER);
+        let r: ApiResponse<WindowAnswer> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
+        let m = r.data.expect("data").into_matrix().expect("matrix");
+        let row = m.iter().next().expect("one series");
+        assert_eq!(row.name, "DCGM_FI_DEV_GPU_UTIL");
+        assert_eq!(row.labels.to_labels(), *window.expect("series")[0].labels);
+        assert_eq!(row.samples[0], (1_700_000_000_000, 42.0));
+    }
+
+    #[test]
+    fn an_escaped_label_value_decodes_as_the_owned_decoders_do() {
+        let body = WINDOW_ANSWER
+            .replace(r#""train-0""#, r#""caf\u00e9 \"0\"""#)
+            .replace(r#""Tesla T4""#, r#""Tesla\u0020T4\\x""#)
+            .replace(r#""job":"#, r#""j\u006fb":"#);
+        let values = borrowed_values(&body);
+        assert!(
+            values.contains(&(r#"café "0""#.to_string(), false)),
+            "unescaped into an owned value: {values:?}"
+        );
+        assert!(
+            values.contains(&(r"Tesla T4\x".to_string(), false)),
+            "{values:?}"
+        );
+        assert!(
+            values.contains(&("ip-10-0-1-2".to_string(), true)),
+            "{values:?}"
+        );
+        let (full, window) = both(&body);
+        let (full, window) = (full.expect("full"), window.expect("window"));
+        assert_eq!(full[0].labels["pod"], r#"café "0""#);
+        assert_eq!(full[0].labels["job"], "dcgm-exporter", "an escaped name");
+        assert_eq!(window[0].labels["pod"], r#"café "0""#);
+        assert_eq!(window[0].labels["modelName"], r"Tesla T4\x");
+    }
+
+    #[test]
+    fn repeated_and_empty_labels_decode_as_the_full_decoder_reads_them() {
+        // A map insert keeps the last of a repeated name, and an empty value is no label.
+        for (extra, pod) in [
+            (r#","pod":"train-1""#, Some("train-1")),
+            (r#","pod":"""#, None),
+            (r#","pod":"","pod":"train-2""#, Some("train-2")),
+        ] {
+            let body = WINDOW_ANSWER.replace(
+                r#""namespace":"ml""#,
+                &format!(r#""namespace":"ml"{extra}"#),
+            );
+            let (full, window) = both(&body);
+            let (full, window) = (full.expect("full"), window.expect("window"));
+            assert_eq!(
+                full[0].labels.get("pod").map(String::as_str),
+                pod,
+                "{extra}"
+            );
+            assert_eq!(
+                window[0].labels.get("pod").map(String::as_str),
+                pod,
+                "{extra}"
+            );
+        }
+        let body = WINDOW_ANSWER.replace(r#""gpu":"0","#, r#""__name__":"","#);
+        let (full, window) = both(&body);
+        assert!(full.is_err() && window.is_err(), "an empty name is no name");
+    }
+
+    #[test]
+    fn a_series_written_as_a_list_decodes_alike() {
+        // serde's derived decoder of MatrixRow takes `[metric, values]` as well.
+        let body = r#"{"status":"success","data":{"resultType":"matrix","result":[
+            [{"__name__":"DCGM_FI_DEV_GPU_UTIL","UUID":"GPU-a"},[[1700000000,"1"]]],
+            {"values":[[1700000000,"2"]],"metric":{"__name__":"DCGM_FI_DEV_FB_USED","UUID":"GPU-a"},"x":1}]}}"#;
+        let (full, window) = both(body);
+        assert_eq!(full.expect("full").len(), 2);
+        assert_eq!(window.expect("window").len(), 2);
+        for bad in [
+            r#"[{"__name__":"DCGM_FI_DEV_GPU_UTIL"}]"#,
+            r#"{"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL"}}"#,
+            r#"{"metric":{},"values":[],"values":[]}"#,
+            r#"{"metric":{},"metric":{},"values":[]}"#,
+        ] {
+            let body = format!(
+                r#"{{"status":"success","data":{{"resultType":"matrix","result":[{bad}]}}}}"#
+            );
+            let (full, window) = both(&body);
+            assert!(full.is_err() && window.is_err(), "{bad}");
+        }
     }
 
     fn assert_too_large(body: &str, what: &str) {

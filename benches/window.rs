@@ -1,0 +1,141 @@
+//! Benchmarks of the live refresh's CPU path at N = 500 (4,000 GPUs × 3 DCGM fields, 12,000
+//! series): decoding Prometheus' answer to the window's range-vector selector and folding it
+//! into the held sample window (`SampleWindow`). The first refresh reads the whole window
+//! (40 samples a series) into an empty window; a steady one reads the last 3 samples of every
+//! series, all of them already held; the steady refresh is also timed through the owned path
+//! (`WindowData` and `SampleWindow::absorb`) for comparison. Figures are recorded in
+//! docs/benchmarks.md.
+
+use std::fmt::Write as _;
+use std::hint::black_box;
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use gpu_ledger::usage::fields;
+use gpu_ledger::usage::live::SampleWindow;
+use gpu_ledger::usage::prom::decode::WindowAnswer;
+use gpu_ledger::usage::prom::{ApiResponse, WindowData};
+
+/// The allocator the `gpu-ledger` binary ships with (src/main.rs): decoding and absorbing
+/// allocate per series, so the allocator is part of what is measured.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const NODES: usize = 500;
+const GPUS_PER_NODE: usize = 8;
+/// Scrape interval (ms) and the newest sample's time.
+const STEP_MS: i64 = 15_000;
+const NEWEST_MS: i64 = 1_790_000_000_000;
+/// The window kept (10 minutes: 40 samples of 15 s).
+const WINDOW_MS: i64 = 600_000;
+
+/// Prometheus' answer to `{__name__=~"…"}[range]` for every GPU: `samples` samples per series,
+/// the newest at `newest_ms`. Labels as dcgm-exporter 4.x writes them (testkit's fake exporter:
+/// `gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`, `Hostname`, the pod's
+/// `container`/`namespace`/`pod`, the driver version) plus the scrape's `instance` and `job`,
+/// in the byte order Prometheus keeps a label set in.
+fn answer(samples: i64, newest_ms: i64) -> Vec<u8> {
+    let mut body = String::from(r#"{"status":"success","data":{"resultType":"matrix","result":["#);
+    let mut first = true;
+    for n in 0..NODES {
+        for g in 0..GPUS_PER_NODE {
+            for (f, field) in [fields::GR_ENGINE_ACTIVE, fields::GPU_UTIL, fields::FB_USED]
+                .into_iter()
+                .enumerate()
+            {
+                if !first {
+                    body.push(',');
+                }
+                first = false;
+                let team = (n * GPUS_PER_NODE + g) % 200;
+                write!(
+                    body,
+                    r#"{{"metric":{{"__name__":"{field}","DCGM_FI_DRIVER_VERSION":"550.54.15","Hostname":"gpu-node-{n:05}","UUID":"GPU-{n:08x}-{g:04x}-4c1e-9b8a-5d2f{g:08x}","container":"main","device":"nvidia{g}","gpu":"{g}","instance":"10.{}.{}.7:9400","job":"dcgm-exporter","modelName":"NVIDIA H100 80GB HBM3","namespace":"team-{team}","pci_bus_id":"00000000:{:02X}:00.0","pod":"job-{n:05}-{g}"}},"values":["#,
+                    n / 250,
+                    n % 250,
+                    0x18 + g * 0x10,
+                )
+                .expect("write to a String");
+                for k in (0..samples).rev() {
+                    let t = newest_ms - k * STEP_MS;
+                    let v = match f {
+                        0 => format!("{:.6}", ((n + g) % 10) as f64 / 10.0),
+                        1 => format!("{}", (n + g) % 100),
+                        _ => "40960".to_string(),
+                    };
+                    let sep = if k == 0 { "" } else { "," };
+                    write!(body, r#"[{}.{:03},"{v}"]{sep}"#, t / 1000, t % 1000)
+                        .expect("write to a String");
+                }
+                body.push_str("]}");
+            }
+        }
+    }
+    body.push_str("]}}");
+    body.into_bytes()
+}
+
+/// One refresh: the body decoded borrowing from it, then folded into the window.
+fn refresh(window: &mut SampleWindow, body: &[u8], keep_after: i64) {
+    let r: ApiResponse<WindowAnswer> = serde_json::from_slice(body).expect("decodes");
+    let fresh = r
+        .data
+        .expect("data")
+        .into_matrix()
+        .expect("a matrix answer");
+    window.absorb_answer(&fresh, keep_after);
+}
+
+/// One refresh as before issue 28's lever: owned label maps decoded, then found in the window.
+fn refresh_owned(window: &mut SampleWindow, body: &[u8], keep_after: i64) {
+    let r: ApiResponse<WindowData> = serde_json::from_slice(body).expect("decodes");
+    let fresh = r
+        .data
+        .expect("data")
+        .into_series()
+        .expect("a matrix answer");
+    window.absorb(fresh, keep_after);
+}
+
+fn bench_window(c: &mut Criterion) {
+    let full = answer(40, NEWEST_MS);
+    // The next refresh, 15 s later, with two intervals of overlap: one new sample a series.
+    let steady = answer(3, NEWEST_MS + STEP_MS);
+    // The window after the first refresh (rebuilt for every timed steady refresh, untimed).
+    let held = || {
+        let mut w = SampleWindow::default();
+        refresh(&mut w, &full, NEWEST_MS - WINDOW_MS);
+        w
+    };
+    assert_eq!(held().len(), NODES * GPUS_PER_NODE * 3);
+
+    let mut g = c.benchmark_group("window_refresh");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(full.len() as u64));
+    g.bench_function("first_4000_gpus_40_samples", |b| {
+        b.iter_batched_ref(
+            SampleWindow::default,
+            |w| refresh(w, black_box(&full), NEWEST_MS - WINDOW_MS),
+            BatchSize::PerIteration,
+        );
+    });
+    g.throughput(Throughput::Bytes(steady.len() as u64));
+    g.bench_function("steady_4000_gpus_3_samples", |b| {
+        b.iter_batched_ref(
+            &held,
+            |w| refresh(w, black_box(&steady), NEWEST_MS + STEP_MS - WINDOW_MS),
+            BatchSize::PerIteration,
+        );
+    });
+    g.bench_function("steady_4000_gpus_3_samples_owned", |b| {
+        b.iter_batched_ref(
+            &held,
+            |w| refresh_owned(w, black_box(&steady), NEWEST_MS + STEP_MS - WINDOW_MS),
+            BatchSize::PerIteration,
+        );
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_window);
+criterion_main!(benches);
