@@ -32,6 +32,7 @@ use super::LabelScheme;
 use super::exposition::plausible_sample_ms;
 use super::fields;
 use super::history::History;
+use super::prom::client::AnswerBody;
 use super::prom::decode::WindowSeries;
 use super::prom::{PromClient, PromError, QueryStats, queries};
 use super::scheme::{READ_LABELS, SchemeChoice};
@@ -471,6 +472,33 @@ impl LiveUsage {
         self.scope = scope;
     }
 
+    /// Decodes a window answer borrowing its labels from `body` and folds its samples into the
+    /// window (an owned label map only for a series not held yet); whether the answer was
+    /// partial, and the samples dropped as implausible.
+    fn absorb_body(
+        &mut self,
+        client: &PromClient,
+        body: &AnswerBody,
+        now: DateTime<Utc>,
+    ) -> Result<(bool, Rejected), PromError> {
+        let answer = client.decode_window(body)?;
+        let partial = answer.is_partial();
+        let mut fresh = answer.value;
+        let rejected = reject_implausible_answer(&mut fresh, now.timestamp_millis());
+        if rejected != Rejected::default() {
+            warn!(
+                future = rejected.future,
+                impossible = rejected.impossible,
+                "ignored prometheus samples stamped after the query time or at an impossible time"
+            );
+        }
+        let keep_after = now
+            .timestamp_millis()
+            .saturating_sub(self.settings.window.length.num_milliseconds());
+        self.samples.absorb_answer(&fresh, keep_after);
+        Ok((partial, rejected))
+    }
+
     /// Says once when a named scope finds no series: the label names neither the nodes nor the
     /// exporter pods (`--shard-query-scope` then needs another label, or `none`).
     fn warn_if_scope_unmatched(&mut self) {
@@ -574,30 +602,20 @@ impl LiveUsage {
             };
         }
         let started = std::time::Instant::now();
-        let answer = client
-            .window_series_in(&self.scope.matcher(), &field_names(), range, now)
-            .await;
+        let answer = match client
+            .window_body(&self.scope.matcher(), &field_names(), range, now)
+            .await
+        {
+            Ok(body) => self.absorb_body(&client, &body, now),
+            Err(e) => Err(e),
+        };
         let stats = QueryStats {
             queries: 1,
             duration: started.elapsed(),
             warnings: client.take_warnings(),
         };
         match answer {
-            Ok(answer) => {
-                let partial = answer.is_partial();
-                let mut fresh = answer.value;
-                let rejected = reject_implausible(&mut fresh, now.timestamp_millis());
-                if rejected != Rejected::default() {
-                    warn!(
-                        future = rejected.future,
-                        impossible = rejected.impossible,
-                        "ignored prometheus samples stamped after the query time or at an impossible time"
-                    );
-                }
-                let keep_after = now
-                    .timestamp_millis()
-                    .saturating_sub(window.length.num_milliseconds());
-                self.samples.absorb(fresh, keep_after);
+            Ok((partial, rejected)) => {
                 self.warn_if_scope_unmatched();
                 if let Err(e) = one_cluster(self.samples.label_sets()) {
                     // Nothing of a mixed answer is kept: the next refresh reads the window anew.

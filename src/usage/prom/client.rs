@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 
 use super::PromError;
 use super::decode::{
-    ApiResponse, MAX_ANSWER_BYTES, MatrixRow, QueryData, Sample, Warnings, WindowData,
+    ApiResponse, MAX_ANSWER_BYTES, MatrixRow, QueryData, Sample, Warnings, WindowAnswer,
+    WindowData, WindowSeries,
 };
 use super::queries::{Selector, range_selector};
 use crate::usage::series::Series;
@@ -119,6 +120,13 @@ impl<T> Answered<T> {
             warnings: self.warnings,
         })
     }
+}
+
+/// An answer's body as read, before decoding (decoders may borrow from it).
+#[derive(Debug)]
+pub struct AnswerBody {
+    status: u16,
+    bytes: Vec<u8>,
 }
 
 /// Prometheus HTTP API client.
@@ -251,6 +259,19 @@ impl PromClient {
         at: DateTime<Utc>,
         timeout: Option<Duration>,
     ) -> Result<Answered<D>, PromError> {
+        let body = self.answer_body(token, query, at, timeout).await?;
+        self.decode(&body)
+    }
+
+    /// The body of an answer to one instant query (POST form `query`, `time`), read up to
+    /// [`MAX_ANSWER_BYTES`]; [`Self::decode`] reads it.
+    async fn answer_body(
+        &self,
+        token: Option<&str>,
+        query: &str,
+        at: DateTime<Utc>,
+        timeout: Option<Duration>,
+    ) -> Result<AnswerBody, PromError> {
         let time = format!("{:.3}", at.timestamp_millis() as f64 / 1000.0);
         let started = Instant::now();
         let mut req = self
@@ -284,8 +305,21 @@ impl PromClient {
             took_ms = started.elapsed().as_millis() as u64,
             "prometheus answered"
         );
-        let parsed: Result<ApiResponse<D>, _> = serde_json::from_slice(&body);
-        if !status.is_success() {
+        Ok(AnswerBody {
+            status: status.as_u16(),
+            bytes: body,
+        })
+    }
+
+    /// An answer's `data` decoded as `D` (which may borrow from `body`), and its warnings
+    /// (counted and logged here); an error status or an unsuccessful answer is an error. One
+    /// pass that refuses an answer over a bound before copying the offending part out.
+    fn decode<'de, D: serde::Deserialize<'de>>(
+        &self,
+        body: &'de AnswerBody,
+    ) -> Result<Answered<D>, PromError> {
+        let parsed: Result<ApiResponse<D>, _> = serde_json::from_slice(&body.bytes);
+        if !(200..300).contains(&body.status) {
             let (error_type, message) = match parsed {
                 Ok(r) => (
                     r.error_type.unwrap_or_default(),
@@ -293,16 +327,18 @@ impl PromClient {
                 ),
                 Err(_) => (
                     String::new(),
-                    String::from_utf8_lossy(&body).chars().take(300).collect(),
+                    String::from_utf8_lossy(&body.bytes)
+                        .chars()
+                        .take(300)
+                        .collect(),
                 ),
             };
             return Err(PromError::Status {
-                code: status.as_u16(),
+                code: body.status,
                 error_type,
                 message,
             });
         }
-        drop(body);
         let r = parsed.map_err(PromError::decoding)?;
         if r.status != "success" {
             return Err(PromError::Api {
@@ -391,6 +427,31 @@ impl PromClient {
         self.raw_samples::<WindowData>(scope, fields, range, at)
             .await?
             .map(WindowData::into_series)
+    }
+
+    /// The body of the answer to the window's selector narrowed by `scope` (as
+    /// [`Self::window_series_in`]), for the live refresh to decode with
+    /// [`Self::decode_window`], borrowing label values from it.
+    pub async fn window_body(
+        &self,
+        scope: &str,
+        fields: &[&str],
+        range: chrono::Duration,
+        at: DateTime<Utc>,
+    ) -> Result<AnswerBody, PromError> {
+        let token = self.token()?;
+        let query = range_selector(fields, &format!("{}{scope}", self.matchers), range);
+        self.answer_body(token.as_deref(), &query, at, None).await
+    }
+
+    /// The series of a [`Self::window_body`], labels borrowed from it ([`WindowAnswer`]); a
+    /// partial answer is returned with its warnings, as by [`Self::window_series`].
+    pub fn decode_window<'de>(
+        &self,
+        body: &'de AnswerBody,
+    ) -> Result<Answered<WindowSeries<'de>>, PromError> {
+        self.decode::<WindowAnswer<'de>>(body)?
+            .map(WindowAnswer::into_matrix)
     }
 
     /// The answer to `{__name__=~"<fields>",<matchers><scope>}[range]` at `at`, decoded as `D`.
