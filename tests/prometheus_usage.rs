@@ -497,6 +497,51 @@ async fn history_bootstrap_finds_activity_hours_ago() {
     assert_eq!(d1.covered_since, Some(since));
 }
 
+/// `serve`'s start-up history query starts once the first refresh has answered, narrowed to the
+/// same scope: a shard's history holds its own devices only.
+#[tokio::test]
+async fn the_deferred_bootstrap_reads_the_scoped_devices_only() {
+    let now = now_secs();
+    let day = 24 * 3600;
+    let mut om = Om::default();
+    for (uuid, host) in [("GPU-mine", "gpu-node-1"), ("GPU-theirs", "gpu-node-2")] {
+        let mut labels = dev(uuid, &[]);
+        labels.retain(|(k, _)| *k != "Hostname");
+        labels.push(("Hostname", host));
+        om.series(fields::GR_ENGINE_ACTIVE, &labels, every(now, day, |_| 0.5));
+    }
+    let (_prom, client) = start(&om).await;
+    let mut source = LiveUsage::new(Some(Arc::new(client)), settings(SchemeChoice::Auto));
+    source.set_scope(live::Scope::Named {
+        label: "Hostname".into(),
+        values: vec!["gpu-node-1".into()],
+    });
+    let tracker = tokio_util::task::TaskTracker::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    source.start_bootstrap(&tracker, &cancel);
+    assert_eq!(source.history().map(History::len), Some(0), "nothing yet");
+    let first = source.fetch_at(at(now - 30)).await;
+    assert!(first.error.is_none(), "{:?}", first.error);
+    // The query was started by that refresh; wait for it, then the next refresh folds it in.
+    tracker.close();
+    tracker.wait().await;
+    source.fetch_at(at(now)).await;
+    let h = source.history().expect("a history");
+    let k = |u: &str| DeviceKey {
+        uuid: u.into(),
+        gpu_instance: None,
+    };
+    // Covered for the day only if the start-up query read it: a refresh reads 10 minutes.
+    let mine = h.get(&k("GPU-mine")).expect("the shard's own device");
+    let since = mine.covered_since.expect("covered");
+    assert!(
+        since <= at(now - 12 * 3600),
+        "covered since {since}: no bootstrap"
+    );
+    // Without the scope the start-up query would have brought it in (no refresh reads it).
+    assert!(h.get(&k("GPU-theirs")).is_none(), "another shard's device");
+}
+
 /// A serving refresh scans activity only since the previous one (its history holds the rest):
 /// over a run of refreshes it must end with exactly the last activity a full-window scan finds,
 /// including activity between two refreshes that is no longer the newest sample.

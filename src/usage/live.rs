@@ -272,12 +272,27 @@ pub async fn detect_scheme(
     choice: SchemeChoice,
     now: DateTime<Utc>,
 ) -> Result<LabelScheme, PromError> {
+    detect_scheme_in(client, &Scope::All, choice, now).await
+}
+
+/// As [`detect_scheme`], from the devices of `scope` only (a shard's).
+async fn detect_scheme_in(
+    client: &PromClient,
+    scope: &Scope,
+    choice: SchemeChoice,
+    now: DateTime<Utc>,
+) -> Result<LabelScheme, PromError> {
     if choice != SchemeChoice::Auto {
         return Ok(LabelScheme::of(choice));
     }
     // Label names only: a partial answer names the scheme as well as a complete one.
     let recent = client
-        .window_series(&field_names(), chrono::Duration::minutes(5), now)
+        .window_series_in(
+            &scope.matcher(),
+            &field_names(),
+            chrono::Duration::minutes(5),
+            now,
+        )
         .await?
         .value;
     Ok(LabelScheme::detect(
@@ -378,6 +393,8 @@ pub struct LiveUsage {
     history: Option<History>,
     /// The start-up history query, running beside the refreshes (`serve` only).
     bootstrap: Option<tokio::task::JoinHandle<History>>,
+    /// Where to start it once the first refresh has answered ([`Self::start_bootstrap`]).
+    bootstrap_deferred: Option<(TaskTracker, CancellationToken)>,
     /// When the last successful refresh read Prometheus.
     fetched_at: Option<DateTime<Utc>>,
     settings: LiveSettings,
@@ -401,9 +418,23 @@ pub async fn bootstrap(
     min_coverage: f64,
     now: DateTime<Utc>,
 ) -> Result<History, PromError> {
+    bootstrap_in(client, "", scheme, window, lookback, min_coverage, now).await
+}
+
+/// As [`bootstrap`], narrowed by `scope` (`,`-prefixed matchers: a shard's devices).
+async fn bootstrap_in(
+    client: &PromClient,
+    scope: &str,
+    scheme: &LabelScheme,
+    window: &Window,
+    lookback: chrono::Duration,
+    min_coverage: f64,
+    now: DateTime<Utc>,
+) -> Result<History, PromError> {
+    let matchers = format!("{}{scope}", client.matchers());
     let rows = client
         .instant_with_timeout(
-            &queries::bootstrap_query(scheme, window, lookback, min_coverage, client.matchers()),
+            &queries::bootstrap_query(scheme, window, lookback, min_coverage, &matchers),
             now,
             BOOTSTRAP_TIMEOUT,
         )
@@ -423,12 +454,17 @@ pub async fn bootstrap(
 async fn bootstrap_history(
     client: Arc<PromClient>,
     settings: LiveSettings,
+    scope: Scope,
     now: DateTime<Utc>,
 ) -> History {
+    if scope.is_empty() {
+        return History::new(settings.history_lookback);
+    }
     let result = async {
-        let scheme = detect_scheme(&client, settings.scheme, now).await?;
-        bootstrap(
+        let scheme = detect_scheme_in(&client, &scope, settings.scheme, now).await?;
+        bootstrap_in(
             &client,
+            &scope.matcher(),
             &scheme,
             &settings.window,
             settings.history_lookback,
@@ -460,6 +496,7 @@ impl LiveUsage {
             history: None,
             samples: SampleWindow::default(),
             bootstrap: None,
+            bootstrap_deferred: None,
             fetched_at: None,
             settings,
             scope: Scope::All,
@@ -521,19 +558,33 @@ impl LiveUsage {
         self.history.as_ref()
     }
 
-    /// Starts the start-up history query in the background; refreshes go on with an empty history
-    /// until it answers (its cost grows with the samples in lookback × GPUs).
+    /// Arranges the start-up history query to run in the background, started once the first
+    /// refresh has answered: then it neither competes with that refresh for Prometheus nor reads
+    /// other shards' devices (the scope is known once the watches have synced). Refreshes go on
+    /// with an empty history until it answers (its cost grows with the samples in lookback ×
+    /// GPUs).
     pub fn start_bootstrap(&mut self, tracker: &TaskTracker, cancel: &CancellationToken) {
-        let Some(client) = self.client.clone() else {
+        if self.client.is_none() {
+            return;
+        }
+        self.history = Some(History::new(self.settings.history_lookback));
+        self.bootstrap_deferred = Some((tracker.clone(), cancel.clone()));
+    }
+
+    /// Spawns the history query [`Self::start_bootstrap`] arranged, over the current scope, as
+    /// of `now` (the refresh that started it).
+    fn spawn_deferred_bootstrap(&mut self, now: DateTime<Utc>) {
+        let (Some(client), Some((tracker, cancel))) =
+            (self.client.clone(), self.bootstrap_deferred.take())
+        else {
             return;
         };
-        self.history = Some(History::new(self.settings.history_lookback));
-        let (settings, cancel) = (self.settings, cancel.clone());
+        let (settings, scope) = (self.settings, self.scope.clone());
         self.bootstrap = Some(
             tracker.spawn(
                 async move {
                     tokio::select! {
-                        h = bootstrap_history(client, settings, Utc::now()) => h,
+                        h = bootstrap_history(client, settings, scope, now) => h,
                         () = cancel.cancelled() => History::new(settings.history_lookback),
                     }
                 }
@@ -569,6 +620,13 @@ impl LiveUsage {
     /// it is not folded into the idle history, and the next refresh reads the whole window
     /// afresh, so what the partial answer missed cannot read as idle later.
     pub async fn fetch_at(&mut self, now: DateTime<Utc>) -> Fetched {
+        let fetched = self.refresh_at(now).await;
+        self.spawn_deferred_bootstrap(now);
+        fetched
+    }
+
+    /// [`Self::fetch_at`] without starting a deferred history query.
+    async fn refresh_at(&mut self, now: DateTime<Utc>) -> Fetched {
         let Some(client) = self.client.clone() else {
             return Fetched {
                 usage: Usage::default(),
@@ -579,7 +637,9 @@ impl LiveUsage {
         };
         // One-shot paths (report) rebuild the history inline: they have one refresh only.
         if self.history.is_none() {
-            self.history = Some(bootstrap_history(client.clone(), self.settings, now).await);
+            self.history = Some(
+                bootstrap_history(client.clone(), self.settings, self.scope.clone(), now).await,
+            );
         }
         self.absorb_bootstrap().await;
         let window = self.settings.window;
