@@ -150,7 +150,9 @@ fn merge(held: &mut Vec<(i64, f64)>, fresh: &[(i64, f64)], keep_after: i64) {
 
 impl SampleWindow {
     /// Adds fresh samples (those newer than what a series holds) and forgets samples older than
-    /// `keep_after` (ms), and series left empty.
+    /// `keep_after` (ms), and series left empty. The live refresh uses [`Self::absorb_answer`];
+    /// this owned form is its reference (tests check both keep the same window; the `window`
+    /// bench compares them).
     pub fn absorb(&mut self, fresh: Vec<Series>, keep_after: i64) {
         for s in fresh {
             let mut labels = Arc::unwrap_or_clone(s.labels);
@@ -889,15 +891,14 @@ mod tests {
             ("pod", r#"caf\u00e9 \"x\""#),
         ];
         let b_decoded = [("UUID", "GPU-b"), ("Hostname", "n1"), ("pod", "café \"x\"")];
-        let first: Vec<Series> = [fields::GPU_UTIL, fields::FB_USED]
-            .into_iter()
-            .flat_map(|f| {
-                [
-                    series(f, &a, &[(1_000, 1.0), (2_000, 2.0)]),
-                    series(f, &b_decoded, &[(1_000, 1.0), (2_000, 2.0)]),
-                ]
-            })
-            .collect();
+        // Two fields of both devices, each with `samples`.
+        let both_devices = |samples: &[(i64, f64)]| -> Vec<Series> {
+            [fields::GPU_UTIL, fields::FB_USED]
+                .into_iter()
+                .flat_map(|f| [series(f, &a, samples), series(f, &b_decoded, samples)])
+                .collect()
+        };
+        let first = both_devices(&[(1_000, 1.0), (2_000, 2.0)]);
         // Held through the owned entry point: the borrowed one must hash and compare alike.
         let mut w = SampleWindow::default();
         w.absorb(first.clone(), 0);
@@ -911,15 +912,7 @@ mod tests {
         assert_eq!(w.len(), 4);
         assert_eq!(w.labels.len(), 2, "one map per device");
         let before = held(&w);
-        let steady: Vec<Series> = [fields::GPU_UTIL, fields::FB_USED]
-            .into_iter()
-            .flat_map(|f| {
-                [
-                    series(f, &a, &[(2_000, 2.0), (3_000, 3.0)]),
-                    series(f, &b_decoded, &[(2_000, 2.0), (3_000, 3.0)]),
-                ]
-            })
-            .collect();
+        let steady = both_devices(&[(2_000, 2.0), (3_000, 3.0)]);
         let body = answer_body(&steady);
         assert!(body.contains("café"), "serde_json writes é as is: {body}");
         let body = body.replace(r#"café \"x\""#, b[2].1);

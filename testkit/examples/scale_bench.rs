@@ -350,6 +350,14 @@ fn seconds_of(v: &str) -> Option<u64> {
     }
 }
 
+/// CPU seconds per second a process spends over `over` while the bench asks it nothing (its own
+/// scrapes and loops): subtracted from what a measured phase costs it.
+async fn idle_cpu_rate(pid: u32, over: Duration) -> f64 {
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    tokio::time::sleep(over).await;
+    (cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64()
+}
+
 /// Prometheus CPU seconds one evaluation of `queries` costs (each query once, as one refresh or
 /// one evaluation of a rule group would): `rounds` evaluations back to back, minus Prometheus'
 /// CPU rate over the 15 s just before (its scrapes and gpu-ledger's own refreshes go on in both).
@@ -360,9 +368,7 @@ async fn prometheus_cpu_per_eval(
     queries: &[String],
     rounds: usize,
 ) -> Result<f64> {
-    let (c0, t0) = (cpu_seconds(pid), Instant::now());
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    let idle_rate = (cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64();
+    let idle_rate = idle_cpu_rate(pid, Duration::from_secs(15)).await;
     let (c1, t1) = (cpu_seconds(pid), Instant::now());
     for _ in 0..rounds {
         for q in queries {
@@ -408,9 +414,7 @@ async fn prometheus_cpu_per_post(
     rounds: usize,
 ) -> Result<(f64, usize)> {
     let pid = prom.pid();
-    let (c0, t0) = (cpu_seconds(pid), Instant::now());
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    let idle_rate = (cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64();
+    let idle_rate = idle_cpu_rate(pid, Duration::from_secs(15)).await;
     let (c1, t1) = (cpu_seconds(pid), Instant::now());
     let mut series = 0;
     for _ in 0..rounds {
@@ -451,9 +455,7 @@ async fn run_sharded(a: &Args, s: &Sharded<'_>) -> Result<String> {
     let k = a.shards;
     let prom_pid = s.prom.pid();
     // Prometheus' own rate (scrapes, rules) before any shard runs.
-    let (c0, t0) = (cpu_seconds(prom_pid), Instant::now());
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    let prom_idle_rate = (cpu_seconds(prom_pid) - c0) / t0.elapsed().as_secs_f64();
+    let prom_idle_rate = idle_cpu_rate(prom_pid, Duration::from_secs(30)).await;
 
     let t = Instant::now();
     let mut shards = Vec::new();

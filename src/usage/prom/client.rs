@@ -440,8 +440,13 @@ impl PromClient {
         at: DateTime<Utc>,
     ) -> Result<AnswerBody, PromError> {
         let token = self.token()?;
-        let query = range_selector(fields, &format!("{}{scope}", self.matchers), range);
+        let query = self.window_selector(scope, fields, range);
         self.answer_body(token.as_deref(), &query, at, None).await
+    }
+
+    /// `{__name__=~"<fields>",<matchers><scope>}[range]`: the one selector every window read sends.
+    fn window_selector(&self, scope: &str, fields: &[&str], range: chrono::Duration) -> String {
+        range_selector(fields, &format!("{}{scope}", self.matchers), range)
     }
 
     /// The series of a [`Self::window_body`], labels borrowed from it ([`WindowAnswer`]); a
@@ -463,7 +468,7 @@ impl PromClient {
         at: DateTime<Utc>,
     ) -> Result<Answered<D>, PromError> {
         let token = self.token()?;
-        let query = range_selector(fields, &format!("{}{scope}", self.matchers), range);
+        let query = self.window_selector(scope, fields, range);
         self.query_data(token.as_deref(), &query, at, None).await
     }
 }
