@@ -501,6 +501,29 @@ async fn run_sharded(a: &Args, s: &Sharded<'_>) -> Result<String> {
     .await?;
     let first = t.elapsed().as_secs_f64();
     log(&format!("{k} shards complete after {first:.2} s"));
+    // Each shard reads its idle history once, after its first refresh: the steady window starts
+    // when all have, so it holds refreshes only.
+    let logs: Vec<std::path::PathBuf> = shards.iter().map(|(_, _, l)| l.clone()).collect();
+    poll_until(
+        "every shard's history bootstrap",
+        Duration::from_secs(600),
+        Duration::from_secs(1),
+        || {
+            let logs = logs.clone();
+            async move {
+                let done = logs.iter().all(|l| {
+                    std::fs::read_to_string(l)
+                        .is_ok_and(|t| t.contains("idle history rebuilt from prometheus"))
+                });
+                Ok(done.then_some(()))
+            }
+        },
+    )
+    .await?;
+    log(&format!(
+        "{k} history bootstraps done after {:.2} s",
+        t.elapsed().as_secs_f64()
+    ));
 
     tokio::time::sleep(Duration::from_secs(20)).await;
     let window = Duration::from_secs(60);
@@ -572,12 +595,12 @@ async fn run_sharded(a: &Args, s: &Sharded<'_>) -> Result<String> {
     );
     let _ = writeln!(
         r,
-        "| shard | nodes | devices read per refresh | steady RSS (median) | CPU over {} s | refreshes | mean refresh | Prometheus CPU per evaluation of its refresh query | series returned |",
+        "| shard | nodes | devices read per refresh | steady RSS (median) | CPU over {} s | refreshes | Prometheus queries sent | mean refresh | Prometheus CPU per evaluation of its refresh query | series returned |",
         window.as_secs()
     );
     let _ = writeln!(
         r,
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     let mut total_refreshes = 0.0;
     for i in 0..shards.len() {
@@ -596,10 +619,11 @@ async fn run_sharded(a: &Args, s: &Sharded<'_>) -> Result<String> {
             last_refresh_devices(&shards[i].2).map_or_else(|| "?".to_string(), |d| d.to_string());
         let _ = writeln!(
             r,
-            "| {i} | {} | {devices} | {:.1} MiB | {:.2} s | {refreshes} | {mean:.3} s | {:.1} ms | {} |",
+            "| {i} | {} | {devices} | {:.1} MiB | {:.2} s | {refreshes} | {} | {mean:.3} s | {:.1} ms | {} |",
             owned[i].len(),
             pct(&mut rss[i], 0.5) / 1024.0,
             cpu1[i] - cpu0[i],
+            delta("gpu_ledger_prometheus_queries_total"),
             per_shard_query[i].0 * 1000.0,
             per_shard_query[i].1
         );
@@ -625,6 +649,13 @@ async fn run_sharded(a: &Args, s: &Sharded<'_>) -> Result<String> {
         }
     );
     drop(shards);
+    // The shard logs outlive the cluster's directory, to attribute what the table shows.
+    for (i, l) in logs.iter().enumerate() {
+        let kept = std::env::temp_dir().join(format!("gpu-ledger-bench-{k}-shards-{i}.log"));
+        if std::fs::copy(l, &kept).is_ok() {
+            let _ = writeln!(r, "shard {i} log: {}", kept.display());
+        }
+    }
     Ok(r)
 }
 
