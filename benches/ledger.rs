@@ -43,7 +43,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
         for g in 0..8 {
             let ns = format!("team-{}", (n * 8 + g) % 200);
             let pod = format!("job-{n:05}-{g}");
-            claims.pods.push(PodClaim {
+            claims.pods.push(Arc::new(PodClaim {
                 namespace: ns.clone(),
                 name: pod.clone(),
                 uid: format!("uid-{n}-{g}"),
@@ -59,7 +59,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 labels: BTreeMap::new(),
                 resource_claims: Vec::new(),
                 placement: gpu_ledger::ledger::claims::Placement::default(),
-            });
+            }));
             let util = if g % 3 == 0 { 0.0 } else { 0.7 };
             devices.push(DeviceUsage {
                 key: DeviceKey {

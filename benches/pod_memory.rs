@@ -14,6 +14,7 @@
 //! Run: `cargo bench --bench pod_memory` (prints a table; figures in docs/benchmarks.md).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use dashmap::DashMap;
@@ -70,25 +71,22 @@ fn api_pod(ns: &str, name: &str, node: Option<&str>) -> Pod {
             ],
         },
     });
-    match node {
-        Some(n) => {
-            v["spec"]["nodeName"] = json!(n);
-            v["status"] = json!({"phase": "Running", "startTime": "2026-09-21T10:00:05Z",
-                "conditions": [{"type": "Ready", "status": "True",
-                                "lastTransitionTime": "2026-09-21T10:00:09Z"}]});
-        }
-        None => {
-            v["spec"]["nodeSelector"] = json!({"gpu-ledger.bench/none": "true"});
-            // kube-scheduler's wording for a selector no node matches (v1.3x).
-            let message = format!(
-                "0/{NODES} nodes are available: {NODES} node(s) didn't match Pod's node \
-                 affinity/selector. preemption: 0/{NODES} nodes are available: {NODES} \
-                 Preemption is not helpful for scheduling."
-            );
-            v["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
-                "status": "False", "reason": "Unschedulable", "message": message,
-                "lastTransitionTime": "2026-09-21T10:00:01Z"}]});
-        }
+    if let Some(n) = node {
+        v["spec"]["nodeName"] = json!(n);
+        v["status"] = json!({"phase": "Running", "startTime": "2026-09-21T10:00:05Z",
+            "conditions": [{"type": "Ready", "status": "True",
+                            "lastTransitionTime": "2026-09-21T10:00:09Z"}]});
+    } else {
+        v["spec"]["nodeSelector"] = json!({"gpu-ledger.bench/none": "true"});
+        // kube-scheduler's wording for a selector no node matches (v1.3x).
+        let message = format!(
+            "0/{NODES} nodes are available: {NODES} node(s) didn't match Pod's node \
+             affinity/selector. preemption: 0/{NODES} nodes are available: {NODES} \
+             Preemption is not helpful for scheduling."
+        );
+        v["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+            "status": "False", "reason": "Unschedulable", "message": message,
+            "lastTransitionTime": "2026-09-21T10:00:01Z"}]});
     }
     serde_json::from_value(v).expect("valid pod")
 }
@@ -118,16 +116,20 @@ fn nodes() -> Vec<NodeInfo> {
 }
 
 /// Projects `pods` into `store` the way the pod watch does.
-fn watch_into(store: &DashMap<String, PodClaim>, pods: impl Iterator<Item = Pod>) {
+fn watch_into(store: &DashMap<String, Arc<PodClaim>>, pods: impl Iterator<Item = Pod>) {
     let names = ResourceNames::default();
     for pod in pods {
         if let Some(claim) = project::pod(&names, &pod).expect("projects") {
-            store.insert(format!("{}/{}", claim.namespace, claim.name), claim);
+            store.insert(
+                format!("{}/{}", claim.namespace, claim.name),
+                Arc::new(claim),
+            );
         }
     }
 }
 
-fn claims_of(store: &DashMap<String, PodClaim>, nodes: &[NodeInfo]) -> Claims {
+/// The build's copy of the claims, as `Stores::claims_for` makes it.
+fn claims_of(store: &DashMap<String, Arc<PodClaim>>, nodes: &[NodeInfo]) -> Claims {
     Claims {
         pods: store.iter().map(|e| e.value().clone()).collect(),
         nodes: nodes.to_vec(),
@@ -153,6 +155,86 @@ fn ledger_parts(mut ledger: Ledger) -> Vec<(&'static str, isize)> {
     parts
 }
 
+/// Heap bytes `value` owns, measured by cloning it (a clone allocates exactly what it owns).
+fn owned<T: Clone>(value: &T) -> isize {
+    let before = live();
+    let copy = value.clone();
+    let bytes = live() - before;
+    drop(copy);
+    bytes
+}
+
+/// Where one Pending pod's bytes go: its projection and its ledger row, field by field.
+fn print_fields(
+    store: &DashMap<String, Arc<PodClaim>>,
+    nodes: &[NodeInfo],
+    policy: &Policy,
+    usage: &Usage,
+) {
+    let key = "team-00/extra-queued-00000";
+    let claim = store.get(key).expect("a pending pod").value().clone();
+    let c: &PodClaim = &claim;
+    println!("one Pending pod, field by field (inline size + heap it owns, bytes)");
+    println!(
+        "  PodClaim inline {} + Arc header 16 + store key {}",
+        size_of::<PodClaim>(),
+        key.len()
+    );
+    let fields: [(&str, isize); 7] = [
+        (
+            "namespace, name, uid",
+            owned(&c.namespace) + owned(&c.name) + owned(&c.uid),
+        ),
+        ("resources (BTreeMap)", owned(&c.resources)),
+        ("unschedulable_message", owned(&c.unschedulable_message)),
+        (
+            "placement.node_selector (sorted Vec)",
+            owned(&c.placement.node_selector),
+        ),
+        ("placement.tolerations", owned(&c.placement.tolerations)),
+        (
+            "placement.required_terms",
+            owned(&c.placement.required_terms),
+        ),
+        (
+            "controller, labels, resource_claims",
+            owned(&c.controller) + owned(&c.labels) + owned(&c.resource_claims),
+        ),
+    ];
+    for (name, bytes) in fields {
+        println!("    {name:<40} {bytes:>6}");
+    }
+    let claims = Claims {
+        pods: vec![claim.clone()],
+        nodes: nodes.to_vec(),
+        ..Claims::default()
+    };
+    let ledger = ledger::build(&claims, usage, now(), policy);
+    let row = &ledger.pods[0];
+    println!("  PodRow inline {}", size_of::<ledger::PodRow>());
+    let fields: [(&str, isize); 6] = [
+        ("namespace, pod", owned(&row.namespace) + owned(&row.pod)),
+        ("resources (BTreeMap)", owned(&row.resources)),
+        ("gpus_by_resource", owned(&row.gpus_by_resource)),
+        ("pending_reason", owned(&row.pending_reason)),
+        ("owner, notebook, devices", {
+            owned(&row.owner) + owned(&row.notebook) + owned(&row.devices)
+        }),
+        ("evidence", owned(&row.evidence)),
+    ];
+    for (name, bytes) in fields {
+        println!("    {name:<40} {bytes:>6}");
+    }
+    if let Some(plan) = ledger.reclaim.first() {
+        println!(
+            "  reclaim plan inline {} + heap {}",
+            size_of_val(plan),
+            owned(plan)
+        );
+    }
+    println!();
+}
+
 struct Stage {
     base: isize,
     extra: isize,
@@ -163,8 +245,10 @@ fn per_pod(s: &Stage) -> f64 {
 }
 
 fn main() {
-    // Writes dhat-heap.json (call sites of every allocation, viewable in dhat's viewer) on exit.
-    let _profiler = dhat::Profiler::new_heap();
+    // dhat writes its own summary on exit; it goes to the temp dir, not the working tree.
+    let _profiler = dhat::Profiler::builder()
+        .file_name(std::env::temp_dir().join("gpu-ledger-pod-memory-dhat.json"))
+        .build();
     let policy = Policy::default();
     let usage = Usage {
         devices: Vec::new(),
@@ -207,13 +291,13 @@ fn main() {
         },
     ));
 
-    let base_store: DashMap<String, PodClaim> = store
+    let base_store: DashMap<String, Arc<PodClaim>> = store
         .iter()
         .filter(|e| !e.key().contains("extra-queued"))
         .map(|e| (e.key().clone(), e.value().clone()))
         .collect();
 
-    let measure = |store: &DashMap<String, PodClaim>| {
+    let measure = |store: &DashMap<String, Arc<PodClaim>>| {
         let start = live();
         let claims = claims_of(store, &nodes);
         let claims_bytes = live() - start;
@@ -262,6 +346,7 @@ fn main() {
         e.4.cast_signed(),
     ));
 
+    print_fields(&store, &nodes, &policy, &usage);
     println!(
         "heap bytes per extra Pending GPU pod ({NODES} nodes, {} Running GPU pods, +{EXTRA} Pending)",
         NODES * 8

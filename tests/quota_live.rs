@@ -28,7 +28,7 @@ use gpu_ledger_testkit::dra::{self, ClaimSource, NvidiaSlice};
 use gpu_ledger_testkit::stack::{GpuLedgerProcess, Stack, gpu_pod, metric_value};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
-use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{Grants, eventually};
@@ -185,11 +185,38 @@ async fn resource_quota_rows_match_what_the_apiserver_wrote() {
             "status.used {used:?}\nquotas {:#}\npods {:#}",
             l["quotas"], l["pods"]
         );
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the quota rows never settled; last seen:\n{last}\nlog:\n{}",
-            log_of(&gl)
-        );
+        if tokio::time::Instant::now() >= deadline {
+            // Seen three times in ~20 runs: the apiserver's DRA `used` stayed 2 for the one DRA
+            // pod. Which claims the namespace held tells a duplicate claim from a miscount.
+            let claims = Api::<ResourceClaim>::namespaced(admin.clone(), NS)
+                .list(&kube::api::ListParams::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .map(|c| {
+                            format!(
+                                "{} owners {:?} allocated {} reserved for {:?}",
+                                c.metadata.name.as_deref().unwrap_or("?"),
+                                c.metadata
+                                    .owner_references
+                                    .as_ref()
+                                    .map(|o| o.iter().map(|r| r.name.clone()).collect::<Vec<_>>()),
+                                c.status.as_ref().is_some_and(|s| s.allocation.is_some()),
+                                c.status
+                                    .as_ref()
+                                    .and_then(|s| s.reserved_for.as_ref())
+                                    .map(|r| r.iter().map(|c| c.name.clone()).collect::<Vec<_>>()),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .map_err(|e| e.to_string());
+            panic!(
+                "the quota rows never settled; last seen:\n{last}\nresource claims in {NS}: {claims:#?}\nlog:\n{}",
+                log_of(&gl)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let _ = last;

@@ -131,7 +131,7 @@ fn cluster() -> (Claims, Usage) {
                 ));
                 g += 1;
             }
-            c.pods.push(p);
+            c.pods.push(p.into());
         }
         while g < 8 {
             // unclaimed cards: some busy (a process outside Kubernetes), some idle, some unknown
@@ -146,13 +146,16 @@ fn cluster() -> (Claims, Usage) {
     }
     for q in 0..150 {
         i += 1;
-        c.pods.push(pod(
-            &format!("team-{:02}", q % 23),
-            &format!("queued-{q:03}"),
-            None,
-            1 + q % 4,
-            i,
-        ));
+        c.pods.push(
+            pod(
+                &format!("team-{:02}", q % 23),
+                &format!("queued-{q:03}"),
+                None,
+                1 + q % 4,
+                i,
+            )
+            .into(),
+        );
     }
     // Terminating before it was ever scheduled: no node, so shard 0 like pending pods.
     let mut p = pod("team-00", "deleted-unscheduled", None, 1, i + 1);
@@ -160,10 +163,10 @@ fn cluster() -> (Claims, Usage) {
         deadline: now(),
         grace_seconds: 0,
     });
-    c.pods.push(p);
+    c.pods.push(p.into());
     // Bound to a node the node list does not (yet) show.
     c.pods
-        .push(pod("team-01", "orphan", Some("gpu-node-gone"), 2, i + 2));
+        .push(pod("team-01", "orphan", Some("gpu-node-gone"), 2, i + 2).into());
     for ns in 0..8 {
         c.quotas.push(QuotaInfo {
             namespace: format!("team-{ns:02}"),

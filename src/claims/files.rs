@@ -639,7 +639,7 @@ pub fn load_with_limits(
                 if c.resources.is_empty() {
                     claims.daemon_pods.extend(project::daemon_pod(p));
                 }
-                claims.pods.push(c);
+                claims.pods.push(c.into());
             }
             None => claims.daemon_pods.extend(project::daemon_pod(p)),
         }

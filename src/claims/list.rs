@@ -38,7 +38,7 @@ pub async fn list_claims(
                     if c.resources.is_empty() {
                         claims.daemon_pods.extend(project::daemon_pod(&p));
                     }
-                    claims.pods.push(c);
+                    claims.pods.push(c.into());
                 }
                 Ok(None) => claims.daemon_pods.extend(project::daemon_pod(&p)),
                 Err(e) => warn!(error = &e as &dyn std::error::Error, "ignoring pod"),

@@ -636,8 +636,9 @@ mod tests {
         let pl = &c.placement;
         assert_eq!(
             pl.node_selector
-                .get("nvidia.com/gpu.present")
-                .map(String::as_str),
+                .iter()
+                .find(|(k, _)| k == "nvidia.com/gpu.present")
+                .map(|(_, v)| v.as_str()),
             Some("true")
         );
         let terms = pl.required_terms.as_ref().expect("required affinity");

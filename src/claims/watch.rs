@@ -106,7 +106,8 @@ impl WatchHealth {
 /// One store per resource, filled by its watch task.
 #[derive(Clone)]
 pub struct Stores {
-    pub pods: Arc<DashMap<String, PodClaim>>,
+    /// Projections are shared (`Arc`) with every build's copy of the claims ([`Stores::claims_for`]).
+    pub pods: Arc<DashMap<String, Arc<PodClaim>>>,
     pub nodes: Arc<DashMap<String, NodeInfo>>,
     pub quotas: Arc<DashMap<String, QuotaInfo>>,
     pub notebooks: Arc<DashMap<String, NotebookInfo>>,
@@ -364,7 +365,7 @@ pub async fn start_with(
             watcher::Config::default(),
             on_restart.clone(),
             move |pod: &Pod| match project::pod(&names, pod) {
-                Ok(claim) => claim,
+                Ok(claim) => claim.map(Arc::new),
                 Err(e) => {
                     warn!(
                         error = &e as &dyn std::error::Error,

@@ -5,6 +5,7 @@
 //! the ledger never knows where its input came from.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -40,7 +41,8 @@ pub const GFD_LABEL_PREFIX: &str = "nvidia.com/";
 /// Everything the ledger needs from the Kubernetes API at one instant.
 #[derive(Debug, Clone, Default)]
 pub struct Claims {
-    pub pods: Vec<PodClaim>,
+    /// Shared with the live pod store: a build's copy of the claims clones pointers, not pods.
+    pub pods: Vec<Arc<PodClaim>>,
     pub nodes: Vec<NodeInfo>,
     pub quotas: Vec<QuotaInfo>,
     pub notebooks: Vec<NotebookInfo>,
@@ -175,7 +177,9 @@ pub struct PodClaim {
 /// `spec.nodeSelector`, required node affinity and tolerations.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
 pub struct Placement {
-    pub node_selector: BTreeMap<String, String>,
+    /// `spec.nodeSelector`, sorted by key (a one-entry `BTreeMap` would take a 500-byte node
+    /// per pending pod; docs/benchmarks.md, "RSS per extra Pending GPU pod").
+    pub node_selector: Vec<(String, String)>,
     /// `requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms` (ORed); `None` when the
     /// pod has no required node affinity.
     pub required_terms: Option<Vec<NodeSelectorTerm>>,

@@ -384,7 +384,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     let mut off_node: Vec<f64> = Vec::with_capacity(claims.pods.len());
     // Rows come out sorted by (namespace, pod): sort references to the claims (8-byte moves)
     // rather than the finished rows (several hundred bytes each).
-    let mut order: Vec<&PodClaim> = claims.pods.iter().collect();
+    let mut order: Vec<&PodClaim> = claims.pods.iter().map(AsRef::as_ref).collect();
     // (namespace, name) is unique: an unstable sort gives the same order, without a buffer.
     order.sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut pods = Vec::with_capacity(order.len());

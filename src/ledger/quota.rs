@@ -217,7 +217,7 @@ pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
         .claims
         .pods
         .iter()
-        .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
+        .map(|p| ((p.namespace.as_str(), p.name.as_str()), &**p))
         .collect();
     let mut evidence: HashMap<(&str, String), Evidence> = HashMap::new();
     for row in i.pods.iter().filter(|p| p.state.holds()) {
@@ -327,7 +327,7 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
         .claims
         .pods
         .iter()
-        .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
+        .map(|p| ((p.namespace.as_str(), p.name.as_str()), &**p))
         .collect();
     // (cluster queue, flavor, resource) → evidence of admitted workloads' pods.
     let mut evidence: HashMap<(&str, &str, &str), Evidence> = HashMap::new();

@@ -133,7 +133,7 @@ pub fn plan(
         .pods
         .iter()
         .filter(|p| p.node.is_none())
-        .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
+        .map(|p| ((p.namespace.as_str(), p.name.as_str()), &**p))
         .collect();
     let reclaimable = reclaimable_pods(pods, now);
     let mut on_node: foldhash::HashMap<&str, Vec<(&PodRow, bool)>> = foldhash::HashMap::default();

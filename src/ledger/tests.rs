@@ -165,7 +165,7 @@ fn usage(devices: Vec<DeviceUsage>) -> Usage {
 
 fn claims(pods: Vec<PodClaim>, nodes: Vec<NodeInfo>) -> Claims {
     Claims {
-        pods,
+        pods: pods.into_iter().map(Into::into).collect(),
         nodes,
         ..Claims::default()
     }
@@ -561,7 +561,8 @@ fn quotas_and_notebooks() {
         None,
         "a pod outside the StatefulSet's selector is not its pod"
     );
-    c.pods[0].labels = [("statefulset".to_string(), "nb".to_string())].into();
+    std::sync::Arc::make_mut(&mut c.pods[0]).labels =
+        [("statefulset".to_string(), "nb".to_string())].into();
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
     assert_eq!(
         pod(&l, "nb-0").evidence.notebook.as_ref().map(|(_, v)| *v),

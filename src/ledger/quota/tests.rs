@@ -211,7 +211,7 @@ fn device_class_quota_rows_count_the_pods_of_that_class() {
     let mut holder = pod_claim("team-d", "dra-0", "");
     holder.resource_claims = vec!["c0".into()];
     let claims = Claims {
-        pods: vec![holder],
+        pods: vec![holder.into()],
         quotas: vec![quota(
             "team-d",
             "dra",
@@ -262,7 +262,7 @@ fn dra_claims_outside_every_quota_are_flagged() {
     let mut queued = pod_claim("team-q", "job-0", "job-uid");
     queued.resource_claims = vec!["cq".into()];
     let claims = Claims {
-        pods: vec![queued],
+        pods: vec![queued.into()],
         quotas: vec![
             quota("team-a", "dra", &[(key, 2)], &[]),
             // A quota on extended GPUs does not cap DRA GPUs.
@@ -396,7 +396,7 @@ fn cohort(lender_idle: Option<bool>) -> (Claims, Vec<PodRow>) {
     let mut finished = workload("team-s", "old", "lq-s");
     finished.finished = true;
     let claims = Claims {
-        pods: vec![pod_claim("team-l", "nb-job-0", "nb")],
+        pods: vec![pod_claim("team-l", "nb-job-0", "nb").into()],
         kueue: KueueInputs {
             enabled: true,
             flavors: vec![],
@@ -486,12 +486,12 @@ fn a_busy_lender_or_another_cohort_starves_nobody() {
 fn a_pod_whose_controller_is_no_workload_owner_is_not_the_queues() {
     let names = ResourceNames::default();
     let (mut claims, pods) = cohort(Some(true));
-    claims.pods = vec![pod_claim("team-l", "nb-job-0", "someone-else")];
+    claims.pods = vec![pod_claim("team-l", "nb-job-0", "someone-else").into()];
     let rows = queue_rows(&inputs(&claims, &pods, &names));
     assert_eq!(rows[0].idle, Some(0.0));
     // Same uid in another namespace: not the workload's pod either.
     let (mut claims, pods) = cohort(Some(true));
-    claims.pods = vec![pod_claim("team-x", "nb-job-0", "nb")];
+    claims.pods = vec![pod_claim("team-x", "nb-job-0", "nb").into()];
     let pods: Vec<PodRow> = pods
         .into_iter()
         .map(|p| PodRow {

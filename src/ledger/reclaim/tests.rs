@@ -102,7 +102,7 @@ fn claim(ns: &str, pod: &str, placement: Placement) -> PodClaim {
 fn run(nodes: Vec<NodeInfo>, specs: Vec<PodClaim>, mut pods: Vec<PodRow>) -> Vec<Reclaim> {
     pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
     let claims = Claims {
-        pods: specs,
+        pods: specs.into_iter().map(Into::into).collect(),
         nodes,
         ..Claims::default()
     };
@@ -547,7 +547,7 @@ fn world() -> impl Strategy<Value = World> {
                 pods.push(pending("ml", &name, &[(NAMES[r], units)]));
                 let mut placement = Placement::default();
                 if selector {
-                    placement.node_selector.insert("pool".into(), "big".into());
+                    placement.node_selector.push(("pool".into(), "big".into()));
                 }
                 if tolerate {
                     placement.tolerations.push(Toleration {
@@ -620,7 +620,7 @@ proptest! {
         let len = pods.len().max(1);
         pods.rotate_left(k % len);
         nodes.reverse();
-        let claims = Claims { pods: w.specs.clone(), nodes, ..Claims::default() };
+        let claims = Claims { pods: w.specs.iter().cloned().map(Into::into).collect(), nodes, ..Claims::default() };
         pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
         prop_assert_eq!(plan(&claims, &pods, now(), ClaimsScope::Complete), out);
     }

@@ -140,7 +140,7 @@ fn dra_claims(
     devices: Vec<DraDevice>,
 ) -> Claims {
     Claims {
-        pods,
+        pods: pods.into_iter().map(Into::into).collect(),
         nodes,
         resource_claims: rcs,
         dra_devices: devices,
