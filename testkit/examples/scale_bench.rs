@@ -64,7 +64,8 @@ struct Args {
     /// Do not run kube-state-metrics.
     no_ksm: bool,
     /// Run this many gpu-ledger shards (`--shard i --total-shards K`) instead of one replica and
-    /// measure each (see [`run_sharded`]); implies `--no-ksm`.
+    /// measure each (see [`run_sharded`]); implies `--no-ksm`. 0 (no `--shards`): one replica
+    /// beside KSM; `--shards 1` measures one replica the sharded way, the baseline for K > 1.
     shards: u32,
 }
 
@@ -81,7 +82,7 @@ fn args() -> Result<Args> {
         hold_cluster: false,
         dra: false,
         no_ksm: false,
-        shards: 1,
+        shards: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -100,7 +101,10 @@ fn args() -> Result<Args> {
             "--no-ksm" => a.no_ksm = true,
             "--shards" => {
                 a.shards = val()?.parse()?;
-                a.no_ksm |= a.shards > 1;
+                if a.shards == 0 {
+                    bail!("--shards needs at least 1");
+                }
+                a.no_ksm = true;
             }
             _ => bail!("unknown flag {flag}"),
         }
@@ -905,7 +909,7 @@ async fn main() -> Result<()> {
         return Ok(());
     }
 
-    if a.shards > 1 {
+    if a.shards > 0 {
         let report = run_sharded(
             &a,
             &Sharded {
