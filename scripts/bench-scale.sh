@@ -9,7 +9,7 @@
 # --dra gives the 1-GPU pods and notebooks their GPU through DRA ResourceClaims (templates,
 # allocated by the real scheduler from the ResourceSlices NVIDIA's driver would publish);
 # --no-ksm skips kube-state-metrics (no --with-ksm build needed; its columns print `–`).
-# --shards K runs K gpu-ledger shards (--shard i --total-shards K) instead of one replica, without
+# --shards K runs K gpu-ledger shards (--shard i --total-shards K; K = 1 is the baseline) instead of one replica, without
 # KSM, and prints per shard RSS, CPU, devices read and the Prometheus CPU of its refresh query.
 #
 # --hold builds the cluster and telemetry, prints the KUBECONFIG / Prometheus URL to run
