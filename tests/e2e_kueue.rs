@@ -162,16 +162,23 @@ async fn cluster_queue_status(admin: &kube::Client, name: &str) -> Option<Value>
     Some(api.get(name).await.ok()?.data["status"].clone())
 }
 
-/// `status.flavorsReservation[flavor].resources[resource].borrowed` of a ClusterQueue status.
-fn borrowed(status: &Value, flavor: &str, resource: &str) -> Option<String> {
-    status["flavorsReservation"]
+/// `status.<list>[flavor].resources[resource].<field>` of a ClusterQueue status, e.g. the GPUs
+/// borrowed (`flavorsReservation`, `borrowed`) or admitted (`flavorsUsage`, `total`).
+fn flavor_resource(
+    status: &Value,
+    list: &str,
+    flavor: &str,
+    resource: &str,
+    field: &str,
+) -> Option<String> {
+    status[list]
         .as_array()?
         .iter()
         .find(|f| f["name"] == flavor)?["resources"]
         .as_array()?
         .iter()
         .find(|r| r["name"] == resource)
-        .and_then(|r| r["borrowed"].as_str())
+        .and_then(|r| r[field].as_str())
         .map(str::to_string)
 }
 
@@ -303,7 +310,8 @@ async fn kueue_admits_a_job_borrows_in_its_cohort_and_holds_the_one_that_fits_no
     .await;
     eventually("team-a-cq borrowing one GPU", WAIT, || async {
         let s = cluster_queue_status(&admin, "team-a-cq").await?;
-        (borrowed(&s, FLAVOR, GPU).as_deref() == Some("1")).then_some(())
+        (flavor_resource(&s, "flavorsReservation", FLAVOR, GPU, "borrowed").as_deref() == Some("1"))
+            .then_some(())
     })
     .await;
     eventually("train-2's pod running", WAIT, || {
@@ -454,6 +462,22 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
     })
     .await;
 
+    // Kueue writes a ClusterQueue's `flavorsUsage` after it admits, on its own schedule: once
+    // in CI the ledger read team-b-cq's as 0 while the Job's pod ran. `admitted` is that field
+    // as written, so wait for Kueue to write it, then for the ledger to show it.
+    for cq in ["team-a-cq", "team-b-cq"] {
+        eventually(
+            &format!("{cq}'s status.flavorsUsage at 1 GPU"),
+            WAIT,
+            || async {
+                let s = cluster_queue_status(&admin, cq).await?;
+                let total = flavor_resource(&s, "flavorsUsage", FLAVOR, GPU, "total");
+                (total.as_deref() == Some("1")).then_some(())
+            },
+        )
+        .await;
+    }
+
     let gl = stack
         .start_gpu_ledger(bin, "gpu-ledger", &[])
         .await
@@ -465,7 +489,11 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
             let l = gl.ledger_json().await.ok()?;
             let a = queue_row(&l, "team-a-cq")?;
             let b = queue_row(&l, "team-b-cq")?;
-            (a["idle"].as_f64() == Some(1.0) && b["starved_while_lender_idle"] == true)
+            // Both usages as the watch last saw them: the apiserver already holds 1 each.
+            (a["idle"].as_f64() == Some(1.0)
+                && b["starved_while_lender_idle"] == true
+                && a["admitted"] == 1
+                && b["admitted"] == 1)
                 .then_some((a, b))
         },
     )
