@@ -14,7 +14,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpu_ledger_testkit::dra::{self, ClaimSource, NvidiaSlice};
@@ -27,7 +26,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{Grants, READ_ONLY_RBAC, eventually, tier_b_with};
+use support::{Grants, READ_ONLY_RBAC, eventually, pinned, tier_b_with};
 
 const NS: &str = "team-dra";
 const NB_NS: &str = "team-nb";
@@ -86,16 +85,6 @@ async fn create_pod(admin: &kube::Client, ns: &str, pod: &Pod) {
 /// A pod with `finalizer` set (it stays Terminating once deleted).
 fn with_finalizer(mut p: Pod, finalizer: &str) -> Pod {
     p.metadata.finalizers = Some(vec![finalizer.to_string()]);
-    p
-}
-
-fn pinned(mut p: Pod, node: &str) -> Pod {
-    if let Some(spec) = p.spec.as_mut() {
-        spec.node_selector = Some(BTreeMap::from([(
-            "kubernetes.io/hostname".to_string(),
-            node.to_string(),
-        )]));
-    }
     p
 }
 

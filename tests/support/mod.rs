@@ -77,6 +77,18 @@ pub fn gpu_pod(name: &str, gpus: u32, node: Option<&str>) -> Pod {
     pod
 }
 
+/// `p` with a node selector for `node` alone: the scheduler still decides, on that node only
+/// (with DRAExtendedResource a `nvidia.com/gpu` request may otherwise land on a DRA node).
+pub fn pinned(mut p: Pod, node: &str) -> Pod {
+    if let Some(spec) = p.spec.as_mut() {
+        spec.node_selector = Some(BTreeMap::from([(
+            "kubernetes.io/hostname".to_string(),
+            node.to_string(),
+        )]));
+    }
+    p
+}
+
 /// Polls `f` until it returns `Some`, panicking with `what` after `timeout`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
 where
