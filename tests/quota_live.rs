@@ -153,7 +153,7 @@ async fn resource_quota_rows_match_what_the_apiserver_wrote() {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     // The device-plugin pods on gpu-1: unpinned, the scheduler may place a `nvidia.com/gpu` pod
     // on dra-1 through DRAExtendedResource (a claim `<pod>-extended-resources-*`, charged to
-    // the class key; seen here once in ~20 runs as `used` 2 on that key), which is right, and
+    // the class key: `used` 2 there, seen about once in 6 to 20 runs). That is right, but it is
     // not this scenario.
     create(&pods, &pinned(gpu_pod("idle", 1, Some(0.0)), "gpu-1")).await;
     create(&pods, &pinned(gpu_pod("busy", 1, Some(90.0)), "gpu-1")).await;
