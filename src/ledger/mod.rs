@@ -344,8 +344,12 @@ fn seconds(d: Duration) -> f64 {
     d.num_milliseconds() as f64 / 1000.0
 }
 
+/// The pod's state, or `None` for a pod that neither holds GPUs nor asks for them: terminal
+/// (Succeeded/Failed), or deleted before it was ever bound to a node (it holds nothing on any
+/// node, and is no demand: counting it as Terminating credited its GPUs to no node, under the
+/// model "unknown").
 fn state_of(p: &PodClaim) -> Option<PodState> {
-    if p.phase.is_terminal() {
+    if p.phase.is_terminal() || (p.deletion.is_some() && p.node.is_none()) {
         return None;
     }
     Some(if p.deletion.is_some() {
@@ -374,6 +378,8 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             } else {
                 shape
             };
+            // Nor does GFD's strategy label: MIG devices advertised as `nvidia.com/gpu`.
+            let shape = shape.with_dcgm_single_mig(index.dcgm_single_mig_slices_on(&n.name, usage));
             (n.name.as_str(), shape)
         })
         .collect();
