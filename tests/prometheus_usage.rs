@@ -949,17 +949,11 @@ async fn errors_are_typed() {
     let _ = History::default();
 }
 
-/// dcgm-exporter's names by meaning, live: a GPU whose exporter is replaced mid-window (legacy
-/// names and the old exporter pod before, DCGM 4.7's canonical names, other units and a new pod
-/// after) and a GPU under the canonical names only read exactly as the same GPUs under the
-/// legacy names all along; the start-up history finds activity under the canonical names (each
-/// spelling compared with the threshold in its own unit); and a GPU with DCGM series but none of
-/// the fields read is counted (`gpu_ledger_dcgm_devices_fields_missing`). Names and units:
-/// `tests/fixtures/dcgm-renamed/README.md`.
-#[tokio::test]
-async fn dcgm_canonical_names_and_a_rolling_upgrade_read_live() {
+/// The same GPUs twice: under the legacy names all along (one exporter pod), and renamed: GPU-r
+/// legacy before `now - 300` and canonical after (a new exporter pod), GPU-n canonical only,
+/// GPU-x with DCGM series but none of the fields read.
+fn legacy_and_renamed(now: i64) -> (Om, Om) {
     const MIB: f64 = 1024.0 * 1024.0;
-    let now = now_secs();
     let switch = now - 300;
     let workload = [("exported_namespace", "ml"), ("exported_pod", "nb-0")];
     let old_pod = [
@@ -1052,6 +1046,21 @@ async fn dcgm_canonical_names_and_a_rolling_upgrade_read_live() {
         every(now, span, |_| 0.5),
     );
 
+    (legacy, renamed)
+}
+
+/// dcgm-exporter's names by meaning, live: a GPU whose exporter is replaced mid-window (legacy
+/// names and the old exporter pod before, DCGM 4.7's canonical names, other units and a new pod
+/// after) and a GPU under the canonical names only read exactly as the same GPUs under the
+/// legacy names all along; the start-up history finds activity under the canonical names (each
+/// spelling compared with the threshold in its own unit); and a GPU with DCGM series but none of
+/// the fields read is counted (`gpu_ledger_dcgm_devices_fields_missing`). Names and units:
+/// `tests/fixtures/dcgm-renamed/README.md`.
+#[tokio::test]
+async fn dcgm_canonical_names_and_a_rolling_upgrade_read_live() {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let now = now_secs();
+    let (legacy, renamed) = legacy_and_renamed(now);
     let (_legacy_prom, legacy_client) = start(&legacy).await;
     let (_renamed_prom, renamed_client) = start(&renamed).await;
     let want = fetch(&legacy_client, SchemeChoice::Auto, at(now)).await;

@@ -695,7 +695,7 @@ impl<'de> WindowAnswer<'de> {
             ));
         }
         let mut series = series;
-        series.to_internal_fields();
+        series.rename_to_internal_fields();
         Ok(series)
     }
 }
@@ -738,7 +738,7 @@ impl<'de> WindowSeries<'de> {
     /// Renames each series to its field's internal name and converts its samples to the field's
     /// internal unit ([`fields::convert_samples`]): the window then holds one device's samples
     /// under one name whether its exporter spells the field the legacy way or DCGM 4.7's.
-    fn to_internal_fields(&mut self) {
+    fn rename_to_internal_fields(&mut self) {
         for row in &mut self.rows {
             let Some(name) = row.labels.name.as_deref() else {
                 continue;
