@@ -948,3 +948,180 @@ async fn errors_are_typed() {
     assert_eq!(err.kind(), "transport", "{err}");
     let _ = History::default();
 }
+
+/// The same GPUs twice: under the legacy names all along (one exporter pod), and renamed: GPU-r
+/// legacy before `now - 300` and canonical after (a new exporter pod), GPU-n canonical only,
+/// GPU-x with DCGM series but none of the fields read.
+fn legacy_and_renamed(now: i64) -> (Om, Om) {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let switch = now - 300;
+    let workload = [("exported_namespace", "ml"), ("exported_pod", "nb-0")];
+    let old_pod = [
+        ("pod", "nvidia-dcgm-exporter-old"),
+        ("instance", "10.0.0.1:9400"),
+    ];
+    let new_pod = [
+        ("pod", "nvidia-dcgm-exporter-new"),
+        ("instance", "10.0.0.2:9400"),
+    ];
+    let labels = |uuid: &'static str, pod: &[(&'static str, &'static str)]| {
+        let mut l = dev(uuid, &workload);
+        l.extend_from_slice(pod);
+        l
+    };
+    let before = |t: &(i64, f64)| t.0 < switch;
+    let after = |t: &(i64, f64)| t.0 >= switch;
+    let scaled =
+        |s: Vec<(i64, f64)>, k: f64| s.into_iter().map(|(t, v)| (t, v * k)).collect::<Vec<_>>();
+    let span = 3600;
+    let idle = every(now, span, |_| 0.0);
+    let busy = every(now, span, |_| 0.42);
+    let fb = every(now, span, |_| 2048.0);
+
+    // The same GPUs under the legacy names all along (one exporter pod).
+    let mut legacy = Om::default();
+    for (uuid, ratio) in [("GPU-r", &idle), ("GPU-n", &busy)] {
+        legacy.series(
+            fields::GR_ENGINE_ACTIVE,
+            &labels(uuid, &old_pod),
+            ratio.clone(),
+        );
+        legacy.series(
+            fields::GPU_UTIL,
+            &labels(uuid, &old_pod),
+            scaled(ratio.clone(), 100.0),
+        );
+        legacy.series(fields::FB_USED, &labels(uuid, &old_pod), fb.clone());
+    }
+    // GPU-r: legacy names before the switch, canonical names after; GPU-n: canonical names only;
+    // GPU-x: DCGM series, but none of the fields read.
+    let mut renamed = Om::default();
+    let part = |s: &Vec<(i64, f64)>, keep: &dyn Fn(&(i64, f64)) -> bool| {
+        s.iter().copied().filter(|x| keep(x)).collect::<Vec<_>>()
+    };
+    renamed.series(
+        fields::GR_ENGINE_ACTIVE,
+        &labels("GPU-r", &old_pod),
+        part(&idle, &before),
+    );
+    renamed.series(
+        fields::GPU_UTIL,
+        &labels("GPU-r", &old_pod),
+        part(&idle, &before),
+    );
+    renamed.series(
+        fields::FB_USED,
+        &labels("GPU-r", &old_pod),
+        part(&fb, &before),
+    );
+    let canonical =
+        |om: &mut Om, uuid: &'static str, ratio: Vec<(i64, f64)>, fb: Vec<(i64, f64)>| {
+            om.series(
+                "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
+                &labels(uuid, &new_pod),
+                ratio.clone(),
+            );
+            om.series("DCGM_FI_DEV_GPU_UTIL_RATIO", &labels(uuid, &new_pod), ratio);
+            om.series(
+                "DCGM_FI_DEV_FB_USED_BYTES",
+                &labels(uuid, &new_pod),
+                scaled(fb, MIB),
+            );
+        };
+    canonical(
+        &mut renamed,
+        "GPU-r",
+        part(&idle, &after),
+        part(&fb, &after),
+    );
+    canonical(&mut renamed, "GPU-n", busy.clone(), fb.clone());
+    renamed.series(
+        "DCGM_FI_DEV_GPU_TEMP_CELSIUS",
+        &labels("GPU-x", &new_pod),
+        every(now, span, |_| 40.0),
+    );
+    renamed.series(
+        "DCGM_FI_DEV_SOME_FUTURE_UTIL",
+        &labels("GPU-x", &new_pod),
+        every(now, span, |_| 0.5),
+    );
+
+    (legacy, renamed)
+}
+
+/// dcgm-exporter's names by meaning, live: a GPU whose exporter is replaced mid-window (legacy
+/// names and the old exporter pod before, DCGM 4.7's canonical names, other units and a new pod
+/// after) and a GPU under the canonical names only read exactly as the same GPUs under the
+/// legacy names all along; the start-up history finds activity under the canonical names (each
+/// spelling compared with the threshold in its own unit); and a GPU with DCGM series but none of
+/// the fields read is counted (`gpu_ledger_dcgm_devices_fields_missing`). Names and units:
+/// `tests/fixtures/dcgm-renamed/README.md`.
+#[tokio::test]
+async fn dcgm_canonical_names_and_a_rolling_upgrade_read_live() {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let now = now_secs();
+    let (legacy, renamed) = legacy_and_renamed(now);
+    let (_legacy_prom, legacy_client) = start(&legacy).await;
+    let (_renamed_prom, renamed_client) = start(&renamed).await;
+    let want = fetch(&legacy_client, SchemeChoice::Auto, at(now)).await;
+    let got = fetch(&renamed_client, SchemeChoice::Auto, at(now)).await;
+    assert_agree(&want, &got, "canonical names and a mid-window rename");
+    let r = find(&got, "GPU-r", None);
+    assert!(
+        r.coverage >= 0.99 && close(r.peak, 0.0),
+        "the renamed GPU is covered across the switch and idle: {r:#?}"
+    );
+    assert_eq!(
+        r.memory_used_bytes,
+        Some(2048.0 * MIB),
+        "bytes, not MiB x MiB"
+    );
+    let n = find(&got, "GPU-n", None);
+    assert_eq!(n.signal, Some(Signal::GrEngineActive));
+    assert!(close(n.utilization, 0.42) && close(n.peak, 0.42), "{n:#?}");
+
+    // Start-up history: activity under the canonical ratio names is activity (0.42 >= 5 %).
+    let scheme = live::detect_scheme(&renamed_client, SchemeChoice::Auto, at(now))
+        .await
+        .expect("detect");
+    let h = live::bootstrap(
+        &renamed_client,
+        &scheme,
+        &window(),
+        history::DEFAULT_LOOKBACK,
+        0.9,
+        at(now),
+    )
+    .await
+    .expect("bootstrap");
+    let key = |u: &str| DeviceKey {
+        uuid: u.into(),
+        gpu_instance: None,
+    };
+    let active = h
+        .get(&key("GPU-n"))
+        .and_then(|e| e.last_active_at)
+        .expect("GPU-n active in the history");
+    assert!((at(now) - active).num_seconds() <= STEP, "{active}");
+    assert_eq!(
+        h.get(&key("GPU-r")).and_then(|e| e.last_active_at),
+        None,
+        "the idle GPU was never active under either name"
+    );
+
+    // Field coverage: GPU-x alone has DCGM series but none of the fields read.
+    assert_eq!(
+        renamed_client
+            .devices_fields_missing("", at(now))
+            .await
+            .expect("count"),
+        1
+    );
+    assert_eq!(
+        legacy_client
+            .devices_fields_missing("", at(now))
+            .await
+            .expect("count"),
+        0
+    );
+}

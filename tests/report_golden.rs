@@ -462,3 +462,71 @@ fn readme_sample_is_the_golden_table() {
     }
     assert!(sample.lines().count() > 20, "{sample}");
 }
+
+/// The homelab's DCGM dump as an exporter emitting DCGM 4.7's canonical names writes it
+/// (`tests/fixtures/dcgm-renamed/rename.py`: utilisation as a 0–1 ratio, framebuffer in bytes).
+fn renamed_dump() -> String {
+    std::fs::read_to_string(root().join("tests/fixtures/dcgm-renamed/dcgm.prom"))
+        .expect("renamed dump")
+}
+
+fn rendered(dir: &Path) -> (String, String) {
+    let off = offline::load(&OfflineInput::from_dir(dir), wall_clock()).expect("dump loads");
+    let mut json = Vec::new();
+    render_json(&off.ledger, &mut json).expect("render json");
+    let mut table = Vec::new();
+    render_table(&off.ledger, &mut table).expect("render table");
+    (
+        String::from_utf8(json).expect("utf8"),
+        String::from_utf8(table).expect("utf8"),
+    )
+}
+
+#[test]
+fn dcgm_canonical_names_give_the_same_report() {
+    let dir = homelab_with(&[("dcgm.prom", &renamed_dump())]);
+    let (json, table) = rendered(dir.path());
+    let (legacy_json, legacy_table) = rendered(&homelab());
+    assert_eq!(json, legacy_json, "JSON report of the canonical-name dump");
+    assert_eq!(
+        table, legacy_table,
+        "table report of the canonical-name dump"
+    );
+}
+
+/// The node of `line`'s series and its sample time (ms), if it is a sample line.
+fn host_and_time(line: &str) -> Option<(&str, i64)> {
+    let host = line.split("Hostname=\"").nth(1)?.split('"').next()?;
+    let time = line.rsplit(' ').next()?.parse().ok()?;
+    Some((host, time))
+}
+
+/// A rolling dcgm-exporter upgrade: `lab-1`'s exporter emits the legacy names for the first half
+/// of the dump and the canonical names (other units) after; the other nodes stay legacy.
+fn rolling_upgrade_dump() -> String {
+    let legacy = std::fs::read_to_string(homelab().join("dcgm.prom")).expect("dcgm");
+    let renamed = renamed_dump();
+    // 2026-11-28T08:00:00Z: the middle of the two hours.
+    let upgraded_at = at().timestamp_millis() - 3_600_000;
+    let mut out: Vec<&str> = legacy
+        .lines()
+        .filter(|l| host_and_time(l).is_none_or(|(h, t)| h != "lab-1" || t < upgraded_at))
+        .collect();
+    out.extend(
+        renamed
+            .lines()
+            .filter(|l| host_and_time(l).is_some_and(|(h, t)| h == "lab-1" && t >= upgraded_at)),
+    );
+    assert!(out.len() > 3000 && out.len() < legacy.lines().count() + 10);
+    out.join("\n") + "\n"
+}
+
+#[test]
+fn rolling_exporter_upgrade_mid_window_reads_as_one_device() {
+    let dir = homelab_with(&[("dcgm.prom", &rolling_upgrade_dump())]);
+    let (json, table) = rendered(dir.path());
+    let (legacy_json, legacy_table) = rendered(&homelab());
+    // Same verdicts (alice-nb-0 on lab-1 proven idle for the whole two hours), same numbers.
+    assert_eq!(json, legacy_json, "JSON report across the upgrade");
+    assert_eq!(table, legacy_table, "table report across the upgrade");
+}

@@ -232,14 +232,14 @@ def panels():
 
     add(timeseries(
         "GPU temperature",
-        "Which GPUs run hot? Core temperature per physical GPU (max over MIG instances, never summed). For GPUs that report no clock-event reasons, DcgmGpuHot fires above 85 °C for 5m; the others alert on thermal slowdown itself. Not filtered by node: DCGM's Hostname may be the exporter pod name.",
-        [target("A", 'max by (%s) (DCGM_FI_DEV_GPU_TEMP)' % DEV, "{{Hostname}}{{hostname}} gpu {{gpu}}")],
+        "Which GPUs run hot? Core temperature per physical GPU (max over MIG instances, never summed; DCGM_FI_DEV_GPU_TEMP or DCGM 4.7's DCGM_FI_DEV_GPU_TEMP_CELSIUS, from the recording rule uuid:dcgm_gpu_temp_celsius:max). For GPUs that report no clock-event reasons, DcgmGpuHot fires above 85 °C for 5m; the others alert on thermal slowdown itself. Not filtered by node: DCGM's Hostname may be the exporter pod name.",
+        [target("A", 'max by (%s) (uuid:dcgm_gpu_temp_celsius:max)' % DEV, "{{Hostname}}{{hostname}} gpu {{gpu}}")],
         unit="celsius", minv=None), 8, 8)
     fbkey = DEV + ", GPU_I_ID"
     add(timeseries(
         "GPU framebuffer used",
-        "Which GPUs (or MIG instances) are close to running out of memory? FB_USED / (FB_USED + FB_FREE) per GPU and per MIG instance; DcgmFramebufferNearlyFull fires above 95% for 10m.",
-        [target("A", 'max by (%s) (DCGM_FI_DEV_FB_USED) / (max by (%s) (DCGM_FI_DEV_FB_USED) + max by (%s) (DCGM_FI_DEV_FB_FREE))' % (fbkey, fbkey, fbkey),
+        "Which GPUs (or MIG instances) are close to running out of memory? FB used / (used + free) per GPU and per MIG instance, in bytes whether the exporter reports MiB (DCGM_FI_DEV_FB_USED, _FREE) or bytes (DCGM 4.7's DCGM_FI_DEV_FB_USED_BYTES, _FREE_BYTES), from the recording rules uuid_gi:dcgm_fb_*_bytes:max; DcgmFramebufferNearlyFull fires above 95% for 10m.",
+        [target("A", 'max by (%s) (uuid_gi:dcgm_fb_used_bytes:max) / (max by (%s) (uuid_gi:dcgm_fb_used_bytes:max) + max by (%s) (uuid_gi:dcgm_fb_free_bytes:max))' % (fbkey, fbkey, fbkey),
                 "{{Hostname}}{{hostname}} gpu {{gpu}} {{GPU_I_ID}}")],
         unit="percentunit", maxv=1), 8, 8)
     # The workload is in exported_namespace/exported_pod when Prometheus scraped dcgm-exporter
@@ -250,14 +250,17 @@ def panels():
     # With honor_labels a series without a workload keeps the target's namespace/pod, the exporter
     # pod: the GPU Operator's nvidia-dcgm-exporter-* and the dcgm-exporter chart's
     # dcgm-exporter-* pods are not workloads.
-    act = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+    # Field 1001 under its legacy name and DCGM 4.7's: one expression per name, joined by `or`
+    # (the legacy name wins where an exporter emits both; a GPU switching names mid-range keeps
+    # one line).
     wl = 'label_replace(label_replace(%s{%s!=""%s}, "workload_namespace", "$1", "%s", "(.*)"), "workload_pod", "$1", "%s", "(.*)")'
+    by_workload = lambda act: ('max by (%s, workload_namespace, workload_pod) (%s or (%s unless on () %s{exported_pod!=""})) or on (%s) max by (%s) (%s)'
+                               % (fbkey, wl % (act, "exported_pod", "", "exported_namespace", "exported_pod"),
+                                  wl % (act, "pod", ', pod!~"(nvidia-)?dcgm-exporter-.*"', "namespace", "pod"), act, fbkey, fbkey, act))
     add(timeseries(
         "GPU activity by workload",
-        "Which workloads keep their GPUs busy? DCGM_FI_PROF_GR_ENGINE_ACTIVE (0..1) per GPU / MIG instance, labelled with the workload: exported_namespace/exported_pod or namespace/pod, whichever way dcgm-exporter is scraped (without or with honor_labels).",
-        [target("A", 'max by (%s, workload_namespace, workload_pod) (%s or (%s unless on () %s{exported_pod!=""})) or on (%s) max by (%s) (%s)'
-                % (fbkey, wl % (act, "exported_pod", "", "exported_namespace", "exported_pod"),
-                   wl % (act, "pod", ', pod!~"(nvidia-)?dcgm-exporter-.*"', "namespace", "pod"), act, fbkey, fbkey, act),
+        "Which workloads keep their GPUs busy? DCGM_FI_PROF_GR_ENGINE_ACTIVE (or DCGM 4.7's DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO, 0..1) per GPU / MIG instance, labelled with the workload: exported_namespace/exported_pod or namespace/pod, whichever way dcgm-exporter is scraped (without or with honor_labels).",
+        [target("A", '(%s) or (%s)' % (by_workload("DCGM_FI_PROF_GR_ENGINE_ACTIVE"), by_workload("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO")),
                 "{{workload_namespace}}/{{workload_pod}} {{UUID}} {{GPU_I_ID}}")],
         unit="percentunit", maxv=1), 8, 8)
 

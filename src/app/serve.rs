@@ -231,6 +231,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         info_span!("refresh"),
         refresh_loop(RefreshLoop {
             source,
+            prom: prom.clone(),
             stores: stores.clone(),
             shard,
             scope_label: scope_label.clone(),
@@ -341,6 +342,8 @@ async fn cull_loop(
 /// The refresh task's inputs.
 struct RefreshLoop {
     source: LiveUsage,
+    /// The source's client, for the field-coverage count (`None`: no Prometheus configured).
+    prom: Option<Arc<PromClient>>,
     stores: Stores,
     /// This replica's shard and the label its query is narrowed by ([`query_scope`]).
     shard: (u32, u32),
@@ -393,11 +396,12 @@ async fn refresh_loop(mut r: RefreshLoop) {
                 "verifying notebook ownership timed out this refresh"
             ),
         }
-        r.source
-            .set_scope(query_scope(&r.stores, r.shard, r.scope_label.as_deref()));
+        let scope = query_scope(&r.stores, r.shard, r.scope_label.as_deref());
+        r.source.set_scope(scope.clone());
         let fetched = tokio::time::timeout(r.fetch_timeout, r.source.fetch())
             .await
             .ok();
+        count_fields_missing(&r, &scope).await;
         if fetched.is_none() {
             warn!(
                 timeout_seconds = r.fetch_timeout.as_secs(),
@@ -413,6 +417,43 @@ async fn refresh_loop(mut r: RefreshLoop) {
         };
         r.tx.send_replace(Some(Arc::new(refreshed)));
         test_hooks::panic_point("refresh");
+    }
+}
+
+/// Sets `gpu_ledger_dcgm_devices_fields_missing` for the devices of `scope` (one instant query,
+/// bounded like the refresh's); on failure the gauge keeps its last value and the failure is
+/// counted as a query error.
+async fn count_fields_missing(r: &RefreshLoop, scope: &Scope) {
+    let Some(prom) = &r.prom else {
+        return;
+    };
+    if scope.is_empty() {
+        r.metrics.dcgm_devices_fields_missing.set(0.0);
+        return;
+    }
+    let matcher = scope.matcher();
+    let asked = prom.devices_fields_missing(&matcher, Utc::now());
+    match tokio::time::timeout(r.fetch_timeout, asked).await {
+        Ok(Ok(n)) => {
+            if n > 0 {
+                warn!(
+                    devices = n,
+                    "DCGM series without any field gpu-ledger reads: their utilisation is unknown (see GpuLedgerDcgmFieldsMissing)"
+                );
+            }
+            r.metrics.dcgm_devices_fields_missing.set(n as f64);
+        }
+        Ok(Err(e)) => {
+            r.metrics.prometheus_query_errors.inc();
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "counting DCGM devices without read fields failed"
+            );
+        }
+        Err(_) => {
+            r.metrics.prometheus_query_errors.inc();
+            warn!("counting DCGM devices without read fields timed out");
+        }
     }
 }
 

@@ -25,6 +25,8 @@ pub struct SelfMetrics {
     pub watch_restarts: IntCounterVec,
     /// Samples of Prometheus answers dropped before the sample window, by `reason`.
     pub prometheus_samples_rejected: IntCounterVec,
+    /// Devices with DCGM series but none of the fields gpu-ledger reads.
+    pub dcgm_devices_fields_missing: Gauge,
 }
 
 impl SelfMetrics {
@@ -79,6 +81,10 @@ impl SelfMetrics {
                 ),
                 &["reason"],
             )?,
+            dcgm_devices_fields_missing: Gauge::new(
+                "gpu_ledger_dcgm_devices_fields_missing",
+                "GPU devices (UUID and MIG instance) with DCGM series in Prometheus but none of the fields gpu-ledger reads under any accepted name (an exporter that renamed or dropped them): their utilisation is unknown, never idle. Set by each refresh.",
+            )?,
         };
         let build_info = GaugeVec::new(
             Opts::new(
@@ -104,6 +110,7 @@ impl SelfMetrics {
         registry.register(Box::new(m.prometheus_warnings.clone()))?;
         registry.register(Box::new(m.watch_restarts.clone()))?;
         registry.register(Box::new(m.prometheus_samples_rejected.clone()))?;
+        registry.register(Box::new(m.dcgm_devices_fields_missing.clone()))?;
         Ok(m)
     }
 }

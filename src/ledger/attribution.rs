@@ -246,6 +246,27 @@ impl DeviceIndex<'_> {
         one(true).or_else(|| one(false))
     }
 
+    /// The GPU slices of every MIG instance DCGM reports on `node`, when every device it reports
+    /// there is a MIG instance (or the whole-GPU series of one) and all instances have one
+    /// profile: what each `nvidia.com/gpu` unit is under the MIG *single* strategy on a node
+    /// whose strategy no GFD label names. `None` otherwise (a whole GPU among them: not single).
+    pub(super) fn dcgm_single_mig_slices_on(&self, node: &str, usage: &Usage) -> Option<u8> {
+        let ids = self.by_node.get(node)?;
+        let mut slices = None;
+        for &i in ids {
+            let d = &usage.devices[i];
+            if self.mig_parent[i] {
+                continue;
+            }
+            d.key.gpu_instance.as_ref()?;
+            let g = super::claims::profile_slices(d.mig_profile.as_deref()?)?;
+            if *slices.get_or_insert(g) != g {
+                return None;
+            }
+        }
+        slices
+    }
+
     /// UUIDs of the physical GPUs DCGM reports on `node` (with repeats).
     pub(super) fn uuids_on<'u>(&self, node: &str, usage: &'u Usage) -> Vec<&'u str> {
         self.by_node

@@ -604,6 +604,19 @@ impl<'a> NodeShape<'a> {
         self
     }
 
+    /// Under the MIG single strategy on a node without GFD's strategy label, the slices of each
+    /// `nvidia.com/gpu` unit as DCGM shows them (every device on the node a MIG instance of one
+    /// profile: [`super::attribution`]'s `dcgm_single_mig_slices_on`). A strategy label wins.
+    #[must_use]
+    pub fn with_dcgm_single_mig(mut self, slices: Option<u8>) -> Self {
+        if let (Some(node), Some(g)) = (self.node, slices)
+            && !node.gpu_labels.contains_key(MIG_STRATEGY_LABEL)
+        {
+            self.single_mig_slices = Some(g);
+        }
+        self
+    }
+
     fn table_slices(&self, product: &str) -> u8 {
         self.table
             .map_or(DEFAULT_COMPUTE_SLICES, |t| t.slices_of(Some(product)))

@@ -344,8 +344,12 @@ fn seconds(d: Duration) -> f64 {
     d.num_milliseconds() as f64 / 1000.0
 }
 
+/// The pod's state, or `None` for a pod that neither holds GPUs nor asks for them: terminal
+/// (Succeeded/Failed), or deleted before it was ever bound to a node (it holds nothing on any
+/// node, and is no demand: counting it as Terminating credited its GPUs to no node, under the
+/// model "unknown").
 fn state_of(p: &PodClaim) -> Option<PodState> {
-    if p.phase.is_terminal() {
+    if p.phase.is_terminal() || (p.deletion.is_some() && p.node.is_none()) {
         return None;
     }
     Some(if p.deletion.is_some() {
@@ -357,13 +361,15 @@ fn state_of(p: &PodClaim) -> Option<PodState> {
     })
 }
 
-/// Joins claims with usage at `now`.
-pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy) -> Ledger {
-    let locator = attribution::Locator::new(claims);
-    // DRA devices join DCGM by UUID: index devices by UUID only when some claim can hold one.
-    let dra_active = claims.dra_enabled && !claims.resource_claims.is_empty();
-    let index = attribution::DeviceIndex::new(usage, &locator, dra_active);
-    let shapes: foldhash::HashMap<&str, NodeShape<'_>> = claims
+/// How each node's GPU resources convert to GPUs: its labels, and where GFD's labels are missing,
+/// what DCGM shows of its GPUs.
+fn node_shapes<'a>(
+    claims: &'a Claims,
+    usage: &Usage,
+    index: &attribution::DeviceIndex<'_>,
+    policy: &'a Policy,
+) -> foldhash::HashMap<&'a str, NodeShape<'a>> {
+    claims
         .nodes
         .iter()
         .map(|n| {
@@ -374,9 +380,20 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             } else {
                 shape
             };
+            // Nor does GFD's strategy label: MIG devices advertised as `nvidia.com/gpu`.
+            let shape = shape.with_dcgm_single_mig(index.dcgm_single_mig_slices_on(&n.name, usage));
             (n.name.as_str(), shape)
         })
-        .collect();
+        .collect()
+}
+
+/// Joins claims with usage at `now`.
+pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy) -> Ledger {
+    let locator = attribution::Locator::new(claims);
+    // DRA devices join DCGM by UUID: index devices by UUID only when some claim can hold one.
+    let dra_active = claims.dra_enabled && !claims.resource_claims.is_empty();
+    let index = attribution::DeviceIndex::new(usage, &locator, dra_active);
+    let shapes = node_shapes(claims, usage, &index, policy);
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     // GPU equivalents each pod holds on devices that are not on its node (network-attached):

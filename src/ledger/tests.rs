@@ -230,6 +230,38 @@ fn states_and_node_free_count_terminating_pods() {
     );
 }
 
+/// A pod deleted before it was ever bound (a Pending pod of a removed Job or evicted Kueue
+/// workload, still carrying a finalizer) holds nothing on any node and is no demand: it is not
+/// listed, so it neither holds GPUs (the model-less `gpu_seconds_by_model{model="unknown"}` grew
+/// for it) nor counts as pending.
+#[test]
+fn a_nodeless_terminating_pod_holds_nothing_and_is_no_demand() {
+    let c = claims(
+        vec![
+            PodB::new("a", "run").on_node("n1").gpu(1).build(),
+            PodB::new("a", "gone-before-bound")
+                .gpu(2)
+                .deleted(Duration::minutes(20), 30)
+                .build(),
+        ],
+        vec![node("n1", 4)],
+    );
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    assert!(
+        l.pods.iter().all(|p| p.pod != "gone-before-bound"),
+        "{:?}",
+        l.pods.iter().map(|p| (&p.pod, p.state)).collect::<Vec<_>>()
+    );
+    assert!(
+        l.pods
+            .iter()
+            .filter(|p| p.state.holds())
+            .all(|p| p.node.is_some())
+    );
+    let ns = &l.namespaces[0];
+    assert_eq!((ns.gpus_claimed, ns.gpus_pending), (1.0, 0.0));
+}
+
 #[test]
 fn not_stuck_before_deadline_plus_slack() {
     let c = claims(

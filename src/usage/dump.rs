@@ -84,8 +84,9 @@ pub enum DumpError {
     )]
     NoDcgmSeries { path: PathBuf },
     #[error(
-        "{path}: DCGM series found, but none of {} (utilisation and framebuffer are needed)",
-        KEEP.join(", ")
+        "{path}: DCGM series found, but none of {} under any name gpu-ledger reads ({}): utilisation and framebuffer are needed",
+        KEEP.join(", "),
+        fields::all_spellings().collect::<Vec<_>>().join(", ")
     )]
     NoUsageFields { path: PathBuf },
     #[error("{path}: no DCGM series match --prometheus-selector {selector}")]
@@ -151,6 +152,9 @@ pub fn load(
     let sentinel = DateTime::<Utc>::MIN_UTC;
     let sentinel_ms = sentinel.timestamp_millis();
     let mut parsed = read_bounded(path, settings.max_bytes, sentinel)?;
+    // One device under a legacy name in one part of the dump and a DCGM 4.7 name in another (a
+    // rolling exporter upgrade) reduces as one.
+    super::prom::decode::to_internal_fields(&mut parsed.series);
     narrow_to_one_cluster(path, &mut parsed.series, settings.selector.as_ref())?;
     let file = display_name(path);
     let mut warnings = Vec::new();

@@ -375,7 +375,7 @@ pub enum Scope {
 
 impl Scope {
     /// The `,`-prefixed matcher narrowing the window's selector (empty for [`Scope::All`]).
-    fn matcher(&self) -> String {
+    pub fn matcher(&self) -> String {
         match self {
             Self::All => String::new(),
             Self::Named { label, values } => queries::scope_matcher(label, values),
@@ -383,7 +383,7 @@ impl Scope {
     }
 
     /// A named scope without a value: this shard owns no node, so no device.
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         matches!(self, Self::Named { values, .. } if values.is_empty())
     }
 }

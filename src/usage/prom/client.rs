@@ -426,7 +426,39 @@ impl PromClient {
     ) -> Result<Answered<Vec<Series>>, PromError> {
         self.raw_samples::<WindowData>(scope, fields, range, at)
             .await?
-            .map(WindowData::into_series)
+            .map(|data| {
+                let mut series = data.into_series()?;
+                super::decode::to_internal_fields(&mut series);
+                Ok(series)
+            })
+    }
+
+    /// The devices with DCGM series but none under a name gpu-ledger reads, among those of
+    /// `scope` (`,`-prefixed matchers; empty: every device), at `at`
+    /// ([`super::queries::fields_missing_query`]). A value that is no count is an error.
+    pub async fn devices_fields_missing(
+        &self,
+        scope: &str,
+        at: DateTime<Utc>,
+    ) -> Result<u64, PromError> {
+        let query = super::queries::fields_missing_query(&format!("{}{scope}", self.matchers));
+        let samples = self.instant(&query, at).await?;
+        let value = match samples.as_slice() {
+            [one] => one.value,
+            _ => {
+                return Err(PromError::Unexpected(format!(
+                    "{} samples answering the fields-missing count (expected 1)",
+                    samples.len()
+                )));
+            }
+        };
+        if !(value.is_finite() && value >= 0.0 && value <= f64::from(u32::MAX)) {
+            return Err(PromError::Unexpected(format!(
+                "fields-missing count {value} is no device count"
+            )));
+        }
+        // Checked above: finite, not negative, within u32.
+        Ok(value.round() as u64)
     }
 
     /// The body of the answer to the window's selector narrowed by `scope` (as

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::PromError;
+use crate::usage::fields;
 use crate::usage::scheme::READ_LABELS;
 use crate::usage::series::{Labels, Series};
 
@@ -693,6 +694,8 @@ impl<'de> WindowAnswer<'de> {
                 "matrix series without __name__".into(),
             ));
         }
+        let mut series = series;
+        series.rename_to_internal_fields();
         Ok(series)
     }
 }
@@ -730,6 +733,23 @@ impl<'de> WindowSeries<'de> {
             row.samples = start..kept;
         }
         self.samples.truncate(kept);
+    }
+
+    /// Renames each series to its field's internal name and converts its samples to the field's
+    /// internal unit ([`fields::convert_samples`]): the window then holds one device's samples
+    /// under one name whether its exporter spells the field the legacy way or DCGM 4.7's.
+    fn rename_to_internal_fields(&mut self) {
+        for row in &mut self.rows {
+            let Some(name) = row.labels.name.as_deref() else {
+                continue;
+            };
+            let Some(samples) = self.samples.get_mut(row.samples.clone()) else {
+                continue;
+            };
+            if let Some(field) = fields::convert_samples(name, samples) {
+                row.labels.name = Some(Cow::Borrowed(field));
+            }
+        }
     }
 
     /// The series as owned [`Series`] (what [`QueryData::into_series`] gives for [`WindowData`]).
@@ -988,6 +1008,19 @@ impl<L: RowLabels> QueryData<L> {
             Self::Matrix(_) => Err(PromError::Unexpected(
                 "matrix result where a vector was expected".into(),
             )),
+        }
+    }
+}
+
+/// Renames every series of a window read to its field's internal name and converts its samples
+/// to the field's internal unit ([`fields::convert_samples`]; series of other names are left as
+/// they are), as [`WindowAnswer::into_matrix`] does for the live refresh: the scheme detection,
+/// the pre-stop re-check and the offline dump then read legacy and DCGM 4.7 names alike.
+/// `capture` keeps the names it was answered with.
+pub fn to_internal_fields(series: &mut [Series]) {
+    for s in series {
+        if let Some(field) = fields::convert_samples(&s.name, &mut s.samples) {
+            field.clone_into(&mut s.name);
         }
     }
 }

@@ -22,18 +22,24 @@ fn open_range(d: chrono::Duration) -> String {
 }
 
 /// `template` applied to every accepted spelling of `field` (`DCGM_FI_DEV_GPU_UTIL`,
-/// `dcgm_fi_dev_gpu_util`, `dcgm_gpu_utilization`), joined with `or`. One selector with a
-/// `__name__` regex would not do: functions drop the name, and two spellings of one device
-/// would then collide as equal label sets.
-fn each_spelling(field: &str, matchers: &str, template: impl Fn(&str) -> String) -> String {
-    let parts: Vec<String> = fields::SPELLINGS
-        .iter()
-        .filter(|(_, f)| *f == field)
-        .map(|(spelling, _)| {
+/// `dcgm_fi_dev_gpu_util`, `dcgm_gpu_utilization`, `DCGM_FI_DEV_GPU_UTIL_RATIO`, …), joined with
+/// `or`; the template gets the selector and `threshold` (in the field's internal unit) in that
+/// spelling's own unit: 5 for the percentage `DCGM_FI_DEV_GPU_UTIL`, 0.05 for the ratio
+/// `DCGM_FI_DEV_GPU_UTIL_RATIO`. One selector with a `__name__` regex would not do: functions
+/// drop the name, and two spellings of one device would then collide as equal label sets.
+fn each_spelling(
+    field: &str,
+    matchers: &str,
+    threshold: f64,
+    template: impl Fn(&str, f64) -> String,
+) -> String {
+    let parts: Vec<String> = fields::spellings_of(field)
+        .map(|spelling| {
+            let own = threshold / spelling.scale;
             if matchers.is_empty() {
-                template(spelling)
+                template(spelling.name, own)
             } else {
-                template(&format!("{spelling}{{{}}}", &matchers[1..]))
+                template(&format!("{}{{{}}}", spelling.name, &matchers[1..]), own)
             }
         })
         .collect();
@@ -44,7 +50,7 @@ fn stat(name: &str, by: &str, expr: &str) -> String {
     format!("label_replace(max by ({by}) ({expr}), \"{STAT_LABEL}\", \"{name}\", \"\", \"\")")
 }
 
-/// Threshold in the field's own unit (`GPU_UTIL` is a percentage).
+/// Threshold in the field's internal unit (`GPU_UTIL` is a percentage).
 fn threshold(field: &str, window: &Window) -> f64 {
     if field == fields::GPU_UTIL {
         window.idle_threshold * 100.0
@@ -89,27 +95,51 @@ pub fn bootstrap_query(
     let mut parts = Vec::new();
     for (field, name) in [(fields::GR_ENGINE_ACTIVE, "gr"), (fields::GPU_UTIL, "util")] {
         let thr = threshold(field, window);
-        let tag = |stat_name: &str, template: &dyn Fn(&str) -> String| {
-            let expr = stat(stat_name, &by, &each_spelling(field, matchers, template));
+        let tag = |stat_name: &str, template: &dyn Fn(&str, f64) -> String| {
+            let expr = stat(
+                stat_name,
+                &by,
+                &each_spelling(field, matchers, thr, template),
+            );
             format!("label_replace({expr}, \"{FIELD_LABEL}\", \"{name}\", \"\", \"\")")
         };
-        parts.push(tag("active", &|f| {
+        parts.push(tag("active", &|f, thr| {
             format!("max_over_time(timestamp(max_over_time({f}[{b}]) >= {thr})[{sub}])")
         }));
-        parts.push(tag("active_now", &|f| {
+        parts.push(tag("active_now", &|f, thr| {
             format!("timestamp({f}) and {f} >= {thr}")
         }));
-        parts.push(tag("first", &|f| {
+        parts.push(tag("first", &|f, _| {
             format!("min_over_time(timestamp({f})[{sub}])")
         }));
-        parts.push(tag("count", &|f| {
+        parts.push(tag("count", &|f, _| {
             format!("count_over_time({f}[{}])", open_range(lookback))
         }));
-        parts.push(tag("gap_end", &|f| {
+        parts.push(tag("gap_end", &|f, _| {
             format!("max_over_time((timestamp(count_over_time({f}[{b}]) < {expected}) or timestamp(count_over_time({f}[{b}]) unless count_over_time({f}[{b}] offset {})))[{sub}])", duration(bucket))
         }));
     }
     parts.join(" or ")
+}
+
+/// DCGM metric names: dcgm-exporter's `DCGM_FI_*` (and its `DCGM_EXP_*` families), the lower-case
+/// `dcgm_fi_*` of pipelines and the 1.x `dcgm_*` names. Anchored by Prometheus.
+const DCGM_NAMES: &str = "DCGM_.+|dcgm_.+";
+/// Device identity labels in both spellings (dcgm-exporter's and a lower-casing pipeline's).
+const DEVICE_LABELS: &str = "UUID, uuid, GPU_I_ID, gpu_i_id";
+
+/// The number of devices (UUID and GPU instance) with DCGM series but none under a name
+/// gpu-ledger reads ([`fields::SPELLINGS`]): an exporter that renamed or dropped the fields
+/// (`gpu_ledger_dcgm_devices_fields_missing`). One instant query; 0 when there is none.
+/// `matchers` (`,`-prefixed, or empty) narrows every selector (`--prometheus-selector`, a
+/// shard's scope).
+pub fn fields_missing_query(matchers: &str) -> String {
+    let read: Vec<&str> = fields::all_spellings().collect();
+    let by = DEVICE_LABELS;
+    format!(
+        "count(group by ({by}) ({{__name__=~\"{DCGM_NAMES}\",UUID!=\"\"{matchers}}} or {{__name__=~\"{DCGM_NAMES}\",uuid!=\"\"{matchers}}}) unless on ({by}) group by ({by}) ({{__name__=~\"{}\"{matchers}}})) or vector(0)",
+        read.join("|")
+    )
 }
 
 /// `{__name__=~"A|B",<matchers>}[range]`: the raw samples of `fields` over `range`.
@@ -398,6 +428,9 @@ mod tests {
         // 24 h in 5-minute buckets; 10 scrapes of 30 s per bucket, 9 needed.
         assert!(q.contains("max_over_time(timestamp(max_over_time(DCGM_FI_DEV_GPU_UTIL[299999ms]) >= 5)[86400000ms:300000ms])"), "{q}");
         assert!(q.contains("\"field\", \"gr\""), "{q}");
+        // Each spelling's threshold in its own unit: a ratio's 5 % is 0.05.
+        assert!(q.contains("max_over_time(timestamp(max_over_time(DCGM_FI_DEV_GPU_UTIL_RATIO[299999ms]) >= 0.05)[86400000ms:300000ms])"), "{q}");
+        assert!(q.contains("timestamp(DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO) and DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO >= 0.05"), "{q}");
         assert!(
             q.contains("timestamp(count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms]) < 9)"),
             "{q}"
@@ -413,6 +446,19 @@ mod tests {
             chrono::Duration::minutes(10),
             "never wider than the window"
         );
+    }
+
+    #[test]
+    fn fields_missing_counts_devices_without_any_read_name() {
+        let q = fields_missing_query(r#",cluster="prod""#);
+        assert!(
+            q.starts_with(r#"count(group by (UUID, uuid, GPU_I_ID, gpu_i_id) ({__name__=~"DCGM_.+|dcgm_.+",UUID!="",cluster="prod"} or {__name__=~"DCGM_.+|dcgm_.+",uuid!="",cluster="prod"}) unless on (UUID, uuid, GPU_I_ID, gpu_i_id)"#),
+            "{q}"
+        );
+        for name in fields::all_spellings() {
+            assert!(q.contains(name), "{name}: {q}");
+        }
+        assert!(q.ends_with(r#",cluster="prod"})) or vector(0)"#), "{q}");
     }
 
     #[test]
