@@ -166,7 +166,7 @@ async fn discovered_prometheus(
         "using Prometheus {}/{} port {} ({}) through the API server's service proxy{also}",
         best.namespace, best.name, best.port, best.why
     );
-    let proxy = ServiceProxy::start(client.clone(), best).await?;
+    let proxy = ServiceProxy::start(client.clone(), best, &[]).await?;
     let mut prometheus = args.prometheus.clone();
     prometheus.prometheus_url = Some(proxy.url.clone());
     let prom = super::prometheus_client(&prometheus)?

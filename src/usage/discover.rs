@@ -56,6 +56,17 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// A Service named by the user (`--prometheus-service`).
+    pub fn named(namespace: &str, name: &str, port: &str) -> Candidate {
+        Candidate {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            port: port.to_string(),
+            why: "named by --prometheus-service",
+            rank: 0,
+        }
+    }
+
     /// The API server path of the service proxy, without a trailing slash.
     pub fn proxy_path(&self) -> String {
         format!(
@@ -184,6 +195,7 @@ impl ServiceProxy {
     pub async fn start(
         client: kube::Client,
         candidate: &Candidate,
+        _headers: &[crate::usage::prom::Header],
     ) -> Result<ServiceProxy, DiscoverError> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
