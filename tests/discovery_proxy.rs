@@ -173,7 +173,9 @@ async fn only_the_query_endpoint_with_the_token_is_forwarded() {
         // A wrong token.
         (
             Method::GET,
-            format!("{origin}/0000000000000000000000000000000000000000000000000000000000000000/api/v1/query?query=up"),
+            format!(
+                "{origin}/0000000000000000000000000000000000000000000000000000000000000000/api/v1/query?query=up"
+            ),
             None,
         ),
         // The token, but another method.

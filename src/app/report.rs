@@ -166,9 +166,12 @@ async fn discovered_prometheus(
         "using Prometheus {}/{} port {} ({}) through the API server's service proxy{also}",
         best.namespace, best.name, best.port, best.why
     );
-    let proxy = ServiceProxy::start(client.clone(), best, &[]).await?;
+    let proxy =
+        ServiceProxy::start(client.clone(), best, &args.prometheus.prometheus_header).await?;
     let mut prometheus = args.prometheus.clone();
     prometheus.prometheus_url = Some(proxy.url.clone());
+    // The proxy adds them to what it forwards; it passes on no header of the request.
+    prometheus.prometheus_header.clear();
     let prom = super::prometheus_client(&prometheus)?
         .ok_or_else(|| AppError::Config("the discovered Prometheus gave no client".into()))?;
     Ok((prom, proxy))

@@ -9,11 +9,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams};
+use subtle::ConstantTimeEq as _;
 use tokio_util::sync::CancellationToken;
+
+use crate::usage::prom::{Header, MAX_ANSWER_BYTES};
 
 /// Largest request the loopback proxy forwards (a PromQL form body is a few KiB).
 const MAX_REQUEST_BYTES: usize = 1 << 20;
@@ -40,6 +44,10 @@ pub enum DiscoverError {
     Listen(#[source] std::io::Error),
     #[error("the loopback proxy address {0} is no URL")]
     Url(String),
+    #[error("no random token for the loopback proxy (the system's random source failed)")]
+    Random,
+    #[error("--prometheus-header {0}: not a valid HTTP header")]
+    Header(String),
 }
 
 /// A Service that looks like the cluster's Prometheus.
@@ -171,10 +179,26 @@ pub async fn find(client: &kube::Client) -> Result<Vec<Candidate>, DiscoverError
     Ok(found)
 }
 
-/// A loopback HTTP listener forwarding every request to a Service through the API server's
+/// The Prometheus endpoints the loopback proxy forwards: the ones [`crate::usage::prom::PromClient`]
+/// asks (it posts every question to `/api/v1/query`). Anything else, Prometheus' admin API
+/// included, is refused before it reaches the API server.
+pub const FORWARDED_PATHS: &[&str] = &["/api/v1/query"];
+
+/// Random bytes of the proxy's path token (hex in the URL): unguessable by another local process.
+const TOKEN_BYTES: usize = 32;
+
+/// A loopback HTTP listener forwarding Prometheus queries to a Service through the API server's
 /// service proxy with the kubeconfig's credentials; stops when dropped.
+///
+/// Every local process can connect to a loopback port, and a web page can reach it through a
+/// name rebound to 127.0.0.1, while the kubeconfig's credentials are the user's: so a request is
+/// forwarded only when its path starts with a random token that only [`Self::url`] holds, its
+/// Host is the listener's own address, its method GET or POST and the rest of its path one of
+/// [`FORWARDED_PATHS`]. Answers are streamed, cut one byte past [`MAX_ANSWER_BYTES`] (the
+/// client then refuses them as too large), never buffered whole.
 pub struct ServiceProxy {
-    /// `http://127.0.0.1:PORT/`: the base URL to give the Prometheus client.
+    /// `http://127.0.0.1:PORT/TOKEN/`: the base URL to give the Prometheus client (a secret:
+    /// never logged).
     pub url: reqwest::Url,
     stop: CancellationToken,
 }
@@ -188,24 +212,48 @@ impl Drop for ServiceProxy {
 struct Target {
     client: kube::Client,
     base: String,
+    token: String,
+    /// `127.0.0.1:PORT`, the only Host accepted.
+    host: String,
+    /// `--prometheus-header`, added to every forwarded request.
+    headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl ServiceProxy {
-    /// Starts the listener for `candidate`.
+    /// Starts the listener for `candidate`; `headers` (`--prometheus-header`) go with every
+    /// forwarded request.
     pub async fn start(
         client: kube::Client,
         candidate: &Candidate,
-        _headers: &[crate::usage::prom::Header],
+        headers: &[Header],
     ) -> Result<ServiceProxy, DiscoverError> {
+        let headers = headers
+            .iter()
+            .map(|h| {
+                let name = HeaderName::from_bytes(h.name.as_bytes())
+                    .map_err(|_| DiscoverError::Header(h.name.clone()))?;
+                let mut value = HeaderValue::from_str(&h.value)
+                    .map_err(|_| DiscoverError::Header(h.name.clone()))?;
+                value.set_sensitive(true);
+                Ok((name, value))
+            })
+            .collect::<Result<Vec<_>, DiscoverError>>()?;
+        let mut random = [0u8; TOKEN_BYTES];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random)
+            .map_err(|_| DiscoverError::Random)?;
+        let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(DiscoverError::Listen)?;
         let addr = listener.local_addr().map_err(DiscoverError::Listen)?;
-        let url = reqwest::Url::parse(&format!("http://{addr}/"))
+        let url = reqwest::Url::parse(&format!("http://{addr}/{token}/"))
             .map_err(|_| DiscoverError::Url(addr.to_string()))?;
         let target = Arc::new(Target {
             client,
             base: candidate.proxy_path(),
+            token,
+            host: addr.to_string(),
+            headers,
         });
         let app = axum::Router::new().fallback(forward).with_state(target);
         let stop = CancellationToken::new();
@@ -225,21 +273,59 @@ impl ServiceProxy {
     }
 }
 
-/// Forwards one request (method, path and query, content type, body) and returns the answer's
-/// status, content type and body; a failure to reach the API server is a 502 naming it.
+/// The path after the token, when the request may be forwarded; else the refusal.
+fn allowed<'r>(
+    target: &Target,
+    parts: &'r axum::http::request::Parts,
+) -> Result<&'r str, Response> {
+    let host = parts.headers.get(header::HOST).map(HeaderValue::as_bytes);
+    if host != Some(target.host.as_bytes()) {
+        return Err((StatusCode::FORBIDDEN, "wrong Host").into_response());
+    }
+    let path = parts.uri.path();
+    let after_slash = path.strip_prefix('/').unwrap_or(path);
+    // `rest` keeps its leading slash: `/api/v1/query`.
+    let (token, rest) = after_slash.split_at(after_slash.find('/').unwrap_or(after_slash.len()));
+    // Constant time: the answer's timing tells nothing about how much of a guess was right.
+    if !bool::from(token.as_bytes().ct_eq(target.token.as_bytes())) {
+        return Err(StatusCode::NOT_FOUND.into_response());
+    }
+    if !FORWARDED_PATHS.contains(&rest) {
+        return Err(StatusCode::NOT_FOUND.into_response());
+    }
+    if parts.method != Method::GET && parts.method != Method::POST {
+        return Err(StatusCode::METHOD_NOT_ALLOWED.into_response());
+    }
+    Ok(rest)
+}
+
+/// Forwards one allowed request (method, path and query, content type, body, the configured
+/// headers) and streams back the answer's status, content type and body, cut past the answer
+/// bound; a failure to reach the API server is a 502 naming it.
 async fn forward(State(target): State<Arc<Target>>, req: axum::extract::Request) -> Response {
     let (parts, body) = req.into_parts();
+    let path = match allowed(&target, &parts) {
+        Ok(path) => path,
+        Err(refused) => return refused,
+    };
+    let query = parts
+        .uri
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
     let Ok(body) = axum::body::to_bytes(body, MAX_REQUEST_BYTES).await else {
         return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response();
     };
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut out = axum::http::Request::builder()
-        .method(parts.method)
-        .uri(format!("{}{path}", target.base));
+        .method(parts.method.clone())
+        .uri(format!("{}{path}{query}", target.base));
     for name in [header::CONTENT_TYPE, header::ACCEPT] {
         if let Some(v) = parts.headers.get(&name) {
             out = out.header(name, v);
         }
+    }
+    for (name, value) in &target.headers {
+        out = out.header(name, value);
     }
     let request = match out.body(kube::client::Body::from(body.to_vec())) {
         Ok(r) => r,
@@ -252,18 +338,48 @@ async fn forward(State(target): State<Arc<Target>>, req: axum::extract::Request)
         }
     };
     let (head, body) = answer.into_parts();
-    match body.collect_bytes().await {
-        Ok(bytes) => {
-            let mut response = (head.status, bytes.to_vec()).into_response();
-            if let Some(v) = head.headers.get(header::CONTENT_TYPE) {
-                response
-                    .headers_mut()
-                    .insert(header::CONTENT_TYPE, v.clone());
-            }
-            response
-        }
-        Err(e) => (StatusCode::BAD_GATEWAY, crate::telemetry::error_chain(&e)).into_response(),
+    let mut response = Response::new(bounded(body));
+    *response.status_mut() = head.status;
+    if let Some(v) = head.headers.get(header::CONTENT_TYPE) {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, v.clone());
     }
+    response
+}
+
+/// Where [`bounded`] is in the answer.
+enum Cut<S> {
+    /// Passing chunks on; bytes passed so far.
+    Reading(S, usize),
+    Done,
+}
+
+/// The answer's body streamed, ending one byte past [`MAX_ANSWER_BYTES`]: the client refuses
+/// an answer over its bound on that byte (with its "larger than" error), and the rest is never
+/// read from the API server. The answer's length is not passed on, so a cut answer ends
+/// cleanly instead of as a broken connection.
+fn bounded(body: kube::client::Body) -> axum::body::Body {
+    let data = axum::body::Body::new(body).into_data_stream();
+    let stream = futures::stream::unfold(Cut::Reading(data, 0), |state| async move {
+        let Cut::Reading(mut data, passed) = state else {
+            return None;
+        };
+        match data.next().await? {
+            Err(e) => Some((Err(e), Cut::Done)),
+            Ok(mut chunk) => {
+                let room = (MAX_ANSWER_BYTES + 1).saturating_sub(passed);
+                if chunk.len() < room {
+                    let passed = passed.saturating_add(chunk.len());
+                    Some((Ok(chunk), Cut::Reading(data, passed)))
+                } else {
+                    chunk.truncate(room);
+                    Some((Ok(chunk), Cut::Done))
+                }
+            }
+        }
+    });
+    axum::body::Body::from_stream(stream)
 }
 
 #[cfg(test)]
