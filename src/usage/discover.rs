@@ -1,9 +1,12 @@
 //! Finding the cluster's Prometheus when `report` has a kubeconfig and no `--prometheus-url`:
-//! the well-known Services of kube-prometheus-stack, the Prometheus Operator and the
-//! prometheus-community chart ([`candidates`], pure), reached through the API server's service
-//! proxy (`/api/v1/namespaces/NS/services/NAME:PORT/proxy/…`, as kubectl plugins do) behind a
-//! loopback listener ([`ServiceProxy`]), so the one Prometheus client works with whatever
-//! credentials the kubeconfig holds (token, client certificate, exec plugin).
+//! the Service named by `--prometheus-service`, else the well-known Services of
+//! kube-prometheus-stack, the Prometheus Operator and the prometheus-community chart
+//! ([`candidates`], pure) in an allow-list of namespaces ([`DEFAULT_NAMESPACES`] or
+//! `--prometheus-namespace`) only: anyone who can create a Service in their own namespace could
+//! otherwise choose the Prometheus a report believes. It is reached through the API server's
+//! service proxy (`/api/v1/namespaces/NS/services/NAME:PORT/proxy/…`, as kubectl plugins do)
+//! behind a loopback listener ([`ServiceProxy`]), so the one Prometheus client works with
+//! whatever credentials the kubeconfig holds (token, client certificate, exec plugin).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,8 +24,17 @@ use crate::usage::prom::{Header, MAX_ANSWER_BYTES};
 
 /// Largest request the loopback proxy forwards (a PromQL form body is a few KiB).
 const MAX_REQUEST_BYTES: usize = 1 << 20;
-/// Bound of listing Services.
+/// Bound of listing (or reading) Services.
 const LIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The namespaces searched without `--prometheus-namespace`, in order of preference: where
+/// kube-prometheus installs its Prometheus (`monitoring`, also the namespace most
+/// kube-prometheus-stack and prometheus-community chart installs use) and `prometheus`. Only a
+/// cluster administrator usually creates namespaces, so no tenant can put a Service there.
+/// OpenShift's `openshift-monitoring` is left out on purpose: its Prometheus and Thanos querier
+/// answer only through kube-rbac-proxy with a bearer token, which the service proxy does not
+/// pass on (docs/install.md: use the `thanos-querier` route with `--prometheus-url`).
+pub const DEFAULT_NAMESPACES: &[&str] = &["monitoring", "prometheus"];
 
 /// What is looked for, in order, for the error that lists it when nothing matches.
 pub const TRIED: &str = "Services named prometheus-operated or labelled operated-prometheus=true \
@@ -36,10 +48,30 @@ pub const TRIED: &str = "Services named prometheus-operated or labelled operated
 pub enum DiscoverError {
     #[error("listing Services to find Prometheus")]
     List(#[source] kube::Error),
-    #[error("listing Services to find Prometheus timed out after {LIST_TIMEOUT:?}")]
+    #[error(
+        "asking the API server for Services to find Prometheus timed out after {LIST_TIMEOUT:?}"
+    )]
     ListTimeout,
-    #[error("no Prometheus found among {services} Services: tried {TRIED}; pass --prometheus-url")]
-    NoneFound { services: usize },
+    #[error(
+        "no Prometheus found among {services} Services in namespaces {}{}: tried {TRIED}; name \
+         it with --prometheus-service NAMESPACE/NAME[:PORT] or --prometheus-namespace, or pass \
+         --prometheus-url",
+        namespaces.join(", "),
+        forbidden_note(forbidden)
+    )]
+    NoneFound {
+        services: usize,
+        namespaces: Vec<String>,
+        /// Namespaces whose Services the kubeconfig's user may not list.
+        forbidden: Vec<String>,
+    },
+    #[error("reading Service {0} named by --prometheus-service")]
+    Get(String, #[source] kube::Error),
+    #[error(
+        "Service {0} has no port gpu-ledger recognises as Prometheus' (named web, http-web or \
+         http, or 9090, or the only one): name it, --prometheus-service {0}:PORT"
+    )]
+    NoPort(String),
     #[error("starting the loopback proxy to Prometheus")]
     Listen(#[source] std::io::Error),
     #[error("the loopback proxy address {0} is no URL")]
@@ -48,6 +80,85 @@ pub enum DiscoverError {
     Random,
     #[error("--prometheus-header {0}: not a valid HTTP header")]
     Header(String),
+}
+
+fn forbidden_note(forbidden: &[String]) -> String {
+    if forbidden.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (not allowed to list Services in {})",
+            forbidden.join(", ")
+        )
+    }
+}
+
+/// A name the API server would accept as a namespace, Service or port name (an RFC 1123
+/// label): it goes into the service proxy's URL path, so nothing else may pass.
+fn check_label(what: &str, value: &str) -> Result<(), String> {
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {value:?}: expected a Kubernetes name (lower-case letters, digits and -, at most 63)"
+        ))
+    }
+}
+
+/// A `--prometheus-namespace` value, checked as a namespace name.
+pub fn namespace_name(value: &str) -> Result<String, String> {
+    check_label("namespace", value)?;
+    Ok(value.to_string())
+}
+
+/// `--prometheus-service NAMESPACE/NAME[:PORT]`: the Service to use, nothing searched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceRef {
+    pub namespace: String,
+    pub name: String,
+    /// By name or number; `None`: the Service's Prometheus port, looked up.
+    pub port: Option<String>,
+}
+
+impl std::str::FromStr for ServiceRef {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (namespace, rest) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?}: expected NAMESPACE/NAME[:PORT]"))?;
+        let (name, port) = match rest.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (rest, None),
+        };
+        check_label("namespace", namespace)?;
+        check_label("Service name", name)?;
+        if let Some(port) = port {
+            check_label("port", port)?;
+        }
+        Ok(ServiceRef {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            port: port.map(str::to_string),
+        })
+    }
+}
+
+impl std::fmt::Display for ServiceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)?;
+        match &self.port {
+            Some(port) => write!(f, ":{port}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A Service that looks like the cluster's Prometheus.
@@ -85,6 +196,8 @@ impl Candidate {
 }
 
 /// The Services that look like Prometheus, best match first (then by namespace and name).
+/// Callers pass only Services of the namespaces they trust ([`find`]): names and labels are
+/// anyone's to set in their own namespace.
 /// Conventions, from the charts' own templates:
 /// * Prometheus Operator: the governing Service `prometheus-operated`, label
 ///   `operated-prometheus: "true"`, port `web` (prometheus-operator
@@ -162,21 +275,65 @@ fn web_port(svc: &Service) -> Option<String> {
         .or_else(|| (ports.len() == 1).then(|| label(&ports[0])))
 }
 
-/// Lists the cluster's Services and returns the candidates, best first; an error naming what
-/// was tried when there is none.
-pub async fn find(client: &kube::Client) -> Result<Vec<Candidate>, DiscoverError> {
-    let api: Api<Service> = Api::all(client.clone());
-    let list = tokio::time::timeout(LIST_TIMEOUT, api.list(&ListParams::default()))
-        .await
-        .map_err(|_| DiscoverError::ListTimeout)?
-        .map_err(DiscoverError::List)?;
-    let found = candidates(&list.items);
+/// The Services in `namespaces` (in that order of preference) that look like Prometheus: the
+/// first namespace holding a match first, by [`candidates`]' order within a namespace. An error
+/// naming what was tried, and where, when there is none. A namespace whose Services the user
+/// may not list is skipped (and named if nothing is found).
+pub async fn find(
+    client: &kube::Client,
+    namespaces: &[String],
+) -> Result<Vec<Candidate>, DiscoverError> {
+    let mut found = Vec::new();
+    let mut services = 0usize;
+    let mut forbidden = Vec::new();
+    for namespace in namespaces {
+        let api: Api<Service> = Api::namespaced(client.clone(), namespace);
+        let listed = tokio::time::timeout(LIST_TIMEOUT, api.list(&ListParams::default()))
+            .await
+            .map_err(|_| DiscoverError::ListTimeout)?;
+        let list = match listed {
+            Ok(list) => list,
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                forbidden.push(namespace.clone());
+                continue;
+            }
+            Err(e) => return Err(DiscoverError::List(e)),
+        };
+        services = services.saturating_add(list.items.len());
+        // The API answers for the namespace asked; a Service claiming another is not counted.
+        let here: Vec<Service> = list
+            .items
+            .into_iter()
+            .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
+            .collect();
+        found.extend(candidates(&here));
+    }
     if found.is_empty() {
         return Err(DiscoverError::NoneFound {
-            services: list.items.len(),
+            services,
+            namespaces: namespaces.to_vec(),
+            forbidden,
         });
     }
     Ok(found)
+}
+
+/// The Service named by `--prometheus-service`: as given with a port; else read, and its
+/// Prometheus port chosen as [`candidates`] would.
+pub async fn named(
+    client: &kube::Client,
+    service: &ServiceRef,
+) -> Result<Candidate, DiscoverError> {
+    if let Some(port) = &service.port {
+        return Ok(Candidate::named(&service.namespace, &service.name, port));
+    }
+    let api: Api<Service> = Api::namespaced(client.clone(), &service.namespace);
+    let svc = tokio::time::timeout(LIST_TIMEOUT, api.get(&service.name))
+        .await
+        .map_err(|_| DiscoverError::ListTimeout)?
+        .map_err(|e| DiscoverError::Get(service.to_string(), e))?;
+    let port = web_port(&svc).ok_or_else(|| DiscoverError::NoPort(service.to_string()))?;
+    Ok(Candidate::named(&service.namespace, &service.name, &port))
 }
 
 /// The Prometheus endpoints the loopback proxy forwards: the ones [`crate::usage::prom::PromClient`]
@@ -461,6 +618,41 @@ mod tests {
             found[0].proxy_path(),
             "/api/v1/namespaces/monitoring/services/prometheus-operated:web/proxy"
         );
+    }
+
+    #[test]
+    fn a_named_service_is_checked_before_it_reaches_a_url_path() {
+        let named: ServiceRef = "monitoring/prometheus-operated:web".parse().expect("valid");
+        assert_eq!(
+            (
+                named.namespace.as_str(),
+                named.name.as_str(),
+                named.port.as_deref()
+            ),
+            ("monitoring", "prometheus-operated", Some("web"))
+        );
+        assert_eq!(named.to_string(), "monitoring/prometheus-operated:web");
+        let no_port: ServiceRef = "prom/prometheus-server".parse().expect("valid");
+        assert_eq!(no_port.port, None);
+        assert_eq!(
+            Candidate::named("prom", "prometheus-server", "9090").proxy_path(),
+            "/api/v1/namespaces/prom/services/prometheus-server:9090/proxy"
+        );
+        for bad in [
+            "prometheus-operated",
+            "monitoring/",
+            "/prometheus",
+            "monitoring/prom/../../secrets",
+            "monitoring/prom:web/x",
+            "Monitoring/prom",
+            "monitoring/prom?x=1",
+            "monitoring/-prom",
+            "monitoring/prom:",
+        ] {
+            assert!(bad.parse::<ServiceRef>().is_err(), "{bad} accepted");
+        }
+        assert!(namespace_name("monitoring").is_ok());
+        assert!(namespace_name("kube-system/x").is_err());
     }
 
     #[test]
