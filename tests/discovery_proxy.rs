@@ -102,7 +102,7 @@ fn endless(seen: Arc<Seen>) -> Response {
         .expect("response")
 }
 
-async fn kube_client(url: &str) -> kube::Client {
+fn kube_client(url: &str) -> kube::Client {
     let config = kube::Config::new(url.parse().expect("fake API server URL"));
     kube::Client::try_from(config).expect("kube client")
 }
@@ -122,7 +122,7 @@ fn prom(url: &reqwest::Url, headers: Vec<Header>) -> PromClient {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endless_answer_is_cut_at_the_answer_bound() {
     let (api, seen) = fake_api_server(Answer::Endless).await;
-    let proxy = ServiceProxy::start(kube_client(&api).await, &candidate(), &[])
+    let proxy = ServiceProxy::start(kube_client(&api), &candidate(), &[])
         .await
         .expect("proxy");
     // Generous: a proxy that buffers (the defect) ends at ENDLESS_CAP, within seconds.
@@ -156,7 +156,7 @@ async fn an_endless_answer_is_cut_at_the_answer_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_query_endpoint_with_the_token_is_forwarded() {
     let (api, seen) = fake_api_server(Answer::Empty).await;
-    let proxy = ServiceProxy::start(kube_client(&api).await, &candidate(), &[])
+    let proxy = ServiceProxy::start(kube_client(&api), &candidate(), &[])
         .await
         .expect("proxy");
     let http = reqwest::Client::new();
@@ -253,7 +253,7 @@ async fn prometheus_headers_reach_the_api_server() {
         "X-Scope-OrgID: team-a".parse().expect("header"),
         "X-Extra: 1".parse().expect("header"),
     ];
-    let proxy = ServiceProxy::start(kube_client(&api).await, &candidate(), &headers)
+    let proxy = ServiceProxy::start(kube_client(&api), &candidate(), &headers)
         .await
         .expect("proxy");
     prom(&proxy.url, Vec::new())

@@ -106,6 +106,69 @@ fn pod_row(out: &Output) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no {POD} in {v}"))
 }
 
+/// The Prometheus Operator's governing Service `PROM_NS/prometheus-operated`, selector-less,
+/// with its endpoints at `host:port`.
+async fn expose_prometheus(admin: &kube::Client, host: &str, port: i32) {
+    // The Prometheus Operator's governing Service, selector-less, with its endpoints.
+    namespace(admin, PROM_NS, &[]).await;
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "prometheus-operated", "labels": {"operated-prometheus": "true"}},
+        "spec": {"clusterIP": "None", "ports": [{"name": "web", "port": 9090, "targetPort": port}]}
+    }))
+    .expect("service");
+    Api::<Service>::namespaced(admin.clone(), PROM_NS)
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("create service");
+    // The apiserver proxies only to an endpoint address that is the IP of the Pod its
+    // `targetRef` names (kubernetes pkg/registry/core/service/storage, `isValidAddress`), so
+    // the Prometheus pod is there, its status reporting this machine's address (no kubelet runs
+    // in tier A to overwrite it), as the operator's StatefulSet pod would be.
+    let pods = Api::<Pod>::namespaced(admin.clone(), PROM_NS);
+    let prom_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "prometheus-k8s-0", "labels": {"app.kubernetes.io/name": "prometheus"}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "prometheus",
+            "image": "quay.io/prometheus/prometheus:v3.5.0"}]}
+    }))
+    .expect("prometheus pod");
+    pods.create(&PostParams::default(), &prom_pod)
+        .await
+        .expect("create prometheus pod");
+    pods.patch_status(
+        "prometheus-k8s-0",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"status": {"phase": "Running", "podIP": host, "podIPs": [{"ip": host}]}}),
+        ),
+    )
+    .await
+    .expect("prometheus pod status");
+    let endpoints: Endpoints = serde_json::from_value(json!({
+        "metadata": {"name": "prometheus-operated"},
+        "subsets": [{"addresses": [{"ip": host, "targetRef":
+            {"kind": "Pod", "namespace": PROM_NS, "name": "prometheus-k8s-0"}}],
+            "ports": [{"name": "web", "port": port}]}]
+    }))
+    .expect("endpoints");
+    Api::<Endpoints>::namespaced(admin.clone(), PROM_NS)
+        .create(&PostParams::default(), &endpoints)
+        .await
+        .expect("create endpoints");
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "prometheus-operated-1",
+            "labels": {"kubernetes.io/service-name": "prometheus-operated"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [host], "conditions": {"ready": true}, "targetRef":
+            {"kind": "Pod", "namespace": PROM_NS, "name": "prometheus-k8s-0"}}],
+        "ports": [{"name": "web", "port": port, "protocol": "TCP"}]
+    }))
+    .expect("endpointslice");
+    Api::<EndpointSlice>::namespaced(admin.clone(), PROM_NS)
+        .create(&PostParams::default(), &slice)
+        .await
+        .expect("create endpointslice");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn report_finds_prometheus_through_the_service_proxy() {
     let cp = ControlPlane::shared(false).expect("shared tier A control plane");
@@ -189,64 +252,7 @@ async fn report_finds_prometheus_through_the_service_proxy() {
     )
     .await;
 
-    // The Prometheus Operator's governing Service, selector-less, with its endpoints.
-    namespace(&admin, PROM_NS, &[]).await;
-    let service: Service = serde_json::from_value(json!({
-        "metadata": {"name": "prometheus-operated", "labels": {"operated-prometheus": "true"}},
-        "spec": {"clusterIP": "None", "ports": [{"name": "web", "port": 9090, "targetPort": port}]}
-    }))
-    .expect("service");
-    Api::<Service>::namespaced(admin.clone(), PROM_NS)
-        .create(&PostParams::default(), &service)
-        .await
-        .expect("create service");
-    // The apiserver proxies only to an endpoint address that is the IP of the Pod its
-    // `targetRef` names (kubernetes pkg/registry/core/service/storage, `isValidAddress`), so
-    // the Prometheus pod is there, its status reporting this machine's address (no kubelet runs
-    // in tier A to overwrite it), as the operator's StatefulSet pod would be.
-    let pods = Api::<Pod>::namespaced(admin.clone(), PROM_NS);
-    let prom_pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "prometheus-k8s-0", "labels": {"app.kubernetes.io/name": "prometheus"}},
-        "spec": {"nodeName": NODE, "containers": [{"name": "prometheus",
-            "image": "quay.io/prometheus/prometheus:v3.5.0"}]}
-    }))
-    .expect("prometheus pod");
-    pods.create(&PostParams::default(), &prom_pod)
-        .await
-        .expect("create prometheus pod");
-    pods.patch_status(
-        "prometheus-k8s-0",
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({"status": {"phase": "Running", "podIP": host, "podIPs": [{"ip": host}]}}),
-        ),
-    )
-    .await
-    .expect("prometheus pod status");
-    let endpoints: Endpoints = serde_json::from_value(json!({
-        "metadata": {"name": "prometheus-operated"},
-        "subsets": [{"addresses": [{"ip": host, "targetRef":
-            {"kind": "Pod", "namespace": PROM_NS, "name": "prometheus-k8s-0"}}],
-            "ports": [{"name": "web", "port": port}]}]
-    }))
-    .expect("endpoints");
-    Api::<Endpoints>::namespaced(admin.clone(), PROM_NS)
-        .create(&PostParams::default(), &endpoints)
-        .await
-        .expect("create endpoints");
-    let slice: EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"name": "prometheus-operated-1",
-            "labels": {"kubernetes.io/service-name": "prometheus-operated"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [host], "conditions": {"ready": true}, "targetRef":
-            {"kind": "Pod", "namespace": PROM_NS, "name": "prometheus-k8s-0"}}],
-        "ports": [{"name": "web", "port": port, "protocol": "TCP"}]
-    }))
-    .expect("endpointslice");
-    Api::<EndpointSlice>::namespaced(admin.clone(), PROM_NS)
-        .create(&PostParams::default(), &slice)
-        .await
-        .expect("create endpointslice");
+    expose_prometheus(&admin, &host, port).await;
 
     let out = report(&kubeconfig, &[]);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -398,7 +398,14 @@ impl ServiceProxy {
         let mut random = [0u8; TOKEN_BYTES];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random)
             .map_err(|_| DiscoverError::Random)?;
-        let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let token = random
+            .iter()
+            .fold(String::with_capacity(2 * TOKEN_BYTES), |mut hex, b| {
+                use std::fmt::Write as _;
+                // Writing to a String cannot fail.
+                let _ = write!(hex, "{b:02x}");
+                hex
+            });
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(DiscoverError::Listen)?;
@@ -434,10 +441,10 @@ impl ServiceProxy {
 fn allowed<'r>(
     target: &Target,
     parts: &'r axum::http::request::Parts,
-) -> Result<&'r str, Response> {
+) -> Result<&'r str, (StatusCode, &'static str)> {
     let host = parts.headers.get(header::HOST).map(HeaderValue::as_bytes);
     if host != Some(target.host.as_bytes()) {
-        return Err((StatusCode::FORBIDDEN, "wrong Host").into_response());
+        return Err((StatusCode::FORBIDDEN, "wrong Host"));
     }
     let path = parts.uri.path();
     let after_slash = path.strip_prefix('/').unwrap_or(path);
@@ -445,13 +452,13 @@ fn allowed<'r>(
     let (token, rest) = after_slash.split_at(after_slash.find('/').unwrap_or(after_slash.len()));
     // Constant time: the answer's timing tells nothing about how much of a guess was right.
     if !bool::from(token.as_bytes().ct_eq(target.token.as_bytes())) {
-        return Err(StatusCode::NOT_FOUND.into_response());
+        return Err((StatusCode::NOT_FOUND, "not found"));
     }
     if !FORWARDED_PATHS.contains(&rest) {
-        return Err(StatusCode::NOT_FOUND.into_response());
+        return Err((StatusCode::NOT_FOUND, "not a forwarded Prometheus endpoint"));
     }
     if parts.method != Method::GET && parts.method != Method::POST {
-        return Err(StatusCode::METHOD_NOT_ALLOWED.into_response());
+        return Err((StatusCode::METHOD_NOT_ALLOWED, "only GET and POST"));
     }
     Ok(rest)
 }
@@ -463,7 +470,7 @@ async fn forward(State(target): State<Arc<Target>>, req: axum::extract::Request)
     let (parts, body) = req.into_parts();
     let path = match allowed(&target, &parts) {
         Ok(path) => path,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let query = parts
         .uri
