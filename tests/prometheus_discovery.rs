@@ -283,12 +283,15 @@ async fn report_finds_prometheus_through_the_service_proxy() {
         "{err}"
     );
     assert!((pod_row(&out)["utilization"].as_f64().unwrap_or(-1.0) - 0.42).abs() < 1e-6);
-    // The namespaces searched are the user's to choose, the tenant's included.
+    // The namespaces searched are the user's to choose, the tenant's included (both decoys
+    // match as the Prometheus Operator's Service there; by name, `metrics` first).
     let out = report(&kubeconfig, &["--prometheus-namespace", DECOY_NS]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&format!(
-            "using Prometheus {DECOY_NS}/prometheus-operated port web"
+            "using Prometheus {DECOY_NS}/metrics port web (Prometheus Operator's \
+             prometheus-operated Service) through the API server's service proxy (also found: \
+             {DECOY_NS}/prometheus-operated"
         )),
         "{err}"
     );
