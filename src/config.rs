@@ -536,6 +536,30 @@ pub struct ReportArgs {
         help_heading = "Output"
     )]
     pub namespace: Option<String>,
+    /// Without --prometheus-url: query this Prometheus Service through the API server's service
+    /// proxy, `NAMESPACE/NAME[:PORT]` (port by name or number; default the Service's Prometheus
+    /// port). No Service is searched for.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_PROMETHEUS_SERVICE",
+        value_name = "NAMESPACE/NAME[:PORT]",
+        conflicts_with = "prometheus_url",
+        help_heading = "Prometheus"
+    )]
+    pub prometheus_service: Option<crate::usage::discover::ServiceRef>,
+    /// Without --prometheus-url or --prometheus-service: the only namespaces searched for the
+    /// well-known Prometheus Services, first match first (comma-separated or repeated). A
+    /// Service elsewhere is never chosen: any user may create one in their own namespace.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_PROMETHEUS_NAMESPACE",
+        value_name = "NAMESPACE",
+        value_delimiter = ',',
+        default_values = crate::usage::discover::DEFAULT_NAMESPACES,
+        value_parser = crate::usage::discover::namespace_name,
+        help_heading = "Prometheus"
+    )]
+    pub prometheus_namespace: Vec<String>,
 }
 
 /// Dump files of the offline `report`.

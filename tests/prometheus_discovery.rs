@@ -10,9 +10,14 @@
 //! Operator's `prometheus-operated` Service (port `web`) looks once its endpoints are filled
 //! in (no endpoints controller runs in tier A).
 //!
-//! * `report_finds_prometheus_through_the_service_proxy`: with no such Service the report exits
-//!   1 naming what it tried; with `prometheus-operated` it says which Service it uses on stderr
-//!   and the pod's utilisation comes through the proxy; `--prometheus-url` overrides discovery.
+//! * `report_finds_prometheus_through_the_service_proxy`: with no such Service in the searched
+//!   namespaces the report exits 1 naming what it tried and where; with `prometheus-operated`
+//!   in `monitoring` it says which Service it uses on stderr and the pod's utilisation comes
+//!   through the proxy; `--prometheus-service` and `--prometheus-namespace` choose explicitly;
+//!   `--prometheus-url` overrides discovery.
+//! * Issue 36 item 9: decoys any tenant can create — `prometheus-operated` in a namespace that
+//!   sorts before `monitoring`, and a Service labelled `operated-prometheus=true` — are never
+//!   chosen: discovery searches only a documented allow-list of namespaces (or the ones named).
 
 mod support;
 
@@ -32,7 +37,10 @@ use support::{eventually, gpu_pod, namespace};
 const NODE: &str = "disc-gpu-a";
 const POD_NS: &str = "disc-ml";
 const POD: &str = "train-0";
-const PROM_NS: &str = "disc-monitoring";
+/// Allow-listed for discovery (the namespace kube-prometheus and most installs use).
+const PROM_NS: &str = "monitoring";
+/// A tenant's namespace, sorting before `monitoring`.
+const DECOY_NS: &str = "a-tenant";
 
 /// This machine's address on its default route (no packet is sent: a UDP "connect" only picks
 /// the source address).
@@ -98,65 +106,11 @@ fn pod_row(out: &Output) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no {POD} in {v}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn report_finds_prometheus_through_the_service_proxy() {
-    let cp = ControlPlane::shared(false).expect("shared tier A control plane");
-    let admin = cp.client("admin").await.expect("admin client");
-    let kubeconfig = cp.kubeconfig_path("admin").expect("kubeconfig");
-
-    // The claims: one GPU node, one pod bound to it.
-    cp.add_gpu_node(NODE, 1, &[]).await.expect("node");
-    namespace(&admin, POD_NS, &[]).await;
-    Api::<Pod>::namespaced(admin.clone(), POD_NS)
-        .create(&PostParams::default(), &gpu_pod(POD, 1, Some(NODE)))
-        .await
-        .expect("pod");
-
-    // Nothing that looks like Prometheus yet: a clear error naming what was tried.
-    let out = report(&kubeconfig, &[]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    for tried in [
-        "prometheus-operated",
-        "-kube-prometheus-prometheus",
-        "prometheus-server",
-        "app.kubernetes.io/name=prometheus",
-        "--prometheus-url",
-    ] {
-        assert!(err.contains(tried), "{tried} not named in: {err}");
-    }
-
-    // A real Prometheus on this machine's address, scraping the replayed exporter every second.
-    let exporter = ReplayExporter::start(dcgm_page()).await.expect("exporter");
-    let host = own_address();
-    let prometheus = Prometheus::start_on(&host, &scrape_config(&exporter.target(), "1s"))
-        .await
-        .expect("prometheus");
-    let port: i32 = prometheus
-        .url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
-    let query = format!(
-        "{}/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL",
-        prometheus.url()
-    );
-    eventually(
-        "Prometheus has scraped the exporter",
-        Duration::from_secs(60),
-        || {
-            let query = query.clone();
-            async move {
-                let v: serde_json::Value = reqwest::get(&query).await.ok()?.json().await.ok()?;
-                (!v["data"]["result"].as_array()?.is_empty()).then_some(())
-            }
-        },
-    )
-    .await;
-
+/// The Prometheus Operator's governing Service `PROM_NS/prometheus-operated`, selector-less,
+/// with its endpoints at `host:port`.
+async fn expose_prometheus(admin: &kube::Client, host: &str, port: i32) {
     // The Prometheus Operator's governing Service, selector-less, with its endpoints.
-    namespace(&admin, PROM_NS, &[]).await;
+    namespace(admin, PROM_NS, &[]).await;
     let service: Service = serde_json::from_value(json!({
         "metadata": {"name": "prometheus-operated", "labels": {"operated-prometheus": "true"}},
         "spec": {"clusterIP": "None", "ports": [{"name": "web", "port": 9090, "targetPort": port}]}
@@ -213,6 +167,92 @@ async fn report_finds_prometheus_through_the_service_proxy() {
         .create(&PostParams::default(), &slice)
         .await
         .expect("create endpointslice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_finds_prometheus_through_the_service_proxy() {
+    let cp = ControlPlane::shared(false).expect("shared tier A control plane");
+    let admin = cp.client("admin").await.expect("admin client");
+    let kubeconfig = cp.kubeconfig_path("admin").expect("kubeconfig");
+
+    // The claims: one GPU node, one pod bound to it.
+    cp.add_gpu_node(NODE, 1, &[]).await.expect("node");
+    namespace(&admin, POD_NS, &[]).await;
+    Api::<Pod>::namespaced(admin.clone(), POD_NS)
+        .create(&PostParams::default(), &gpu_pod(POD, 1, Some(NODE)))
+        .await
+        .expect("pod");
+
+    // A tenant's decoys: the Prometheus Operator's Service name in a namespace sorting before
+    // `monitoring`, and its label on a Service of any name. Neither may ever be chosen.
+    namespace(&admin, DECOY_NS, &[]).await;
+    let decoys = Api::<Service>::namespaced(admin.clone(), DECOY_NS);
+    for (name, labels) in [
+        ("prometheus-operated", json!({})),
+        ("metrics", json!({"operated-prometheus": "true"})),
+    ] {
+        let decoy: Service = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"ports": [{"name": "web", "port": 9090}]}
+        }))
+        .expect("decoy service");
+        decoys
+            .create(&PostParams::default(), &decoy)
+            .await
+            .expect("create decoy service");
+    }
+
+    // Nothing that looks like Prometheus where discovery looks: a clear error naming what was
+    // tried and where.
+    let out = report(&kubeconfig, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for tried in [
+        "prometheus-operated",
+        "-kube-prometheus-prometheus",
+        "prometheus-server",
+        "app.kubernetes.io/name=prometheus",
+        "namespaces monitoring",
+        "--prometheus-service",
+        "--prometheus-url",
+    ] {
+        assert!(err.contains(tried), "{tried} not named in: {err}");
+    }
+    assert!(
+        !err.contains(&format!("using Prometheus {DECOY_NS}/")),
+        "a tenant's Service was chosen: {err}"
+    );
+
+    // A real Prometheus on this machine's address, scraping the replayed exporter every second.
+    let exporter = ReplayExporter::start(dcgm_page()).await.expect("exporter");
+    let host = own_address();
+    let prometheus = Prometheus::start_on(&host, &scrape_config(&exporter.target(), "1s"))
+        .await
+        .expect("prometheus");
+    let port: i32 = prometheus
+        .url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let query = format!(
+        "{}/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL",
+        prometheus.url()
+    );
+    eventually(
+        "Prometheus has scraped the exporter",
+        Duration::from_secs(60),
+        || {
+            let query = query.clone();
+            async move {
+                let v: serde_json::Value = reqwest::get(&query).await.ok()?.json().await.ok()?;
+                (!v["data"]["result"].as_array()?.is_empty()).then_some(())
+            }
+        },
+    )
+    .await;
+
+    expose_prometheus(&admin, &host, port).await;
 
     let out = report(&kubeconfig, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -224,11 +264,37 @@ async fn report_finds_prometheus_through_the_service_proxy() {
         "{err}"
     );
     assert!(!err.contains("did not answer"), "{err}");
+    assert!(!err.contains(DECOY_NS), "a tenant's Service named: {err}");
     let row = pod_row(&out);
     let util = row["utilization"]
         .as_f64()
         .unwrap_or_else(|| panic!("{row}"));
     assert!((util - 0.42).abs() < 1e-6, "{row}");
+
+    // Named explicitly: the Service (its Prometheus port looked up), nothing searched.
+    let named = format!("{PROM_NS}/prometheus-operated");
+    let out = report(&kubeconfig, &["--prometheus-service", &named]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "using Prometheus {named} port web (named by --prometheus-service)"
+        )),
+        "{err}"
+    );
+    assert!((pod_row(&out)["utilization"].as_f64().unwrap_or(-1.0) - 0.42).abs() < 1e-6);
+    // The namespaces searched are the user's to choose, the tenant's included (both decoys
+    // match as the Prometheus Operator's Service there; by name, `metrics` first).
+    let out = report(&kubeconfig, &["--prometheus-namespace", DECOY_NS]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "using Prometheus {DECOY_NS}/metrics port web (Prometheus Operator's \
+             prometheus-operated Service) through the API server's service proxy (also found: \
+             {DECOY_NS}/prometheus-operated"
+        )),
+        "{err}"
+    );
 
     // --prometheus-url overrides discovery: nothing is looked up, the given server is used.
     let out = report(&kubeconfig, &["--prometheus-url", prometheus.url()]);

@@ -130,7 +130,7 @@ async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppEr
     let (prom, _proxy) = if let Some(prom) = prom {
         (prom, None)
     } else {
-        let (prom, proxy) = discovered_prometheus(&client, &args.ledger).await?;
+        let (prom, proxy) = discovered_prometheus(&client, args).await?;
         (prom, Some(proxy))
     };
     let claims =
@@ -140,15 +140,25 @@ async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppEr
     Ok(ledger::build(&claims, &usage, at, policy))
 }
 
-/// The best-matching Prometheus Service of the cluster, behind a loopback proxy; which one is
-/// said on stderr (with the other matches, if any).
+/// The Prometheus Service named by `--prometheus-service`, else the best match in the
+/// allow-listed namespaces, behind a loopback proxy; which one is said on stderr (with the
+/// other matches, if any).
 async fn discovered_prometheus(
     client: &kube::Client,
-    args: &crate::config::LedgerArgs,
+    report: &ReportArgs,
 ) -> Result<(std::sync::Arc<PromClient>, ServiceProxy), AppError> {
-    let found = discover::find(client).await?;
+    let args = &report.ledger;
+    let found = match &report.prometheus_service {
+        Some(service) => vec![discover::named(client, service).await?],
+        None => discover::find(client, &report.prometheus_namespace).await?,
+    };
     let Some((best, rest)) = found.split_first() else {
-        return Err(discover::DiscoverError::NoneFound { services: 0 }.into());
+        return Err(discover::DiscoverError::NoneFound {
+            services: 0,
+            namespaces: report.prometheus_namespace.clone(),
+            forbidden: Vec::new(),
+        }
+        .into());
     };
     let others: Vec<String> = rest
         .iter()
@@ -166,9 +176,12 @@ async fn discovered_prometheus(
         "using Prometheus {}/{} port {} ({}) through the API server's service proxy{also}",
         best.namespace, best.name, best.port, best.why
     );
-    let proxy = ServiceProxy::start(client.clone(), best).await?;
+    let proxy =
+        ServiceProxy::start(client.clone(), best, &args.prometheus.prometheus_header).await?;
     let mut prometheus = args.prometheus.clone();
     prometheus.prometheus_url = Some(proxy.url.clone());
+    // The proxy adds them to what it forwards; it passes on no header of the request.
+    prometheus.prometheus_header.clear();
     let prom = super::prometheus_client(&prometheus)?
         .ok_or_else(|| AppError::Config("the discovered Prometheus gave no client".into()))?;
     Ok((prom, proxy))
