@@ -619,15 +619,7 @@ pub fn compute(
     }
     let grid = Grid::new(period, inputs.resolution);
     let gaps = gaps(&grid, &inputs.reported);
-    let missing: i64 = gaps.iter().map(|g| g.seconds).sum();
-    let coverage = (1.0 - missing as f64 / period.seconds()).clamp(0.0, 1.0);
-    let status = if inputs.reported.is_empty() {
-        Status::Unknown
-    } else if coverage < min_coverage {
-        Status::Partial
-    } else {
-        Status::Complete
-    };
+    let (status, coverage) = coverage(period, &gaps, &inputs.reported, min_coverage);
     if status == Status::Unknown {
         // Nothing was reported: the cluster's use is not zero, it is not known.
         total.gpu_hours_claimed = None;
@@ -658,6 +650,25 @@ pub fn compute(
         unpriced_models: unpriced.into_iter().collect(),
         rejected_values: rejected,
     })
+}
+
+/// The status and the share of `period` outside `gaps`.
+fn coverage(
+    period: &Period,
+    gaps: &[Gap],
+    reported: &BTreeSet<i64>,
+    min_coverage: f64,
+) -> (Status, f64) {
+    let missing: i64 = gaps.iter().map(|g| g.seconds).sum();
+    let coverage = (1.0 - missing as f64 / period.seconds()).clamp(0.0, 1.0);
+    let status = if reported.is_empty() {
+        Status::Unknown
+    } else if coverage < min_coverage {
+        Status::Partial
+    } else {
+        Status::Complete
+    };
+    (status, coverage)
 }
 
 /// A row to sum into: zero hours (and cost, when priced), its peak as found.
