@@ -28,6 +28,17 @@ pub const EXIT_CODES: &str = "Exit codes:
   3  unreachable: the Kubernetes API or Prometheus could not be reached (connection refused
      or reset, timed out, name not resolved, TLS failed); worth a retry";
 
+/// `showback`'s exit codes: the common ones and a partial result.
+pub const SHOWBACK_EXIT_CODES: &str = "Exit codes:
+  0  success
+  1  runtime failure: Prometheus answering with an error
+  2  usage or bad input: a rejected flag, invalid configuration, gpu-ledger's series of several
+     clusters and no --prometheus-selector
+  3  unreachable: Prometheus could not be reached (connection refused or reset, timed out, name
+     not resolved, TLS failed); worth a retry
+  4  partial: gpu-ledger reported for less of the period than --min-coverage (or not at all);
+     the showback is still written, marked partial (or unknown)";
+
 /// Joins Kubernetes GPU claims with DCGM utilisation: who holds each GPU, is it used, and
 /// where did the free cards go.
 #[derive(Debug, Parser)]
@@ -70,6 +81,7 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// GPU-hours claimed, busy and idle per namespace, team or Kubeflow Profile owner over a
     /// period, from gpu-ledger's counters in Prometheus (see docs/showback.md).
+    #[command(after_help = SHOWBACK_EXIT_CODES)]
     Showback(Box<ShowbackArgs>),
 }
 
@@ -661,6 +673,15 @@ pub enum ShowbackOutput {
     Json,
 }
 
+/// When `showback` prints the progress of its queries on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Progress {
+    /// When stderr is a terminal.
+    Auto,
+    Always,
+    Never,
+}
+
 /// `gpu-ledger showback`.
 #[derive(Debug, Clone, Args)]
 pub struct ShowbackArgs {
@@ -686,6 +707,10 @@ pub struct ShowbackArgs {
     /// than Prometheus' scrape interval of gpu-ledger.
     #[arg(long, env = "GPU_LEDGER_SHOWBACK_RESOLUTION", default_value = "5m", value_parser = positive_duration, help_heading = "Showback period")]
     pub resolution: chrono::Duration,
+    /// Share of the period gpu-ledger must have reported in (`0.95` or `95%`); below it the
+    /// showback is marked partial in every format and the command exits 4.
+    #[arg(long, env = "GPU_LEDGER_SHOWBACK_MIN_COVERAGE", default_value = "95%", value_parser = share, value_name = "SHARE", help_heading = "Showback period")]
+    pub min_coverage: f64,
     /// Group namespaces by this namespace label (read from kube-state-metrics'
     /// `kube_namespace_labels`, which must allow it: `--metric-labels-allowlist=namespaces=[team]`).
     #[arg(
@@ -735,6 +760,10 @@ pub struct ShowbackArgs {
         help_heading = "Output"
     )]
     pub output_file: Option<PathBuf>,
+    /// Progress of the Prometheus queries on stderr (a month can take a while): `auto` shows it
+    /// when stderr is a terminal.
+    #[arg(long, env = "GPU_LEDGER_SHOWBACK_PROGRESS", value_enum, default_value_t = Progress::Auto, help_heading = "Output")]
+    pub progress: Progress,
 }
 
 /// `gpu-ledger completions`.
@@ -835,6 +864,24 @@ pub fn ratio(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("{s} is outside 0..1"))
+    }
+}
+
+/// A [`ratio`], or a percentage (`95%`).
+pub fn share(s: &str) -> Result<f64, String> {
+    match s.trim().strip_suffix('%') {
+        Some(p) => {
+            let v: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| format!("{s:?} is not a percentage"))?;
+            if (0.0..=100.0).contains(&v) {
+                Ok(v / 100.0)
+            } else {
+                Err(format!("{s} is outside 0%..100%"))
+            }
+        }
+        None => ratio(s.trim()),
     }
 }
 

@@ -1749,6 +1749,7 @@ fn helm_template_showback_cronjob() -> Result<()> {
         "--price=A100=2.10",
         "--prometheus-selector=cluster=\"prod\"",
         "--output=csv",
+        "--min-coverage=95%",
     ] {
         ensure!(a.iter().any(|x| x == want), "{want} missing in {a:?}");
     }

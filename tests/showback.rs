@@ -21,9 +21,10 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 use gpu_ledger_testkit::Prometheus;
 
-/// gpu-ledger's counters as Prometheus scraped them: every 15 minutes (a real scrape is 30 s;
-/// 15 min keeps 31 days small enough for promtool on a busy machine), with `--resolution 15m`.
-const SCRAPE: i64 = 900;
+/// gpu-ledger's counters as Prometheus scraped them: every 5 minutes (a real scrape is 30 s;
+/// 5 min keeps 31 days small enough for promtool on a busy machine), with `--resolution 15m`
+/// (showback reads `increase()` per window, which needs at least two samples in each).
+const SCRAPE: i64 = 300;
 const RESOLUTION: &str = "15m";
 const DAY: i64 = 86_400;
 const HOUR: i64 = 3_600;
@@ -89,8 +90,9 @@ impl Month {
             start,
             reset: start + 10 * DAY,
             down: start + 20 * DAY,
-            // 25 scrapes missing: at 15-minute steps, 6 h in which no step saw a sample.
-            up: start + 20 * DAY + 6 * HOUR + 2 * SCRAPE,
+            // Back 6 h 20 min later: at 15-minute steps (each [t - 15m, t] in Prometheus 2),
+            // the windows ending at down + 30m .. down + 6h15m saw no sample: a 6 h gap.
+            up: start + 20 * DAY + 6 * HOUR + 900 + SCRAPE,
             late: start + 25 * DAY,
             burst: start + 5 * DAY + 7 * HOUR,
         }
@@ -458,7 +460,7 @@ async fn a_month_of_counters_becomes_a_showback_with_its_gap() {
     );
     assert_eq!(
         v["gaps"],
-        serde_json::json!([{ "start": rfc3339(m.down + SCRAPE).replace("+00:00", "Z"), "seconds": 6 * HOUR }]),
+        serde_json::json!([{ "start": rfc3339(m.down + 15 * 60).replace("+00:00", "Z"), "seconds": 6 * HOUR }]),
         "the outage is a gap, not zero use"
     );
     near(
@@ -581,4 +583,400 @@ fn bad_arguments_exit_2_naming_the_input() {
             "{args:?} should say {says:?}: {stderr}"
         );
     }
+}
+
+/// Ten days in which one namespace holds 2 GPUs throughout: 480 GPU-hours, as gpu-ledger counted
+/// them wherever some replica of it ran. Each scenario is one "cluster" of a shared store (a
+/// `cluster` label, as kube-prometheus-stack's external labels or Thanos add it), so one
+/// Prometheus holds them all and `--prometheus-selector` picks one.
+const TEN_DAYS: i64 = 10 * DAY;
+const HELD: f64 = 2.0;
+const TRUTH: f64 = HELD * 240.0;
+
+/// One gpu-ledger process: its pod (series labels), when it ran `[from, to)`, and so which
+/// scrapes saw it: every scrape strictly inside its life, its counter at GPU-seconds since it
+/// started (a process starts its counters at 0).
+struct Process {
+    pod: &'static str,
+    from: i64,
+    to: i64,
+}
+
+fn ten_days_of(om: &mut Om, start: i64, cluster: &str, processes: &[Process]) {
+    for p in processes {
+        let scrapes: Vec<i64> = (start..=start + TEN_DAYS)
+            .step_by(SCRAPE as usize)
+            .filter(|t| *t > p.from && *t < p.to)
+            .collect();
+        let labels = [("cluster", cluster), ("pod", p.pod), ("instance", p.pod)];
+        let mut with_ns = labels.to_vec();
+        with_ns.push(("namespace", "team-a"));
+        om.series(
+            "gpu_ledger_gpu_seconds_claimed_total",
+            &with_ns,
+            &scrapes
+                .iter()
+                .map(|t| (*t, HELD * (t - p.from) as f64))
+                .collect::<Vec<_>>(),
+        );
+        om.series(
+            "gpu_ledger_namespace_gpus_claimed",
+            &with_ns,
+            &scrapes.iter().map(|t| (*t, HELD)).collect::<Vec<_>>(),
+        );
+        om.series(
+            "gpu_ledger_last_refresh_timestamp_seconds",
+            &labels,
+            &scrapes.iter().map(|t| (*t, *t as f64)).collect::<Vec<_>>(),
+        );
+    }
+}
+
+/// Ten days ending at midnight UTC two days ago.
+fn ten_days_start() -> i64 {
+    let now = Utc::now().timestamp();
+    now - now.rem_euclid(DAY) - 2 * DAY - TEN_DAYS
+}
+
+/// The scenarios, each `[from, to)` relative to the start; `END` runs past the period.
+fn scenarios(start: i64) -> String {
+    const END: i64 = TEN_DAYS + DAY;
+    let at = |d: i64, h: i64| start + d * DAY + h * HOUR;
+    let mut om = Om::default();
+    // `helm upgrade` of the chart's two HA replicas (RollingUpdate, one surge pod: r3 starts,
+    // r1 goes, r4 starts, r2 goes), an eviction of r3 replaced by r5 on day 7, and a container
+    // restart of r4 on day 8 (same pod, counter back to 0).
+    ten_days_of(
+        &mut om,
+        start,
+        "rollout",
+        &[
+            Process {
+                pod: "r1",
+                from: at(0, 0) - DAY,
+                to: at(4, 1),
+            },
+            Process {
+                pod: "r2",
+                from: at(0, 0) - DAY,
+                to: at(4, 2),
+            },
+            Process {
+                pod: "r3",
+                from: at(4, 0),
+                to: at(7, 0),
+            },
+            Process {
+                pod: "r4",
+                from: at(4, 1),
+                to: at(8, 0),
+            },
+            Process {
+                pod: "r4",
+                from: at(8, 0),
+                to: start + END,
+            },
+            Process {
+                pod: "r5",
+                from: at(7, 0),
+                to: start + END,
+            },
+        ],
+    );
+    // Two HA replicas down at different times (r1 days 2-4, r2 days 6-8): one always counted.
+    ten_days_of(
+        &mut om,
+        start,
+        "staggered",
+        &[
+            Process {
+                pod: "r1",
+                from: at(0, 0) - DAY,
+                to: at(2, 0),
+            },
+            Process {
+                pod: "r1",
+                from: at(4, 0),
+                to: start + END,
+            },
+            Process {
+                pod: "r2",
+                from: at(0, 0) - DAY,
+                to: at(6, 0),
+            },
+            Process {
+                pod: "r2",
+                from: at(8, 0),
+                to: start + END,
+            },
+        ],
+    );
+    // r2 down from day 2 12:00, then r1 too from day 3 to day 4 (no replica: a gap of 24 h),
+    // both back on day 4; 48 GPU-hours were never counted.
+    ten_days_of(
+        &mut om,
+        start,
+        "gap",
+        &[
+            Process {
+                pod: "r1",
+                from: at(0, 0) - DAY,
+                to: at(3, 0),
+            },
+            Process {
+                pod: "r1",
+                from: at(4, 0),
+                to: start + END,
+            },
+            Process {
+                pod: "r2",
+                from: at(0, 0) - DAY,
+                to: at(2, 12),
+            },
+            Process {
+                pod: "r2",
+                from: at(4, 0),
+                to: start + END,
+            },
+        ],
+    );
+    // One replica, replaced once in the middle of a 15-minute window (Recreate, or an
+    // eviction of the only pod).
+    ten_days_of(
+        &mut om,
+        start,
+        "single",
+        &[
+            Process {
+                pod: "s1",
+                from: at(0, 0) - DAY,
+                to: at(5, 0) + 7 * 60,
+            },
+            Process {
+                pod: "s2",
+                from: at(5, 0) + 7 * 60,
+                to: start + END,
+            },
+        ],
+    );
+    om.text()
+}
+
+fn run(prom: &Prometheus, start: i64, args: &[&str]) -> std::process::Output {
+    let (since, until) = (rfc3339(start), rfc3339(start + TEN_DAYS));
+    std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+        .args([
+            "showback",
+            "--prometheus-url",
+            prom.url(),
+            "--prometheus-timeout",
+            "120s",
+            "--since",
+            &since,
+            "--until",
+            &until,
+            "--resolution",
+            RESOLUTION,
+        ])
+        .args(args)
+        .env_remove("GPU_LEDGER_PROMETHEUS_SELECTOR")
+        .env_remove("GPU_LEDGER_SHOWBACK_MIN_COVERAGE")
+        .output()
+        .expect("run gpu-ledger showback")
+}
+
+fn parsed(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "showback -o json: {e}\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[allow(clippy::too_many_lines)] // one store, every scenario checked in order
+#[tokio::test(flavor = "multi_thread")]
+async fn hours_survive_rollouts_restarts_and_ha_and_only_a_time_without_any_replica_is_a_gap() {
+    let start = ten_days_start();
+    let prom = Prometheus::start_with_backfill(&scenarios(start))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "this test needs a real Prometheus 2.42 and promtool (`apt-get install prometheus`, \
+                 or PROMETHEUS_BIN/PROMTOOL_BIN): {e:#}"
+            )
+        });
+    let one = |cluster: &str, extra: &[&str]| {
+        let sel = format!("cluster=\"{cluster}\"");
+        let mut args = vec!["-o", "json", "--prometheus-selector", sel.as_str()];
+        args.extend_from_slice(extra);
+        let out = run(&prom, start, &args);
+        (
+            out.status.code(),
+            parsed(&out),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    let (code, v, stderr) = one("rollout", &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    near(
+        &group(&v, "team-a")["gpu_hours_claimed"],
+        TRUTH,
+        "a rolling upgrade of two HA replicas, an eviction and a restart: 480 GPU-hours, once",
+    );
+    near(&v["coverage"], 1.0, "some replica counted throughout");
+    assert_eq!(v["gaps"], serde_json::json!([]));
+    assert_eq!(v["status"], "complete");
+    near(
+        &group(&v, "team-a")["peak_gpus"],
+        HELD,
+        "peak: replicas once",
+    );
+
+    let (code, v, stderr) = one("staggered", &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    near(
+        &group(&v, "team-a")["gpu_hours_claimed"],
+        TRUTH,
+        "two replicas down at different times: the other counted",
+    );
+    near(&v["coverage"], 1.0, "one of two down is no gap");
+    assert_eq!(v["gaps"], serde_json::json!([]));
+
+    let (code, v, stderr) = one("single", &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let got = group(&v, "team-a")["gpu_hours_claimed"]
+        .as_f64()
+        .expect("hours");
+    // Old and new pod share one 15-minute window; each reported part of it, and the larger
+    // part counts: at most half a step of the 2 GPUs is lost (docs/showback.md).
+    let bound = HELD * 7.5 / 60.0;
+    assert!(
+        (TRUTH - bound..=TRUTH + 1e-9).contains(&got),
+        "the only replica replaced: {got}, expected within {bound} of {TRUTH}"
+    );
+    near(&v["coverage"], 1.0, "single coverage");
+
+    // Below the default --min-coverage of 95 %: the JSON says partial, the exit code is 4.
+    let (code, v, stderr) = one("gap", &[]);
+    assert_eq!(code, Some(4), "90 % coverage is partial: {stderr}");
+    assert_eq!(v["status"], "partial");
+    near(&v["min_coverage"], 0.95, "the default minimum");
+    near(
+        &group(&v, "team-a")["gpu_hours_claimed"],
+        TRUTH - HELD * 24.0,
+        "what was counted: everything but the day without any replica",
+    );
+    near(&v["coverage"], 0.9, "one day of ten without any replica");
+    assert_eq!(
+        v["gaps"],
+        serde_json::json!([{ "start": rfc3339(start + 3 * DAY).replace("+00:00", "Z"), "seconds": DAY }]),
+        "the day without any replica, not r2's half day alone"
+    );
+    assert!(stderr.contains("PARTIAL"), "{stderr}");
+    let (code, v, stderr) = one("gap", &["--min-coverage", "85%"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(v["status"], "complete");
+    let sel = "cluster=\"gap\"";
+    let out = run(&prom, start, &["-o", "csv", "--prometheus-selector", sel]);
+    assert_eq!(out.status.code(), Some(4));
+    let csv = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        csv.lines()
+            .next()
+            .is_some_and(|h| h.ends_with(",coverage,status")),
+        "{csv}"
+    );
+    assert!(
+        csv.lines().skip(1).all(|l| l.ends_with(",0.9,partial")),
+        "every CSV line says partial: {csv}"
+    );
+    let out = run(&prom, start, &["--prometheus-selector", sel]);
+    assert_eq!(out.status.code(), Some(4));
+    let table = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        table.starts_with("PARTIAL: gpu-ledger reported for only 90.0%"),
+        "{table}"
+    );
+
+    // Nothing in Prometheus for the period: unknown, never zero.
+    let (code, v, _) = one("nowhere", &[]);
+    assert_eq!(code, Some(4), "no data at all is not a bill");
+    assert_eq!(v["status"], "unknown");
+    assert!(v["total"]["gpu_hours_claimed"].is_null(), "{v}");
+    assert!(v["total"]["peak_gpus"].is_null(), "{v}");
+    near(&v["coverage"], 0.0, "nothing covered");
+    let out = run(
+        &prom,
+        start,
+        &["--prometheus-selector", "cluster=\"nowhere\""],
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.starts_with("UNKNOWN: no gpu-ledger series"),
+        "{table}"
+    );
+    assert!(table.contains("a month needs 32 days"), "{table}");
+
+    // Several clusters' series and no selector: refused like `report`, naming them and the flag.
+    let out = run(&prom, start, &["-o", "json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "several clusters without --prometheus-selector are refused as bad input; stdout: {}; stderr: {stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    for c in ["rollout", "staggered", "gap", "single"] {
+        assert!(
+            stderr.contains(&format!("cluster=\"{c}\"")),
+            "names cluster {c}: {stderr}"
+        );
+    }
+    assert!(stderr.contains("--prometheus-selector"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing added up on stdout");
+
+    // Progress on stderr when asked (not a terminal here, so only with `always`), never on
+    // stdout: the JSON stays clean.
+    let out = run(
+        &prom,
+        start,
+        &[
+            "-o",
+            "json",
+            "--prometheus-selector",
+            "cluster=\"rollout\"",
+            "--progress",
+            "always",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("showback: [1/") && stderr.contains("gpu_ledger_gpu_seconds_claimed_total"),
+        "{stderr}"
+    );
+    parsed(&out);
+    let out = run(
+        &prom,
+        start,
+        &["-o", "json", "--prometheus-selector", "cluster=\"rollout\""],
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("showback: ["),
+        "auto: no progress when stderr is not a terminal"
+    );
+}
+
+#[test]
+fn showback_help_lists_its_exit_codes() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+        .args(["showback", "--help"])
+        .output()
+        .expect("run gpu-ledger");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Exit codes:"), "{help}");
+    assert!(help.contains("4  partial"), "{help}");
+    assert!(help.contains("--min-coverage"), "{help}");
 }

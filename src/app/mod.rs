@@ -72,12 +72,15 @@ pub enum AppError {
     Input(String),
     #[error(transparent)]
     Discover(#[from] crate::usage::discover::DiscoverError),
+    /// `showback` wrote its result, but it covers less of the period than asked for.
+    #[error("{0}")]
+    Partial(String),
 }
 
 impl AppError {
     /// Exit code (`config::EXIT_CODES` documents them): 2 for bad input or configuration, 3 when
-    /// the Kubernetes API or Prometheus could not be reached (a script may retry), 1 for every
-    /// other runtime failure.
+    /// the Kubernetes API or Prometheus could not be reached (a script may retry), 4 for a
+    /// partial showback (`config::SHOWBACK_EXIT_CODES`), 1 for every other runtime failure.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_)
@@ -86,6 +89,7 @@ impl AppError {
             | Self::Tls(_)
             | Self::ApiAuth(_)
             | Self::Input(_) => 2,
+            Self::Partial(_) => 4,
             _ if self.is_unreachable() => 3,
             _ => 1,
         }

@@ -1,20 +1,22 @@
-//! `gpu-ledger showback`: asks Prometheus for gpu-ledger's counters over a period (a handful
-//! of queries, each answered in one evaluation) and prints what `report::showback` makes of them.
+//! `gpu-ledger showback`: asks Prometheus for gpu-ledger's counters over a period, window by
+//! window (a handful of queries per week of windows), and prints what `report::showback` makes
+//! of them.
 //! Also the page's history source (`export::history`): the same counters over 24 h and 7 d.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::sync::Arc;
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
 use super::AppError;
-use crate::config::{ShowbackArgs, ShowbackOutput};
+use crate::config::{Progress as ProgressChoice, ShowbackArgs, ShowbackOutput};
 use crate::export::history::{Fetch, HistorySource, Points, Raw, Span};
 use crate::report::showback::{
-    self, Grouping, Inputs, ModelSeconds, NO_VALUE, Period, Prices, ksm_label,
+    self, Grid, Grouping, Inputs, ModelSeconds, NO_VALUE, Period, Prices, ksm_label,
 };
-use crate::usage::prom::queries::duration;
+use crate::usage::prom::queries::{CLUSTER_LABELS, clusters_of, duration};
 use crate::usage::prom::{PromClient, PromError, Sample};
 
 /// Largest price file read.
@@ -29,44 +31,167 @@ fn label<'a>(s: &'a Sample, name: &str) -> &'a str {
     s.labels.get(name).map_or("", String::as_str)
 }
 
-/// `max by (namespace) (increase(counter[period]))`: restart-safe, and replicas of an HA
-/// deployment (each exporting the same counters) count once, as the recording rules do.
-async fn increase_by_namespace(
+/// Most windows asked for in one query: a week of the default 5-minute steps, so each query
+/// stays well inside the timeout and the progress moves.
+const WINDOWS_PER_QUERY: i64 = 2016;
+
+/// Counts the queries and, when asked, says each one on stderr as it is answered.
+struct Progress {
+    show: bool,
+    done: usize,
+    total: usize,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(choice: ProgressChoice, total: usize) -> Self {
+        let show = match choice {
+            ProgressChoice::Always => true,
+            ProgressChoice::Never => false,
+            ProgressChoice::Auto => std::io::stderr().is_terminal(),
+        };
+        Progress {
+            show,
+            done: 0,
+            total,
+            started: Instant::now(),
+        }
+    }
+
+    fn answered(&mut self, what: &str) {
+        self.done += 1;
+        if self.show {
+            eprintln!(
+                "showback: [{}/{}] {what} ({:.1}s)",
+                self.done,
+                self.total,
+                self.started.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+/// One answer of a [`stepped`] query: labels, the Unix second its window ends, the value.
+type Stepped = Vec<(BTreeMap<String, String>, i64, f64)>;
+
+/// `inner` evaluated for every window of `grid` (`inner` is given the ` offset …` to put after
+/// its range selector), a week of windows per query. Subquery steps fall on multiples of the
+/// step since the epoch; the offset moves each window to end on the grid, at the period's end
+/// and whole steps before it.
+async fn stepped(
     client: &PromClient,
+    grid: &Grid,
+    inner: &dyn Fn(&str) -> String,
+    what: &str,
+    progress: &mut Progress,
+) -> Result<Stepped, PromError> {
+    let step = grid.step_seconds();
+    let shift = (step - grid.end(0).rem_euclid(step)).rem_euclid(step);
+    let offset = if shift == 0 {
+        String::new()
+    } else {
+        format!(" offset {}", duration(chrono::Duration::seconds(shift)))
+    };
+    let expr = inner(&offset);
+    let mut out = Vec::new();
+    let mut first = 0;
+    while first < grid.len() {
+        let last = (first + WINDOWS_PER_QUERY).min(grid.len());
+        let at =
+            DateTime::from_timestamp(grid.end(first) + shift, 0).unwrap_or(DateTime::UNIX_EPOCH);
+        let q = format!(
+            "({expr})[{}:{}]",
+            duration(chrono::Duration::seconds((last - first) * step)),
+            duration(chrono::Duration::seconds(step))
+        );
+        for s in client.instant_matrix(&q, at).await? {
+            let end = (s.time.round() as i64).saturating_sub(shift);
+            // Prometheus 2 includes a step at the range's start, Prometheus 3 does not: keep
+            // only this query's windows.
+            if grid
+                .window_ending(end)
+                .is_some_and(|j| (first..last).contains(&j))
+            {
+                out.push((s.labels, end, s.value));
+            }
+        }
+        let (from, to) = (grid.end(last - 1) - step, grid.end(first));
+        progress.answered(&format!(
+            "{what}, {} .. {}",
+            DateTime::from_timestamp(from, 0)
+                .unwrap_or_default()
+                .format("%Y-%m-%d %H:%M"),
+            DateTime::from_timestamp(to, 0)
+                .unwrap_or_default()
+                .format("%Y-%m-%d %H:%M")
+        ));
+        first = last;
+    }
+    Ok(out)
+}
+
+/// Queries a [`stepped`] read makes over `grid`.
+fn queries_per_read(grid: &Grid) -> usize {
+    let len = grid.len().max(1);
+    usize::try_from(
+        len.div_euclid(WINDOWS_PER_QUERY) + i64::from(len.rem_euclid(WINDOWS_PER_QUERY) != 0),
+    )
+    .unwrap_or(usize::MAX)
+}
+
+/// GPU-seconds of `counter` per namespace over the period: per window, `increase()` of each
+/// series, the largest across series (HA replicas count the same seconds: once), summed over
+/// the windows (a replaced replica's series and its successor's follow each other: both count).
+/// Restart-safe as `increase()` is; a window in which no replica reported adds nothing.
+async fn gpu_seconds_by_namespace(
+    client: &PromClient,
+    grid: &Grid,
     counter: &str,
-    period: &Period,
+    progress: &mut Progress,
 ) -> Result<BTreeMap<String, f64>, PromError> {
-    let q = format!(
-        "max by (namespace) (increase({}[{}]))",
-        selector(counter, client),
-        duration(period.until - period.since)
-    );
-    Ok(client
-        .instant(&q, period.until)
-        .await?
-        .into_iter()
-        .map(|s| (label(&s, "namespace").to_string(), s.value))
-        .collect())
+    let sel = selector(counter, client);
+    let window = duration(chrono::Duration::seconds(grid.step_seconds()));
+    let answer = stepped(
+        client,
+        grid,
+        &|off| format!("max by (namespace) (increase({sel}[{window}]{off}))"),
+        counter,
+        progress,
+    )
+    .await?;
+    Ok(showback::integrate(
+        grid,
+        answer
+            .into_iter()
+            .map(|(l, t, v)| (l.get("namespace").cloned().unwrap_or_default(), t, v)),
+    ))
 }
 
 /// Namespace → group from kube-state-metrics' `metric` (`kube_namespace_labels` or
 /// `kube_namespace_annotations`) and its label `key`: the value of the series seen last in the
-/// period (a namespace relabelled mid-month goes to its newest group).
+/// period (a namespace relabelled mid-month goes to its newest group). Refuses series of
+/// several clusters.
 async fn groups_from_ksm(
     client: &PromClient,
     metric: &str,
     key: &str,
     period: &Period,
     resolution: chrono::Duration,
-) -> Result<BTreeMap<String, String>, PromError> {
+) -> Result<BTreeMap<String, String>, AppError> {
     let q = format!(
-        "max by (namespace, {key}) (max_over_time(timestamp({})[{}:{}]))",
+        "max by (namespace, {key}, {clusters}) (max_over_time(timestamp({})[{}:{}]))",
         selector(metric, client),
         duration(period.until - period.since),
-        duration(resolution)
+        duration(resolution),
+        clusters = CLUSTER_LABELS.join(", ")
     );
+    let answer = client
+        .instant(&q, period.until)
+        .await
+        .map_err(AppError::Prometheus)?;
+    one_cluster(metric, answer.iter().map(|s| &s.labels))?;
     let mut seen: BTreeMap<String, (f64, String)> = BTreeMap::new();
-    for s in client.instant(&q, period.until).await? {
+    for s in answer {
         let value = match label(&s, key) {
             "" => NO_VALUE.to_string(),
             v => v.to_string(),
@@ -81,82 +206,143 @@ async fn groups_from_ksm(
     Ok(seen.into_iter().map(|(ns, (_, g))| (ns, g)).collect())
 }
 
+/// Refuses `what`'s series when they come from several clusters (a shared Thanos, Mimir or
+/// VictoriaMetrics without `--prometheus-selector`): `max by (namespace)` would take one
+/// cluster's team-a for all of them, as `report` and `serve` refuse to join them.
+fn one_cluster<'a>(
+    what: &str,
+    labels: impl IntoIterator<Item = &'a BTreeMap<String, String>>,
+) -> Result<(), AppError> {
+    let clusters = clusters_of(labels);
+    if clusters.len() > 1 {
+        return Err(AppError::Config(format!(
+            "{what}: series of {} clusters in this Prometheus ({}): showback adds up one \
+             cluster; pass --prometheus-selector with its label, e.g. --prometheus-selector '{}'",
+            clusters.len(),
+            clusters.join(", "),
+            clusters
+                .iter()
+                .find(|c| c.as_str() != "(none)")
+                .map_or("cluster=\"…\"", String::as_str)
+        )));
+    }
+    Ok(())
+}
+
 /// Reads everything the showback needs from Prometheus.
 async fn inputs(
     client: &PromClient,
     period: &Period,
     grouping: &Grouping,
     resolution: chrono::Duration,
-) -> Result<Inputs, PromError> {
-    let range = duration(period.until - period.since);
-    let step = duration(resolution);
-    let claimed =
-        increase_by_namespace(client, "gpu_ledger_gpu_seconds_claimed_total", period).await?;
-    let idle = increase_by_namespace(client, "gpu_ledger_gpu_seconds_idle_total", period).await?;
-    let q = format!(
-        "max by (namespace, model, activity) (increase({}[{range}]))",
-        selector("gpu_ledger_gpu_seconds_by_model_total", client)
-    );
-    let by_model = client
-        .instant(&q, period.until)
-        .await?
-        .into_iter()
-        .map(|s| ModelSeconds {
-            namespace: label(&s, "namespace").to_string(),
-            model: label(&s, "model").to_string(),
-            activity: label(&s, "activity").to_string(),
-            seconds: s.value,
-        })
-        .collect();
-    // The most each namespace held in each step, summed per group in `report::showback`.
-    let q = format!(
-        "(max by (namespace) (max_over_time({}[{step}])))[{range}:{step}]",
-        selector("gpu_ledger_namespace_gpus_claimed", client)
-    );
-    let held = client
-        .instant_matrix(&q, period.until)
-        .await?
-        .into_iter()
-        .map(|s| {
-            (
-                label(&s, "namespace").to_string(),
-                s.time.round() as i64,
-                s.value,
+    progress: ProgressChoice,
+) -> Result<Inputs, AppError> {
+    let grid = Grid::new(period, resolution);
+    let per_read = queries_per_read(&grid);
+    let grouping_queries = usize::from(*grouping != Grouping::Namespace);
+    let mut progress = Progress::new(progress, 5 * per_read + grouping_queries);
+    let window = duration(chrono::Duration::seconds(grid.step_seconds()));
+    // Some replica of gpu-ledger reported in a window when any of its series has a sample
+    // there: all replicas' series together, so one of two HA replicas down is no gap.
+    // `last_refresh_timestamp_seconds` is exported whenever gpu-ledger runs, GPUs or not. By
+    // cluster label first, to refuse several clusters before adding anything up.
+    let matchers = client.matchers().to_string();
+    let reported_by_cluster = stepped(
+        client,
+        &grid,
+        &|off| {
+            format!(
+                "group by ({}) (count_over_time({{__name__=~\"gpu_ledger_last_refresh_timestamp_seconds|gpu_ledger_gpu_seconds_claimed_total\"{matchers}}}[{window}]{off}))",
+                CLUSTER_LABELS.join(", ")
             )
-        })
-        .collect();
-    // gpu-ledger reports `last_refresh_timestamp_seconds` whenever it runs, GPUs or not.
-    let q = format!(
-        "(group(count_over_time({{__name__=~\"gpu_ledger_last_refresh_timestamp_seconds|gpu_ledger_gpu_seconds_claimed_total\"{}}}[{step}])))[{range}:{step}]",
-        client.matchers()
-    );
-    let reported: BTreeSet<i64> = client
-        .instant_matrix(&q, period.until)
-        .await?
-        .into_iter()
-        .map(|s| s.time.round() as i64)
-        .collect();
+        },
+        "gpu-ledger reporting",
+        &mut progress,
+    )
+    .await
+    .map_err(AppError::Prometheus)?;
+    one_cluster("gpu-ledger", reported_by_cluster.iter().map(|(l, _, _)| l))?;
+    let reported: BTreeSet<i64> = reported_by_cluster.iter().map(|(_, t, _)| *t).collect();
+    let claimed = gpu_seconds_by_namespace(
+        client,
+        &grid,
+        "gpu_ledger_gpu_seconds_claimed_total",
+        &mut progress,
+    )
+    .await
+    .map_err(AppError::Prometheus)?;
+    let idle = gpu_seconds_by_namespace(
+        client,
+        &grid,
+        "gpu_ledger_gpu_seconds_idle_total",
+        &mut progress,
+    )
+    .await
+    .map_err(AppError::Prometheus)?;
+    let sel = selector("gpu_ledger_gpu_seconds_by_model_total", client);
+    let by_model = stepped(
+        client,
+        &grid,
+        &|off| format!("max by (namespace, model, activity) (increase({sel}[{window}]{off}))"),
+        "gpu_ledger_gpu_seconds_by_model_total",
+        &mut progress,
+    )
+    .await
+    .map_err(AppError::Prometheus)?;
+    let by_model = showback::integrate(
+        &grid,
+        by_model.into_iter().map(|(l, t, v)| {
+            let get = |k: &str| l.get(k).cloned().unwrap_or_default();
+            ((get("namespace"), get("model"), get("activity")), t, v)
+        }),
+    )
+    .into_iter()
+    .map(|((namespace, model, activity), seconds)| ModelSeconds {
+        namespace,
+        model,
+        activity,
+        seconds,
+    })
+    .collect();
+    // The most each namespace held in each window, summed per group in `report::showback`.
+    let sel = selector("gpu_ledger_namespace_gpus_claimed", client);
+    let held = stepped(
+        client,
+        &grid,
+        &|off| format!("max by (namespace) (max_over_time({sel}[{window}]{off}))"),
+        "gpu_ledger_namespace_gpus_claimed",
+        &mut progress,
+    )
+    .await
+    .map_err(AppError::Prometheus)?
+    .into_iter()
+    .map(|(l, t, v)| (l.get("namespace").cloned().unwrap_or_default(), t, v))
+    .collect();
     let groups = match grouping {
         Grouping::Namespace => BTreeMap::new(),
         Grouping::Label(key) => {
-            groups_from_ksm(
+            let g = groups_from_ksm(
                 client,
                 "kube_namespace_labels",
                 &ksm_label("label_", key),
                 period,
                 resolution,
             )
-            .await?
+            .await?;
+            progress.answered("kube_namespace_labels");
+            g
         }
         Grouping::ProfileOwner => {
-            groups_from_ksm(
+            let g = groups_from_ksm(
                 client,
                 "kube_namespace_annotations",
                 &ksm_label("annotation_", "owner"),
                 period,
                 resolution,
             )
-            .await?
+            .await?;
+            progress.answered("kube_namespace_annotations");
+            g
         }
     };
     Ok(Inputs {
@@ -219,14 +405,16 @@ pub async fn showback(args: ShowbackArgs) -> Result<(), AppError> {
     };
     // Prometheus evaluates at most 11,000 points per series: a longer period gets a coarser step.
     let min_step = chrono::Duration::seconds(((period.seconds() / 10_000.0).ceil() as i64).max(1));
-    let resolution = args.resolution.max(min_step);
+    // Whole seconds: the grid's windows end on whole seconds.
+    let asked = chrono::Duration::seconds(
+        args.resolution.num_seconds() + i64::from(args.resolution.subsec_nanos() != 0),
+    );
+    let resolution = asked.max(min_step);
     let client = super::prometheus_client(&args.prometheus)?.ok_or_else(|| {
         AppError::Config("showback reads gpu-ledger's counters: set --prometheus-url".into())
     })?;
-    let inputs = inputs(&client, &period, &grouping, resolution)
-        .await
-        .map_err(AppError::Prometheus)?;
-    let result = showback::compute(&period, &grouping, &prices, &inputs)
+    let inputs = inputs(&client, &period, &grouping, resolution, args.progress).await?;
+    let result = showback::compute(&period, &grouping, &prices, &inputs, args.min_coverage)
         .map_err(|e| AppError::Config(e.to_string()))?;
     for g in &result.gaps {
         tracing::warn!(
@@ -248,12 +436,20 @@ pub async fn showback(args: ShowbackArgs) -> Result<(), AppError> {
             .map_err(|e| AppError::Config(format!("encoding the showback as JSON: {e}")))?,
     };
     if let Some(path) = &args.output_file {
-        return std::fs::write(path, text.as_bytes())
-            .map_err(|e| AppError::OutputFile(format!("--output-file {}", path.display()), e));
+        std::fs::write(path, text.as_bytes())
+            .map_err(|e| AppError::OutputFile(format!("--output-file {}", path.display()), e))?;
+    } else {
+        match std::io::stdout().lock().write_all(text.as_bytes()) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                return Err(AppError::Output(e));
+            }
+            _ => {}
+        }
     }
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(AppError::Output(e)),
-        _ => Ok(()),
+    // Written, and marked, but a CronJob must not take it for the month's bill.
+    match showback::warning(&result) {
+        Some(w) => Err(AppError::Partial(w)),
+        None => Ok(()),
     }
 }
 

@@ -236,6 +236,84 @@ pub struct ModelSeconds {
     pub seconds: f64,
 }
 
+/// The windows showback reads Prometheus in: `step` long, the last ending at the period's end
+/// and each one before it ending where the next begins, back to the first that reaches the
+/// period's start (it may begin before it: [`Grid::share`]). Anchored at the end rather than
+/// at multiples of the step since the epoch, so a period of whole steps (a month at the default
+/// 5m) is tiled exactly, whatever its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    since: i64,
+    until: i64,
+    step: i64,
+}
+
+impl Grid {
+    /// The grid of `period` in steps of `step` (whole seconds, at least one).
+    pub fn new(period: &Period, step: Duration) -> Self {
+        Grid {
+            since: period.since.timestamp(),
+            until: period.until.timestamp(),
+            step: step.num_seconds().max(1),
+        }
+    }
+
+    pub fn step_seconds(&self) -> i64 {
+        self.step
+    }
+
+    /// How many windows cover the period.
+    pub fn len(&self) -> i64 {
+        let span = (self.until - self.since).max(0);
+        span.div_euclid(self.step) + i64::from(span.rem_euclid(self.step) != 0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Unix seconds at which window `j` ends, counted back from the period's end (0: the last).
+    pub fn end(&self, j: i64) -> i64 {
+        self.until - j * self.step
+    }
+
+    /// The window ending at `t` (Unix seconds), if one does.
+    pub fn window_ending(&self, t: i64) -> Option<i64> {
+        let back = self.until - t;
+        (back >= 0 && back.rem_euclid(self.step) == 0 && back / self.step < self.len())
+            .then_some(back / self.step)
+    }
+
+    /// The share of window `j` inside the period: 1, except for a first window that begins
+    /// before the period (its value is pro-rated, as if used evenly over the window).
+    pub fn share(&self, j: i64) -> f64 {
+        let end = self.end(j);
+        let start = (end - self.step).max(self.since);
+        (end - start).max(0) as f64 / self.step as f64
+    }
+}
+
+/// Sums per key the values of the grid's windows (`(key, Unix seconds the window ends, value)`),
+/// each times its [`Grid::share`] of the period. Points off the grid are ignored; a window
+/// answered twice for one key counts once. NaN, negative or infinite values carry into the sum,
+/// for [`compute`] to reject.
+pub fn integrate<K: Ord + Clone>(
+    grid: &Grid,
+    points: impl IntoIterator<Item = (K, i64, f64)>,
+) -> BTreeMap<K, f64> {
+    let mut by_window: BTreeMap<(K, i64), f64> = BTreeMap::new();
+    for (k, t, v) in points {
+        if let Some(j) = grid.window_ending(t) {
+            by_window.insert((k, j), v * grid.share(j));
+        }
+    }
+    let mut out: BTreeMap<K, f64> = BTreeMap::new();
+    for ((k, _), v) in by_window {
+        *out.entry(k).or_insert(0.0) += v;
+    }
+    out
+}
+
 /// What Prometheus answered, decoded (values as given: checked here).
 #[derive(Debug, Clone, Default)]
 pub struct Inputs {
@@ -247,9 +325,10 @@ pub struct Inputs {
     pub by_model: Vec<ModelSeconds>,
     /// (namespace, Unix seconds, GPUs held): the most each namespace held in each step.
     pub held: Vec<(String, i64, f64)>,
-    /// Unix seconds of the steps in which gpu-ledger's series had a sample.
+    /// Unix seconds at which the [`Grid`]'s windows end in which some replica of gpu-ledger
+    /// had a sample (any replica: one of two HA replicas down leaves no gap).
     pub reported: BTreeSet<i64>,
-    /// Step of `held` and `reported`.
+    /// Step of the [`Grid`], `held` and `reported`.
     pub resolution: Duration,
     /// Namespace → group (only when grouping by label or owner).
     pub groups: BTreeMap<String, String>,
@@ -280,6 +359,28 @@ pub struct Row {
     pub cost: Option<f64>,
 }
 
+/// Whether the numbers cover the period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// gpu-ledger reported for at least the minimum coverage of the period.
+    Complete,
+    /// It reported for less: the hours are what was counted, a lower bound.
+    Partial,
+    /// It never reported in the period (or Prometheus no longer holds it): nothing is known.
+    Unknown,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Complete => "complete",
+            Status::Partial => "partial",
+            Status::Unknown => "unknown",
+        }
+    }
+}
+
 /// The answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Showback {
@@ -288,8 +389,12 @@ pub struct Showback {
     pub group_by: String,
     pub groups: Vec<Row>,
     pub total: Row,
-    /// Share of the period gpu-ledger's series were reported in (0..1).
+    /// `complete`, `partial` (coverage below `min_coverage`) or `unknown` (no data at all).
+    pub status: Status,
+    /// Share of the period in which some replica of gpu-ledger reported (0..1).
     pub coverage: f64,
+    /// The coverage below which the showback is partial (`--min-coverage`).
+    pub min_coverage: f64,
     pub gaps: Vec<Gap>,
     pub resolution_seconds: i64,
     /// Models that held GPU-hours but have no price (their groups' cost is unknown).
@@ -308,27 +413,25 @@ fn add(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     Some(a? + b?)
 }
 
-/// Steps of `[since, until)` not in `reported`, merged into gaps. A step at `t` covers
-/// `(t - resolution, t]`.
-fn gaps(period: &Period, reported: &BTreeSet<i64>, resolution: i64) -> Vec<Gap> {
-    let (since, until) = (period.since.timestamp(), period.until.timestamp());
-    // The first step whose window ends inside the period, aligned as Prometheus aligns
-    // subquery steps (multiples of the step since the epoch).
-    let mut t = (since.div_euclid(resolution) + 1) * resolution;
+/// The grid's windows whose end is not in `reported`, merged into gaps (the first window
+/// clipped to the period's start).
+fn gaps(grid: &Grid, reported: &BTreeSet<i64>) -> Vec<Gap> {
     let mut out: Vec<Gap> = Vec::new();
     let mut open: Option<i64> = None;
-    while t <= until {
-        if reported.contains(&t) {
-            if let Some(start) = open.take() {
-                push_gap(&mut out, start, t - resolution);
+    // Oldest window first.
+    for j in (0..grid.len()).rev() {
+        let end = grid.end(j);
+        let start = (end - grid.step).max(grid.since);
+        if reported.contains(&end) {
+            if let Some(s) = open.take() {
+                push_gap(&mut out, s, start);
             }
         } else if open.is_none() {
-            open = Some((t - resolution).max(since));
+            open = Some(start);
         }
-        t += resolution;
     }
-    if let Some(start) = open {
-        push_gap(&mut out, start, until);
+    if let Some(s) = open {
+        push_gap(&mut out, s, grid.until);
     }
     out
 }
@@ -402,12 +505,13 @@ fn peaks(
     out
 }
 
-/// Computes the showback of `inputs` over `period`.
+/// Computes the showback of `inputs` over `period`; below `min_coverage` (0..1) it is partial.
 pub fn compute(
     period: &Period,
     grouping: &Grouping,
     prices: &Prices,
     inputs: &Inputs,
+    min_coverage: f64,
 ) -> Result<Showback, ShowbackError> {
     let max_seconds = period.seconds() * MAX_GPUS;
     let mut rejected = Vec::new();
@@ -513,6 +617,17 @@ pub fn compute(
         total.gpu_hours_idle = add(total.gpu_hours_idle, r.gpu_hours_idle);
         total.cost = add(total.cost, r.cost);
     }
+    let grid = Grid::new(period, inputs.resolution);
+    let gaps = gaps(&grid, &inputs.reported);
+    let (status, coverage) = coverage(period, &gaps, &inputs.reported, min_coverage);
+    if status == Status::Unknown {
+        // Nothing was reported: the cluster's use is not zero, it is not known.
+        total.gpu_hours_claimed = None;
+        total.gpu_hours_busy = None;
+        total.gpu_hours_idle = None;
+        total.peak_gpus = None;
+        total.cost = None;
+    }
     let total = finish(total);
     // Most GPU-hours first: the question is "who used them".
     groups.sort_by(|a, b| {
@@ -521,22 +636,39 @@ pub fn compute(
             .total_cmp(&a.gpu_hours_claimed.unwrap_or(-1.0))
             .then_with(|| a.group.cmp(&b.group))
     });
-    let resolution = inputs.resolution.num_seconds().max(1);
-    let gaps = gaps(period, &inputs.reported, resolution);
-    let missing: i64 = gaps.iter().map(|g| g.seconds).sum();
-    let coverage = (1.0 - missing as f64 / period.seconds()).clamp(0.0, 1.0);
     Ok(Showback {
         since: period.since,
         until: period.until,
         group_by: grouping.name(),
         groups,
         total,
+        status,
         coverage,
+        min_coverage,
         gaps,
-        resolution_seconds: resolution,
+        resolution_seconds: grid.step_seconds(),
         unpriced_models: unpriced.into_iter().collect(),
         rejected_values: rejected,
     })
+}
+
+/// The status and the share of `period` outside `gaps`.
+fn coverage(
+    period: &Period,
+    gaps: &[Gap],
+    reported: &BTreeSet<i64>,
+    min_coverage: f64,
+) -> (Status, f64) {
+    let missing: i64 = gaps.iter().map(|g| g.seconds).sum();
+    let coverage = (1.0 - missing as f64 / period.seconds()).clamp(0.0, 1.0);
+    let status = if reported.is_empty() {
+        Status::Unknown
+    } else if coverage < min_coverage {
+        Status::Partial
+    } else {
+        Status::Complete
+    };
+    (status, coverage)
 }
 
 /// A row to sum into: zero hours (and cost, when priced), its peak as found.
@@ -622,6 +754,10 @@ pub fn render_table(s: &Showback, priced: bool) -> String {
         })
         .collect();
     let mut out = String::new();
+    if let Some(w) = warning(s) {
+        out.push_str(&w);
+        out.push_str("\n\n");
+    }
     for l in &lines {
         let mut line = String::new();
         for (i, (cell, w)) in l.iter().zip(&widths).enumerate() {
@@ -640,10 +776,12 @@ pub fn render_table(s: &Showback, priced: bool) -> String {
     }
     let _ = writeln!(
         out,
-        "\nperiod {} .. {}; gpu-ledger reported for {:.1}% of it",
+        "\nperiod {} .. {}; gpu-ledger reported for {:.1}% of it ({}; --min-coverage {:.1}%)",
         s.since.to_rfc3339(),
         s.until.to_rfc3339(),
-        s.coverage * 100.0
+        s.coverage * 100.0,
+        s.status.as_str(),
+        s.min_coverage * 100.0
     );
     for g in &s.gaps {
         let _ = writeln!(
@@ -666,6 +804,34 @@ pub fn render_table(s: &Showback, priced: bool) -> String {
     out
 }
 
+/// The one-line warning a partial or unknown showback starts with (also on stderr).
+pub fn warning(s: &Showback) -> Option<String> {
+    match s.status {
+        Status::Complete => None,
+        Status::Partial => Some(format!(
+            "PARTIAL: gpu-ledger reported for only {:.1}% of the period (--min-coverage {:.1}%): \
+             the hours are what was counted, a lower bound; use in the gaps is unknown{}",
+            s.coverage * 100.0,
+            s.min_coverage * 100.0,
+            retention_hint(s)
+        )),
+        Status::Unknown => Some(format!(
+            "UNKNOWN: no gpu-ledger series in Prometheus for this period: use is unknown, not zero{}",
+            retention_hint(s)
+        )),
+    }
+}
+
+/// A gap from the period's start suggests Prometheus no longer keeps it.
+fn retention_hint(s: &Showback) -> &'static str {
+    if s.gaps.first().is_some_and(|g| g.start == s.since) {
+        " (nothing from the period's start: is Prometheus' retention shorter than the period? \
+         a month needs 32 days; see docs/showback.md)"
+    } else {
+        ""
+    }
+}
+
 /// A CSV field, quoted when it holds a separator, quote or line break.
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
@@ -681,11 +847,12 @@ fn csv_number(v: Option<f64>) -> String {
         .unwrap_or_default()
 }
 
-/// CSV with a header line: one line per group, then `total`. Every line carries the period and
-/// its coverage, so a mailed file says itself when gpu-ledger was not counting.
+/// CSV with a header line: one line per group, then `total`. Every line carries the period, its
+/// coverage and the status (`complete`, `partial`, `unknown`), so a mailed file says itself
+/// when gpu-ledger was not counting.
 pub fn render_csv(s: &Showback) -> String {
     let mut out = String::from(
-        "group,namespaces,gpu_hours_claimed,gpu_hours_busy,gpu_hours_idle,gpu_hours_unknown,idle_share,peak_gpus,cost,since,until,coverage\n",
+        "group,namespaces,gpu_hours_claimed,gpu_hours_busy,gpu_hours_idle,gpu_hours_unknown,idle_share,peak_gpus,cost,since,until,coverage,status\n",
     );
     for r in s.groups.iter().chain(std::iter::once(&s.total)) {
         let fields = [
@@ -701,6 +868,7 @@ pub fn render_csv(s: &Showback) -> String {
             s.since.to_rfc3339(),
             s.until.to_rfc3339(),
             csv_number(Some(s.coverage)),
+            s.status.as_str().to_string(),
         ];
         out.push_str(&fields.join(","));
         out.push('\n');
@@ -806,12 +974,13 @@ mod tests {
         let p = period();
         let start = p.since.timestamp();
         let step = 300;
+        let grid = Grid::new(&p, Duration::seconds(step));
         // Reported everywhere but 06:00..12:00.
         let reported = (1..=288)
             .map(|i| start + i * step)
             .filter(|t| !(start + 6 * 3600 + step..=start + 12 * 3600).contains(t))
             .collect();
-        let g = gaps(&p, &reported, step);
+        let g = gaps(&grid, &reported);
         assert_eq!(
             g,
             vec![Gap {
@@ -819,12 +988,124 @@ mod tests {
                 seconds: 6 * 3600
             }]
         );
-        let none = gaps(&p, &BTreeSet::new(), step);
+        let none = gaps(&grid, &BTreeSet::new());
         assert_eq!(none.len(), 1);
         assert_eq!(
             none[0].seconds, 86_400,
             "nothing reported: all of it is a gap"
         );
+    }
+
+    #[test]
+    fn the_grid_ends_at_the_period_end_and_pro_rates_a_first_window_reaching_before_it() {
+        // 10:07:30 .. 11:00:00 in 15-minute windows: 10:45, 10:30, 10:15 whole, 10:00..10:15
+        // half inside.
+        let p = Period::new(
+            at("2026-11-01T10:07:30Z"),
+            at("2026-11-01T11:00:00Z"),
+            at("2026-12-01T00:00:00Z"),
+        )
+        .expect("period");
+        let grid = Grid::new(&p, Duration::minutes(15));
+        assert_eq!(grid.len(), 4);
+        let until = p.until.timestamp();
+        assert_eq!(grid.window_ending(until), Some(0));
+        assert_eq!(grid.window_ending(until - 900 * 3), Some(3));
+        assert_eq!(
+            grid.window_ending(until - 900 * 4),
+            None,
+            "before the period"
+        );
+        assert_eq!(grid.window_ending(until - 60), None, "off the grid");
+        assert!((grid.share(3) - 0.5).abs() < 1e-12);
+        let sums = integrate(
+            &grid,
+            (0..5)
+                .map(|j| ("a", until - j * 900, 900.0))
+                .chain([("a", until, 900.0), ("b", until - 30, 1.0)]),
+        );
+        assert_eq!(
+            sums,
+            [("a", 3.5 * 900.0)].into(),
+            "three whole windows, half of the first, the window answered twice once, off-grid and earlier points ignored"
+        );
+        let gap = gaps(&grid, &[until, until - 900].into());
+        assert_eq!(
+            gap,
+            vec![Gap {
+                start: p.since,
+                seconds: 1350
+            }],
+            "the first gap is clipped to the period"
+        );
+    }
+
+    #[test]
+    fn no_data_is_unknown_and_too_little_is_partial() {
+        let p = period();
+        let empty = Inputs {
+            resolution: Duration::minutes(5),
+            ..Inputs::default()
+        };
+        let s = compute(
+            &p,
+            &Grouping::Namespace,
+            &Prices::parse("A100=2").expect("price"),
+            &empty,
+            0.95,
+        )
+        .expect("compute");
+        assert_eq!(s.status, Status::Unknown);
+        assert_eq!(s.total.gpu_hours_claimed, None, "nothing known is not zero");
+        assert_eq!(s.total.cost, None);
+        assert_eq!(s.total.peak_gpus, None);
+        assert!(
+            render_table(&s, true).starts_with("UNKNOWN: "),
+            "{}",
+            render_table(&s, true)
+        );
+        assert!(
+            render_csv(&s)
+                .lines()
+                .nth(1)
+                .is_some_and(|l| l.starts_with("total,,,,,,,,,") && l.ends_with(",0,unknown")),
+            "{}",
+            render_csv(&s)
+        );
+        // Reported for the second half of the day only.
+        let start = p.since.timestamp();
+        let half = Inputs {
+            claimed: [("a".to_string(), 3600.0)].into(),
+            reported: (145..=288).map(|i| start + i * 300).collect(),
+            resolution: Duration::minutes(5),
+            ..Inputs::default()
+        };
+        let s =
+            compute(&p, &Grouping::Namespace, &Prices::default(), &half, 0.95).expect("compute");
+        assert_eq!(s.status, Status::Partial);
+        assert!((s.coverage - 0.5).abs() < 1e-12, "{}", s.coverage);
+        assert_eq!(s.total.gpu_hours_claimed, Some(1.0), "what was counted");
+        let table = render_table(&s, false);
+        assert!(
+            table.starts_with("PARTIAL: gpu-ledger reported for only 50.0%"),
+            "{table}"
+        );
+        assert!(
+            table.contains("a month needs 32 days"),
+            "the gap from the start hints at retention: {table}"
+        );
+        assert!(
+            render_csv(&s)
+                .lines()
+                .skip(1)
+                .all(|l| l.ends_with(",partial")),
+            "{}",
+            render_csv(&s)
+        );
+        let json = render_json(&s).expect("json");
+        assert!(json.contains("\"status\": \"partial\""), "{json}");
+        let s = compute(&p, &Grouping::Namespace, &Prices::default(), &half, 0.5).expect("compute");
+        assert_eq!(s.status, Status::Complete, "at the minimum is enough");
     }
 
     #[test]
@@ -847,7 +1128,8 @@ mod tests {
             resolution: Duration::minutes(5),
             ..Inputs::default()
         };
-        let s = compute(&p, &Grouping::Namespace, &Prices::default(), &inputs).expect("compute");
+        let s =
+            compute(&p, &Grouping::Namespace, &Prices::default(), &inputs, 0.95).expect("compute");
         let a = s.groups.iter().find(|r| r.group == "a").expect("a");
         assert_eq!(a.gpu_hours_claimed, Some(2.0));
         assert_eq!(a.gpu_hours_busy, Some(0.5));
@@ -870,7 +1152,8 @@ mod tests {
             resolution: Duration::minutes(5),
             ..Inputs::default()
         };
-        let s = compute(&p, &Grouping::Namespace, &Prices::default(), &inputs).expect("compute");
+        let s =
+            compute(&p, &Grouping::Namespace, &Prices::default(), &inputs, 0.95).expect("compute");
         let csv = render_csv(&s);
         let line = csv.lines().nth(1).expect("row");
         assert!(line.starts_with("\"a,b\",\"a,b\",,,,"), "{csv}");
