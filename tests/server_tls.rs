@@ -212,10 +212,11 @@ async fn tls_and_token_file() -> Result<()> {
     assert_eq!(r.status().as_u16(), 200);
     let v: Value = r.json().await?;
     assert!(v["pods"].is_array(), "{v}");
-    // Paths that do not exist are not a way around it.
+    // Paths that do not exist are not a way around it: 404 before any token check (they serve
+    // nothing, and an unknown path must not cost a review under --api-auth=kubernetes).
     assert_eq!(
         status(&trust_first, &server.url("/api/v1/ledger/"), None).await?,
-        401
+        404
     );
 
     // Token rotation: the new token works at once, the old one no more.
@@ -571,6 +572,147 @@ async fn kubernetes_token_review_is_bounded() -> Result<()> {
     let reader = create_token(cp, "gl-auth", "reader")?;
     poll_until("the reader after the flood", async || {
         matches!(status(&http, &ledger, Some(&reader)).await, Ok(200))
+    })
+    .await
+    .with_context(|| server.guard.log_tail(20))?;
+    Ok(())
+}
+
+/// `count` fresh TokenRequest tokens of ServiceAccount `sa` in `ns` (one caller, many tokens).
+async fn mint_tokens(cp: &ControlPlane, ns: &str, sa: &str, count: usize) -> Result<Vec<String>> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(cp.client("admin").await?, ns);
+    let mut tokens = Vec::with_capacity(count);
+    for _ in 0..count {
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let answer = accounts
+            .create_token_request(sa, &kube::api::PostParams::default(), &request)
+            .await?;
+        let token = answer.status.and_then(|s| s.token);
+        tokens.push(token.context("TokenRequest answered without a token")?);
+    }
+    Ok(tokens)
+}
+
+/// An authenticated caller cannot make gpu-ledger send reviews without bound either (issue 36:
+/// 273 review pairs/s against the documented 5/s). The review asks about the virtual resource
+/// `gpu-ledger.io/ledger`, never the path, so the answer is cached by token and verb: one token
+/// costs one review pair however many paths it asks for; paths that are not served are 404 and
+/// methods not served 405 before any review; and every review pair, allowed or forbidden, draws
+/// from the budget, so many tokens of one caller are held to the burst and the rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_reviews_are_bounded_for_authenticated_callers() -> Result<()> {
+    use gpu_ledger::export::auth::{REVIEW_BURST, REVIEW_RATE};
+    const NS: &str = "gl-auth";
+    const REVIEWS: &str = "gpu_ledger_api_auth_reviews_total";
+    const PATHS: usize = 60;
+    const TOKENS: usize = 80;
+    let cp = ControlPlane::shared(false)?;
+    let kubeconfig = kube_auth_setup(cp)?;
+    let server = serve(
+        cp,
+        "gpu-ledger-kube-auth-callers",
+        &kubeconfig,
+        None,
+        &["--api-auth", "kubernetes"],
+    )
+    .await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let reviews = async || -> Result<f64> {
+        let text = http
+            .get(server.url("/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        Ok(sample_sum(&text, REVIEWS, ""))
+    };
+
+    // One forbidden token, many paths and methods: one review pair, the rest from the cache or
+    // refused before a review.
+    let nosy = create_token(cp, NS, "nosy")?;
+    let before = reviews().await?;
+    let mut codes = std::collections::BTreeMap::<(String, u16), u32>::new();
+    for i in 0..PATHS {
+        for (kind, method, path) in [
+            ("unknown path", "GET", format!("/api/v1/ledger/{i}")),
+            ("unknown path", "GET", format!("/no-such-page-{i}")),
+            ("GET", "GET", "/api/v1/ledger".to_string()),
+            ("HEAD", "HEAD", "/".to_string()),
+            ("POST", "POST", "/api/v1/ledger".to_string()),
+            ("DELETE", "DELETE", "/api/v1/history".to_string()),
+        ] {
+            let answer = http
+                .request(method.parse()?, server.url(&path))
+                .bearer_auth(&nosy)
+                .send()
+                .await?;
+            *codes
+                .entry((kind.to_string(), answer.status().as_u16()))
+                .or_default() += 1;
+        }
+    }
+    // Both halves run before anything is asserted, so a failure shows both.
+    let mut problems = Vec::new();
+    let reviewed = reviews().await? - before;
+    if reviewed > 1.0 {
+        problems.push(format!(
+            "{reviewed} review pairs for one token over {PATHS} x 6 requests: {codes:?}"
+        ));
+    }
+    let expected: std::collections::BTreeMap<(String, u16), u32> = [
+        (("DELETE".to_string(), 405), PATHS as u32),
+        (("GET".to_string(), 403), PATHS as u32),
+        (("HEAD".to_string(), 403), PATHS as u32),
+        (("POST".to_string(), 405), PATHS as u32),
+        (("unknown path".to_string(), 404), 2 * PATHS as u32),
+    ]
+    .into();
+    if codes != expected {
+        problems.push(format!("answers {codes:?}, expected {expected:?}"));
+    }
+
+    // Many tokens of one forbidden caller, one after the other (each review answered before
+    // the next request, as the 273 pairs/s were): reviewed up to the burst and the rate, the
+    // rest 429.
+    let tokens = mint_tokens(cp, NS, "nosy", TOKENS).await?;
+    let before = reviews().await?;
+    let started = tokio::time::Instant::now();
+    let ledger = server.url("/api/v1/ledger");
+    let mut codes = std::collections::BTreeMap::<u16, u32>::new();
+    for token in &tokens {
+        *codes
+            .entry(status(&http, &ledger, Some(token)).await?)
+            .or_default() += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let reviewed = reviews().await? - before;
+    if reviewed > f64::from(REVIEW_BURST) + REVIEW_RATE * (elapsed + 1.0) {
+        problems.push(format!(
+            "{reviewed} review pairs in {elapsed:.1} s for {TOKENS} tokens of one caller: {codes:?}"
+        ));
+    }
+    if !(codes.keys().all(|c| [403, 429].contains(c)) && codes.contains_key(&429)) {
+        problems.push(format!("{TOKENS} tokens of one caller answered {codes:?}"));
+    }
+    ensure!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // A reader is served again once the budget refills.
+    let reader = create_token(cp, NS, "reader")?;
+    poll_until("the reader after the flood", async || {
+        matches!(
+            status(&http, &server.url("/api/v1/ledger"), Some(&reader)).await,
+            Ok(200)
+        )
     })
     .await
     .with_context(|| server.guard.log_tail(20))?;

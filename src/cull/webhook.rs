@@ -6,7 +6,9 @@
 //! `firing` while the stop is scheduled and `resolved` when it is cancelled), which anything that
 //! takes Alertmanager webhooks routes; and Slack's incoming-webhook format (`text`). The URL is
 //! read from a file (a mounted Secret: it usually carries a token) at every post, so a rotated
-//! Secret is picked up, and it never appears in a log line, an error or a metric.
+//! Secret is picked up, and it never appears in a log line, an error or a metric. Redirects are
+//! not followed (a 3xx is a failed post) and no `Referer` is sent, so the notice and the URL's
+//! token go to the URL in the Secret and nowhere else.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -49,6 +51,12 @@ pub enum WebhookError {
     Post(#[source] reqwest::Error),
     #[error("the notice webhook answered HTTP {0}")]
     Status(u16),
+    /// A 3xx. Following it would send the notice (and, as `Referer`, the URL with its token) to
+    /// a host the Secret does not name; the `Location` is not logged, it may carry a token too.
+    #[error(
+        "the notice webhook answered HTTP {0} (a redirect, not followed: put the final URL in the URL file)"
+    )]
+    Redirect(u16),
 }
 
 /// The body of one notice in `format`, as of `now` (the cycle's time).
@@ -136,7 +144,12 @@ impl Webhook {
     /// Checks the URL file now, so a bad mount fails at start-up rather than at the first notice.
     pub fn new(url_file: &Path, format: WebhookFormat) -> Result<Self, WebhookError> {
         read_url(url_file)?;
+        // No redirects and no `Referer`: reqwest follows up to 10 redirects by default, a 307/308
+        // with the body, and names the webhook URL (its token in path and query) as `Referer` to
+        // the next host. The URL in the Secret is the only receiver.
         let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .referer(false)
             .timeout(WEBHOOK_TIMEOUT)
             .connect_timeout(WEBHOOK_TIMEOUT)
             .user_agent(concat!("gpu-ledger/", env!("CARGO_PKG_VERSION")))
@@ -170,6 +183,8 @@ impl Webhook {
         let status = answer.status();
         if status.is_success() {
             Ok(())
+        } else if status.is_redirection() {
+            Err(WebhookError::Redirect(status.as_u16()))
         } else {
             Err(WebhookError::Status(status.as_u16()))
         }

@@ -11,11 +11,15 @@
 //! No token: 401. A token nobody accepts: 401. Authenticated but not allowed: 403. The API
 //! server cannot be asked: 503 (never open).
 //!
-//! What a caller without a valid token can make the process hold or send is bounded: tokens
-//! over [`MAX_TOKEN_BYTES`] are refused (401) without a review; answers are cached by a SHA-256
-//! of (token, verb, path), at most [`REVIEW_CACHE_ENTRIES`] of them; reviews of tokens not in
-//! the cache draw from a token bucket ([`REVIEW_BURST`], refilled at [`REVIEW_RATE`] per
-//! second; a review that authenticates gives its draw back), and an empty bucket answers 429.
+//! What a caller can make the process hold or send is bounded, whether or not its token is
+//! valid: only the routes the server serves are checked (any other path is 404 and any method
+//! but GET and HEAD 405 before a review); tokens over [`MAX_TOKEN_BYTES`] are
+//! refused (401) without a review; answers are cached by a SHA-256 of (token, verb), which is
+//! everything the review depends on (the reviewed resource is fixed, the path is not part of
+//! it), at most [`REVIEW_CACHE_ENTRIES`] of them; requests with the same token wait for one
+//! review in flight rather than each sending their own; and every review (a TokenReview and
+//! its SubjectAccessReview), whatever its answer, draws from one token bucket ([`REVIEW_BURST`],
+//! refilled at [`REVIEW_RATE`] per second), and an empty bucket answers 429.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -44,9 +48,10 @@ pub const REVIEW_CACHE_TTL: Duration = Duration::from_secs(30);
 pub const REVIEW_CACHE_ENTRIES: usize = 1024;
 /// Longest bearer token sent for review: Kubernetes ServiceAccount tokens are about 1 KiB.
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
-/// Reviews of tokens not in the cache that may be sent at once after a quiet spell.
+/// Reviews (TokenReview + SubjectAccessReview, whatever their answer) that may be sent at once
+/// after a quiet spell.
 pub const REVIEW_BURST: u32 = 20;
-/// Reviews of tokens not in the cache per second, sustained.
+/// Reviews per second, sustained, for all callers together.
 pub const REVIEW_RATE: f64 = 5.0;
 /// API group of the virtual resource a caller must be allowed to `get` (no such API is served).
 pub const REVIEW_GROUP: &str = "gpu-ledger.io";
@@ -80,8 +85,10 @@ enum Decision {
     Forbidden,
     /// The API server could not be asked (503).
     Unavailable,
-    /// Too many reviews of unknown tokens lately (429).
+    /// Too many reviews lately (429).
     RateLimited,
+    /// A method the routes do not serve (405), refused without a review.
+    MethodNotAllowed,
 }
 
 /// How the API is protected; cheap to clone.
@@ -136,11 +143,13 @@ impl ApiAuth {
     }
 }
 
-/// `router` with authentication in front of every path but [`OPEN_PATHS`] (unchanged when
-/// `auth` is `None`).
+/// `router` with authentication in front of every route but [`OPEN_PATHS`] (unchanged when
+/// `auth` is `None`). A route layer: a path the router does not serve is 404, and a method a
+/// route does not serve 405, before any token is looked at, so arbitrary paths and methods
+/// cannot mint reviews.
 pub fn protect(router: Router, auth: Option<ApiAuth>) -> Router {
     match auth {
-        Some(a) => router.layer(axum::middleware::from_fn_with_state(a, require)),
+        Some(a) => router.route_layer(axum::middleware::from_fn_with_state(a, require)),
         None => router,
     }
 }
@@ -174,7 +183,12 @@ async fn require(State(auth): State<ApiAuth>, req: Request, next: Next) -> Respo
         Decision::RateLimited => (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "1")],
-            "too many unknown bearer tokens lately; try again\n",
+            "too many bearer token reviews lately; try again\n",
+        )
+            .into_response(),
+        Decision::MethodNotAllowed => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(header::ALLOW, "GET, HEAD")],
         )
             .into_response(),
     }
@@ -262,13 +276,16 @@ impl TokenFile {
 
 // === Kubernetes reviews ===
 
-/// TokenReview + SubjectAccessReview, with a short cache keyed by a hash of (token, verb,
-/// path) (the path is not part of the review today; keyed by it so a per-path review needs no
-/// cache change), and a rate limit on reviews of tokens the cache does not know.
+/// TokenReview + SubjectAccessReview, with a short cache keyed by a hash of (token, verb): the
+/// review asks about the fixed virtual resource, so nothing else in the request can change its
+/// answer. One review in flight per key, and every review draws from one rate limit.
 struct KubeReviews {
     client: kube::Client,
     cache: Mutex<ReviewCache>,
     bucket: Mutex<TokenBucket>,
+    /// Reviews being made, by key: a second request with the same token waits for the answer.
+    /// An entry lives only while a request for it is in flight ([`InFlight`] removes it).
+    in_flight: Mutex<HashMap<CacheKey, Arc<tokio::sync::OnceCell<Decision>>>>,
     metrics: ReviewMetrics,
 }
 
@@ -292,7 +309,7 @@ impl ReviewMetrics {
         let refused = IntCounterVec::new(
             Opts::new(
                 "gpu_ledger_api_auth_refused_total",
-                "API requests refused without a TokenReview (--api-auth=kubernetes), by reason: token_too_large (401), rate_limited (429).",
+                "API requests refused without a TokenReview (--api-auth=kubernetes), by reason: token_too_large (401), rate_limited (429: every review draws from one budget).",
             ),
             &["reason"],
         )?;
@@ -308,13 +325,13 @@ impl ReviewMetrics {
     }
 }
 
-/// SHA-256 of (token, verb, path): what the cache keeps instead of the caller's text.
+/// SHA-256 of (token, verb): what the cache keeps instead of the caller's text.
 type CacheKey = [u8; 32];
 
-fn cache_key(token: &str, verb: &str, path: &str) -> CacheKey {
+fn cache_key(token: &str, verb: &str) -> CacheKey {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    // Lengths first, so no two different triples hash the same bytes.
-    for part in [token, verb, path] {
+    // Lengths first, so no two different pairs hash the same bytes.
+    for part in [token, verb] {
         ctx.update(&(part.len() as u64).to_le_bytes());
         ctx.update(part.as_bytes());
     }
@@ -407,22 +424,31 @@ impl TokenBucket {
             false
         }
     }
-
-    /// Gives a draw back (the review authenticated the caller).
-    fn give_back(&mut self) {
-        self.available = (self.available + 1.0).min(self.capacity);
-    }
 }
 
-/// The RBAC verb of an HTTP method (as the API server maps them for non-resource URLs).
-fn verb(method: &Method) -> String {
-    match *method {
-        Method::GET | Method::HEAD => "get".into(),
-        Method::POST => "create".into(),
-        Method::PUT => "update".into(),
-        Method::PATCH => "patch".into(),
-        Method::DELETE => "delete".into(),
-        ref other => other.as_str().to_ascii_lowercase(),
+/// The RBAC verb of an HTTP method: `get` for GET and HEAD, the only methods the routes serve;
+/// `None` for any other, refused with 405 before a review (so invented methods cannot mint
+/// reviews or cache entries either).
+fn verb(method: &Method) -> Option<&'static str> {
+    matches!(*method, Method::GET | Method::HEAD).then_some("get")
+}
+
+/// Removes its in-flight entry when the request that made it ends (answered or dropped).
+struct InFlight<'a> {
+    map: &'a Mutex<HashMap<CacheKey, Arc<tokio::sync::OnceCell<Decision>>>>,
+    key: CacheKey,
+    cell: Arc<tokio::sync::OnceCell<Decision>>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut map = lock(self.map);
+        if map
+            .get(&self.key)
+            .is_some_and(|c| Arc::ptr_eq(c, &self.cell))
+        {
+            map.remove(&self.key);
+        }
     }
 }
 
@@ -436,6 +462,7 @@ impl KubeReviews {
             client,
             cache: Mutex::new(ReviewCache::new(REVIEW_CACHE_ENTRIES)),
             bucket: Mutex::new(TokenBucket::new(REVIEW_BURST, REVIEW_RATE, Instant::now())),
+            in_flight: Mutex::new(HashMap::new()),
             metrics,
         }
     }
@@ -449,11 +476,31 @@ impl KubeReviews {
             debug!(bytes = token.len(), "bearer token too large for a review");
             return Decision::Unauthenticated;
         }
-        let verb = verb(method);
-        let key = cache_key(token, &verb, path);
+        let Some(verb) = verb(method) else {
+            return Decision::MethodNotAllowed;
+        };
+        let key = cache_key(token, verb);
         if let Some(d) = lock(&self.cache).get(&key, Instant::now()) {
             return d;
         }
+        let cell = lock(&self.in_flight).entry(key).or_default().clone();
+        let _in_flight = InFlight {
+            map: &self.in_flight,
+            key,
+            cell: cell.clone(),
+        };
+        *cell
+            .get_or_init(|| self.review_once(token, verb, path, key))
+            .await
+    }
+
+    /// One review under the rate limit, counted and cached.
+    async fn review_once(&self, token: &str, verb: &str, path: &str, key: CacheKey) -> Decision {
+        if let Some(d) = lock(&self.cache).get(&key, Instant::now()) {
+            return d;
+        }
+        // Every review draws, allowed and forbidden too: any authenticated caller can mint
+        // tokens, so a draw given back let one caller send reviews without bound.
         if !lock(&self.bucket).try_take(Instant::now()) {
             self.metrics
                 .refused
@@ -461,18 +508,16 @@ impl KubeReviews {
                 .inc();
             return Decision::RateLimited;
         }
-        let decision = self.review(token, &verb, path).await;
+        let decision = self.review(token, verb, path).await;
         let result = match decision {
             Decision::Allowed => "allowed",
             Decision::Forbidden => "forbidden",
             Decision::Unauthenticated => "unauthenticated",
-            Decision::Unavailable | Decision::RateLimited => "unavailable",
+            Decision::Unavailable | Decision::RateLimited | Decision::MethodNotAllowed => {
+                "unavailable"
+            }
         };
         self.metrics.reviews.with_label_values(&[result]).inc();
-        if matches!(decision, Decision::Allowed | Decision::Forbidden) {
-            // A known caller: only failures are rate-limited.
-            lock(&self.bucket).give_back();
-        }
         if decision != Decision::Unavailable {
             lock(&self.cache).insert(key, decision, Instant::now());
         }
@@ -621,7 +666,7 @@ mod tests {
             token.clear();
             let _ = write!(token, "{i:08}-{}", "x".repeat(4096));
             cache.insert(
-                cache_key(&token, "get", "/api/v1/ledger"),
+                cache_key(&token, "get"),
                 Decision::Unauthenticated,
                 start + Duration::from_millis(u64::from(i)),
             );
@@ -632,40 +677,31 @@ mod tests {
         let newest = format!("{:08}-{}", 9_999, "x".repeat(4096));
         let oldest = format!("{:08}-{}", 0, "x".repeat(4096));
         assert_eq!(
-            cache.get(&cache_key(&newest, "get", "/api/v1/ledger"), now),
+            cache.get(&cache_key(&newest, "get"), now),
             Some(Decision::Unauthenticated)
         );
-        assert_eq!(
-            cache.get(&cache_key(&oldest, "get", "/api/v1/ledger"), now),
-            None
-        );
+        assert_eq!(cache.get(&cache_key(&oldest, "get"), now), None);
         // Expired answers are not served.
         assert_eq!(
-            cache.get(
-                &cache_key(&newest, "get", "/api/v1/ledger"),
-                now + REVIEW_CACHE_TTL
-            ),
+            cache.get(&cache_key(&newest, "get"), now + REVIEW_CACHE_TTL),
             None
         );
     }
 
     #[test]
-    fn cache_keys_tell_tokens_verbs_and_paths_apart() {
-        let k = cache_key("ab", "get", "/x");
-        assert_ne!(k, cache_key("a", "bget", "/x"));
-        assert_ne!(k, cache_key("ab", "get", "/y"));
-        assert_ne!(k, cache_key("ab", "create", "/x"));
-        assert_eq!(k, cache_key("ab", "get", "/x"));
+    fn cache_keys_tell_tokens_and_verbs_apart() {
+        let k = cache_key("ab", "get");
+        assert_ne!(k, cache_key("a", "bget"));
+        assert_ne!(k, cache_key("ab", "create"));
+        assert_eq!(k, cache_key("ab", "get"));
     }
 
     #[test]
-    fn token_bucket_limits_the_rate_and_takes_draws_back() {
+    fn token_bucket_limits_the_rate() {
         let t0 = Instant::now();
         let mut b = TokenBucket::new(3, 2.0, t0);
         assert!(b.try_take(t0) && b.try_take(t0) && b.try_take(t0));
         assert!(!b.try_take(t0), "burst spent");
-        b.give_back();
-        assert!(b.try_take(t0), "a draw given back is available again");
         assert!(!b.try_take(t0 + Duration::from_millis(400)));
         assert!(b.try_take(t0 + Duration::from_millis(500)), "2 per second");
         assert!(!b.try_take(t0 + Duration::from_millis(500)));
@@ -677,9 +713,11 @@ mod tests {
 
     #[test]
     fn verbs_follow_the_api_server() {
-        assert_eq!(verb(&Method::GET), "get");
-        assert_eq!(verb(&Method::HEAD), "get");
-        assert_eq!(verb(&Method::POST), "create");
-        assert_eq!(verb(&Method::DELETE), "delete");
+        assert_eq!(verb(&Method::GET), Some("get"));
+        assert_eq!(verb(&Method::HEAD), Some("get"));
+        assert_eq!(verb(&Method::POST), None);
+        assert_eq!(verb(&Method::DELETE), None);
+        let invented = Method::from_bytes(b"MINT1").expect("extension method");
+        assert_eq!(verb(&invented), None);
     }
 }

@@ -185,3 +185,98 @@ fn a_bad_url_file_fails_naming_the_file_not_its_content() {
         assert!(!e.to_string().contains("s3cr3t"), "{e}");
     }
 }
+
+/// What the redirect target saw: method, `Referer` header, body.
+type Seen = (String, Option<String>, String);
+
+/// A receiver that records everything sent to any path (the redirect target).
+async fn recorder() -> (std::net::SocketAddr, mpsc::UnboundedReceiver<Seen>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let app = axum::Router::new().fallback(
+        move |method: axum::http::Method, headers: axum::http::HeaderMap, body: String| {
+            let tx = tx.clone();
+            async move {
+                let referer = headers
+                    .get(axum::http::header::REFERER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let _ = tx.send((method.to_string(), referer, body));
+                StatusCode::OK
+            }
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, rx)
+}
+
+/// A webhook URL (token in the path and the query) that answers `status` with a `Location` on
+/// another loopback server: 307 and 308 keep the method and body when followed, 301/302/303
+/// turn them into a GET.
+async fn redirector(status: StatusCode, location: String) -> String {
+    let app = axum::Router::new().fallback(move || {
+        let location = location.clone();
+        async move { (status, [(axum::http::header::LOCATION, location)]) }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}/hooks/s3cr3t-path?token=s3cr3t-query")
+}
+
+#[tokio::test]
+async fn redirects_are_not_followed_and_nothing_reaches_their_target() {
+    for status in [
+        StatusCode::TEMPORARY_REDIRECT,
+        StatusCode::PERMANENT_REDIRECT,
+        StatusCode::MOVED_PERMANENTLY,
+        StatusCode::FOUND,
+        StatusCode::SEE_OTHER,
+    ] {
+        let (target, mut seen) = recorder().await;
+        let url = redirector(status, format!("http://{target}/elsewhere")).await;
+        let file = url_file(&url);
+        let c = counter();
+        let hook = Webhook::new(file.path(), WebhookFormat::Alertmanager)
+            .expect("webhook")
+            .with_counter(c.clone());
+        let sent = hook.send(&schedule(), now()).await;
+        // The post is done (it awaited its answer): had the redirect been followed, the target
+        // would hold the request by now.
+        let reached = seen.try_recv();
+        assert!(
+            reached.is_err(),
+            "{status}: the redirect target received (method, Referer, body) {reached:?}"
+        );
+        let e = sent.expect_err("a redirect is a failed delivery");
+        let text = crate::cull::actuator::chain(&e);
+        assert_eq!(
+            text,
+            format!(
+                "the notice webhook answered HTTP {} (a redirect, not followed: put the final URL in the URL file)",
+                status.as_u16()
+            )
+        );
+        assert!(
+            !text.contains("s3cr3t") && !text.contains("127.0.0.1"),
+            "{text}"
+        );
+        hook.post(&schedule(), now()).await.expect("post task");
+        assert_eq!(c.with_label_values(&["error"]).get(), 1, "{status}");
+        assert_eq!(c.with_label_values(&["sent"]).get(), 0, "{status}");
+        let reached = seen.try_recv();
+        assert!(
+            reached.is_err(),
+            "{status}: the redirect target received {reached:?}"
+        );
+    }
+}
