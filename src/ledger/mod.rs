@@ -185,6 +185,12 @@ pub struct PodRow {
     pub devices: Vec<DeviceKey>,
     /// Why the scheduler has not placed a pending pod.
     pub pending_reason: Option<String>,
+    /// `metadata.finalizers` (bounded): they keep a deleted pod's object (and its GPUs, for
+    /// the scheduler) until removed, whatever its node does; a force delete does not remove them.
+    pub finalizers: Vec<String>,
+    /// Whether the pod's node is Ready: `false` also when its Ready condition is `Unknown`
+    /// (unreachable); `None` when not bound, the node is not known or reports no Ready condition.
+    pub node_ready: Option<bool>,
     #[serde(flatten)]
     pub evidence: Evidence,
 }
@@ -214,6 +220,8 @@ impl PodRow {
             owner: None,
             devices: Vec::new(),
             pending_reason: None,
+            finalizers: Vec::new(),
+            node_ready: None,
             evidence: Evidence::default(),
         }
     }
@@ -378,6 +386,11 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         })
         .collect();
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
+    let node_ready: foldhash::HashMap<&str, Option<bool>> = claims
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.ready))
+        .collect();
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     // GPU equivalents each pod holds on devices that are not on its node (network-attached):
     // they count for the pod and its namespace, not for its node.
@@ -445,6 +458,11 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             pending_reason: (state == PodState::Pending)
                 .then(|| p.unschedulable_message.clone())
                 .flatten(),
+            finalizers: p.finalizers.clone(),
+            node_ready: p
+                .node
+                .as_deref()
+                .and_then(|n| node_ready.get(n).copied().flatten()),
             evidence: Evidence {
                 uid: p.uid.clone(),
                 started_at: p.started_at.or(p.created_at),
