@@ -291,12 +291,16 @@ async fn a_scheduling_gated_pod_stops_nothing_until_its_gate_is_removed() {
         )
     };
     let seen = skips().await.expect("skips counted");
-    eventually("three more plans without demand, or a stop", WAIT, || async {
-        if stopped(&admin, "idle-nb").await {
-            return Some(());
-        }
-        (skips().await? >= seen + 3.0).then_some(())
-    })
+    eventually(
+        "three more plans without demand, or a stop",
+        WAIT,
+        || async {
+            if stopped(&admin, "idle-nb").await {
+                return Some(());
+            }
+            (skips().await? >= seen + 3.0).then_some(())
+        },
+    )
     .await;
     assert!(
         !stopped(&admin, "idle-nb").await,
