@@ -652,6 +652,11 @@ impl<'a> NodeShape<'a> {
     }
 
     /// A pod with no node (pending): no time-slicing, parent slices from the profile name.
+    /// The node's Ready condition ([`NodeInfo::ready`]); `None` for an unplaced pod.
+    pub fn node_ready(&self) -> Option<bool> {
+        self.node.and_then(|n| n.ready)
+    }
+
     pub fn unplaced() -> Self {
         NodeShape {
             node: None,

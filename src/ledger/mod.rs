@@ -105,6 +105,15 @@ pub struct Owner {
     pub name: String,
 }
 
+impl Owner {
+    fn of(o: &claims::OwnerRef) -> Self {
+        Owner {
+            kind: o.kind.clone(),
+            name: o.name.clone(),
+        }
+    }
+}
+
 /// Everything culling needs to judge a pod, kept out of the JSON contract except
 /// `idle_bounded_by_history` (flattened into the pod's JSON object).
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
@@ -386,11 +395,6 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         })
         .collect();
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
-    let node_ready: foldhash::HashMap<&str, Option<bool>> = claims
-        .nodes
-        .iter()
-        .map(|n| (n.name.as_str(), n.ready))
-        .collect();
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     // GPU equivalents each pod holds on devices that are not on its node (network-attached):
     // they count for the pod and its namespace, not for its node.
@@ -450,19 +454,13 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 .then(|| p.created_at.map(|c| seconds(now - c).max(0.0)))
                 .flatten(),
             notebook: None,
-            owner: p.controller.as_ref().map(|o| Owner {
-                kind: o.kind.clone(),
-                name: o.name.clone(),
-            }),
+            owner: p.controller.as_ref().map(Owner::of),
             devices: Vec::new(),
             pending_reason: (state == PodState::Pending)
                 .then(|| p.unschedulable_message.clone())
                 .flatten(),
             finalizers: p.finalizers.clone(),
-            node_ready: p
-                .node
-                .as_deref()
-                .and_then(|n| node_ready.get(n).copied().flatten()),
+            node_ready: shape.node_ready(),
             evidence: Evidence {
                 uid: p.uid.clone(),
                 started_at: p.started_at.or(p.created_at),
