@@ -39,6 +39,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
             gpu_labels: BTreeMap::new(),
             labels: BTreeMap::new(),
             taints: Vec::new(),
+            ready: Some(true),
         });
         for g in 0..8 {
             let ns = format!("team-{}", (n * 8 + g) % 200);
@@ -59,6 +60,8 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 labels: BTreeMap::new(),
                 resource_claims: Vec::new(),
                 placement: gpu_ledger::ledger::claims::Placement::default(),
+                scheduling_gates: Vec::new(),
+                finalizers: Vec::new(),
             }));
             let util = if g % 3 == 0 { 0.0 } else { 0.7 };
             devices.push(DeviceUsage {

@@ -110,6 +110,7 @@ fn nodes() -> Vec<NodeInfo> {
                 product: Some("NVIDIA-H100-80GB-HBM3".into()),
                 gpu_labels: BTreeMap::new(),
                 taints: Vec::new(),
+                ready: Some(true),
             }
         })
         .collect()

@@ -265,15 +265,52 @@ fn report_says_what_to_do_with_exact_commands() {
         todo.contains("kubectl annotate notebook -n team-ml -- alice-nb kubeflow-resource-stopped=2026-11-28T09:00:00Z"),
         "{todo}"
     );
-    // The stuck pod of the stopped notebook: clear its finalizers, or force it off a dead node.
+    // The stuck pod of the stopped notebook: a storage finalizer holds it on a Ready node, so
+    // its finalizers are cleared (with a warning), and no force delete (which would not clear
+    // them) is offered.
+    let patch = "kubectl patch pod -n team-ml --type=merge -p '{\"metadata\":{\"finalizers\":null}}' -- bob-nb-0";
+    let force = "kubectl delete pod -n team-ml --grace-period=0 --force -- bob-nb-0";
+    assert!(todo.contains(patch), "{todo}");
     assert!(
-        todo.contains("kubectl patch pod -n team-ml --type=merge -p '{\"metadata\":{\"finalizers\":null}}' -- bob-nb-0"),
+        todo.contains("storage.example.com/unmount-protection protects storage"),
         "{todo}"
     );
-    assert!(
-        todo.contains("kubectl delete pod -n team-ml --grace-period=0 --force -- bob-nb-0"),
-        "{todo}"
-    );
+    assert!(!todo.contains(force), "{todo}");
+    // Its node unreachable (Ready Unknown): both remedies hold, neither conditional.
+    let dir = tempfile::tempdir().expect("tmp");
+    for f in [
+        "pods.json",
+        "nodes.json",
+        "notebooks.json",
+        "quotas.json",
+        "statefulsets.json",
+        "dcgm.prom",
+    ] {
+        std::fs::copy(std::path::Path::new(&homelab()).join(f), dir.path().join(f)).expect("copy");
+    }
+    let nodes = dir.path().join("nodes.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&nodes).expect("nodes")).expect("json");
+    for n in doc["items"].as_array_mut().expect("items") {
+        if n["metadata"]["name"] == "lab-2" {
+            for c in n["status"]["conditions"]
+                .as_array_mut()
+                .expect("conditions")
+            {
+                if c["type"] == "Ready" {
+                    c["status"] = "Unknown".into();
+                }
+            }
+        }
+    }
+    std::fs::write(&nodes, doc.to_string()).expect("write");
+    let down = stdout(&run(&[
+        "report",
+        "--from",
+        dir.path().to_str().expect("utf-8"),
+    ]));
+    assert!(down.contains(patch) && down.contains(force), "{down}");
+    assert!(!down.contains("# if "), "nothing conditional: {down}");
     // Namespaces without a GPU quota get one at today's demand; `bench` has one already.
     assert!(
         todo.contains("kubectl create quota gpu-quota -n team-ml --hard=requests.nvidia.com/gpu=2"),

@@ -15,6 +15,12 @@
 //!    the Event naming the pod; the real scheduler binds the pod to the freed card on `n1`; the
 //!    notebooks on the tainted node and off the selector are left alone.
 //!
+//! The third test (issue 36, item 1): a pod held back by a scheduling gate (Kueue's pod
+//! integration gates `kueue.x-k8s.io/admission` until it admits the workload) is no demand: the
+//! idle notebook whose card it would take is left running, the pod is not counted as
+//! reclaimable, and "Who could run" says why; once the gate is removed, the same pod gets the
+//! stop and the card.
+//!
 //! The second test tells the whole story with `--cull-notice`: no notice while nothing waits;
 //! when a pod arrives the notebook it needs gets its notice; its owner snoozes it, which cancels
 //! the stop; the other notebook gets the notice instead, is stopped once it runs out, and the
@@ -239,6 +245,116 @@ fn trial_pod() -> Pod {
         }
     }))
     .expect("pod")
+}
+
+/// Kueue's scheduling gate on the pods of a workload it has not admitted yet
+/// (kubernetes-sigs/kueue, `pkg/controller/jobs/pod`).
+const KUEUE_GATE: &str = "kueue.x-k8s.io/admission";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduling_gated_pod_stops_nothing_until_its_gate_is_removed() {
+    let nodes = [GpuNode::new("n1", 1).label("pool", "train")];
+    let stack = support::tier_b(&nodes, support::Grants::Culling).await;
+    let admin = stack.admin();
+    let _controller = AbortOnDrop(spawn_notebook_stop_rule(admin.clone()));
+    notebooks_running(&stack, &[Notebook::new(NS, "idle-nb").node("n1")]).await;
+    let gl = start_demand_culling(&stack, &[]).await;
+    no_demand_skips(&gl, 1.0).await;
+
+    // 1. The gated pod arrives: the scheduler leaves it alone (condition SchedulingGated).
+    support::namespace(&admin, TRIALS, &[]).await;
+    let trials: Api<Pod> = Api::namespaced(admin.clone(), TRIALS);
+    let mut gated = trial_pod();
+    gated.spec.as_mut().expect("spec").scheduling_gates =
+        Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+            name: KUEUE_GATE.into(),
+        }]);
+    trials
+        .create(&PostParams::default(), &gated)
+        .await
+        .expect("create gated trial");
+    let planned = || async {
+        let l = gl.ledger_json().await.ok()?;
+        l["reclaim"]
+            .as_array()?
+            .iter()
+            .find(|r| r["pending"]["pod"] == "trial-1")
+            .map(|r| (r["options"].clone(), r["fits_nowhere"].clone()))
+    };
+    eventually("the gated pod in the planner's answer", WAIT, planned).await;
+    // Several plans with the gated pod in the ledger, each skipping the notebook for no demand.
+    let skips = || {
+        metric(
+            &gl,
+            "gpu_ledger_cull_skips_total",
+            &[("reason", "no_demand")],
+        )
+    };
+    let seen = skips().await.expect("skips counted");
+    eventually(
+        "three more plans without demand, or a stop",
+        WAIT,
+        || async {
+            if stopped(&admin, "idle-nb").await {
+                return Some(());
+            }
+            (skips().await? >= seen + 3.0).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !stopped(&admin, "idle-nb").await,
+        "idle-nb stopped for a pod the scheduler does not consider"
+    );
+    assert!(stop_events(&admin, "idle-nb").await.is_empty());
+    assert_eq!(
+        planned().await,
+        Some((
+            serde_json::json!([]),
+            serde_json::json!(format!("scheduling gated: {KUEUE_GATE}"))
+        )),
+        "a gated pod has no option: no node takes it whatever is freed"
+    );
+    assert_eq!(
+        metric(
+            &gl,
+            "gpu_ledger_pending_reclaimable_gpus",
+            &[("namespace", TRIALS)]
+        )
+        .await,
+        Some(0.0),
+        "a gated pod is not reclaimable demand"
+    );
+
+    // 2. The gate is removed (as Kueue does on admission): now the pod is demand, the notebook
+    //    is stopped for it and the real scheduler binds it to the freed card.
+    trials
+        .patch(
+            "trial-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"schedulingGates": null}})),
+        )
+        .await
+        .expect("remove the gate");
+    eventually("idle-nb stopped", WAIT, || async {
+        stopped(&admin, "idle-nb").await.then_some(())
+    })
+    .await;
+    let event = eventually("IdleGPUStopped Event on idle-nb", WAIT, || async {
+        stop_events(&admin, "idle-nb").await.into_iter().next()
+    })
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("needed by pending pod trials/trial-1"),
+        "the Event says for whom: {note:?}"
+    );
+    let placed = eventually("trial-1 bound to n1", WAIT, || async {
+        let p = trials.get("trial-1").await.ok()?;
+        p.spec?.node_name.filter(|n| !n.is_empty())
+    })
+    .await;
+    assert_eq!(placed, "n1");
 }
 
 #[allow(clippy::too_many_lines)]

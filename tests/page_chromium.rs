@@ -223,6 +223,11 @@ async fn page_in_headless_chromium() {
     );
     let bob = rows.iter().find(|r| r[1] == "bob-nb-0").expect("bob");
     assert!(bob[8].contains("\"finalizers\":null"), "{bob:?}");
+    // Its finalizer on a Ready (kwok) node: a force delete would not free it, so none is offered.
+    assert!(
+        bob[8].contains("finalizer gpu-ledger.test/hold keeps it") && !bob[8].contains("--force"),
+        "{bob:?}"
+    );
     let namespaces = table_rows(&off, "namespaces");
     let trials = namespaces
         .iter()

@@ -80,6 +80,8 @@ fn pod(ns: &str, name: &str, node: Option<&str>, gpus: u64, i: usize) -> PodClai
         labels: BTreeMap::new(),
         resource_claims: Vec::new(),
         placement: gpu_ledger::ledger::claims::Placement::default(),
+        scheduling_gates: Vec::new(),
+        finalizers: Vec::new(),
     }
 }
 
@@ -101,6 +103,7 @@ fn cluster() -> (Claims, Usage) {
             gpu_labels: BTreeMap::new(),
             labels: BTreeMap::new(),
             taints: Vec::new(),
+            ready: Some(true),
         });
         let mut g = 0;
         for (k, size) in [4u64, 2, 1].into_iter().enumerate() {

@@ -272,6 +272,7 @@ pub fn workload(names: &ResourceNames, o: &DynamicObject) -> WorkloadInfo {
         finished_since,
         admitted,
         finished,
+        deactivated: spec.get("active").and_then(Value::as_bool) == Some(false),
     }
 }
 

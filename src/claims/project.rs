@@ -16,7 +16,7 @@ use crate::ledger::claims::{
     DaemonPod, Deletion, GFD_LABEL_PREFIX, LabelSelector, NodeInfo, NodeOp, NodeRequirement,
     NodeSelectorTerm, OwnerRef, PRODUCT_LABEL, Placement, PodClaim, PodPhase, QuotaInfo,
     REPLICAS_LABEL, ResourceNames, SelectorOp, SelectorRequirement, StatefulSetInfo, Taint,
-    Toleration,
+    Toleration, bounded_names,
 };
 use crate::ledger::quota::device_class_of_quota_key;
 
@@ -190,6 +190,8 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
                 .unwrap_or_default()
         });
     let controller = controller_of(meta);
+    // Only an unbound pod is placed by the planner: a bound pod's spec is not kept.
+    let unbound = spec.node_name.as_deref().is_none_or(str::is_empty);
     Ok(Some(PodClaim {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
@@ -215,12 +217,24 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         controller,
         unschedulable_message,
         resource_claims,
-        // Only an unbound pod is placed by the planner: a bound pod's spec is not kept.
-        placement: if spec.node_name.as_deref().is_none_or(str::is_empty) {
+        placement: if unbound {
             placement(spec)
         } else {
             Placement::default()
         },
+        scheduling_gates: if unbound {
+            let gates = spec.scheduling_gates.as_deref().unwrap_or_default();
+            bounded_names(gates.iter().map(|g| g.name.as_str()))
+        } else {
+            Vec::new()
+        },
+        finalizers: bounded_names(
+            meta.finalizers
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .map(String::as_str),
+        ),
     }))
 }
 
@@ -440,6 +454,12 @@ pub fn node(names: &ResourceNames, node: &Node) -> Result<NodeInfo, ProjectError
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         taints,
+        ready: status
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status == "True"),
     })
 }
 
@@ -678,6 +698,78 @@ mod tests {
             c.placement.too_large,
             "cut, it would be placed by a weaker spec"
         );
+    }
+
+    /// A pod of Kueue's pod integration as Kueue's webhook leaves it until admission
+    /// (kubernetes-sigs/kueue `pkg/controller/jobs/pod`: gate `kueue.x-k8s.io/admission`, the
+    /// `kueue.x-k8s.io/managed` finalizer) and the API's `SchedulingGated` condition
+    /// (KEP-3521); the gates are kept while unbound, finalizers always, both bounded.
+    #[test]
+    fn scheduling_gates_and_finalizers_are_kept_bounded() {
+        let p = pod_from(json!({
+            "metadata": {"name": "p", "namespace": "ns", "finalizers": ["kueue.x-k8s.io/managed"]},
+            "spec": {
+                "schedulingGates": [{"name": "kueue.x-k8s.io/admission"}],
+                "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+            },
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "SchedulingGated",
+                "message": "Scheduling is blocked due to non-empty scheduling gates"}]}
+        }));
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("gpu pod");
+        assert_eq!(c.scheduling_gates, ["kueue.x-k8s.io/admission"]);
+        assert_eq!(c.finalizers, ["kueue.x-k8s.io/managed"]);
+        let many: Vec<serde_json::Value> =
+            (0..40).map(|i| json!({"name": format!("g{i}")})).collect();
+        let long = "x".repeat(4096);
+        let crowded = pod_from(json!({
+            "metadata": {"name": "p", "namespace": "ns", "finalizers": [long]},
+            "spec": {"schedulingGates": many,
+                "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        }));
+        let c = pod(&ResourceNames::default(), &crowded)
+            .expect("ok")
+            .expect("gpu pod");
+        assert_eq!(
+            c.scheduling_gates.len(),
+            crate::ledger::claims::MAX_NAMES_KEPT
+        );
+        assert_eq!(
+            c.scheduling_gates.last().map(String::as_str),
+            Some("… 25 more")
+        );
+        assert_eq!(c.finalizers, ["(name too long)"]);
+        let bound = pod_from(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n1", "schedulingGates": [{"name": "late"}],
+                "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        }));
+        let c = pod(&ResourceNames::default(), &bound)
+            .expect("ok")
+            .expect("gpu pod");
+        assert!(c.scheduling_gates.is_empty() && c.finalizers.is_empty());
+    }
+
+    #[test]
+    fn node_readiness_reads_the_ready_condition() {
+        let with = |conditions: serde_json::Value| -> Option<bool> {
+            let n: Node = serde_json::from_value(json!({
+                "metadata": {"name": "gpu-1"},
+                "status": {"allocatable": {"nvidia.com/gpu": "1"}, "conditions": conditions}
+            }))
+            .expect("node");
+            node(&ResourceNames::default(), &n).expect("ok").ready
+        };
+        let ready = |status: &str| {
+            json!([{"type": "MemoryPressure", "status": "False"},
+            {"type": "Ready", "status": status, "reason": "NodeStatusUnknown"}])
+        };
+        assert_eq!(with(ready("True")), Some(true));
+        assert_eq!(with(ready("False")), Some(false));
+        assert_eq!(with(ready("Unknown")), Some(false), "unreachable");
+        assert_eq!(with(json!([])), None);
     }
 
     #[test]

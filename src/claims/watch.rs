@@ -886,6 +886,7 @@ mod tests {
                     gpu_labels: std::collections::BTreeMap::new(),
                     labels: std::collections::BTreeMap::new(),
                     taints: Vec::new(),
+                    ready: Some(true),
                 },
             );
             let pod = format!("nvidia-dcgm-exporter-{i:02}");

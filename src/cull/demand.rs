@@ -28,10 +28,12 @@ impl CullWhen {
 /// `namespace/pod`.
 ///
 /// Pending pods are served in the planner's order (namespace, pod). A pod that fits as things
-/// are, or once stuck holders are force-deleted, needs no stop. Otherwise it takes its cheapest
-/// option whose every stop is a candidate not already taken by an earlier pending pod (an
-/// option whose stops are not all candidates, say one notebook idle too briefly, cannot be
-/// completed by culling and is passed over).
+/// are, or once stuck holders are force-deleted, needs no stop; nor does a pod with scheduling
+/// gates (the planner gives it no option). Otherwise it takes its cheapest option that the stops
+/// make on their own, every stop a candidate not already taken by an earlier pending pod. An
+/// option that also counts on a stuck holder's force delete (never done by gpu-ledger: the pod
+/// would stay pending after the stop) or whose stops are not all candidates (say one notebook
+/// idle too briefly) cannot be completed by culling and is passed over.
 pub fn needed(
     reclaim: &[Reclaim],
     candidates: &BTreeSet<(&str, &str)>,
@@ -45,7 +47,7 @@ pub fn needed(
             continue;
         }
         let usable = r.options.iter().find(|o| {
-            !o.by_stopping.is_empty()
+            o.by_stops_alone()
                 && o.by_stopping.iter().all(|s| {
                     candidates.contains(&(s.namespace.as_str(), s.pod.as_str()))
                         && !out.contains_key(&(s.namespace.clone(), s.pod.clone()))

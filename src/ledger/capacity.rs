@@ -99,6 +99,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             labels: BTreeMap::new(),
             taints: Vec::new(),
+            ready: Some(true),
         }
     }
 

@@ -171,6 +171,44 @@ pub struct PodClaim {
     /// Where the scheduler may place the pod (kept only while it is not bound to a node: the
     /// reclaim planner reads it for pending pods).
     pub placement: Placement,
+    /// `spec.schedulingGates` by name (bounded, [`bounded_names`]), kept only while the pod is
+    /// not bound: a gated pod is not considered by the scheduler until every gate is removed
+    /// (Kueue's pod integration gates `kueue.x-k8s.io/admission` until it admits the workload),
+    /// so it is no demand a reclaim can serve.
+    pub scheduling_gates: Vec<String>,
+    /// `metadata.finalizers` (bounded, [`bounded_names`]): a deleted pod's object stays until
+    /// they are removed, whatever its node does; a force delete does not remove them.
+    pub finalizers: Vec<String>,
+}
+
+/// Most names kept of a list of gates or finalizers (real pods carry one or two).
+pub const MAX_NAMES_KEPT: usize = 16;
+/// Longest name kept (a qualified name: a 253-byte prefix, `/`, a 63-byte name).
+pub const MAX_NAME_BYTES: usize = 317;
+
+/// A list of names from an untrusted object, bounded: at most [`MAX_NAMES_KEPT`], a name longer
+/// than [`MAX_NAME_BYTES`] replaced by a placeholder, and names past the bound counted in a last
+/// entry (`"… 3 more"`). Non-empty whenever the input is, so "has any" survives the bound.
+pub fn bounded_names<'a>(names: impl ExactSizeIterator<Item = &'a str>) -> Vec<String> {
+    let total = names.len();
+    let mut out: Vec<String> = names
+        .take(if total > MAX_NAMES_KEPT {
+            MAX_NAMES_KEPT - 1
+        } else {
+            MAX_NAMES_KEPT
+        })
+        .map(|n| {
+            if n.len() > MAX_NAME_BYTES {
+                "(name too long)".to_string()
+            } else {
+                n.to_string()
+            }
+        })
+        .collect();
+    if total > out.len() {
+        out.push(format!("… {} more", total - out.len()));
+    }
+    out
 }
 
 /// What the scheduler checks of a pod against a node's labels and taints, beside resources:
@@ -269,6 +307,10 @@ pub struct NodeInfo {
     pub labels: BTreeMap<String, String>,
     /// `spec.taints` (bounded).
     pub taints: Vec<Taint>,
+    /// Condition `Ready`: `Some(true)` when `True`, `Some(false)` when `False` or `Unknown` (the
+    /// node controller sets `Unknown` when the kubelet stops reporting: unreachable), `None`
+    /// without the condition.
+    pub ready: Option<bool>,
 }
 
 /// A ResourceQuota that names a GPU resource.
@@ -623,6 +665,11 @@ impl<'a> NodeShape<'a> {
     }
 
     /// A pod with no node (pending): no time-slicing, parent slices from the profile name.
+    /// The node's Ready condition ([`NodeInfo::ready`]); `None` for an unplaced pod.
+    pub fn node_ready(&self) -> Option<bool> {
+        self.node.and_then(|n| n.ready)
+    }
+
     pub fn unplaced() -> Self {
         NodeShape {
             node: None,
@@ -861,6 +908,7 @@ mod tests {
                 .collect(),
             labels: BTreeMap::new(),
             taints: Vec::new(),
+            ready: Some(true),
         }
     }
 

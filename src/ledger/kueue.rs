@@ -140,6 +140,9 @@ pub struct WorkloadInfo {
     pub admitted: bool,
     /// Condition `Finished` is True.
     pub finished: bool,
+    /// `spec.active: false`: deactivated (by a user, or by Kueue after too many evictions);
+    /// Kueue keeps it out of its queue until it is reactivated, so it waits for nothing.
+    pub deactivated: bool,
 }
 
 impl WorkloadInfo {
@@ -155,8 +158,8 @@ impl WorkloadInfo {
         self.admitted && !self.finished && self.admission.is_some()
     }
 
-    /// Waiting in its queue: neither admitted nor finished.
+    /// Waiting in its queue: neither admitted, finished nor deactivated.
     pub fn pending(&self) -> bool {
-        !self.admitted && !self.finished
+        !self.admitted && !self.finished && !self.deactivated
     }
 }

@@ -105,6 +105,15 @@ pub struct Owner {
     pub name: String,
 }
 
+impl Owner {
+    fn of(o: &claims::OwnerRef) -> Self {
+        Owner {
+            kind: o.kind.clone(),
+            name: o.name.clone(),
+        }
+    }
+}
+
 /// Everything culling needs to judge a pod, kept out of the JSON contract except
 /// `idle_bounded_by_history` (flattened into the pod's JSON object).
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
@@ -185,6 +194,12 @@ pub struct PodRow {
     pub devices: Vec<DeviceKey>,
     /// Why the scheduler has not placed a pending pod.
     pub pending_reason: Option<String>,
+    /// `metadata.finalizers` (bounded): they keep a deleted pod's object (and its GPUs, for
+    /// the scheduler) until removed, whatever its node does; a force delete does not remove them.
+    pub finalizers: Vec<String>,
+    /// Whether the pod's node is Ready: `false` also when its Ready condition is `Unknown`
+    /// (unreachable); `None` when not bound, the node is not known or reports no Ready condition.
+    pub node_ready: Option<bool>,
     #[serde(flatten)]
     pub evidence: Evidence,
 }
@@ -214,6 +229,8 @@ impl PodRow {
             owner: None,
             devices: Vec::new(),
             pending_reason: None,
+            finalizers: Vec::new(),
+            node_ready: None,
             evidence: Evidence::default(),
         }
     }
@@ -454,14 +471,13 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 .then(|| p.created_at.map(|c| seconds(now - c).max(0.0)))
                 .flatten(),
             notebook: None,
-            owner: p.controller.as_ref().map(|o| Owner {
-                kind: o.kind.clone(),
-                name: o.name.clone(),
-            }),
+            owner: p.controller.as_ref().map(Owner::of),
             devices: Vec::new(),
             pending_reason: (state == PodState::Pending)
                 .then(|| p.unschedulable_message.clone())
                 .flatten(),
+            finalizers: p.finalizers.clone(),
+            node_ready: shape.node_ready(),
             evidence: Evidence {
                 uid: p.uid.clone(),
                 started_at: p.started_at.or(p.created_at),

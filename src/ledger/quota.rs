@@ -12,8 +12,10 @@
 //!   quota, borrowing and lending limits, admitted usage from its status, and busy / idle GPU
 //!   equivalents of the pods of its admitted, unfinished workloads. A pod belongs to a Workload
 //!   when its controller (or the pod itself) is one of the Workload's owners, in its namespace.
-//! - A queue is "starved while a lender is idle" when it has pending GPU workloads while another
-//!   ClusterQueue of its cohort holds admitted GPUs of the same resource proven idle.
+//! - A queue is "starved while a lender is idle" when it has pending GPU workloads (not
+//!   deactivated) and may borrow (`borrowingLimit` not 0) while another ClusterQueue of its cohort
+//!   that may lend (`lendingLimit` not 0) holds admitted GPUs of the same flavor and resource
+//!   proven idle: only then would freeing that quota let Kueue admit the waiting work.
 //! - A DRA claim asking for or holding a GPU is unquotaed when its namespace has no device-class
 //!   quota key for one of its GPU classes and no pod using it belongs to a Kueue workload.
 
@@ -424,14 +426,17 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
             });
         }
     }
-    // Cohort view: the ClusterQueues of a cohort holding idle admitted GPUs per resource.
-    let mut idle_by: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+    // Cohort view: per cohort, flavor and resource, the ClusterQueues holding idle admitted
+    // GPUs that they may lend (`lendingLimit: 0` lends nothing: freeing its quota helps nobody
+    // else). Kueue lends and borrows quota per flavor and resource.
+    let mut idle_by: BTreeMap<(&str, &str, &str), BTreeSet<&str>> = BTreeMap::new();
     for r in &rows {
         if let (Some(cohort), Some(idle)) = (&r.cohort, r.idle)
             && idle > 0.0
+            && r.lending_limit != Some(0)
         {
             idle_by
-                .entry((cohort.as_str(), r.resource.as_str()))
+                .entry((cohort.as_str(), r.flavor.as_str(), r.resource.as_str()))
                 .or_default()
                 .insert(r.cluster_queue.as_str());
         }
@@ -439,12 +444,13 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
     let lenders: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            if r.pending_workloads == 0 {
+            // Nothing waits, or the queue may not borrow (`borrowingLimit: 0`).
+            if r.pending_workloads == 0 || r.borrowing_limit == Some(0) {
                 return Vec::new();
             }
             r.cohort
                 .as_deref()
-                .and_then(|c| idle_by.get(&(c, r.resource.as_str())))
+                .and_then(|c| idle_by.get(&(c, r.flavor.as_str(), r.resource.as_str())))
                 .map(|set| {
                     set.iter()
                         .filter(|q| **q != r.cluster_queue)

@@ -5,7 +5,9 @@
 //! GPUs: the same resource name in device units (a whole `nvidia.com/gpu`, a MIG profile, a
 //! time-slice), the pod's `nodeSelector` and required node affinity against the node's labels,
 //! its tolerations against the node's `NoSchedule`/`NoExecute` taints. Shared and unattributed
-//! GPUs are never reclaimable: their idleness is not provable per pod.
+//! GPUs are never reclaimable: their idleness is not provable per pod. A pod with scheduling
+//! gates (`spec.schedulingGates`, e.g. Kueue's `kueue.x-k8s.io/admission`) is not planned: the
+//! scheduler does not consider it until the gates are removed.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -70,6 +72,12 @@ impl ReclaimOption {
     /// Fits as things are.
     pub fn is_free(&self) -> bool {
         self.by_stopping.is_empty() && self.stuck_holders.is_empty()
+    }
+
+    /// The stops make room on their own: some are needed and no stuck holder's force delete
+    /// (which gpu-ledger never does) is counted on. The only options culling can complete.
+    pub fn by_stops_alone(&self) -> bool {
+        !self.by_stopping.is_empty() && self.stuck_holders.is_empty()
     }
 }
 
@@ -151,13 +159,23 @@ pub fn plan(
     pending
         .into_iter()
         .map(|p| {
-            let placement = specs
-                .get(&(p.namespace.as_str(), p.pod.as_str()))
-                .map(|c| &c.placement);
-            let (options, fits_nowhere) = memo
-                .entry((&p.resources, placement))
-                .or_insert_with(|| plan_pod(p, placement, &nodes, &on_node))
-                .clone();
+            let spec = specs.get(&(p.namespace.as_str(), p.pod.as_str()));
+            let placement = spec.map(|c| &c.placement);
+            // The scheduler leaves a gated pod alone until every gate is gone: no node takes it,
+            // whatever is freed, so it is no demand a stop or a force delete can serve.
+            let (options, fits_nowhere) = match spec.filter(|c| !c.scheduling_gates.is_empty()) {
+                Some(c) => (
+                    Vec::new(),
+                    Some(format!(
+                        "scheduling gated: {}",
+                        c.scheduling_gates.join(", ")
+                    )),
+                ),
+                None => memo
+                    .entry((&p.resources, placement))
+                    .or_insert_with(|| plan_pod(p, placement, &nodes, &on_node))
+                    .clone(),
+            };
             Reclaim {
                 pending: PodRef {
                     namespace: p.namespace.clone(),

@@ -36,6 +36,8 @@ impl PodB {
             labels: BTreeMap::new(),
             resource_claims: Vec::new(),
             placement: crate::ledger::claims::Placement::default(),
+            scheduling_gates: Vec::new(),
+            finalizers: Vec::new(),
         })
     }
     fn on_node(mut self, n: &str) -> Self {
@@ -87,6 +89,7 @@ fn node(name: &str, gpus: u64) -> NodeInfo {
         gpu_labels: BTreeMap::new(),
         labels: BTreeMap::new(),
         taints: Vec::new(),
+        ready: Some(true),
     }
 }
 
@@ -402,6 +405,7 @@ fn mig_pods_use_instance_series_and_sevenths() {
             gpu_labels: BTreeMap::new(),
             labels: BTreeMap::new(),
             taints: Vec::new(),
+            ready: Some(true),
         }],
     );
     let u = usage(vec![
@@ -832,6 +836,7 @@ fn a_mig_gpus_parent_series_and_its_instances_are_one_piece_of_work() {
         gpu_labels: BTreeMap::new(),
         labels: BTreeMap::new(),
         taints: Vec::new(),
+        ready: Some(true),
     };
     let c = claims(
         vec![
@@ -906,6 +911,7 @@ fn mig_slices_without_gfd_come_from_dcgm_model_or_the_profile_name() {
         gpu_labels: BTreeMap::new(),
         labels: BTreeMap::new(),
         taints: Vec::new(),
+        ready: Some(true),
     };
     let a30_pods = || {
         vec![

@@ -1,5 +1,6 @@
 //! What to do about a finding, with the exact command: stop an idle notebook the way Kubeflow's
-//! UI does, clear what holds a stuck Terminating pod, cap a namespace that has no GPU quota.
+//! UI does, clear what holds a stuck Terminating pod (its finalizers, or a force delete when its
+//! node is not Ready), cap a namespace that has no GPU quota.
 //!
 //! Commands are only offered for names Kubernetes itself would accept (a namespace is a DNS-1123
 //! label, an object name a DNS-1123 subdomain), so a hostile name in an offline dump can never
@@ -73,36 +74,106 @@ pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
                 note: (!named).then_some(NO_COMMAND),
             })
         }
-        PodState::Terminating if p.stuck => {
-            let age = p
-                .terminating_seconds
-                .map(|s| format!(" {}", humanise_seconds(s as i64)))
-                .unwrap_or_default();
-            let node = p.node.as_deref().unwrap_or("its node");
-            let mut commands = Vec::new();
-            if named {
-                let (ns, pod) = (&p.namespace, &p.pod);
-                commands.push((
-                    "if metadata.finalizers is set".into(),
-                    format!(
-                        "kubectl patch pod -n {ns} --type=merge -p '{{\"metadata\":{{\"finalizers\":null}}}}' -- {pod}"
-                    ),
-                ));
-                commands.push((
-                    format!("if {node} is down"),
-                    format!("kubectl delete pod -n {ns} --grace-period=0 --force -- {pod}"),
-                ));
-            }
-            Some(Hint {
-                text: format!(
-                    "stuck terminating{age}, still holds {}: a finalizer or an unreachable node keeps it",
-                    gpu_count(p.gpus)
-                ),
-                commands,
-                note: (!named).then_some(NO_COMMAND),
-            })
-        }
+        PodState::Terminating if p.stuck => Some(stuck_hint(p, named)),
         _ => None,
+    }
+}
+
+/// What frees a stuck Terminating pod, as far as the data tells (issue 36): finalizers are
+/// removed only by a patch (a force delete leaves them, and the object with its GPUs stays);
+/// a force delete is what an unreachable or not-Ready node needs. Both "if …" lines only where
+/// the node's readiness is unknown; a storage finalizer is named before its patch.
+fn stuck_hint(p: &PodRow, named: bool) -> Hint {
+    let age = p
+        .terminating_seconds
+        .map(|s| format!(" {}", humanise_seconds(s as i64)))
+        .unwrap_or_default();
+    let node = p.node.as_deref().unwrap_or("its node");
+    let (ns, pod) = (&p.namespace, &p.pod);
+    let patch = format!(
+        "kubectl patch pod -n {ns} --type=merge -p '{{\"metadata\":{{\"finalizers\":null}}}}' -- {pod}"
+    );
+    let force = format!("kubectl delete pod -n {ns} --grace-period=0 --force -- {pod}");
+    let finalizers = p.finalizers.join(", ");
+    let storage: Vec<&str> = p
+        .finalizers
+        .iter()
+        .map(String::as_str)
+        .filter(|f| protects_storage(f))
+        .collect();
+    let before_patch = if storage.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "{} protects storage: removing it skips the clean-up it waits for (unmount, detach); check the volume first",
+            storage.join(", ")
+        )
+    };
+    let (why, commands): (String, Vec<(String, String)>) = match (
+        p.finalizers.is_empty(),
+        p.node_ready,
+    ) {
+        (false, Some(true)) => (
+            format!(
+                "finalizer {finalizers} keeps it ({node} is Ready; a force delete does not remove finalizers)"
+            ),
+            vec![(before_patch, patch)],
+        ),
+        (false, Some(false)) => (
+            format!("finalizer {finalizers} and {node}, not Ready, keep it"),
+            vec![(before_patch, patch), (String::new(), force)],
+        ),
+        (false, None) => (
+            format!("finalizer {finalizers} keeps it (whether {node} is Ready is unknown)"),
+            vec![(before_patch, patch), (format!("if {node} is down"), force)],
+        ),
+        (true, Some(false)) => (
+            format!("{node} is not Ready (unreachable?): its kubelet cannot finish the pod"),
+            vec![(String::new(), force)],
+        ),
+        (true, Some(true)) => (
+            format!(
+                "no finalizer, {node} is Ready: its kubelet has not finished the pod (see the pod's events, the kubelet's log)"
+            ),
+            vec![(format!("once its containers are gone from {node}"), force)],
+        ),
+        (true, None) => (
+            format!("no finalizer; whether {node} is Ready is unknown"),
+            vec![(format!("if {node} is down"), force)],
+        ),
+    };
+    Hint {
+        text: format!(
+            "stuck terminating{age}, still holds {}: {why}",
+            gpu_count(p.gpus)
+        ),
+        commands: if named { commands } else { Vec::new() },
+        note: (!named).then_some(NO_COMMAND),
+    }
+}
+
+/// Finalizers that guard storage: Kubernetes' own PVC and PV protection, and any whose name
+/// speaks of storage (a CSI driver's, a backup tool's). Removing one skips the clean-up it
+/// waits for, so the advice says so before the patch.
+pub fn protects_storage(finalizer: &str) -> bool {
+    const WORDS: [&str; 8] = [
+        "storage", "volume", "pvc", "pv-", "csi", "mount", "disk", "snapshot",
+    ];
+    let f = finalizer.to_ascii_lowercase();
+    f == "kubernetes.io/pvc-protection"
+        || f == "kubernetes.io/pv-protection"
+        || WORDS.iter().any(|w| f.contains(w))
+}
+
+/// How "Who could run" says what frees stuck holder `p`: "clear finalizers of", "clear
+/// finalizers and force delete", or "force delete" (unknown pods too).
+pub fn stuck_remedy(p: Option<&PodRow>) -> &'static str {
+    match p {
+        Some(p) if !p.finalizers.is_empty() && p.node_ready == Some(false) => {
+            "clear finalizers and force delete"
+        }
+        Some(p) if !p.finalizers.is_empty() => "clear finalizers of",
+        _ => "force delete",
     }
 }
 
@@ -206,6 +277,95 @@ mod tests {
         }
         assert!(is_resource_name("nvidia.com/mig-1g.10gb"));
         assert!(!is_resource_name("nvidia.com/gpu$(x)"));
+    }
+
+    /// A stuck Terminating pod on node `gpu-1`, with these finalizers and node readiness.
+    fn stuck(finalizers: &[&str], node_ready: Option<bool>) -> PodRow {
+        PodRow {
+            node: Some("gpu-1".into()),
+            state: PodState::Terminating,
+            stuck: true,
+            gpus: 1.0,
+            terminating_seconds: Some(3600.0),
+            finalizers: finalizers.iter().map(|f| (*f).to_string()).collect(),
+            node_ready,
+            ..PodRow::new("team-ml", "bob-nb-0")
+        }
+    }
+
+    /// (when, first word of the command) per command: `patch` or `delete`.
+    fn remedies(p: &PodRow) -> Vec<(String, String)> {
+        let at = DateTime::parse_from_rfc3339("2026-11-28T09:00:00Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        pod_hint(p, at)
+            .expect("a hint")
+            .commands
+            .into_iter()
+            .map(|(when, c)| (when, c.split(' ').nth(1).unwrap_or_default().to_string()))
+            .collect()
+    }
+
+    /// Issue 36, item 4: a force delete does not remove finalizers, and a finalizer is not what
+    /// keeps a pod whose node is unreachable. The data says which holds: only that remedy is
+    /// offered, unconditionally; "if …" remains only where the node's readiness is unknown.
+    #[test]
+    fn a_stuck_pod_gets_the_remedy_its_data_calls_for() {
+        let none = String::new();
+        assert_eq!(
+            remedies(&stuck(&["example.com/cleanup"], Some(true))),
+            [(none.clone(), "patch".to_string())],
+            "finalizer on a Ready node: the patch alone"
+        );
+        assert_eq!(
+            remedies(&stuck(&[], Some(false))),
+            [(none.clone(), "delete".to_string())],
+            "unreachable node, no finalizer: the force delete alone"
+        );
+        assert_eq!(
+            remedies(&stuck(&["example.com/cleanup"], Some(false))),
+            [
+                (none.clone(), "patch".to_string()),
+                (none.clone(), "delete".to_string())
+            ],
+            "both hold: both, neither conditional"
+        );
+        assert_eq!(
+            remedies(&stuck(&["example.com/cleanup"], None)),
+            [
+                (none.clone(), "patch".to_string()),
+                ("if gpu-1 is down".to_string(), "delete".to_string())
+            ],
+            "readiness unknown: the force delete stays conditional"
+        );
+        // A storage finalizer is named before the patch that removes it.
+        for f in [
+            "kubernetes.io/pvc-protection",
+            "kubernetes.io/pv-protection",
+            "storage.example.com/unmount-protection",
+        ] {
+            let r = remedies(&stuck(&[f], Some(true)));
+            assert!(
+                r[0].0.starts_with(f) && r[0].0.contains("protects storage"),
+                "{f}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn who_could_run_names_the_remedy_of_a_stuck_holder() {
+        assert!(protects_storage("kubernetes.io/pvc-protection"));
+        assert!(protects_storage("csi.example.com/Volume-Detach"));
+        assert!(!protects_storage("kueue.x-k8s.io/managed"));
+        assert!(!protects_storage("batch.kubernetes.io/job-tracking"));
+        let s = stuck_remedy;
+        assert_eq!(s(Some(&stuck(&["x/y"], Some(true)))), "clear finalizers of");
+        assert_eq!(
+            s(Some(&stuck(&["x/y"], Some(false)))),
+            "clear finalizers and force delete"
+        );
+        assert_eq!(s(Some(&stuck(&[], Some(false)))), "force delete");
+        assert_eq!(s(None), "force delete");
     }
 
     #[test]

@@ -186,7 +186,8 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
     parts.join("; ")
 }
 
-/// What one reclaim option takes, for people: "free now", "force delete stuck team-ml/bob-nb-0",
+/// What one reclaim option takes, for people: "free now", "force delete stuck team-ml/bob-nb-0"
+/// (or "clear finalizers of stuck …" when finalizers hold it: [`advice::stuck_remedy`]),
 /// "stop notebook team-ml/alice-nb (idle ≥2h0m)", joined with "; ". The idle time reads as the
 /// pod's IDLE FOR cell (`≥` when it reaches back to the start of the history).
 pub fn reclaim_takes(o: &crate::ledger::reclaim::ReclaimOption, ledger: &Ledger) -> String {
@@ -195,7 +196,16 @@ pub fn reclaim_takes(o: &crate::ledger::reclaim::ReclaimOption, ledger: &Ledger)
     }
     let mut parts: Vec<String> = Vec::new();
     for s in &o.stuck_holders {
-        parts.push(format!("force delete stuck {}/{}", s.namespace, s.pod));
+        let row = ledger
+            .pods
+            .iter()
+            .find(|p| p.namespace == s.namespace && p.pod == s.pod);
+        parts.push(format!(
+            "{} stuck {}/{}",
+            advice::stuck_remedy(row),
+            s.namespace,
+            s.pod
+        ));
     }
     for s in &o.by_stopping {
         let bounded = ledger

@@ -138,6 +138,26 @@ fn a_workload_keeps_owner_pod_sets_admission_and_conditions() {
     );
     assert!(w.quota_reserved_since.is_some() && w.finished_since.is_none());
     assert!(w.created_at.is_some());
+    assert!(!w.deactivated, "active: true");
+}
+
+/// A Workload deactivated (`spec.active: false`, as `kubectl patch workload … active=false` or
+/// Kueue's `waitForPodsReady` requeue limit leaves it, with condition `Evicted` reason
+/// `InactiveWorkload`, message "The workload is deactivated", as kubernetes-sigs/kueue's
+/// `apis/kueue` constants and integration tests write them) is out of its queue: not pending.
+#[test]
+fn a_deactivated_workload_is_not_pending() {
+    let wl = object(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": "w", "namespace": "ns"},
+        "spec": {"active": false, "queueName": "q", "podSets": [{"name": "main", "count": 1,
+            "template": {"spec": {"containers": [{"name": "c",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}]},
+        "status": {"conditions": [{"type": "Evicted", "status": "True", "reason": "InactiveWorkload",
+            "lastTransitionTime": "2026-03-01T11:51:01Z", "message": "The workload is deactivated"}]}
+    }));
+    let w = workload(&ResourceNames::default(), &wl);
+    assert!(w.deactivated && w.needs_gpus() && !w.pending());
 }
 
 #[test]

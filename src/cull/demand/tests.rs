@@ -69,6 +69,7 @@ fn node(name: &str, gpus: u64) -> NodeInfo {
         gpu_labels: BTreeMap::new(),
         labels: BTreeMap::new(),
         taints: Vec::new(),
+        ready: Some(true),
     }
 }
 
@@ -210,4 +211,89 @@ fn the_re_check_before_a_stop_drops_it_once_nobody_waits() {
     assert!(still_a_stop(&gone, &CullPolicy::default(), t0(), uid));
     // And a pod that is no longer a candidate is never a stop.
     assert!(!still_a_stop(&waiting, &demand(), t0(), "pod-u-missing"));
+}
+
+/// Issue 36, item 1: a pending pod with scheduling gates (Kueue holds its pods behind
+/// `kueue.x-k8s.io/admission`) cannot be scheduled whatever is freed: nothing is stopped for it.
+#[test]
+fn a_scheduling_gated_pod_gets_no_stop() {
+    let nodes = vec![node("gpu-1", 1)];
+    let pods = vec![
+        idle_nb("u", "a", "gpu-1", 9),
+        base("trials", "gated", None, PodState::Pending, 1),
+    ];
+    let mut sorted = pods.clone();
+    sorted.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+    let claims = Claims {
+        nodes,
+        pods: vec![std::sync::Arc::new(crate::ledger::claims::PodClaim {
+            namespace: "trials".into(),
+            name: "gated".into(),
+            uid: "gated".into(),
+            node: None,
+            phase: crate::ledger::claims::PodPhase::Pending,
+            created_at: None,
+            started_at: None,
+            ready_since: None,
+            deletion: None,
+            resources: BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
+            controller: None,
+            unschedulable_message: None,
+            labels: BTreeMap::new(),
+            resource_claims: Vec::new(),
+            placement: crate::ledger::claims::Placement::default(),
+            scheduling_gates: vec!["kueue.x-k8s.io/admission".into()],
+            finalizers: Vec::new(),
+        })],
+        ..Claims::default()
+    };
+    let mut l = Ledger::empty(t0());
+    l.usage_available = true;
+    l.reclaim = reclaim::plan(&claims, &sorted, t0(), crate::ledger::ClaimsScope::Complete);
+    l.pods = sorted;
+    let p = plan(&l, &demand(), t0());
+    assert!(p.actions.is_empty(), "{p:?}");
+    assert!(
+        p.skips
+            .iter()
+            .any(|s| s.pod == "a-0" && s.reason == SkipReason::NoDemand)
+    );
+}
+
+/// Issue 36, item 2: the pod's only option stops a notebook and also counts on a stuck
+/// Terminating pod's force delete, which gpu-ledger never does: the stop alone would leave the
+/// pod pending, so nothing is stopped; a second node where a stop alone makes room is used.
+#[test]
+fn a_stop_that_needs_a_force_delete_too_is_not_made() {
+    let mut gone = base("u", "gone-0", Some("gpu-1"), PodState::Terminating, 1);
+    gone.stuck = true;
+    let pods = vec![
+        idle_nb("u", "a", "gpu-1", 9),
+        gone.clone(),
+        base("ml", "big", None, PodState::Pending, 2),
+    ];
+    let l = ledger(vec![node("gpu-1", 2)], pods.clone());
+    let only = &l.reclaim[0].options;
+    assert_eq!(only.len(), 1, "{only:?}");
+    assert_eq!(
+        (only[0].by_stopping.len(), only[0].stuck_holders.len()),
+        (1, 1)
+    );
+    let p = plan(&l, &demand(), t0());
+    assert!(p.actions.is_empty(), "{p:?}");
+    assert!(
+        p.skips
+            .iter()
+            .any(|s| s.pod == "a-0" && s.reason == SkipReason::NoDemand)
+    );
+    // With a node where two stops alone make room, those are made instead.
+    let mut more = pods;
+    more.push(idle_nb("v", "b", "gpu-2", 8));
+    more.push(idle_nb("w", "c", "gpu-2", 7));
+    let l = ledger(vec![node("gpu-1", 2), node("gpu-2", 2)], more);
+    assert_eq!(l.reclaim[0].options[0].node, "gpu-1");
+    assert_eq!(
+        stopped(&plan(&l, &demand(), t0())),
+        [("b", Some("ml/big")), ("c", Some("ml/big"))]
+    );
 }

@@ -43,6 +43,8 @@ fn pod_claim(ns: &str, name: &str, job_uid: &str) -> PodClaim {
         labels: BTreeMap::new(),
         resource_claims: Vec::new(),
         placement: Placement::default(),
+        scheduling_gates: Vec::new(),
+        finalizers: Vec::new(),
     }
 }
 
@@ -533,4 +535,67 @@ fn only_admitted_unfinished_workloads_hold_queue_quota() {
     claims.kueue.workloads[0].finished = true;
     let rows = queue_rows(&inputs(&claims, &pods, &names));
     assert_eq!((rows[0].idle, rows[0].pending_workloads), (Some(0.0), 0));
+}
+
+/// Issue 36, item 5: starvation a lender's idle quota cannot relieve is no starvation. A lender
+/// with `lendingLimit: 0` lends nothing (the runbook's own fix must clear the alert), a queue
+/// with `borrowingLimit: 0` borrows nothing, a lender's idle GPUs of another flavor are not
+/// quota the starved queue may use, and a deactivated Workload (`spec.active: false`) is not
+/// waiting: Kueue keeps it out of its queue until reactivated.
+#[test]
+fn a_queue_that_cannot_borrow_the_idle_quota_is_not_starved() {
+    let names = ResourceNames::default();
+    let starved = |claims: &Claims, pods: &[PodRow]| -> (bool, Vec<String>, u64) {
+        let rows = queue_rows(&inputs(claims, pods, &names));
+        let r = rows
+            .iter()
+            .find(|r| r.cluster_queue == "starved")
+            .expect("starved row");
+        (
+            r.starved_while_lender_idle,
+            r.idle_lenders.clone(),
+            r.pending_workloads,
+        )
+    };
+    let (claims, pods) = cohort(Some(true));
+    assert_eq!(
+        starved(&claims, &pods),
+        (true, vec!["lender".to_string()], 1),
+        "the case that stays"
+    );
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.cluster_queues[0].quotas[0].lending_limit = Some(0);
+    assert_eq!(
+        starved(&claims, &pods),
+        (false, vec![], 1),
+        "lendingLimit 0"
+    );
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.cluster_queues[1].quotas[0].borrowing_limit = Some(0);
+    assert_eq!(
+        starved(&claims, &pods),
+        (false, vec![], 1),
+        "borrowingLimit 0"
+    );
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.workloads[1].deactivated = true;
+    assert_eq!(starved(&claims, &pods), (false, vec![], 0), "deactivated");
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert_eq!(rows[1].oldest_pending_seconds, None);
+    // The starved queue offers only another flavor: the lender's a100 quota is not its own.
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.cluster_queues[1].quotas[0].flavor = "h100".into();
+    assert_eq!(
+        starved(&claims, &pods),
+        (false, vec![], 1),
+        "another flavor"
+    );
+    // Limits above zero leave room to lend and borrow.
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.cluster_queues[0].quotas[0].lending_limit = Some(1);
+    claims.kueue.cluster_queues[1].quotas[0].borrowing_limit = Some(1);
+    assert_eq!(
+        starved(&claims, &pods),
+        (true, vec!["lender".to_string()], 1)
+    );
 }

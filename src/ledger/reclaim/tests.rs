@@ -26,6 +26,7 @@ fn node(name: &str, alloc: &[(&str, u64)]) -> NodeInfo {
         gpu_labels: BTreeMap::new(),
         labels: BTreeMap::new(),
         taints: Vec::new(),
+        ready: Some(true),
     }
 }
 
@@ -96,6 +97,8 @@ fn claim(ns: &str, pod: &str, placement: Placement) -> PodClaim {
         labels: BTreeMap::new(),
         resource_claims: vec![],
         placement,
+        scheduling_gates: Vec::new(),
+        finalizers: Vec::new(),
     }
 }
 
@@ -624,4 +627,68 @@ proptest! {
         pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
         prop_assert_eq!(plan(&claims, &pods, now(), ClaimsScope::Complete), out);
     }
+}
+
+/// Issue 36, item 1: a pod with scheduling gates (Kueue's pod integration gates
+/// `kueue.x-k8s.io/admission` until it admits the workload) is not considered by the scheduler:
+/// no stop can serve it, so it has no option and is not reclaimable demand; the same pod
+/// ungated still is.
+#[test]
+fn a_scheduling_gated_pod_is_no_demand() {
+    let gated = PodClaim {
+        scheduling_gates: vec!["kueue.x-k8s.io/admission".into()],
+        ..claim("ml", "gated", Placement::default())
+    };
+    let out = run(
+        vec![node("n", &[(GPU, 1)])],
+        vec![gated, claim("ml", "open", Placement::default())],
+        vec![
+            pending("ml", "gated", &[(GPU, 1)]),
+            pending("ml", "open", &[(GPU, 1)]),
+            idle_nb("u", "nb", "n", &[(GPU, 1)], 9000.0),
+        ],
+    );
+    assert_eq!(out[0].pending.pod, "gated");
+    assert!(out[0].options.is_empty(), "{:?}", out[0].options);
+    assert_eq!(
+        out[0].fits_nowhere.as_deref(),
+        Some("scheduling gated: kueue.x-k8s.io/admission")
+    );
+    assert!(!out[0].reclaimable());
+    assert_eq!(out[1].pending.pod, "open");
+    assert_eq!(stops(&out[1].options[0]), ["nb-0"]);
+    assert!(out[1].reclaimable());
+}
+
+/// Issue 36, item 2: an option that counts on a stuck holder's force delete as well as on stops
+/// is not one the stops alone make: `by_stops_alone` says which options culling can complete.
+#[test]
+fn an_option_with_stuck_holders_is_not_made_by_stops_alone() {
+    let out = run(
+        vec![node("mixed", &[(GPU, 2)]), node("stops", &[(GPU, 1)])],
+        vec![],
+        vec![
+            pending("ml", "p", &[(GPU, 2)]),
+            stuck("u", "gone", "mixed", &[(GPU, 1)]),
+            idle_nb("u", "nb", "mixed", &[(GPU, 1)], 9000.0),
+        ],
+    );
+    let o = &out[0].options[0];
+    assert_eq!((stops(o), o.stuck_holders.len()), (vec!["nb-0"], 1));
+    assert!(!o.by_stops_alone(), "the stop alone leaves the pod pending");
+    let out = run(
+        vec![node("n", &[(GPU, 1)])],
+        vec![],
+        vec![
+            pending("ml", "p", &[(GPU, 1)]),
+            idle_nb("u", "nb", "n", &[(GPU, 1)], 9000.0),
+        ],
+    );
+    assert!(out[0].options[0].by_stops_alone());
+    let free = ReclaimOption {
+        node: "n".into(),
+        by_stopping: Vec::new(),
+        stuck_holders: Vec::new(),
+    };
+    assert!(!free.by_stops_alone(), "free already: no stop makes it");
 }

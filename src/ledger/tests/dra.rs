@@ -130,6 +130,7 @@ fn node_without_plugin(name: &str) -> NodeInfo {
         gpu_labels: BTreeMap::new(),
         labels: BTreeMap::new(),
         taints: Vec::new(),
+        ready: Some(true),
     }
 }
 

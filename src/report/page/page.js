@@ -115,21 +115,54 @@
         " (Kubeflow scales it to zero; its volumes stay)", commands: cmds,
         note: nbNamed ? null : NO_COMMAND };
     }
-    if (p.state === "terminating" && p.stuck) {
-      var age = p.terminating_seconds !== null ? " " + humanise(p.terminating_seconds) : "";
-      var node = p.node !== null ? p.node : "its node";
-      var c = [];
-      if (named) {
-        c.push(["if metadata.finalizers is set", "kubectl patch pod -n " + p.namespace +
-          " --type=merge -p '{\"metadata\":{\"finalizers\":null}}' -- " + p.pod]);
-        c.push(["if " + node + " is down", "kubectl delete pod -n " + p.namespace +
-          " --grace-period=0 --force -- " + p.pod]);
-      }
-      return { text: "stuck terminating" + age + ", still holds " + gpuCount(p.gpus) +
-        ": a finalizer or an unreachable node keeps it", commands: c,
-        note: named ? null : NO_COMMAND };
-    }
+    if (p.state === "terminating" && p.stuck) { return stuckHint(p, named); }
     return null;
+  }
+  // The same rules as src/report/advice.rs's stuck_hint, protects_storage and stuck_remedy.
+  function protectsStorage(f) {
+    f = f.toLowerCase();
+    return f === "kubernetes.io/pvc-protection" || f === "kubernetes.io/pv-protection" ||
+      ["storage", "volume", "pvc", "pv-", "csi", "mount", "disk", "snapshot"].some(function (w) {
+        return f.indexOf(w) >= 0;
+      });
+  }
+  function stuckRemedy(p) {
+    if (p && p.finalizers.length > 0 && p.node_ready === false) { return "clear finalizers and force delete"; }
+    if (p && p.finalizers.length > 0) { return "clear finalizers of"; }
+    return "force delete";
+  }
+  function stuckHint(p, named) {
+    var age = p.terminating_seconds !== null ? " " + humanise(p.terminating_seconds) : "";
+    var node = p.node !== null ? p.node : "its node";
+    var patch = "kubectl patch pod -n " + p.namespace +
+      " --type=merge -p '{\"metadata\":{\"finalizers\":null}}' -- " + p.pod;
+    var force = "kubectl delete pod -n " + p.namespace + " --grace-period=0 --force -- " + p.pod;
+    var fins = p.finalizers.join(", ");
+    var storage = p.finalizers.filter(protectsStorage);
+    var beforePatch = storage.length === 0 ? "" : storage.join(", ") +
+      " protects storage: removing it skips the clean-up it waits for (unmount, detach); check the volume first";
+    var why, c;
+    if (p.finalizers.length > 0 && p.node_ready === true) {
+      why = "finalizer " + fins + " keeps it (" + node + " is Ready; a force delete does not remove finalizers)";
+      c = [[beforePatch, patch]];
+    } else if (p.finalizers.length > 0 && p.node_ready === false) {
+      why = "finalizer " + fins + " and " + node + ", not Ready, keep it";
+      c = [[beforePatch, patch], ["", force]];
+    } else if (p.finalizers.length > 0) {
+      why = "finalizer " + fins + " keeps it (whether " + node + " is Ready is unknown)";
+      c = [[beforePatch, patch], ["if " + node + " is down", force]];
+    } else if (p.node_ready === false) {
+      why = node + " is not Ready (unreachable?): its kubelet cannot finish the pod";
+      c = [["", force]];
+    } else if (p.node_ready === true) {
+      why = "no finalizer, " + node + " is Ready: its kubelet has not finished the pod (see the pod's events, the kubelet's log)";
+      c = [["once its containers are gone from " + node, force]];
+    } else {
+      why = "no finalizer; whether " + node + " is Ready is unknown";
+      c = [["if " + node + " is down", force]];
+    }
+    return { text: "stuck terminating" + age + ", still holds " + gpuCount(p.gpus) + ": " + why,
+      commands: named ? c : [], note: named ? null : NO_COMMAND };
   }
   function namespaceHint(ns, pods) {
     if (ns.gpu_quota !== null || (ns.gpus_claimed <= 0 && ns.gpus_pending <= 0)) { return null; }
@@ -436,7 +469,10 @@
   function reclaimTakes(o) {
     if (o.by_stopping.length === 0 && o.stuck_holders.length === 0) { return "free now"; }
     var parts = [];
-    o.stuck_holders.forEach(function (s) { parts.push("force delete stuck " + s.namespace + "/" + s.pod); });
+    o.stuck_holders.forEach(function (s) {
+      var p = ledger.pods.find(function (p) { return p.namespace === s.namespace && p.pod === s.pod; });
+      parts.push(stuckRemedy(p) + " stuck " + s.namespace + "/" + s.pod);
+    });
     o.by_stopping.forEach(function (s) {
       var p = ledger.pods.find(function (p) { return p.namespace === s.namespace && p.pod === s.pod; });
       var bound = p && p.idle_bounded_by_history ? "\u2265" : "";
