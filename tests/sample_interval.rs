@@ -18,13 +18,13 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use gpu_ledger::ledger::usage::{DeviceUsage, Window};
+use gpu_ledger::usage::LabelScheme;
 use gpu_ledger::usage::dump::{self, DumpSettings};
 use gpu_ledger::usage::fields;
 use gpu_ledger::usage::history::History;
 use gpu_ledger::usage::live::SampleWindow;
 use gpu_ledger::usage::scheme::SchemeChoice;
 use gpu_ledger::usage::series::{self, Series};
-use gpu_ledger::usage::LabelScheme;
 
 /// Every interval the issue names: 1 s to 5 min.
 const INTERVALS_SECS: [i64; 9] = [1, 2, 5, 10, 15, 30, 60, 120, 300];
@@ -164,12 +164,7 @@ fn offline(times: &[i64]) -> DeviceUsage {
         selector: None,
     };
     let loaded = dump::load(&path, &settings, at(NOW_MS)).expect("dump loads");
-    loaded
-        .usage
-        .devices
-        .into_iter()
-        .next()
-        .expect("the device")
+    loaded.usage.devices.into_iter().next().expect("the device")
 }
 
 /// The checks every case must pass; `what` names the case and path.
