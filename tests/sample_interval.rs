@@ -116,9 +116,8 @@ fn live(times: &[i64], refresh_secs: i64) -> DeviceUsage {
     let mut held = SampleWindow::default();
     let mut history = History::default();
     let first = times.first().copied().expect("a sample");
-    let mut refreshes: Vec<i64> = (0..)
-        .map(|k| first + k * refresh_secs * 1000)
-        .take_while(|t| *t < NOW_MS)
+    let mut refreshes: Vec<i64> = (first..NOW_MS)
+        .step_by(usize::try_from(refresh_secs * 1000).expect("a positive step"))
         .collect();
     refreshes.push(NOW_MS);
     let mut last = None;
