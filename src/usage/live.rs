@@ -49,7 +49,7 @@ pub struct LiveSettings {
     pub window: Window,
     /// How far back the start-up query reads idle history.
     pub history_lookback: chrono::Duration,
-    /// Share of expected samples needed to extend a covered run.
+    /// Share of the window a refresh must prove to extend a covered run.
     pub min_coverage: f64,
 }
 
