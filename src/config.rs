@@ -163,14 +163,16 @@ pub struct LedgerArgs {
     /// Window over which a GPU must stay below the threshold to count as idle.
     #[arg(long, env = "GPU_LEDGER_WINDOW", default_value = "10m", value_parser = positive_duration, help_heading = "Idle evidence")]
     pub window: chrono::Duration,
-    /// Expected spacing of DCGM samples in Prometheus (the scrape interval); offline, inferred
-    /// from the dump when not given.
+    /// DCGM sample spacing assumed only where the samples cannot show theirs (a GPU with fewer
+    /// than two samples in the window); coverage and idle time otherwise come from each GPU's
+    /// own sample times, live and offline. 30 s when not given.
     #[arg(long, env = "GPU_LEDGER_SCRAPE_INTERVAL", value_parser = positive_duration, help_heading = "Idle evidence")]
     pub scrape_interval: Option<chrono::Duration>,
     /// Utilisation (0..1) below which a GPU counts as idle.
     #[arg(long, env = "GPU_LEDGER_IDLE_THRESHOLD", default_value_t = 0.05, value_parser = ratio, help_heading = "Idle evidence")]
     pub idle_threshold: f64,
-    /// Share of expected samples in the window needed before anything is called idle.
+    /// Share of the window the samples must prove (at their own interval) before anything is
+    /// called idle.
     #[arg(long, env = "GPU_LEDGER_MIN_COVERAGE", default_value_t = 0.9, value_parser = positive_ratio, help_heading = "Idle evidence")]
     pub min_coverage: f64,
     /// Samples older than this are not a current reading.

@@ -138,7 +138,8 @@ impl AppError {
     }
 }
 
-/// The idle window of the live paths (`interval` is the expected DCGM sample spacing).
+/// The idle window of the live paths (`interval`: the DCGM sample spacing assumed where the samples
+/// cannot show theirs, `--scrape-interval`).
 fn window_of(args: &LedgerArgs, interval: chrono::Duration) -> Window {
     Window {
         length: args.window,

@@ -30,7 +30,7 @@ pub struct OfflineInput {
     pub at: Option<DateTime<Utc>>,
     /// Idle window length.
     pub window: Duration,
-    /// Expected sample spacing; `None` = inferred from the dump (median spacing), else 30 s.
+    /// Sample spacing assumed for a device whose samples cannot show theirs; `None` = 30 s.
     pub scrape_interval: Option<Duration>,
     pub scheme: SchemeChoice,
     pub policy: Policy,
@@ -69,7 +69,7 @@ pub struct Offline {
     pub warnings: Vec<String>,
     /// The instant the ledger describes.
     pub at: DateTime<Utc>,
-    /// The sample spacing used (given or inferred).
+    /// The dump's typical sample spacing (inferred, else the assumed one).
     pub scrape_interval: Duration,
     /// The label scheme used to read workload labels.
     pub scheme: LabelScheme,

@@ -33,7 +33,7 @@ pub struct Policy {
     pub slices: SliceTable,
     /// Utilisation (0..1) below which a device counts as idle.
     pub idle_threshold: f64,
-    /// Share of expected samples in the window required to call anything idle.
+    /// Share of the window the samples must prove (at their own interval) to call anything idle.
     pub min_coverage: f64,
     /// Samples older than this are not fresh.
     pub max_staleness: Duration,

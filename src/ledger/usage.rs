@@ -62,8 +62,10 @@ pub struct DeviceUsage {
     /// Highest utilisation in the window over every signal the device reports, 0..1: a busy
     /// reading on any signal makes the device busy.
     pub peak: Option<f64>,
-    /// Valid samples in the window divided by samples expected (capped at 1), the lowest over
-    /// the signals the device reports: idleness needs every signal covered.
+    /// Share of the window the samples prove (0..1), the lowest over the signals the device
+    /// reports: idleness needs every signal covered. Per signal, the lower of valid samples
+    /// over samples expected and the time they vouch for over the window, both at the sample
+    /// interval inferred from the device's own series (`usage::series` states the rule).
     pub coverage: f64,
     pub last_sample_at: Option<DateTime<Utc>>,
     pub memory_used_bytes: Option<f64>,
@@ -82,7 +84,7 @@ pub struct OwnWindow {
     pub workload: Workload,
     /// Highest own reading in the window, 0..1.
     pub peak: Option<f64>,
-    /// Valid own samples in the window divided by samples expected (capped at 1).
+    /// Share of the window the own samples prove (0..1), by the device's rule.
     pub coverage: f64,
     pub last_sample_at: Option<DateTime<Utc>>,
     /// Latest own reading at or above the idle threshold within known history.
@@ -107,19 +109,12 @@ pub struct Usage {
 #[derive(Debug, Clone, Copy)]
 pub struct Window {
     pub length: chrono::Duration,
-    /// Expected spacing of samples (the scrape interval).
+    /// Sample spacing assumed only where the samples cannot show theirs (`--scrape-interval`):
+    /// a device whose series each hold fewer than two samples, a start-up history read before
+    /// any sample. Coverage and idle duration otherwise come from the samples' own timestamps.
     pub interval: chrono::Duration,
     /// Utilisation (0..1) at or above which a device counts as active.
     pub idle_threshold: f64,
     /// Samples older than this are stale.
     pub max_staleness: chrono::Duration,
-}
-
-impl Window {
-    /// Samples expected in the window (at least 1).
-    pub fn expected_samples(&self) -> f64 {
-        let secs =
-            self.length.num_milliseconds() as f64 / self.interval.num_milliseconds().max(1) as f64;
-        secs.floor().max(1.0)
-    }
 }

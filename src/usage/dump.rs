@@ -20,7 +20,7 @@ use super::scheme::SchemeChoice;
 use super::series::{self, Series};
 use crate::ledger::usage::{Usage, Window};
 
-/// Scrape interval assumed when the dump does not show one (a single snapshot).
+/// Sample spacing assumed for a device whose samples do not show one (a single snapshot).
 pub const DEFAULT_SCRAPE_INTERVAL_SECS: i64 = 30;
 
 /// Default [`DumpSettings::max_bytes`]: 1 GiB (`report --max-dump-size`).
@@ -36,7 +36,8 @@ pub struct DumpSettings {
     pub at: Option<DateTime<Utc>>,
     /// Idle window length.
     pub window: Duration,
-    /// Expected sample spacing; `None` = inferred from the dump (median spacing), else 30 s.
+    /// Sample spacing assumed for a device whose samples in the window cannot show theirs (see
+    /// [`series`]: every other device's is inferred from its own samples); `None` = 30 s.
     pub scrape_interval: Option<Duration>,
     pub scheme: SchemeChoice,
     /// Utilisation (0..1) at or above which a device counts as active.
@@ -56,7 +57,8 @@ pub struct DumpUsage {
     pub usage: Usage,
     /// The instant the usage describes.
     pub at: DateTime<Utc>,
-    /// The sample spacing used (given or inferred).
+    /// The dump's typical sample spacing (median over its utilisation series), else the
+    /// fallback: for messages; each device's coverage uses its own.
     pub scrape_interval: Duration,
     /// The label scheme used to read workload labels.
     pub scheme: LabelScheme,
@@ -250,10 +252,12 @@ pub fn load(
     }
 
     let inferred = infer_interval(&parsed.series);
-    let interval = settings
+    // Only where a device's own samples in the window cannot show their spacing (the reduction
+    // infers it per device, as the live source does): the given interval, else the default.
+    let fallback = settings
         .scrape_interval
-        .or(inferred)
         .unwrap_or_else(|| Duration::seconds(DEFAULT_SCRAPE_INTERVAL_SECS));
+    let interval = inferred.unwrap_or(fallback);
     if settings.scrape_interval.is_none() && inferred.is_none() {
         warnings.push(format!(
             "{file}: one sample per series (no history): idleness cannot be proven over the {} window",
@@ -279,7 +283,7 @@ pub fn load(
     );
     let window = Window {
         length: settings.window,
-        interval,
+        interval: fallback,
         idle_threshold: settings.idle_threshold,
         max_staleness: settings.max_staleness,
     };

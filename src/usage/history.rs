@@ -18,6 +18,11 @@
 //!   its own window, so `covered_since` is at most `now − window × coverage`; refreshes further
 //!   apart than that break the chain.
 //! * Entries unseen for longer than the lookback are dropped.
+//! * The start-up query judges buckets and runs at `window.interval`, which the live source sets
+//!   to the shortest sample interval the window's samples show (`--scrape-interval` only before
+//!   any sample is held), so a fast scrape is never judged at a slower assumed one. A refresh's
+//!   coverage is already measured at each device's own interval (`series`), so `now − window ×
+//!   coverage` never reaches before what its samples prove.
 //! * Times come from Prometheus: a bootstrap time the query cannot produce (before the lookback,
 //!   allowing one window and Prometheus' 5-minute lookback delta, or after `now`) proves no
 //!   covered run, and activity stamped after `now` counts as activity at `now`. Instant

@@ -2,9 +2,12 @@
 //! same [`series::reduce`] as an offline dump, and folded into the idle history.
 //!
 //! The first refresh reads the whole window; every later one reads only the samples since the
-//! previous refresh (plus two sample intervals of overlap for ingestion lag; samples already
-//! held are skipped by timestamp), so a refresh costs Prometheus a chunk read of a few samples
-//! per series.
+//! previous refresh (plus two sample intervals of overlap for ingestion lag, at the longest
+//! interval the held samples show and at least `--scrape-interval`; samples already held are
+//! skipped by timestamp), so a refresh costs Prometheus a chunk read of a few samples per
+//! series. Coverage never uses the configured interval where the samples show their own
+//! ([`series`]); the start-up history query reads at the shortest interval the window's
+//! samples show, so it runs after the first window has been read.
 //!
 //! The idle history's start-up bootstrap lives here, whole: the one query over the lookback
 //! ([`bootstrap`]; the history is built from its answer by the pure
@@ -46,7 +49,7 @@ pub struct LiveSettings {
     pub window: Window,
     /// How far back the start-up query reads idle history.
     pub history_lookback: chrono::Duration,
-    /// Share of expected samples needed to extend a covered run.
+    /// Share of the window a refresh must prove to extend a covered run.
     pub min_coverage: f64,
 }
 
@@ -234,6 +237,29 @@ impl SampleWindow {
                     .push(i);
             }
         }
+    }
+
+    /// The shortest and the longest sample interval the held utilisation series show
+    /// ([`series::own_interval_ms`] over the window they hold); `None` while no series holds two
+    /// samples.
+    pub fn intervals(&self) -> Option<(chrono::Duration, chrono::Duration)> {
+        let mut spacings = self
+            .series
+            .iter()
+            .filter(|s| {
+                matches!(
+                    fields::canonical(&s.name),
+                    Some(fields::GR_ENGINE_ACTIVE | fields::GPU_UTIL)
+                )
+            })
+            .filter_map(|s| series::own_interval_ms(&s.samples, i64::MIN, i64::MAX));
+        let first = spacings.next()?;
+        let (shortest, longest) =
+            spacings.fold((first, first), |(lo, hi), i| (lo.min(i), hi.max(i)));
+        Some((
+            chrono::Duration::milliseconds(shortest),
+            chrono::Duration::milliseconds(longest),
+        ))
     }
 
     /// The held series, for [`series::reduce`].
@@ -573,6 +599,18 @@ impl LiveUsage {
         self.bootstrap_deferred = Some((tracker.clone(), cancel.clone()));
     }
 
+    /// The settings of the start-up history query: the configured ones, with the sample interval
+    /// the held window shows (the shortest, so no device's history is judged at a slower spacing
+    /// than its samples have) in place of `--scrape-interval`, which stands only while no held
+    /// series shows its spacing.
+    fn bootstrap_settings(&self) -> LiveSettings {
+        let mut settings = self.settings;
+        if let Some((shortest, _)) = self.samples.intervals() {
+            settings.window.interval = shortest;
+        }
+        settings
+    }
+
     /// Spawns the history query [`Self::start_bootstrap`] arranged, over the current scope, as
     /// of `now` (the refresh that started it).
     fn spawn_deferred_bootstrap(&mut self, now: DateTime<Utc>) {
@@ -581,7 +619,7 @@ impl LiveUsage {
         else {
             return;
         };
-        let (settings, scope) = (self.settings, self.scope.clone());
+        let (settings, scope) = (self.bootstrap_settings(), self.scope.clone());
         self.bootstrap = Some(
             tracker.spawn(
                 async move {
@@ -637,22 +675,30 @@ impl LiveUsage {
                 rejected: Rejected::default(),
             };
         };
-        // One-shot paths (report) rebuild the history inline: they have one refresh only.
-        if self.history.is_none() {
-            self.history = Some(
-                bootstrap_history(client.clone(), self.settings, self.scope.clone(), now).await,
-            );
-        }
+        // One-shot paths (report) rebuild the history inline, once the window is read (its
+        // samples show the interval the history query reads at): they have one refresh only.
+        let one_shot = self.history.is_none();
         self.absorb_bootstrap().await;
         let window = self.settings.window;
-        // Since the previous refresh, with two intervals of overlap for samples ingested late.
+        // Since the previous refresh, with two intervals of overlap for samples ingested late:
+        // the longest interval the held samples show, at least the configured one.
+        let spacing = self
+            .samples
+            .intervals()
+            .map_or(window.interval, |(_, longest)| longest.max(window.interval));
         let range = self.fetched_at.map_or(window.length, |t| {
-            (now - t + window.interval * 2).clamp(window.interval, window.length)
+            spacing
+                .checked_mul(2)
+                .and_then(|overlap| (now - t).checked_add(&overlap))
+                .map_or(window.length, |r| r.max(spacing).min(window.length))
         });
         if self.scope.is_empty() {
             // A shard without nodes has no device to ask for.
             self.samples = SampleWindow::default();
             self.fetched_at = Some(now);
+            if one_shot {
+                self.history = Some(History::new(self.settings.history_lookback));
+            }
             return Fetched {
                 usage: Usage {
                     available: true,
@@ -689,6 +735,17 @@ impl LiveUsage {
                         error: Some(e),
                         rejected,
                     };
+                }
+                if one_shot {
+                    self.history = Some(
+                        bootstrap_history(
+                            client.clone(),
+                            self.bootstrap_settings(),
+                            self.scope.clone(),
+                            now,
+                        )
+                        .await,
+                    );
                 }
                 let scheme = LabelScheme::detect(self.settings.scheme, self.samples.label_names());
                 let mut devices = series::reduce(self.samples.series(), &scheme, &window, now);

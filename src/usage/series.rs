@@ -11,6 +11,20 @@
 //! reading on ANY utilisation signal it reports and its coverage the LOWEST over them, so
 //! conflicting signals (GPU_UTIL 90 % while GR_ENGINE_ACTIVE reads 0) never make it idle.
 //!
+//! Coverage and the covered run come from the samples' own timestamps, never from a configured
+//! scrape interval (issue 36: 5 s scrapes read at an assumed 30 s made 143 s of samples look
+//! like a full 10-minute window). A device's **sample interval** is inferred from its series
+//! ([`own_interval_ms`]: the median positive spacing of each series' samples, the smallest over
+//! the device's series, which one exporter scrape writes together), read from the samples in the
+//! window, so the live source (which holds only those) and a dump agree; only a device whose
+//! series all hold fewer than two samples in the window falls back to [`Window::interval`]
+//! (`--scrape-interval`). A
+//! signal's coverage is the lower of two shares ([`coverage`]): valid samples in the window over
+//! the samples that interval expects, and the time those samples vouch for (each reading one
+//! interval up to it, the newest also up to one interval after it) over the window. So coverage
+//! × window never exceeds the time from one interval before the oldest sample to now, whatever
+//! the scrape interval. The covered run tolerates gaps of up to two intervals.
+//!
 //! Sample times come from input (a dump, a Prometheus answer): every difference of two of them
 //! saturates, so a sample at the far end of the i64 range cannot wrap a gap into a small one.
 
@@ -146,9 +160,75 @@ fn split_per_process<'a>(
     })
 }
 
+/// A series' own sample spacing in ms: the (lower) median of the positive differences between
+/// consecutive sample times in the window `(start_ms, now_ms]` (the samples the live source
+/// holds, so a dump reaching further back reads the same). Every sample counts, readable or not (a blank
+/// reading still shows a scrape). The median stands a missed scrape (one doubled gap among
+/// many), scrape jitter and a stray duplicate; of two middle gaps the smaller is taken, so a
+/// short series with one missed scrape is not read as scraped half as often. `None` with fewer
+/// than two distinct times.
+pub fn own_interval_ms(samples: &[(i64, f64)], start_ms: i64, now_ms: i64) -> Option<i64> {
+    let from = samples.partition_point(|(t, _)| *t <= start_ms);
+    let upto = samples.partition_point(|(t, _)| *t <= now_ms).max(from);
+    let mut gaps: Vec<i64> = samples[from..upto]
+        .windows(2)
+        .filter_map(|w| w[1].0.checked_sub(w[0].0))
+        .filter(|gap| *gap > 0)
+        .collect();
+    if gaps.is_empty() {
+        return None;
+    }
+    let mid = (gaps.len() - 1) / 2;
+    Some(*gaps.select_nth_unstable(mid).1)
+}
+
+/// The sample interval of a device (ms): the smallest [`own_interval_ms`] over its series (the
+/// fields of a device come from one scrape, so a field seen less often has missed samples, not
+/// a slower scrape), else `window.interval` when no series shows its spacing.
+fn device_interval_ms<'a>(
+    series: impl IntoIterator<Item = &'a Series>,
+    window: &Window,
+    start_ms: i64,
+    now_ms: i64,
+) -> i64 {
+    series
+        .into_iter()
+        .filter_map(|s| own_interval_ms(&s.samples, start_ms, now_ms))
+        .min()
+        .unwrap_or_else(|| window.interval.num_milliseconds())
+        .max(1)
+}
+
+/// The share of the window `(start_ms, now_ms]` that valid sample times `times` (ascending, in
+/// the window) prove at spacing `interval_ms`: the lower of the samples counted over those
+/// expected (`window ÷ interval`, at least 1) and the time the samples vouch for over the window.
+/// A sample at `t` vouches for `(t − interval, t]`, the newest also for up to one interval after
+/// it (its successor is not due yet); overlaps count once. Capped at 1.
+fn coverage(times: impl Iterator<Item = i64>, start_ms: i64, now_ms: i64, interval_ms: i64) -> f64 {
+    let length_ms = now_ms.saturating_sub(start_ms).max(1);
+    let interval_ms = interval_ms.max(1);
+    let expected = (length_ms as f64 / interval_ms as f64).floor().max(1.0);
+    let mut count = 0_u64;
+    let mut vouched_ms = 0_i64;
+    let mut previous = start_ms;
+    let mut newest = None;
+    for t in times {
+        count += 1;
+        vouched_ms = vouched_ms.saturating_add(t.saturating_sub(previous).clamp(0, interval_ms));
+        previous = t;
+        newest = Some(t);
+    }
+    if let Some(n) = newest {
+        vouched_ms = vouched_ms.saturating_add(now_ms.saturating_sub(n).clamp(0, interval_ms));
+    }
+    let by_count = count as f64 / expected;
+    let by_time = vouched_ms as f64 / length_ms as f64;
+    by_count.min(by_time).min(1.0)
+}
+
 /// Walks back from the newest sample while gaps stay within two sample intervals.
-fn covered_since(merged: &BTreeMap<i64, f64>, window: &Window) -> Option<i64> {
-    let max_gap = window.interval.num_milliseconds().saturating_mul(2);
+fn covered_since(merged: &BTreeMap<i64, f64>, interval_ms: i64) -> Option<i64> {
+    let max_gap = interval_ms.saturating_mul(2);
     let mut times = merged.keys().rev();
     let mut start = *times.next()?;
     for &t in times {
@@ -186,9 +266,26 @@ impl SignalSamples {
     }
 
     fn in_window(&self, start_ms: i64, now_ms: i64) -> impl Iterator<Item = f64> + '_ {
+        self.window_samples(start_ms, now_ms).map(|(_, v)| v)
+    }
+
+    /// The samples in `(start_ms, now_ms]`, oldest first.
+    fn window_samples(&self, start_ms: i64, now_ms: i64) -> impl Iterator<Item = (i64, f64)> + '_ {
         // `range` panics on an inverted range; `merged` holds nothing after `now_ms` anyway.
         let from = start_ms.saturating_add(1);
-        self.merged.range(from..=now_ms.max(from)).map(|(_, v)| *v)
+        self.merged
+            .range(from..=now_ms.max(from))
+            .map(|(t, v)| (*t, *v))
+    }
+
+    /// [`coverage`] of this signal's window at the device's interval.
+    fn coverage(&self, start_ms: i64, now_ms: i64, interval_ms: i64) -> f64 {
+        coverage(
+            self.window_samples(start_ms, now_ms).map(|(t, _)| t),
+            start_ms,
+            now_ms,
+            interval_ms,
+        )
     }
 }
 
@@ -202,11 +299,12 @@ fn newest_valid(s: &Series, field: &str, now_ms: i64) -> Option<(i64, f64)> {
 }
 
 /// Each sharer's own per-process `GPU_UTIL` over the window (its series merged by time, as a
-/// device's signal is), sorted by workload.
+/// device's signal is, judged at the device's interval), sorted by workload.
 fn own_windows(
     list: &[&Series],
     scheme: &LabelScheme,
     window: &Window,
+    interval_ms: i64,
     now_ms: i64,
 ) -> Vec<OwnWindow> {
     let start_ms = now_ms.saturating_sub(window.length.num_milliseconds());
@@ -221,15 +319,13 @@ fn own_windows(
         .into_iter()
         .filter_map(|(workload, series)| {
             let own = SignalSamples::new(Signal::GpuUtil, fields::GPU_UTIL, 0.01, &series, now_ms)?;
-            let (count, peak) = own
+            let peak = own
                 .in_window(start_ms, now_ms)
-                .fold((0_usize, None), |(n, m): (usize, Option<f64>), v| {
-                    (n + 1, Some(m.map_or(v, |m| m.max(v))))
-                });
+                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
             Some(OwnWindow {
                 workload,
                 peak,
-                coverage: (count as f64 / window.expected_samples()).min(1.0),
+                coverage: own.coverage(start_ms, now_ms, interval_ms),
                 last_sample_at: at(own.merged.keys().next_back().copied()),
                 last_active_at: at(own
                     .merged
@@ -237,7 +333,7 @@ fn own_windows(
                     .rev()
                     .find(|(_, v)| **v >= window.idle_threshold)
                     .map(|(t, _)| *t)),
-                covered_since: at(covered_since(&own.merged, window)),
+                covered_since: at(covered_since(&own.merged, interval_ms)),
             })
         })
         .collect()
@@ -252,6 +348,12 @@ fn reduce_device(
 ) -> DeviceUsage {
     let start_ms = now_ms.saturating_sub(window.length.num_milliseconds());
     let fresh = |t: i64| now_ms.saturating_sub(t) <= window.max_staleness.num_milliseconds();
+    let interval_ms = device_interval_ms(
+        dev.gr.iter().chain(&dev.util).chain(&dev.fb).copied(),
+        window,
+        start_ms,
+        now_ms,
+    );
     let (util_device, util_per_pod) = split_per_process(&dev.util, scheme);
     let (fb_device, fb_per_pod) = split_per_process(&dev.fb, scheme);
     // Preferred signal first: GR_ENGINE_ACTIVE where present (it also works per MIG instance).
@@ -283,9 +385,7 @@ fn reduce_device(
         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
     let coverage = signals
         .iter()
-        .map(|s| {
-            (s.in_window(start_ms, now_ms).count() as f64 / window.expected_samples()).min(1.0)
-        })
+        .map(|s| s.coverage(start_ms, now_ms, interval_ms))
         .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))))
         .unwrap_or(0.0);
     let last_active_at = signals
@@ -302,7 +402,7 @@ fn reduce_device(
     // The covered run of the device is where every signal's run overlaps: the latest start.
     let covered_since = signals
         .iter()
-        .map(|s| covered_since(&s.merged, window))
+        .map(|s| covered_since(&s.merged, interval_ms))
         .try_fold(None, |m: Option<i64>, c| {
             c.map(|c| Some(m.map_or(c, |m| m.max(c))))
         })
@@ -349,7 +449,7 @@ fn reduce_device(
         })
         .collect();
     per_pod_memory_bytes.sort_by(|a, b| a.0.cmp(&b.0));
-    let per_pod_windows = own_windows(&util_per_pod, scheme, window, now_ms);
+    let per_pod_windows = own_windows(&util_per_pod, scheme, window, interval_ms, now_ms);
     let memory_used_bytes = fb_device
         .iter()
         .filter_map(|s| newest_valid(s, fields::FB_USED, now_ms))

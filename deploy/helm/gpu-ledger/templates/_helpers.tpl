@@ -115,6 +115,7 @@ compares them for the default values).
 {{- end }}
 - --window={{ .Values.ledger.window }}
 - --refresh-interval={{ .Values.ledger.refreshInterval }}
+- --scrape-interval={{ .Values.ledger.scrapeInterval }}
 - --idle-threshold={{ .Values.ledger.idleThreshold }}
 - --stuck-after={{ .Values.ledger.stuckAfter }}
 {{- with .Values.ledger.namespaces }}
