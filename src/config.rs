@@ -65,8 +65,10 @@ pub enum Command {
     Report(Box<ReportArgs>),
     /// Write the cluster's GPU claims and DCGM history to a directory that `report --from` reads
     /// (a reproducible case for a bug report; see docs/capture.md).
+    #[command(after_help = EXIT_CODES)]
     Capture(Box<CaptureArgs>),
     /// Print a shell completion script (e.g. `gpu-ledger completions bash > /etc/bash_completion.d/gpu-ledger`).
+    #[command(after_help = EXIT_CODES)]
     Completions(CompletionsArgs),
     /// GPU-hours claimed, busy and idle per namespace, team or Kubeflow Profile owner over a
     /// period, from gpu-ledger's counters in Prometheus (see docs/showback.md).

@@ -1187,3 +1187,109 @@ fn an_unreachable_prometheus_exits_3() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("3  unreachable"), "{help}");
 }
+
+/// Issue 36 item 16: with `-n`, every section follows the filter. The summary line counts the
+/// namespace's own claimed, idle and pending GPUs and says so (the cluster's allocatable and
+/// free stay, labelled as the cluster's); "Who could run" lists only pending pods of the
+/// namespace; quota rows are the namespace's. The homelab: team-ml holds 2 GPUs of the
+/// cluster's 3, its quota is `team-ml/compute`, the pending pod is `trials/hp-trial-42`.
+#[test]
+fn namespace_flag_scopes_every_section() {
+    let table = stdout(&run(&["report", "--from", &homelab(), "-n", "team-ml"]));
+    let summary = table.lines().nth(1).expect("summary line");
+    assert!(
+        summary.starts_with("GPUs in namespace team-ml: 2 claimed, 2 proven idle, 0 pending"),
+        "the summary counts the namespace's own GPUs and says so: {summary}\n{table}"
+    );
+    assert!(
+        summary.contains("cluster: 3 allocatable, 0 free"),
+        "{summary}"
+    );
+    assert!(
+        !table.contains("Who could run") && !table.contains("hp-trial-42"),
+        "another namespace's pending pod: {table}"
+    );
+    let quotas = table
+        .split("Quotas and queues")
+        .nth(1)
+        .expect("team-ml's quota row is shown");
+    assert!(quotas.contains("team-ml"), "{table}");
+    assert!(!quotas.contains("bench"), "bench's quota row: {table}");
+
+    let json = stdout(&run(&[
+        "report", "--from", &homelab(), "-o", "json", "-n", "team-ml",
+    ]));
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(json["reclaim"], serde_json::json!([]), "{json}");
+    let quotas = json["quotas"].as_array().expect("quotas");
+    assert!(
+        !quotas.is_empty() && quotas.iter().all(|q| q["namespace"] == "team-ml"),
+        "{json}"
+    );
+
+    // The pending pod's own namespace keeps its "Who could run" row.
+    let trials = stdout(&run(&["report", "--from", &homelab(), "-n", "trials"]));
+    assert!(
+        trials.contains("Who could run") && trials.contains("trials/hp-trial-42"),
+        "{trials}"
+    );
+    assert!(
+        trials
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("GPUs in namespace trials: 0 claimed, 0 proven idle, 1 pending")),
+        "{trials}"
+    );
+}
+
+/// Issue 36 item 16: a namespace the dump does not contain is an error naming it (exit 2: bad
+/// input), not an empty report; one that exists but holds no GPU pod is said on stderr.
+#[test]
+fn namespace_flag_refuses_an_unknown_namespace() {
+    let out = run(&["report", "--from", &homelab(), "-n", "team-mll"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stdout: {}\nstderr: {err}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        err.contains("\"team-mll\"") && err.contains("not in the dump"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "no report for a namespace that is not there");
+
+    let out = run(&["report", "--from", &homelab(), "-n", "kube-system"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: namespace \"kube-system\" has no GPU pod and no GPU quota"),
+        "{err}"
+    );
+}
+
+/// Issue 36 item 17: every subcommand's `--help` carries the exit-code block (`capture` and
+/// `completions` lacked it). The subcommands are read from the top-level help, so a new one is
+/// covered without editing this test.
+#[test]
+fn every_subcommand_help_lists_the_exit_codes() {
+    let top = stdout(&run(&["--help"]));
+    let commands: Vec<&str> = help_section(&top, "Commands:")
+        .lines()
+        // A command's first line is indented by two; wrapped descriptions by more.
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(
+        ["serve", "report", "capture", "completions", "showback"]
+            .iter()
+            .all(|c| commands.contains(c)),
+        "{commands:?} from\n{top}"
+    );
+    for command in commands {
+        let help = stdout(&run(&[command, "--help"]));
+        assert!(
+            help.contains("Exit codes:")
+                && help.contains("2  usage or bad input")
+                && help.contains("3  unreachable"),
+            "`{command} --help` lacks the exit codes:\n{help}"
+        );
+    }
+}
