@@ -1209,22 +1209,32 @@ fn namespace_flag_scopes_every_section() {
         !table.contains("Who could run") && !table.contains("hp-trial-42"),
         "another namespace's pending pod: {table}"
     );
-    let quotas = table
+    assert!(
+        !table.contains("bench"),
+        "bench's quota row (or anything else of bench): {table}"
+    );
+    let bench = stdout(&run(&["report", "--from", &homelab(), "-n", "bench"]));
+    let quotas = bench
         .split("Quotas and queues")
         .nth(1)
-        .expect("team-ml's quota row is shown");
-    assert!(quotas.contains("team-ml"), "{table}");
-    assert!(!quotas.contains("bench"), "bench's quota row: {table}");
+        .expect("bench's own quota row is shown");
+    assert!(quotas.contains("bench      nvidia.com/gpu"), "{bench}");
 
     let json = stdout(&run(&[
-        "report", "--from", &homelab(), "-o", "json", "-n", "team-ml",
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "json",
+        "-n",
+        "team-ml",
     ]));
     let json: serde_json::Value = serde_json::from_str(&json).expect("json");
     assert_eq!(json["reclaim"], serde_json::json!([]), "{json}");
-    let quotas = json["quotas"].as_array().expect("quotas");
-    assert!(
-        !quotas.is_empty() && quotas.iter().all(|q| q["namespace"] == "team-ml"),
-        "{json}"
+    assert_eq!(
+        json["quotas"],
+        serde_json::json!([]),
+        "team-ml's quota names no GPU: no row, and none of another namespace: {json}"
     );
 
     // The pending pod's own namespace keeps its "Who could run" row.
@@ -1234,10 +1244,9 @@ fn namespace_flag_scopes_every_section() {
         "{trials}"
     );
     assert!(
-        trials
-            .lines()
-            .nth(1)
-            .is_some_and(|l| l.starts_with("GPUs in namespace trials: 0 claimed, 0 proven idle, 1 pending")),
+        trials.lines().nth(1).is_some_and(
+            |l| l.starts_with("GPUs in namespace trials: 0 claimed, 0 proven idle, 1 pending")
+        ),
         "{trials}"
     );
 }
@@ -1248,12 +1257,20 @@ fn namespace_flag_scopes_every_section() {
 fn namespace_flag_refuses_an_unknown_namespace() {
     let out = run(&["report", "--from", &homelab(), "-n", "team-mll"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "stdout: {}\nstderr: {err}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stdout: {}\nstderr: {err}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert!(
         err.contains("\"team-mll\"") && err.contains("not in the dump"),
         "{err}"
     );
-    assert!(out.stdout.is_empty(), "no report for a namespace that is not there");
+    assert!(
+        out.stdout.is_empty(),
+        "no report for a namespace that is not there"
+    );
 
     let out = run(&["report", "--from", &homelab(), "-n", "kube-system"]);
     let err = String::from_utf8_lossy(&out.stderr);
