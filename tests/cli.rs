@@ -1310,3 +1310,139 @@ fn every_subcommand_help_lists_the_exit_codes() {
         );
     }
 }
+
+/// A loopback HTTP server that answers every request with `status`, `content_type` and `body`
+/// (a web page where a Prometheus API is expected); returns its URL. Serves until the test ends.
+fn page_server(status: &str, content_type: &str, body: String) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let answer = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 16 * 1024];
+            let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(answer.as_bytes());
+        }
+    });
+    url
+}
+
+/// `gpu-ledger report` against the shared tier A control plane (testkit) as `kubeconfig`
+/// says, with `--prometheus-url url`; the log filter at its default.
+fn live_report(kubeconfig: &std::path::Path, url: &str) -> Output {
+    gpu_ledger()
+        .args(["report", "--prometheus-url", url])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("GPU_LEDGER_LOG")
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run gpu-ledger")
+}
+
+/// The one error line a failed command prints: nothing else on stderr claims an error (kube's
+/// client logged its own ERROR line before ours), and the line carries no Debug struct.
+fn one_error_line(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("error") || l.contains("ERROR"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line, not:\n{err}");
+    assert!(errors[0].starts_with("error: "), "{err}");
+    assert!(!err.contains("kube_client"), "kube's own log line:\n{err}");
+    assert!(
+        !err.contains("Status {") && !err.contains("Some("),
+        "a Debug struct:\n{err}"
+    );
+    errors[0].to_string()
+}
+
+/// Issue 36 item 15: live `report` exits as documented (config::EXIT_CODES) and says why in one
+/// line. Prometheus down: the claims are still printed, exit 3 (was 0). A URL that serves a
+/// web page: exit 1 with the status, content type and a short excerpt (was the whole page).
+/// A 403 from the API: exit 1, the API's message (was `Status { … }`). An API certificate
+/// the kubeconfig does not trust: exit 3, "TLS failed" (was 1, after kube's ERROR log line).
+#[test]
+fn live_report_exit_codes_and_errors_follow_the_docs() {
+    let cp = gpu_ledger_testkit::ControlPlane::shared(false).expect("shared tier A control plane");
+    let admin = cp.kubeconfig_path("admin").expect("kubeconfig");
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("probe port")
+        .port();
+    let out = live_report(&admin, &format!("http://127.0.0.1:{closed}"));
+    let line = one_error_line(&out);
+    assert_eq!(out.status.code(), Some(3), "{line}");
+    assert!(line.contains("prometheus"), "{line}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("Usage unavailable") && table.contains("Nodes"),
+        "the claims are still reported:\n{table}"
+    );
+
+    // A web page, long, with a secret-looking tail that must not reach the terminal.
+    let page = format!(
+        "<!DOCTYPE html>\n<html><head><title>Grafana</title></head><body>{}SECRET-TAIL</body></html>",
+        "<div>login</div>\n".repeat(200)
+    );
+    for status in ["200 OK", "404 Not Found"] {
+        let url = page_server(status, "text/html; charset=utf-8", page.clone());
+        let out = live_report(&admin, &url);
+        let line = one_error_line(&out);
+        assert_eq!(out.status.code(), Some(1), "{status}: {line}");
+        let code = &status[..3];
+        assert!(
+            line.contains("not a Prometheus API answer")
+                && line.contains(&format!("HTTP {code}"))
+                && line.contains("text/html")
+                && line.contains("<!DOCTYPE html>"),
+            "{line}"
+        );
+        assert!(
+            !line.contains("SECRET-TAIL") && line.len() < 400,
+            "{} characters: {line}",
+            line.len()
+        );
+    }
+
+    // A user without any grant: the API answers 403.
+    let intruder = cp.kubeconfig_path("intruder").expect("kubeconfig");
+    let prometheus = page_server(
+        "200 OK",
+        "application/json",
+        r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#.into(),
+    );
+    let out = live_report(&intruder, &prometheus);
+    let line = one_error_line(&out);
+    assert_eq!(out.status.code(), Some(1), "{line}");
+    assert!(
+        line.contains("403 Forbidden") && line.contains("cannot list resource"),
+        "{line}"
+    );
+
+    // The API server's certificate, not signed by a CA the kubeconfig trusts (none given: the
+    // system roots).
+    let dir = tempfile::tempdir().expect("tmp");
+    let untrusted = dir.path().join("kubeconfig");
+    std::fs::write(
+        &untrusted,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n\
+             contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
+             current-context: c\nusers:\n- name: u\n  user:\n    token: t\n",
+            cp.server_url()
+        ),
+    )
+    .expect("kubeconfig");
+    let out = live_report(&untrusted, &prometheus);
+    let line = one_error_line(&out);
+    assert_eq!(out.status.code(), Some(3), "{line}");
+    assert!(line.contains("certificate"), "{line}");
+}

@@ -2117,9 +2117,12 @@ fn helm_chart_works_as_a_subchart_with_global_values() -> Result<()> {
     c.args(["lint", "--strict"]).arg(parent.path());
     run_ok(c, None)?;
     let mut c = helm();
-    c.args(["template", "platform"])
-        .arg(parent.path())
-        .args(["--namespace", NS, "--kube-version", "v1.36.3"]);
+    c.args(["template", "platform"]).arg(parent.path()).args([
+        "--namespace",
+        NS,
+        "--kube-version",
+        "v1.36.3",
+    ]);
     let objs = docs(&run_ok(c, None)?.0)?;
     let deployment = objs
         .iter()
