@@ -2,7 +2,8 @@
 //! against the homelab, bad input (clear message naming the input, exit code 2, no panic), and
 //! CLI habits: what-to-do hints, `-o wide`, clean machine-readable stdout, `--namespaces`
 //! offline, flags scoped to their subcommand, `--context`/`--kubeconfig`, colour rules,
-//! `--version`, completions, JSON fatal errors, and the self-metrics of `serve`.
+//! `--version`, completions, JSON fatal errors, the self-metrics of `serve`, and live `report`'s
+//! exit codes and one-line errors against the shared tier A control plane (testkit).
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
