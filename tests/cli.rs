@@ -1314,7 +1314,7 @@ fn every_subcommand_help_lists_the_exit_codes() {
 
 /// A loopback HTTP server that answers every request with `status`, `content_type` and `body`
 /// (a web page where a Prometheus API is expected); returns its URL. Serves until the test ends.
-fn page_server(status: &str, content_type: &str, body: String) -> String {
+fn page_server(status: &str, content_type: &str, body: &str) -> String {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -1394,7 +1394,7 @@ fn live_report_exit_codes_and_errors_follow_the_docs() {
         "<div>login</div>\n".repeat(200)
     );
     for status in ["200 OK", "404 Not Found"] {
-        let url = page_server(status, "text/html; charset=utf-8", page.clone());
+        let url = page_server(status, "text/html; charset=utf-8", &page);
         let out = live_report(&admin, &url);
         let line = one_error_line(&out);
         assert_eq!(out.status.code(), Some(1), "{status}: {line}");
@@ -1418,7 +1418,7 @@ fn live_report_exit_codes_and_errors_follow_the_docs() {
     let prometheus = page_server(
         "200 OK",
         "application/json",
-        r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#.into(),
+        r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#,
     );
     let out = live_report(&intruder, &prometheus);
     let line = one_error_line(&out);

@@ -126,7 +126,7 @@ impl AppError {
                 // does not match): rustls' error travels inside an io::Error.
                 if io
                     .get_ref()
-                    .is_some_and(|inner| inner.is::<rustls::Error>())
+                    .is_some_and(<dyn std::error::Error + Send + Sync>::is::<rustls::Error>)
                 {
                     return true;
                 }

@@ -98,23 +98,23 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
         .selector
         .clone_from(&args.ledger.prometheus.prometheus_selector);
     let offline = offline::load(&input, Utc::now())?;
-    if let Some(ns) = args.namespace.as_deref() {
-        if !offline.namespaces.contains(ns) {
-            let source = files.from.as_ref().map_or_else(
-                || "the dump files".to_string(),
-                |d| format!("the dump in {}", d.display()),
-            );
-            return Err(AppError::Input(format!(
-                "-n {ns:?}: namespace {ns:?} is not in {source} (no object of it); namespaces \
-                 in it: {}",
-                offline
-                    .namespaces
-                    .iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
+    if let Some(ns) = args.namespace.as_deref()
+        && !offline.namespaces.contains(ns)
+    {
+        let source = files.from.as_ref().map_or_else(
+            || "the dump files".to_string(),
+            |d| format!("the dump in {}", d.display()),
+        );
+        return Err(AppError::Input(format!(
+            "-n {ns:?}: namespace {ns:?} is not in {source} (no object of it); namespaces in \
+             it: {}",
+            offline
+                .namespaces
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
     }
     for w in &offline.warnings {
         eprintln!("warning: {w}");

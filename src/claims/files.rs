@@ -670,7 +670,9 @@ pub fn load_with_limits(
     }
     if let Some(path) = &paths.notebooks {
         let notebooks: Vec<MetaOnly> = list(path, "Notebook", "notebooks.kubeflow.org", limits, w)?;
-        notebooks.iter().for_each(|n| seen(&n.metadata));
+        for n in &notebooks {
+            seen(&n.metadata);
+        }
         claims.notebooks = notebooks
             .iter()
             .map(|n| crate::k8s::notebook(&n.metadata))
@@ -679,7 +681,9 @@ pub fn load_with_limits(
     }
     if let Some(path) = &paths.statefulsets {
         let sets: Vec<StatefulSet> = list(path, "StatefulSet", "statefulsets", limits, w)?;
-        sets.iter().for_each(|s| seen(&s.metadata));
+        for set in &sets {
+            seen(&set.metadata);
+        }
         claims.statefulsets = sets.iter().map(project::statefulset).collect();
     }
     if let Some(path) = &paths.resource_claims {

@@ -659,7 +659,8 @@ impl Optional {
                 () = self.cancel.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
             }
-            let started: std::sync::Mutex<Vec<BoxFuture<'static, ()>>> = Default::default();
+            let started: std::sync::Mutex<Vec<BoxFuture<'static, ()>>> =
+                std::sync::Mutex::default();
             let collect = |_name: String, task: BoxFuture<'static, ()>| {
                 started
                     .lock()
