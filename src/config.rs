@@ -528,8 +528,9 @@ pub struct ReportArgs {
     /// refused before it is parsed (docs/security.md).
     #[arg(long, env = "GPU_LEDGER_MAX_DUMP_SIZE", default_value = "1GiB", value_parser = byte_size, help_heading = "Offline input")]
     pub max_dump_size: u64,
-    /// Show only this namespace's rows (pods, namespace totals); nodes stay whole, as node
-    /// free counts every pod. Unlike `--namespaces`, the ledger is still built from every pod.
+    /// Show only this namespace: its pods, totals, quotas and pending pods' reclaim rows, the
+    /// summary counting its GPUs; nodes stay whole, as node free counts every pod. Unlike
+    /// `--namespaces`, the ledger is still built from every pod. An unknown namespace is an error.
     #[arg(
         short = 'n',
         long = "namespace",
