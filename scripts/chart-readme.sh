@@ -43,6 +43,8 @@ if it differs.
 
 \`values.schema.json\` rejects unknown keys, durations without units (\`10\` instead of \`10m\`) and
 unknown modes or formats at \`helm lint\`, \`helm template\` and \`helm install\`.
+It accepts \`global\` (any object), which Helm hands every subchart: the chart can be a
+dependency of an umbrella chart.
 
 ## Values
 

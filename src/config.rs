@@ -76,8 +76,10 @@ pub enum Command {
     Report(Box<ReportArgs>),
     /// Write the cluster's GPU claims and DCGM history to a directory that `report --from` reads
     /// (a reproducible case for a bug report; see docs/capture.md).
+    #[command(after_help = EXIT_CODES)]
     Capture(Box<CaptureArgs>),
     /// Print a shell completion script (e.g. `gpu-ledger completions bash > /etc/bash_completion.d/gpu-ledger`).
+    #[command(after_help = EXIT_CODES)]
     Completions(CompletionsArgs),
     /// GPU-hours claimed, busy and idle per namespace, team or Kubeflow Profile owner over a
     /// period, from gpu-ledger's counters in Prometheus (see docs/showback.md).
@@ -540,8 +542,9 @@ pub struct ReportArgs {
     /// refused before it is parsed (docs/security.md).
     #[arg(long, env = "GPU_LEDGER_MAX_DUMP_SIZE", default_value = "1GiB", value_parser = byte_size, help_heading = "Offline input")]
     pub max_dump_size: u64,
-    /// Show only this namespace's rows (pods, namespace totals); nodes stay whole, as node
-    /// free counts every pod. Unlike `--namespaces`, the ledger is still built from every pod.
+    /// Show only this namespace: its pods, totals, quotas and pending pods' reclaim rows, the
+    /// summary counting its GPUs; nodes stay whole, as node free counts every pod. Unlike
+    /// `--namespaces`, the ledger is still built from every pod. An unknown namespace is an error.
     #[arg(
         short = 'n',
         long = "namespace",

@@ -61,7 +61,12 @@ fn main() -> ExitCode {
             _ => ExitCode::SUCCESS,
         };
     }
-    telemetry::init(cli.log_format, &cli.log);
+    // A one-shot command prints its one error itself; a service logs everything.
+    let quiet = match cli.command {
+        Command::Serve(_) => &[][..],
+        _ => telemetry::CLI_QUIET_TARGETS,
+    };
+    telemetry::init_quiet(cli.log_format, &cli.log, quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -2,7 +2,8 @@
 //! against the homelab, bad input (clear message naming the input, exit code 2, no panic), and
 //! CLI habits: what-to-do hints, `-o wide`, clean machine-readable stdout, `--namespaces`
 //! offline, flags scoped to their subcommand, `--context`/`--kubeconfig`, colour rules,
-//! `--version`, completions, JSON fatal errors, and the self-metrics of `serve`.
+//! `--version`, completions, JSON fatal errors, the self-metrics of `serve`, and live `report`'s
+//! exit codes and one-line errors against the shared tier A control plane (testkit).
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -1223,4 +1224,263 @@ fn an_unreachable_prometheus_exits_3() {
         .expect("run");
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("3  unreachable"), "{help}");
+}
+
+/// Issue 36 item 16: with `-n`, every section follows the filter. The summary line counts the
+/// namespace's own claimed, idle and pending GPUs and says so (the cluster's allocatable and
+/// free stay, labelled as the cluster's); "Who could run" lists only pending pods of the
+/// namespace; quota rows are the namespace's. The homelab: team-ml holds 2 GPUs of the
+/// cluster's 3, its quota is `team-ml/compute`, the pending pod is `trials/hp-trial-42`.
+#[test]
+fn namespace_flag_scopes_every_section() {
+    let table = stdout(&run(&["report", "--from", &homelab(), "-n", "team-ml"]));
+    let summary = table.lines().nth(1).expect("summary line");
+    assert!(
+        summary.starts_with("GPUs in namespace team-ml: 2 claimed, 2 proven idle, 0 pending"),
+        "the summary counts the namespace's own GPUs and says so: {summary}\n{table}"
+    );
+    assert!(
+        summary.contains("cluster: 3 allocatable, 0 free"),
+        "{summary}"
+    );
+    assert!(
+        !table.contains("Who could run") && !table.contains("hp-trial-42"),
+        "another namespace's pending pod: {table}"
+    );
+    assert!(
+        !table.contains("bench"),
+        "bench's quota row (or anything else of bench): {table}"
+    );
+    let bench = stdout(&run(&["report", "--from", &homelab(), "-n", "bench"]));
+    let quotas = bench
+        .split("Quotas and queues")
+        .nth(1)
+        .expect("bench's own quota row is shown");
+    assert!(quotas.contains("bench      nvidia.com/gpu"), "{bench}");
+
+    let json = stdout(&run(&[
+        "report",
+        "--from",
+        &homelab(),
+        "-o",
+        "json",
+        "-n",
+        "team-ml",
+    ]));
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(json["reclaim"], serde_json::json!([]), "{json}");
+    assert_eq!(
+        json["quotas"],
+        serde_json::json!([]),
+        "team-ml's quota names no GPU: no row, and none of another namespace: {json}"
+    );
+
+    // The pending pod's own namespace keeps its "Who could run" row.
+    let trials = stdout(&run(&["report", "--from", &homelab(), "-n", "trials"]));
+    assert!(
+        trials.contains("Who could run") && trials.contains("trials/hp-trial-42"),
+        "{trials}"
+    );
+    assert!(
+        trials.lines().nth(1).is_some_and(
+            |l| l.starts_with("GPUs in namespace trials: 0 claimed, 0 proven idle, 1 pending")
+        ),
+        "{trials}"
+    );
+}
+
+/// Issue 36 item 16: a namespace the dump does not contain is an error naming it (exit 2: bad
+/// input), not an empty report; one that exists but holds no GPU pod is said on stderr.
+#[test]
+fn namespace_flag_refuses_an_unknown_namespace() {
+    let out = run(&["report", "--from", &homelab(), "-n", "team-mll"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stdout: {}\nstderr: {err}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        err.contains("\"team-mll\"") && err.contains("not in the dump"),
+        "{err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "no report for a namespace that is not there"
+    );
+
+    let out = run(&["report", "--from", &homelab(), "-n", "kube-system"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: namespace \"kube-system\" has no GPU pod and no GPU quota"),
+        "{err}"
+    );
+}
+
+/// Issue 36 item 17: every subcommand's `--help` carries the exit-code block (`capture` and
+/// `completions` lacked it). The subcommands are read from the top-level help, so a new one is
+/// covered without editing this test.
+#[test]
+fn every_subcommand_help_lists_the_exit_codes() {
+    let top = stdout(&run(&["--help"]));
+    let commands: Vec<&str> = help_section(&top, "Commands:")
+        .lines()
+        // A command's first line is indented by two; wrapped descriptions by more.
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(
+        ["serve", "report", "capture", "completions", "showback"]
+            .iter()
+            .all(|c| commands.contains(c)),
+        "{commands:?} from\n{top}"
+    );
+    for command in commands {
+        let help = stdout(&run(&[command, "--help"]));
+        assert!(
+            help.contains("Exit codes:")
+                && help.contains("2  usage or bad input")
+                && help.contains("3  unreachable"),
+            "`{command} --help` lacks the exit codes:\n{help}"
+        );
+    }
+}
+
+/// A loopback HTTP server that answers every request with `status`, `content_type` and `body`
+/// (a web page where a Prometheus API is expected); returns its URL. Serves until the test ends.
+fn page_server(status: &str, content_type: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let answer = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 16 * 1024];
+            let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(answer.as_bytes());
+        }
+    });
+    url
+}
+
+/// `gpu-ledger report` against the shared tier A control plane (testkit) as `kubeconfig`
+/// says, with `--prometheus-url url`; the log filter at its default.
+fn live_report(kubeconfig: &std::path::Path, url: &str) -> Output {
+    gpu_ledger()
+        .args(["report", "--prometheus-url", url])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("GPU_LEDGER_LOG")
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run gpu-ledger")
+}
+
+/// The one error line a failed command prints: nothing else on stderr claims an error (kube's
+/// client logged its own ERROR line before ours), and the line carries no Debug struct.
+fn one_error_line(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("error") || l.contains("ERROR"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line, not:\n{err}");
+    assert!(errors[0].starts_with("error: "), "{err}");
+    assert!(!err.contains("kube_client"), "kube's own log line:\n{err}");
+    assert!(
+        !err.contains("Status {") && !err.contains("Some("),
+        "a Debug struct:\n{err}"
+    );
+    errors[0].to_string()
+}
+
+/// Issue 36 item 15: live `report` exits as documented (config::EXIT_CODES) and says why in one
+/// line. Prometheus down: the claims are still printed, exit 3 (was 0). A URL that serves a
+/// web page: exit 1 with the status, content type and a short excerpt (was the whole page).
+/// A 403 from the API: exit 1, the API's message (was `Status { … }`). An API certificate
+/// the kubeconfig does not trust: exit 3, "TLS failed" (was 1, after kube's ERROR log line).
+#[test]
+fn live_report_exit_codes_and_errors_follow_the_docs() {
+    let cp = gpu_ledger_testkit::ControlPlane::shared(false).expect("shared tier A control plane");
+    let admin = cp.kubeconfig_path("admin").expect("kubeconfig");
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("probe port")
+        .port();
+    let out = live_report(&admin, &format!("http://127.0.0.1:{closed}"));
+    let line = one_error_line(&out);
+    assert_eq!(out.status.code(), Some(3), "{line}");
+    assert!(line.contains("prometheus"), "{line}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("Usage unavailable") && table.contains("Nodes"),
+        "the claims are still reported:\n{table}"
+    );
+
+    // A web page, long, with a secret-looking tail that must not reach the terminal.
+    let page = format!(
+        "<!DOCTYPE html>\n<html><head><title>Grafana</title></head><body>{}SECRET-TAIL</body></html>",
+        "<div>login</div>\n".repeat(200)
+    );
+    for status in ["200 OK", "404 Not Found"] {
+        let url = page_server(status, "text/html; charset=utf-8", &page);
+        let out = live_report(&admin, &url);
+        let line = one_error_line(&out);
+        assert_eq!(out.status.code(), Some(1), "{status}: {line}");
+        let code = &status[..3];
+        assert!(
+            line.contains("not a Prometheus API answer")
+                && line.contains(&format!("HTTP {code}"))
+                && line.contains("text/html")
+                && line.contains("<!DOCTYPE html>"),
+            "{line}"
+        );
+        assert!(
+            !line.contains("SECRET-TAIL") && line.len() < 400,
+            "{} characters: {line}",
+            line.len()
+        );
+    }
+
+    // A user without any grant: the API answers 403.
+    let intruder = cp.kubeconfig_path("intruder").expect("kubeconfig");
+    let prometheus = page_server(
+        "200 OK",
+        "application/json",
+        r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#,
+    );
+    let out = live_report(&intruder, &prometheus);
+    let line = one_error_line(&out);
+    assert_eq!(out.status.code(), Some(1), "{line}");
+    assert!(
+        line.contains("403 Forbidden") && line.contains("cannot list resource"),
+        "{line}"
+    );
+
+    // The API server's certificate, not signed by a CA the kubeconfig trusts (none given: the
+    // system roots).
+    let dir = tempfile::tempdir().expect("tmp");
+    let untrusted = dir.path().join("kubeconfig");
+    std::fs::write(
+        &untrusted,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n\
+             contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
+             current-context: c\nusers:\n- name: u\n  user:\n    token: t\n",
+            cp.server_url()
+        ),
+    )
+    .expect("kubeconfig");
+    let out = live_report(&untrusted, &prometheus);
+    let line = one_error_line(&out);
+    assert_eq!(out.status.code(), Some(3), "{line}");
+    assert!(line.contains("certificate"), "{line}");
 }

@@ -403,3 +403,125 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
     tracker.close();
     tracker.wait().await;
 }
+
+/// Issue 36 item 14: Kubeflow installed after gpu-ledger started. `serve` starts on a cluster
+/// without the Notebook CRD (tier A, no Prometheus): it is ready, and `/readyz` and the page say
+/// that notebook ownership is off and looked for again. Then the CRD, a Notebook, its
+/// StatefulSet and its GPU pod are created: without a restart the pod's ledger row names the
+/// notebook (discovery ran once at start-up before: it never did), and the note is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tier_a_serve_finds_kubeflow_installed_after_start_up() {
+    let cp = ControlPlane::start(Tier::A)
+        .await
+        .expect("tier A control plane");
+    let admin = cp.client("admin").await.expect("admin");
+    cp.add_gpu_node("gpu-1", 1, &[]).await.expect("node");
+    let port = gpu_ledger_testkit::util::free_port().expect("port");
+    let url = format!("http://127.0.0.1:{port}");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env(
+        "KUBECONFIG",
+        cp.kubeconfig_path("admin").expect("kubeconfig"),
+    )
+    .env("POD_NAMESPACE", "gpu-ledger")
+    .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+    .args(["--refresh-interval", "1s"]);
+    let log = cp.dir().join("gpu-ledger-late-kubeflow.log");
+    let serve = gpu_ledger_testkit::process::ChildGuard::spawn("gpu-ledger", cmd, &log)
+        .expect("gpu-ledger serve");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("http");
+    let get = |path: &'static str| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let r = http.get(format!("{url}{path}")).send().await.ok()?;
+            let status = r.status().as_u16();
+            Some((status, r.text().await.ok()?))
+        }
+    };
+    let readyz = eventually("serve ready", WAIT, || async {
+        get("/readyz").await.filter(|(status, _)| *status == 200)
+    })
+    .await
+    .1;
+    assert!(
+        readyz.contains("note: kubeflow.org Notebook: not served")
+            && readyz.contains("notebook ownership and culling are off")
+            && readyz.contains("looking again in"),
+        "{readyz}\n{}",
+        serve.log_tail(20)
+    );
+    let (_, page) = get("/").await.expect("page");
+    assert!(
+        page.contains("kubeflow.org Notebook: not served"),
+        "the page says so too"
+    );
+
+    // Kubeflow arrives: the CRD, a notebook, its StatefulSet and its GPU pod.
+    cp.install_notebook_crd().await.expect("notebook CRD");
+    namespace(&admin, "team-ml", &[]).await;
+    let notebooks: Api<DynamicObject> =
+        Api::namespaced_with(admin.clone(), "team-ml", &notebook_ar());
+    let mut nb = DynamicObject::new("late-nb", &notebook_ar());
+    nb.data = json!({"spec": {"template": {"spec": {"containers": [{"name": "late-nb", "image": "jupyter"}]}}}});
+    let nb = notebooks
+        .create(&PostParams::default(), &nb)
+        .await
+        .expect("notebook");
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "late-nb", "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+            "name": "late-nb", "uid": nb.metadata.uid, "controller": true}]},
+        "spec": {"selector": {"matchLabels": {"statefulset": "late-nb"}}, "serviceName": "",
+            "template": {"metadata": {"labels": {"statefulset": "late-nb"}},
+                "spec": {"containers": [{"name": "late-nb", "image": "jupyter"}]}}}
+    }))
+    .expect("sts");
+    let sts = Api::<StatefulSet>::namespaced(admin.clone(), "team-ml")
+        .create(&PostParams::default(), &sts)
+        .await
+        .expect("statefulset");
+    let mut pod = gpu_pod("late-nb-0", 1, Some("gpu-1"));
+    pod.metadata.labels = Some(
+        [
+            ("notebook-name".to_string(), "late-nb".to_string()),
+            ("statefulset".to_string(), "late-nb".to_string()),
+        ]
+        .into(),
+    );
+    pod.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({"apiVersion": "apps/v1",
+        "kind": "StatefulSet", "name": "late-nb", "uid": sts.metadata.uid, "controller": true}))
+        .expect("owner"),
+    ]);
+    Api::<Pod>::namespaced(admin.clone(), "team-ml")
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("notebook pod");
+
+    // Looked for again within 10 s, then 20 s, 40 s …: generous for a busy machine.
+    eventually(
+        "the ledger names the notebook that owns the pod",
+        Duration::from_secs(150),
+        || async {
+            let (_, body) = get("/api/v1/ledger").await?;
+            let ledger: serde_json::Value = serde_json::from_str(&body).ok()?;
+            ledger["pods"]
+                .as_array()?
+                .iter()
+                .any(|p| p["pod"] == "late-nb-0" && p["notebook"] == "late-nb")
+                .then_some(())
+        },
+    )
+    .await;
+    let (status, readyz) = get("/readyz").await.expect("readyz");
+    assert_eq!(status, 200, "{readyz}");
+    assert!(!readyz.contains("Notebook"), "the note is gone: {readyz}");
+    drop(serve);
+}

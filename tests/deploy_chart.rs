@@ -2090,3 +2090,49 @@ fn license_is_the_apache_2_text() -> Result<()> {
     ensure!(cargo.contains("license = \"Apache-2.0\""));
     Ok(())
 }
+
+/// Issue 36 item 17: the chart works as a subchart. Helm hands every subchart the parent's
+/// `global` values; a schema that refuses unknown top-level keys refused `global` too, so no
+/// umbrella chart could include gpu-ledger. A parent chart with `global` set and the chart as
+/// its dependency must lint and render, with the parent's values for gpu-ledger applied.
+#[test]
+fn helm_chart_works_as_a_subchart_with_global_values() -> Result<()> {
+    let parent = tempfile::tempdir()?;
+    std::fs::write(
+        parent.path().join("Chart.yaml"),
+        "apiVersion: v2\nname: platform\nversion: 0.1.0\n\
+         dependencies:\n- name: gpu-ledger\n  version: \">=0.0.0-0\"\n",
+    )?;
+    std::fs::write(
+        parent.path().join("values.yaml"),
+        "global:\n  imageRegistry: registry.example.internal\n  labels:\n    team: platform\n\
+         gpu-ledger:\n  prometheus:\n    url: http://prometheus.monitoring:9090\n",
+    )?;
+    std::fs::create_dir(parent.path().join("charts"))?;
+    let mut cp = Command::new("cp");
+    cp.arg("-r")
+        .arg(root().join(CHART))
+        .arg(parent.path().join("charts/gpu-ledger"));
+    run_ok(cp, None)?;
+    let mut c = helm();
+    c.args(["lint", "--strict"]).arg(parent.path());
+    run_ok(c, None)?;
+    let mut c = helm();
+    c.args(["template", "platform"]).arg(parent.path()).args([
+        "--namespace",
+        NS,
+        "--kube-version",
+        "v1.36.3",
+    ]);
+    let objs = docs(&run_ok(c, None)?.0)?;
+    let deployment = objs
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .context("the subchart's Deployment")?;
+    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    ensure!(
+        args.contains("http://prometheus.monitoring:9090"),
+        "the parent's values reach the subchart: {args}"
+    );
+    Ok(())
+}

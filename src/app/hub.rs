@@ -116,6 +116,20 @@ impl server::Probes for Health {
         Ok(())
     }
 
+    fn notes(&self) -> Vec<String> {
+        self.stores
+            .as_ref()
+            .map(Stores::pending_apis)
+            .unwrap_or_default()
+    }
+
+    fn page_notes(&self) -> Vec<String> {
+        self.stores
+            .as_ref()
+            .map(Stores::pending_apis_for_page)
+            .unwrap_or_default()
+    }
+
     fn ready(&self) -> Result<(), String> {
         self.live()?;
         if let Some(waiting) = self.waiting() {

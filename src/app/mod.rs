@@ -51,6 +51,9 @@ pub enum AppError {
     Serve(#[source] std::io::Error),
     #[error("prometheus")]
     Prometheus(#[source] PromError),
+    /// `report` was written without utilisation (every pod's shows as unknown).
+    #[error("prometheus could not be used; the report shows claims only, utilisation unknown")]
+    UsageUnavailable(#[source] PromError),
     #[error("registering metrics")]
     Metrics(#[source] prometheus::Error),
     #[error(transparent)]
@@ -97,11 +100,12 @@ impl AppError {
 
     /// Whether a server could not be reached: Prometheus' transport failed or timed out, or a
     /// cause in the chain is a refused, reset or timed-out connection, an unreachable network,
-    /// a name that does not resolve, or one of our own call timeouts.
+    /// a name that does not resolve, a failed TLS handshake, or one of our own call timeouts.
     fn is_unreachable(&self) -> bool {
         if matches!(
             self,
             Self::Prometheus(PromError::Transport(_) | PromError::Timeout)
+                | Self::UsageUnavailable(PromError::Transport(_) | PromError::Timeout)
         ) {
             return true;
         }
@@ -122,8 +126,21 @@ impl AppError {
                 ) {
                     return true;
                 }
+                // The TLS handshake failed (an untrusted or expired certificate, a name that
+                // does not match): rustls' error travels inside an io::Error.
+                if io
+                    .get_ref()
+                    .is_some_and(<dyn std::error::Error + Send + Sync>::is::<rustls::Error>)
+                {
+                    return true;
+                }
             }
-            if e.downcast_ref::<reqwest::Error>()
+            if e.is::<rustls::Error>()
+                // kube's HTTP client could not connect: refused, unresolved, or the TLS
+                // handshake failed (rustls' error sits under it in a form not downcast here).
+                || e.downcast_ref::<hyper_util::client::legacy::Error>()
+                    .is_some_and(hyper_util::client::legacy::Error::is_connect)
+                || e.downcast_ref::<reqwest::Error>()
                 .is_some_and(|r| r.is_connect() || r.is_timeout())
                 || e.is::<tokio::time::error::Elapsed>()
                 // hyper-util's connector names a failed lookup only in its text (its io::Error

@@ -73,6 +73,9 @@ pub struct Offline {
     pub scrape_interval: Duration,
     /// The label scheme used to read workload labels.
     pub scheme: LabelScheme,
+    /// Every namespace an object of the dump is in (GPU or not), so `report -n` can tell a
+    /// namespace without GPU pods from one that is not in the dump at all.
+    pub namespaces: std::collections::BTreeSet<String>,
 }
 
 /// Why the offline input could not be used.
@@ -117,5 +120,6 @@ pub fn load(input: &OfflineInput, fallback_now: DateTime<Utc>) -> Result<Offline
         at: usage.at,
         scrape_interval: usage.scrape_interval,
         scheme: usage.scheme,
+        namespaces: loaded.namespaces,
     })
 }

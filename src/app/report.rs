@@ -20,18 +20,21 @@ use crate::ledger::{self, Ledger, Policy};
 use crate::report::{self, html};
 use crate::usage::discover::{self, ServiceProxy};
 use crate::usage::live::LiveUsage;
-use crate::usage::prom::PromClient;
+use crate::usage::prom::{PromClient, PromError};
 
 /// `gpu-ledger report`.
 pub async fn report(args: ReportArgs) -> Result<(), AppError> {
     let policy = args.ledger.policy();
-    let mut ledger = if args.input.offline() {
-        offline_ledger(&args, &policy)?
+    // Live, why Prometheus could not be used: the report is still written (the claims are
+    // true, utilisation shows as unknown), then the exit code says it is incomplete.
+    let (mut ledger, usage_error) = if args.input.offline() {
+        (offline_ledger(&args, &policy)?, None)
     } else {
         live_ledger(&args, &policy).await?
     };
     if let Some(ns) = args.namespace.as_deref() {
         only_namespace(&mut ledger, ns);
+        warn_if_empty(&ledger, ns);
     }
     let plan = args.cull_dry_run.then(|| {
         crate::cull::plan::plan(
@@ -40,11 +43,22 @@ pub async fn report(args: ReportArgs) -> Result<(), AppError> {
             ledger.generated_at,
         )
     });
-    let written = write_report(args.output, &ledger, plan.as_ref());
+    let written = write_report(
+        args.output,
+        &ledger,
+        args.namespace.as_deref(),
+        plan.as_ref(),
+    );
     match written {
         // A closed pipe (`| head`) is the reader's choice, not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.map_err(AppError::Output),
+    }?;
+    // Exit 3 when Prometheus could not be reached, 1 when it answered with an error
+    // (config::EXIT_CODES), never 0 for a report without utilisation.
+    match usage_error {
+        Some(e) => Err(AppError::UsageUnavailable(e)),
+        None => Ok(()),
     }
 }
 
@@ -84,6 +98,24 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
         .selector
         .clone_from(&args.ledger.prometheus.prometheus_selector);
     let offline = offline::load(&input, Utc::now())?;
+    if let Some(ns) = args.namespace.as_deref()
+        && !offline.namespaces.contains(ns)
+    {
+        let source = files.from.as_ref().map_or_else(
+            || "the dump files".to_string(),
+            |d| format!("the dump in {}", d.display()),
+        );
+        return Err(AppError::Input(format!(
+            "-n {ns:?}: namespace {ns:?} is not in {source} (no object of it); namespaces in \
+             it: {}",
+            offline
+                .namespaces
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
     for w in &offline.warnings {
         eprintln!("warning: {w}");
     }
@@ -109,19 +141,41 @@ fn check_dir(dir: &std::path::Path) -> Result<(), AppError> {
     }
 }
 
-/// `-n NAMESPACE`: only that namespace's pods and namespace row. Nodes and unclaimed busy
-/// devices belong to no namespace and stay whole (a node's free GPUs count every pod).
+/// `-n NAMESPACE`: only that namespace's pods, namespace row, quota rows, DRA claims outside
+/// every quota, and the "who could run" rows of its pending pods. Nodes, unclaimed busy devices
+/// and Kueue's ClusterQueues belong to no namespace and stay whole (a node's free GPUs count
+/// every pod).
 fn only_namespace(ledger: &mut Ledger, namespace: &str) {
     ledger.pods.retain(|p| p.namespace == namespace);
     ledger.namespaces.retain(|n| n.namespace == namespace);
+    ledger.reclaim.retain(|r| r.pending.namespace == namespace);
+    ledger.quotas.retain(|q| q.namespace == namespace);
+    ledger
+        .dra_claims_unquotaed
+        .retain(|c| c.namespace == namespace);
+}
+
+/// After [`only_namespace`]: a namespace that exists but has no GPU pod and no GPU quota is
+/// said on stderr, so an empty report is not mistaken for a mistyped name (that one is an
+/// error before this).
+fn warn_if_empty(ledger: &Ledger, namespace: &str) {
+    if ledger.pods.is_empty() && ledger.namespaces.is_empty() {
+        eprintln!(
+            "warning: namespace {namespace:?} has no GPU pod and no GPU quota: nothing to report"
+        );
+    }
 }
 
 fn listed(v: &[String]) -> Vec<String> {
     v.iter().filter(|s| !s.is_empty()).cloned().collect()
 }
 
-/// The ledger from the live API (one list per resource) and Prometheus, as of `--at` or now.
-async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError> {
+/// The ledger from the live API (one list per resource) and Prometheus, as of `--at` or now,
+/// and why Prometheus could not be used, if it could not.
+async fn live_ledger(
+    args: &ReportArgs,
+    policy: &Policy,
+) -> Result<(Ledger, Option<PromError>), AppError> {
     // Configuration first: a refused Prometheus setting fails before any API call.
     let prom = prom_client(&args.ledger)?;
     let client = kube_client(&args.kube).await?;
@@ -133,11 +187,36 @@ async fn live_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppEr
         let (prom, proxy) = discovered_prometheus(&client, args).await?;
         (prom, Some(proxy))
     };
+    if let Some(ns) = args.namespace.as_deref() {
+        check_namespace_exists(&client, ns).await?;
+    }
     let claims =
         claims::list::list_claims(&client, &policy.names, &listed(&args.ledger.namespaces)).await?;
     let at = args.at.unwrap_or_else(Utc::now);
-    let usage = live_usage(Some(prom), &args.ledger, at).await;
-    Ok(ledger::build(&claims, &usage, at, policy))
+    let (usage, error) = live_usage(Some(prom), &args.ledger, at).await;
+    Ok((ledger::build(&claims, &usage, at, policy), error))
+}
+
+/// `-n NS` live: a namespace the API does not know is an error naming it (a typo would
+/// otherwise print an empty report). A user who may not read namespaces is warned that the
+/// name could not be checked.
+async fn check_namespace_exists(client: &kube::Client, namespace: &str) -> Result<(), AppError> {
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(client.clone());
+    match namespaces.get_metadata_opt(namespace).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(AppError::Input(format!(
+            "-n {namespace:?}: namespace {namespace:?} not found by the Kubernetes API"
+        ))),
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            eprintln!(
+                "warning: cannot check that namespace {namespace:?} exists (reading namespaces \
+                 is forbidden); an empty report may mean a mistyped name"
+            );
+            Ok(())
+        }
+        Err(e) => Err(AppError::Kube(e)),
+    }
 }
 
 /// The Prometheus Service named by `--prometheus-service`, else the best match in the
@@ -194,20 +273,10 @@ async fn live_usage(
     prom: Option<std::sync::Arc<crate::usage::prom::PromClient>>,
     args: &crate::config::LedgerArgs,
     at: DateTime<Utc>,
-) -> Usage {
+) -> (Usage, Option<PromError>) {
     let mut source = LiveUsage::new(prom, live_settings(args));
     let fetched = source.fetch_at(at).await;
-    if let Some(e) = &fetched.error {
-        warn_unavailable(e);
-    }
-    fetched.usage
-}
-
-fn warn_unavailable(e: &dyn std::error::Error) {
-    eprintln!(
-        "warning: prometheus did not answer ({}); utilisation is unknown",
-        crate::telemetry::error_chain(e)
-    );
+    (fetched.usage, fetched.error)
 }
 
 /// The JSON document of `--cull-dry-run`: the ledger's fields in their order, then `cull`.
@@ -218,16 +287,18 @@ struct WithCull<'a> {
     cull: CullJson,
 }
 
-fn write_report(output: Output, ledger: &Ledger, plan: Option<&Plan>) -> std::io::Result<()> {
+/// Writes the report; `namespace` is `-n`'s (the ledger is already cut to it).
+fn write_report(
+    output: Output,
+    ledger: &Ledger,
+    namespace: Option<&str>,
+    plan: Option<&Plan>,
+) -> std::io::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match output {
         Output::Table | Output::Wide => {
-            if output == Output::Wide {
-                report::render_wide(ledger, &mut out)?;
-            } else {
-                report::render_table(ledger, &mut out)?;
-            }
+            report::render_table_in(ledger, output == Output::Wide, namespace, &mut out)?;
             if let Some(plan) = plan {
                 crate::cull::render_plan(plan, &mut out)?;
             }

@@ -595,6 +595,9 @@ pub struct Loaded {
     pub claims: Claims,
     /// Non-fatal problems, each naming the file (duplicate objects dropped).
     pub warnings: Vec<String>,
+    /// The namespace of every namespaced object read (pods without GPUs included), so a caller
+    /// can tell a namespace without GPU pods from one the dump does not have.
+    pub namespaces: std::collections::BTreeSet<String>,
 }
 
 /// Loads every dump and projects it, with the default [`DumpLimits`]; warnings are dropped
@@ -632,7 +635,14 @@ pub fn load_with_limits(
     let pods: Vec<Pod> = list(&paths.pods, "Pod", "pods", limits, w)?;
     let nodes: Vec<Node> = list(&paths.nodes, "Node", "nodes", limits, w)?;
     let mut claims = Claims::default();
+    let mut namespaces = std::collections::BTreeSet::new();
+    let mut seen = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        if let Some(ns) = &meta.namespace {
+            namespaces.insert(ns.clone());
+        }
+    };
     for p in &pods {
+        seen(&p.metadata);
         match project::pod(names, p).map_err(q(&paths.pods))? {
             Some(c) => {
                 // A pod kept only for its ResourceClaims may still be a DaemonSet's.
@@ -652,6 +662,7 @@ pub fn load_with_limits(
     if let Some(path) = &paths.quotas {
         let quotas: Vec<ResourceQuota> = list(path, "ResourceQuota", "resourcequotas", limits, w)?;
         for rq in &quotas {
+            seen(&rq.metadata);
             if let Some(info) = project::quota(names, rq).map_err(q(path))? {
                 claims.quotas.push(info);
             }
@@ -659,6 +670,9 @@ pub fn load_with_limits(
     }
     if let Some(path) = &paths.notebooks {
         let notebooks: Vec<MetaOnly> = list(path, "Notebook", "notebooks.kubeflow.org", limits, w)?;
+        for n in &notebooks {
+            seen(&n.metadata);
+        }
         claims.notebooks = notebooks
             .iter()
             .map(|n| crate::k8s::notebook(&n.metadata))
@@ -667,6 +681,9 @@ pub fn load_with_limits(
     }
     if let Some(path) = &paths.statefulsets {
         let sets: Vec<StatefulSet> = list(path, "StatefulSet", "statefulsets", limits, w)?;
+        for set in &sets {
+            seen(&set.metadata);
+        }
         claims.statefulsets = sets.iter().map(project::statefulset).collect();
     }
     if let Some(path) = &paths.resource_claims {
@@ -715,7 +732,11 @@ pub fn load_with_limits(
             },
         );
     }
-    Ok(Loaded { claims, warnings })
+    Ok(Loaded {
+        claims,
+        warnings,
+        namespaces,
+    })
 }
 
 #[cfg(test)]

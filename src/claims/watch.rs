@@ -129,6 +129,9 @@ pub struct Stores {
     pub local_queues: Arc<DashMap<String, LocalQueueInfo>>,
     pub workloads: Arc<DashMap<String, WorkloadInfo>>,
     pub kueue_enabled: Arc<AtomicBool>,
+    /// The optional APIs (Notebook, DRA, Kueue) not found yet and looked for again in the
+    /// background ([`rediscover`]), by name, with what that turns off and when the next look is.
+    pending_apis: Arc<DashMap<&'static str, PendingApi>>,
     synced: Arc<DashMap<&'static str, bool>>,
     health: Arc<DashMap<&'static str, WatchHealth>>,
     /// The last error of each watch, as text (why a watch has not synced yet).
@@ -157,6 +160,7 @@ impl Stores {
             local_queues: Arc::default(),
             workloads: Arc::default(),
             kueue_enabled: Arc::new(AtomicBool::new(false)),
+            pending_apis: Arc::default(),
             synced: Arc::default(),
             health: Arc::default(),
             last_errors: Arc::default(),
@@ -173,6 +177,30 @@ impl Stores {
             .iter()
             .filter(|e| e.value().broken(now, bound))
             .map(|e| *e.key())
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// The optional APIs not found yet, sorted, each with what that turns off and when they
+    /// are looked for again (for `/readyz`): empty once every one was found.
+    pub fn pending_apis(&self) -> Vec<String> {
+        self.pending_notes(|_| true)
+    }
+
+    /// The [`Self::pending_apis`] the page shows: Kubeflow's Notebook (ownership and culling
+    /// depend on it) and any API whose discovery failed. Kueue or DRA simply not installed is
+    /// the normal case of many clusters and stays off the page.
+    pub fn pending_apis_for_page(&self) -> Vec<String> {
+        self.pending_notes(|p| p.on_page)
+    }
+
+    fn pending_notes(&self, keep: impl Fn(&PendingApi) -> bool) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .pending_apis
+            .iter()
+            .filter(|e| keep(e.value()))
+            .map(|e| e.value().note.clone())
             .collect();
         out.sort_unstable();
         out
@@ -425,60 +453,283 @@ pub async fn start_with(
         |n: &Node| n.name_any(),
     );
 
-    match notebook_resource(&client).await {
-        Ok(Some(ar)) => {
-            stores.notebooks_enabled.store(true, Ordering::Relaxed);
-            info!(version = %ar.version, "watching kubeflow.org notebooks");
-            for (i, ns) in scopes.iter().enumerate() {
-                let api = k8s::scoped_dynamic(&client, ns.as_deref(), &ar);
-                spawn_watch(
-                    spawn,
-                    &cancel,
-                    &stores,
-                    leak_label("notebooks", i),
-                    api,
-                    watcher::Config::default(),
-                    on_restart.clone(),
-                    |o: &DynamicObject| Some(k8s::notebook(&o.metadata)),
-                    stores.notebooks.clone(),
-                    |o: &DynamicObject| {
-                        format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any())
-                    },
+    // The optional APIs: looked for once now (so a cluster that serves them starts with their
+    // watches, as before), and when one is not found, again in the background until it is — an
+    // API blip or a Kubeflow installed later must not leave ownership and culling off until a
+    // restart.
+    let optional = Optional {
+        client,
+        names: config.names.clone(),
+        scopes,
+        cancel,
+        stores: stores.clone(),
+        on_restart,
+    };
+    for api in OptionalApi::ALL {
+        match optional.try_start(api, spawn).await {
+            Found::Started | Found::Off => {}
+            Found::Missing(why) => {
+                optional
+                    .stores
+                    .pending_apis
+                    .insert(api.name(), api.pending(&why, REDISCOVER_FIRST));
+                let again = optional.clone();
+                spawn(
+                    format!("discover:{}", api.name()),
+                    Box::pin(
+                        async move { again.rediscover(api).await }
+                            .instrument(info_span!("discover", api = api.name())),
+                    ),
                 );
             }
         }
-        Ok(None) => info!("kubeflow.org Notebook CRD not served: notebook ownership is off"),
-        Err(e) => warn!(
-            error = &e as &dyn std::error::Error,
-            "notebook discovery failed: notebook ownership is off"
-        ),
     }
-    start_dra(
-        &client,
-        &config.names,
-        &scopes,
-        spawn,
-        &cancel,
-        &stores,
-        &on_restart,
-    )
-    .await;
-    start_kueue(
-        &client,
-        &config.names,
-        &scopes,
-        spawn,
-        &cancel,
-        &stores,
-        &on_restart,
-    )
-    .await;
     stores
+}
+
+/// First wait before an optional API not found at start-up is looked for again; the wait
+/// doubles up to [`REDISCOVER_MAX`]. One discovery GET per API and look: cheap for any API
+/// server, quick enough for an install.
+pub const REDISCOVER_FIRST: Duration = Duration::from_secs(10);
+/// Longest wait between two looks for an optional API.
+pub const REDISCOVER_MAX: Duration = Duration::from_secs(300);
+
+/// An API gpu-ledger uses when the cluster serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OptionalApi {
+    Notebooks,
+    Dra,
+    Kueue,
+}
+
+impl OptionalApi {
+    const ALL: [OptionalApi; 3] = [Self::Notebooks, Self::Dra, Self::Kueue];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Notebooks => "notebooks",
+            Self::Dra => "dra",
+            Self::Kueue => "kueue",
+        }
+    }
+
+    /// What `/readyz` (and for some, the page) says while the API is not found.
+    fn pending(self, missing: &Missing, next: Duration) -> PendingApi {
+        PendingApi {
+            note: self.note(&missing.why, next),
+            on_page: self == Self::Notebooks || missing.failed,
+        }
+    }
+
+    fn note(self, why: &str, next: Duration) -> String {
+        let (api, off) = match self {
+            Self::Notebooks => (
+                "kubeflow.org Notebook",
+                "notebook ownership and culling are off",
+            ),
+            Self::Dra => ("resource.k8s.io/v1 (DRA)", "DRA accounting is off"),
+            Self::Kueue => ("kueue.x-k8s.io/v1beta2 (Kueue)", "queue rows are off"),
+        };
+        format!("{api}: {why}; {off}; looking again in {}s", next.as_secs())
+    }
+}
+
+/// An optional API not found yet.
+#[derive(Debug, Clone)]
+struct PendingApi {
+    /// What `/readyz` says: the API, why, what is off, when the next look is.
+    note: String,
+    /// Whether the page says it too ([`Stores::pending_apis_for_page`]).
+    on_page: bool,
+}
+
+/// How one look for an optional API went.
+enum Found {
+    /// Served and readable: its watches run.
+    Started,
+    /// Not wanted (DRA without `--dra-gpu-drivers`): never looked for again.
+    Off,
+    /// Not served, not readable, or discovery failed.
+    Missing(Missing),
+}
+
+/// Why an optional API was not found.
+struct Missing {
+    why: String,
+    /// Discovery itself failed (an error or a timeout), as opposed to "not served".
+    failed: bool,
+}
+
+impl Missing {
+    fn not_served(why: &str) -> Found {
+        Found::Missing(Missing {
+            why: why.into(),
+            failed: false,
+        })
+    }
+}
+
+/// What starting an optional API's watches needs (all shared, cheap to clone).
+#[derive(Clone)]
+struct Optional {
+    client: Client,
+    names: ResourceNames,
+    scopes: Vec<Option<String>>,
+    cancel: CancellationToken,
+    stores: Stores,
+    on_restart: RestartHook,
+}
+
+// === impl Optional ===
+
+impl Optional {
+    /// Looks for `api` once and, when found, starts its watches through `spawn`.
+    async fn try_start(&self, api: OptionalApi, spawn: Spawn<'_>) -> Found {
+        let (client, scopes, stores) = (&self.client, &self.scopes, &self.stores);
+        match api {
+            OptionalApi::Notebooks => match notebook_resource(client).await {
+                Ok(Some(ar)) => {
+                    start_notebooks(&ar, self, spawn);
+                    Found::Started
+                }
+                Ok(None) => {
+                    info!("kubeflow.org Notebook CRD not served: notebook ownership is off");
+                    Missing::not_served("not served")
+                }
+                Err(e) => {
+                    warn!(
+                        error = &e as &dyn std::error::Error,
+                        "notebook discovery failed: notebook ownership is off"
+                    );
+                    Found::Missing(Missing {
+                        why: format!("discovery failed ({})", crate::telemetry::error_chain(&e)),
+                        failed: true,
+                    })
+                }
+            },
+            OptionalApi::Dra if self.names.dra_drivers.is_empty() => {
+                info!("no --dra-gpu-drivers: DRA accounting is off");
+                Found::Off
+            }
+            OptionalApi::Dra => {
+                if start_dra(
+                    client,
+                    &self.names,
+                    scopes,
+                    spawn,
+                    &self.cancel,
+                    stores,
+                    &self.on_restart,
+                )
+                .await
+                {
+                    Found::Started
+                } else {
+                    Missing::not_served("not served or not readable")
+                }
+            }
+            OptionalApi::Kueue => {
+                if start_kueue(
+                    client,
+                    &self.names,
+                    scopes,
+                    spawn,
+                    &self.cancel,
+                    stores,
+                    &self.on_restart,
+                )
+                .await
+                {
+                    Found::Started
+                } else {
+                    Missing::not_served("not served or not readable")
+                }
+            }
+        }
+    }
+
+    /// Looks for `api` again with a doubling wait ([`REDISCOVER_FIRST`] to [`REDISCOVER_MAX`])
+    /// until it is found, then runs its watches on this task until shutdown. Ends only on
+    /// cancel, or when one of those watches ends (which the supervisor treats as a failure,
+    /// as for any watch).
+    async fn rediscover(self, api: OptionalApi) {
+        let mut wait = REDISCOVER_FIRST;
+        loop {
+            tokio::select! {
+                () = self.cancel.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+            let started: std::sync::Mutex<Vec<BoxFuture<'static, ()>>> =
+                std::sync::Mutex::default();
+            let collect = |_name: String, task: BoxFuture<'static, ()>| {
+                started
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(task);
+            };
+            match self.try_start(api, &collect).await {
+                Found::Started => {
+                    self.stores.pending_apis.remove(api.name());
+                    info!(
+                        api = api.name(),
+                        "found after start-up: its watches run now"
+                    );
+                    let watches = started
+                        .into_inner()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if watches.is_empty() {
+                        self.cancel.cancelled().await;
+                        return;
+                    }
+                    tokio::select! {
+                        () = self.cancel.cancelled() => {}
+                        _ = futures::future::select_all(watches) => {
+                            warn!(api = api.name(), "a watch ended");
+                        }
+                    }
+                    return;
+                }
+                Found::Off => {
+                    self.stores.pending_apis.remove(api.name());
+                    self.cancel.cancelled().await;
+                    return;
+                }
+                Found::Missing(why) => {
+                    wait = wait.saturating_mul(2).min(REDISCOVER_MAX);
+                    self.stores
+                        .pending_apis
+                        .insert(api.name(), api.pending(&why, wait));
+                }
+            }
+        }
+    }
+}
+
+/// Starts the Notebook watches (served as `ar`) in every scope.
+fn start_notebooks(ar: &ApiResource, ctx: &Optional, spawn: Spawn<'_>) {
+    let stores = &ctx.stores;
+    stores.notebooks_enabled.store(true, Ordering::Relaxed);
+    info!(version = %ar.version, "watching kubeflow.org notebooks");
+    for (i, ns) in ctx.scopes.iter().enumerate() {
+        let api = k8s::scoped_dynamic(&ctx.client, ns.as_deref(), ar);
+        spawn_watch(
+            spawn,
+            &ctx.cancel,
+            stores,
+            leak_label("notebooks", i),
+            api,
+            watcher::Config::default(),
+            ctx.on_restart.clone(),
+            |o: &DynamicObject| Some(k8s::notebook(&o.metadata)),
+            stores.notebooks.clone(),
+            |o: &DynamicObject| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()),
+        );
+    }
 }
 
 /// Starts the Kueue watches on `stores` when `kueue.x-k8s.io/v1beta2` is served and readable
 /// (see [`kueue::available`], which says "Kueue not found" once when not); LocalQueues and
-/// Workloads in `scopes`.
+/// Workloads in `scopes`. Whether they started.
 async fn start_kueue(
     client: &Client,
     names: &ResourceNames,
@@ -487,9 +738,9 @@ async fn start_kueue(
     cancel: &CancellationToken,
     stores: &Stores,
     on_restart: &RestartHook,
-) {
+) -> bool {
     if !kueue::available(client, scopes).await {
-        return;
+        return false;
     }
     stores.kueue_enabled.store(true, Ordering::Relaxed);
     info!(
@@ -555,10 +806,11 @@ async fn start_kueue(
             by_ns_name,
         );
     }
+    true
 }
 
 /// Starts the DRA watches on `stores` when the API is served and readable (see [`dra::available`]);
-/// `scopes` are the namespaces claims are watched in (`None`: all).
+/// `scopes` are the namespaces claims are watched in (`None`: all). Whether they started.
 async fn start_dra(
     client: &Client,
     names: &ResourceNames,
@@ -567,13 +819,9 @@ async fn start_dra(
     cancel: &CancellationToken,
     stores: &Stores,
     on_restart: &RestartHook,
-) {
-    if names.dra_drivers.is_empty() {
-        info!("no --dra-gpu-drivers: DRA accounting is off");
-        return;
-    }
+) -> bool {
     if !dra::available(client, scopes).await {
-        return;
+        return false;
     }
     stores.dra_enabled.store(true, Ordering::Relaxed);
     info!(drivers = ?names.dra_drivers, "watching {}/{} resourceclaims, resourceslices, deviceclasses", dra::GROUP, dra::VERSION);
@@ -620,6 +868,7 @@ async fn start_dra(
         stores.device_classes.clone(),
         ResourceExt::name_any,
     );
+    true
 }
 
 /// A copy of every value of a store.

@@ -75,6 +75,15 @@ pub trait Probes: Send + Sync {
     fn live(&self) -> Result<(), String>;
     /// `/readyz`: live, the first snapshot is published, and no source is broken.
     fn ready(&self) -> Result<(), String>;
+    /// What `/readyz` says beside "ready" (one `note:` line each): an optional API not found
+    /// yet, looked for again in the background. No reason to be unready.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The notes the page shows.
+    fn page_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Builds the router; `/api/v1/history` answers that no Prometheus is configured.
@@ -143,7 +152,14 @@ async fn healthz(State(state): State<AppState>) -> Response {
 
 async fn readyz(State(state): State<AppState>) -> Response {
     match state.probes.ready() {
-        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Ok(()) => {
+            let mut body = String::from("ready");
+            for note in state.probes.notes() {
+                body.push_str("\nnote: ");
+                body.push_str(&note);
+            }
+            (StatusCode::OK, body).into_response()
+        }
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
     }
 }
@@ -195,9 +211,17 @@ pub async fn index(State(state): State<AppState>, Query(view): Query<View>) -> R
         return waiting_page(&waiting);
     }
     let snapshot = state.snapshot.load_full();
+    let notes = state.probes.page_notes();
     // Rendering walks every pod: keep it off the async workers, like /metrics.
     let rendered = tokio::task::spawn_blocking(move || {
-        html::render_page(&snapshot.ledger, &PageOptions { live: true, view })
+        html::render_page(
+            &snapshot.ledger,
+            &PageOptions {
+                live: true,
+                view,
+                notes,
+            },
+        )
     })
     .await;
     match rendered {

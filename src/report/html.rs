@@ -105,6 +105,8 @@ pub struct PageOptions {
     /// Served by `serve`: refreshes itself and links to the API; else a static file.
     pub live: bool,
     pub view: View,
+    /// Said under the header, one paragraph each (an optional API not found yet).
+    pub notes: Vec<String>,
 }
 
 /// HTML-escapes text for element content and quoted attribute values.
@@ -229,6 +231,13 @@ pub fn render_page(ledger: &Ledger, options: &PageOptions) -> String {
             ""
         }
     );
+    for note in &options.notes {
+        let _ = writeln!(
+            h,
+            "<p class=\"warn\" data-note=\"api\">{}</p>",
+            escape(note)
+        );
+    }
     filters(&mut h, ledger, options);
     h.push_str("</header>\n<main>\n");
     pods_table(&mut h, ledger, view, options.live);

@@ -10,7 +10,7 @@ pub mod html;
 pub mod showback;
 pub mod table;
 
-pub use table::{render_json, render_table, render_wide};
+pub use table::{render_json, render_table, render_table_in, render_wide};
 
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
 
@@ -278,6 +278,34 @@ impl Summary {
             (gpus(self.pending), "pending"),
             (self.free.map_or_else(|| "?".into(), gpus), "free"),
         ]
+    }
+
+    /// The summary line of `report -n NAMESPACE` over a ledger already cut to that namespace:
+    /// the namespace's own claimed, proven idle and pending GPUs (its namespace row), then the
+    /// cluster's allocatable and free, labelled as the cluster's (nodes belong to no namespace).
+    /// "GPUs in namespace team-ml: 2 claimed, 2 proven idle, 0 pending (cluster: 3 allocatable,
+    /// 0 free)".
+    pub fn namespace_line(ledger: &Ledger, namespace: &str) -> String {
+        let cluster = Summary::of(ledger);
+        let (mut claimed, mut idle, mut pending) = (0.0, 0.0, 0.0);
+        for n in ledger
+            .namespaces
+            .iter()
+            .filter(|n| n.namespace == namespace)
+        {
+            claimed += n.gpus_claimed;
+            idle += n.gpus_idle;
+            pending += n.gpus_pending;
+        }
+        format!(
+            "GPUs in namespace {namespace}: {} claimed, {} proven idle, {} pending (cluster: {} \
+             allocatable, {} free)",
+            gpus(claimed),
+            gpus(idle),
+            gpus(pending),
+            gpus(cluster.allocatable),
+            cluster.free.map_or_else(|| "?".into(), gpus),
+        )
     }
 
     /// "GPUs: 3 allocatable, 3 claimed, 2 proven idle, 1 pending, 0 free".

@@ -24,13 +24,36 @@ pub fn render_wide(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
     render(ledger, true, out)
 }
 
+/// [`render_table`] (or [`render_wide`]) of a ledger cut to one namespace (`report -n`): the
+/// summary line counts that namespace's GPUs and says so; the cluster's capacity stays beside it.
+pub fn render_table_in(
+    ledger: &Ledger,
+    wide: bool,
+    namespace: Option<&str>,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    render_scoped(ledger, wide, namespace, out)
+}
+
 fn render(ledger: &Ledger, wide: bool, out: &mut impl Write) -> io::Result<()> {
+    render_scoped(ledger, wide, None, out)
+}
+
+fn render_scoped(
+    ledger: &Ledger,
+    wide: bool,
+    namespace: Option<&str>,
+    out: &mut impl Write,
+) -> io::Result<()> {
     writeln!(
         out,
         "GPU ledger at {}",
         ledger.generated_at.format("%Y-%m-%dT%H:%M:%SZ")
     )?;
-    writeln!(out, "{}", Summary::of(ledger).line())?;
+    match namespace {
+        Some(ns) => writeln!(out, "{}", Summary::namespace_line(ledger, ns))?,
+        None => writeln!(out, "{}", Summary::of(ledger).line())?,
+    }
     writeln!(out)?;
 
     writeln!(out, "Who holds what")?;

@@ -126,7 +126,44 @@ impl<T> Answered<T> {
 #[derive(Debug)]
 pub struct AnswerBody {
     status: u16,
+    /// The `Content-Type` header, at most [`MAX_CONTENT_TYPE_CHARS`] characters.
+    content_type: Option<String>,
     bytes: Vec<u8>,
+}
+
+/// Longest content type kept from an answer (for the error about a non-Prometheus answer).
+const MAX_CONTENT_TYPE_CHARS: usize = 80;
+/// Characters of a non-JSON body shown in an error: enough to recognise a page, too few to
+/// carry one into a log.
+const MAX_BODY_EXCERPT_CHARS: usize = 60;
+
+impl AnswerBody {
+    /// "content type text/html, body starts \"<!DOCTYPE html> <html>…\"": control characters
+    /// and runs of whitespace become one space, the text is cut and quoted with escapes.
+    fn describe(&self) -> String {
+        let text = String::from_utf8_lossy(&self.bytes);
+        let mut excerpt = String::new();
+        let mut chars = 0;
+        let mut last_space = false;
+        for c in text.chars() {
+            if chars >= MAX_BODY_EXCERPT_CHARS {
+                excerpt.push('…');
+                break;
+            }
+            let space = c.is_whitespace() || c.is_control();
+            if space && last_space {
+                continue;
+            }
+            excerpt.push(if space { ' ' } else { c });
+            last_space = space;
+            chars += 1;
+        }
+        let content_type = self.content_type.as_deref().unwrap_or("none");
+        format!(
+            "content type {content_type:?}, body starts {:?}",
+            excerpt.trim()
+        )
+    }
 }
 
 /// Prometheus HTTP API client.
@@ -286,6 +323,12 @@ impl PromClient {
         }
         let mut resp = req.send().await.map_err(PromError::from_reqwest)?;
         let status = resp.status();
+        let content_type = resp.headers().get(reqwest::header::CONTENT_TYPE).map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .chars()
+                .take(MAX_CONTENT_TYPE_CHARS)
+                .collect()
+        });
         let announced = resp.content_length();
         if announced.is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
             return Err(PromError::BodyTooLarge);
@@ -307,6 +350,7 @@ impl PromClient {
         );
         Ok(AnswerBody {
             status: status.as_u16(),
+            content_type,
             bytes: body,
         })
     }
@@ -320,26 +364,29 @@ impl PromClient {
     ) -> Result<Answered<D>, PromError> {
         let parsed: Result<ApiResponse<D>, _> = serde_json::from_slice(&body.bytes);
         if !(200..300).contains(&body.status) {
-            let (error_type, message) = match parsed {
-                Ok(r) => (
-                    r.error_type.unwrap_or_default(),
-                    r.error.unwrap_or_default(),
-                ),
-                Err(_) => (
-                    String::new(),
-                    String::from_utf8_lossy(&body.bytes)
-                        .chars()
-                        .take(300)
-                        .collect(),
-                ),
-            };
-            return Err(PromError::Status {
-                code: body.status,
-                error_type,
-                message,
+            return Err(match parsed {
+                Ok(r) => PromError::Status {
+                    code: body.status,
+                    error_type: r.error_type.unwrap_or_default(),
+                    message: r.error.unwrap_or_default(),
+                },
+                Err(_) => PromError::NotPrometheus {
+                    code: body.status,
+                    answer: body.describe(),
+                },
             });
         }
-        let r = parsed.map_err(PromError::decoding)?;
+        let r = match parsed {
+            Ok(r) => r,
+            // Not JSON at all: a web page, not a Prometheus answer that failed to decode.
+            Err(e) if e.is_syntax() && !body.bytes.trim_ascii_start().starts_with(b"{") => {
+                return Err(PromError::NotPrometheus {
+                    code: body.status,
+                    answer: body.describe(),
+                });
+            }
+            Err(e) => return Err(PromError::decoding(e)),
+        };
         if r.status != "success" {
             return Err(PromError::Api {
                 error_type: r.error_type.unwrap_or_default(),

@@ -47,6 +47,11 @@ pub enum PromError {
     /// The answer is not the JSON of a query answer.
     #[error("cannot decode prometheus answer")]
     Decode(#[source] serde_json::Error),
+    /// The answer is not JSON at all (a web page, a login form): the URL is probably not a
+    /// Prometheus API. `answer` says its content type and how its body starts, sanitized and
+    /// short (never the whole page).
+    #[error("not a Prometheus API answer (HTTP {code}, {answer}): check --prometheus-url")]
+    NotPrometheus { code: u16, answer: String },
     /// The answer decoded but is not what the query asks for (its type, a series without a
     /// name, a bad sample value).
     #[error("cannot decode prometheus answer: {0}")]
@@ -90,7 +95,7 @@ impl PromError {
         match self {
             Self::Transport(_) => "transport",
             Self::Status { .. } => "status",
-            Self::Decode(_) | Self::Unexpected(_) => "decode",
+            Self::Decode(_) | Self::Unexpected(_) | Self::NotPrometheus { .. } => "decode",
             Self::Api { .. } => "api",
             Self::Timeout => "timeout",
             Self::Config { .. } => "config",
