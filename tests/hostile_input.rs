@@ -480,6 +480,10 @@ fn advised_pod(ns: &str, name: &str, notebook: Option<&str>) -> PodRow {
         p.state = PodState::Terminating;
         p.stuck = true;
         p.terminating_seconds = Some(3.0 * 86_400.0);
+        // A finalizer on a node of unknown readiness: both remedies are offered (the finalizer
+        // patch, and the force delete if the node is down), so both commands are checked.
+        p.finalizers = vec!["example.com/cleanup".into()];
+        p.node_ready = None;
     }
     p
 }

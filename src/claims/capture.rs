@@ -285,7 +285,7 @@ async fn list_dra(
     let lp = ListParams::default();
     let failed = |resource| move |source| ListError { resource, source };
     let (mut resource_claims, mut resource_slices, mut device_classes) = (None, None, None);
-    if !names.dra_drivers.is_empty() && super::dra::available(client, scopes).await {
+    if !names.dra_drivers.is_empty() && super::dra::available(client, scopes, true).await {
         use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
         let mut claims = Vec::new();
         for ns in scopes {

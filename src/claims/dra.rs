@@ -15,7 +15,15 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceSelector, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
+
+/// An info line on the first look for the API, debug on the background re-looks (which would
+/// otherwise repeat it every few minutes).
+macro_rules! not_served {
+    ($first_look:expr, $($arg:tt)+) => {
+        if $first_look { info!($($arg)+) } else { debug!($($arg)+) }
+    };
+}
 
 use crate::k8s;
 use crate::ledger::claims::{
@@ -288,17 +296,19 @@ pub fn resource_claim(names: &ResourceNames, rc: &ResourceClaim) -> Option<Resou
 // Live sources.
 
 /// Whether `resource.k8s.io/v1` is served with claims, slices and classes, and readable by us;
-/// `false` (with the reason logged) when not: DRA accounting is then off.
-pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
+/// `false` (with the reason logged, at debug level unless `first_look`) when not: DRA
+/// accounting is then off.
+pub async fn available(client: &Client, scopes: &[Option<String>], first_look: bool) -> bool {
     let group = tokio::time::timeout(PROBE_TIMEOUT, kube::discovery::group(client, GROUP)).await;
     let group = match group {
         Ok(Ok(g)) => g,
         Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
-            info!("{GROUP} not served: DRA accounting is off");
+            not_served!(first_look, "{GROUP} not served: DRA accounting is off");
             return false;
         }
         Ok(Err(kube::Error::Discovery(e))) => {
-            info!(
+            not_served!(
+                first_look,
                 error = &e as &dyn std::error::Error,
                 "{GROUP} not served: DRA accounting is off"
             );
@@ -322,7 +332,8 @@ pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
         .filter(|k| !served.iter().any(|(ar, _)| ar.kind == *k))
         .collect();
     if !missing.is_empty() {
-        info!(
+        not_served!(
+            first_look,
             ?missing,
             "{GROUP}/{VERSION} not served (or incomplete): DRA accounting is off"
         );
@@ -404,7 +415,7 @@ pub async fn list_into(
     claims: &mut crate::ledger::claims::Claims,
 ) -> Result<(), kube::Error> {
     let scopes = k8s::scopes(namespaces);
-    if names.dra_drivers.is_empty() || !available(client, &scopes).await {
+    if names.dra_drivers.is_empty() || !available(client, &scopes, true).await {
         return Ok(());
     }
     let lp = ListParams::default();

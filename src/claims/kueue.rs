@@ -20,7 +20,7 @@ use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::project;
 use super::quantity::parse_units;
@@ -299,24 +299,29 @@ pub fn project_all(names: &ResourceNames, o: &Objects<'_>) -> KueueInputs {
 // ---------------------------------------------------------------------------------------------
 // Live sources.
 
-/// Why Kueue is not read.
-fn not_found(reason: &str) {
-    info!(reason, group = GROUP, version = VERSION, "Kueue not found");
+/// Why Kueue is not read: an info line on the first look, debug on the background re-looks
+/// (which would otherwise repeat it every few minutes).
+fn not_found(reason: &str, first_look: bool) {
+    if first_look {
+        info!(reason, group = GROUP, version = VERSION, "Kueue not found");
+    } else {
+        debug!(reason, group = GROUP, version = VERSION, "Kueue not found");
+    }
 }
 
 /// Whether `kueue.x-k8s.io/v1beta2` serves the four kinds and they are readable by us (probed
 /// in `scopes` for the namespaced ones); `false` after one info line "Kueue not found" with the
-/// reason when not: queue rows are then off.
-pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
+/// reason when not (at debug level unless `first_look`): queue rows are then off.
+pub async fn available(client: &Client, scopes: &[Option<String>], first_look: bool) -> bool {
     let group = tokio::time::timeout(PROBE_TIMEOUT, kube::discovery::group(client, GROUP)).await;
     let group = match group {
         Ok(Ok(g)) => g,
         Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
-            not_found("group not served");
+            not_found("group not served", first_look);
             return false;
         }
         Ok(Err(kube::Error::Discovery(_))) => {
-            not_found("group not served");
+            not_found("group not served", first_look);
             return false;
         }
         Ok(Err(e)) => {
@@ -324,11 +329,11 @@ pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
                 error = &e as &dyn std::error::Error,
                 "discovering kueue.x-k8s.io failed"
             );
-            not_found("discovery failed");
+            not_found("discovery failed", first_look);
             return false;
         }
         Err(_) => {
-            not_found("discovery timed out");
+            not_found("discovery timed out", first_look);
             return false;
         }
     };
@@ -337,7 +342,10 @@ pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
         .iter()
         .any(|(kind, _, _)| !served.iter().any(|(ar, _)| ar.kind == *kind))
     {
-        not_found("v1beta2 does not serve ResourceFlavor, ClusterQueue, LocalQueue and Workload");
+        not_found(
+            "v1beta2 does not serve ResourceFlavor, ClusterQueue, LocalQueue and Workload",
+            first_look,
+        );
         return false;
     }
     // A watch we may not list would restart forever and keep the service unready: probe first.
@@ -355,11 +363,11 @@ pub async fn available(client: &Client, scopes: &[Option<String>]) -> bool {
                         error = &e as &dyn std::error::Error,
                         "cannot list a Kueue resource (RBAC?)"
                     );
-                    not_found("a resource is not readable");
+                    not_found("a resource is not readable", first_look);
                     return false;
                 }
                 Err(_) => {
-                    not_found("listing timed out");
+                    not_found("listing timed out", first_look);
                     return false;
                 }
             }
@@ -391,7 +399,7 @@ pub async fn list_objects(
     client: &Client,
     scopes: &[Option<String>],
 ) -> Result<Option<BTreeMap<&'static str, Vec<DynamicObject>>>, (&'static str, kube::Error)> {
-    if !available(client, scopes).await {
+    if !available(client, scopes, true).await {
         return Ok(None);
     }
     let lp = ListParams::default();

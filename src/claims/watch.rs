@@ -291,6 +291,12 @@ impl Stores {
                 local_queues: values(&self.local_queues),
                 workloads: values(&self.workloads),
             },
+            other_shards_nodes: self
+                .nodes
+                .iter()
+                .filter(|e| !crate::ledger::claims::node_in_shard(&e.value().name, shard, total))
+                .map(|e| e.value().name.clone())
+                .collect(),
         }
     }
 
@@ -466,7 +472,7 @@ pub async fn start_with(
         on_restart,
     };
     for api in OptionalApi::ALL {
-        match optional.try_start(api, spawn).await {
+        match optional.try_start(api, spawn, true).await {
             Found::Started | Found::Off => {}
             Found::Missing(why) => {
                 optional
@@ -584,7 +590,8 @@ struct Optional {
 
 impl Optional {
     /// Looks for `api` once and, when found, starts its watches through `spawn`.
-    async fn try_start(&self, api: OptionalApi, spawn: Spawn<'_>) -> Found {
+    /// `first_look` is the look at start-up; the background re-looks log their misses at debug.
+    async fn try_start(&self, api: OptionalApi, spawn: Spawn<'_>, first_look: bool) -> Found {
         let (client, scopes, stores) = (&self.client, &self.scopes, &self.stores);
         match api {
             OptionalApi::Notebooks => match notebook_resource(client).await {
@@ -592,8 +599,12 @@ impl Optional {
                     start_notebooks(&ar, self, spawn);
                     Found::Started
                 }
-                Ok(None) => {
+                Ok(None) if first_look => {
                     info!("kubeflow.org Notebook CRD not served: notebook ownership is off");
+                    Missing::not_served("not served")
+                }
+                Ok(None) => {
+                    debug!("kubeflow.org Notebook CRD not served: notebook ownership is off");
                     Missing::not_served("not served")
                 }
                 Err(e) => {
@@ -612,7 +623,10 @@ impl Optional {
                 Found::Off
             }
             OptionalApi::Dra => {
-                if start_dra(
+                if !dra::available(client, scopes, first_look).await {
+                    return Missing::not_served("not served or not readable");
+                }
+                start_dra(
                     client,
                     &self.names,
                     scopes,
@@ -620,16 +634,14 @@ impl Optional {
                     &self.cancel,
                     stores,
                     &self.on_restart,
-                )
-                .await
-                {
-                    Found::Started
-                } else {
-                    Missing::not_served("not served or not readable")
-                }
+                );
+                Found::Started
             }
             OptionalApi::Kueue => {
-                if start_kueue(
+                if !kueue::available(client, scopes, first_look).await {
+                    return Missing::not_served("not served or not readable");
+                }
+                start_kueue(
                     client,
                     &self.names,
                     scopes,
@@ -637,13 +649,8 @@ impl Optional {
                     &self.cancel,
                     stores,
                     &self.on_restart,
-                )
-                .await
-                {
-                    Found::Started
-                } else {
-                    Missing::not_served("not served or not readable")
-                }
+                );
+                Found::Started
             }
         }
     }
@@ -667,7 +674,7 @@ impl Optional {
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push(task);
             };
-            match self.try_start(api, &collect).await {
+            match self.try_start(api, &collect, false).await {
                 Found::Started => {
                     self.stores.pending_apis.remove(api.name());
                     info!(
@@ -727,10 +734,9 @@ fn start_notebooks(ar: &ApiResource, ctx: &Optional, spawn: Spawn<'_>) {
     }
 }
 
-/// Starts the Kueue watches on `stores` when `kueue.x-k8s.io/v1beta2` is served and readable
-/// (see [`kueue::available`], which says "Kueue not found" once when not); LocalQueues and
-/// Workloads in `scopes`. Whether they started.
-async fn start_kueue(
+/// Starts the Kueue watches on `stores` (once [`kueue::available`] said `kueue.x-k8s.io/v1beta2`
+/// is served and readable); LocalQueues and Workloads in `scopes`.
+fn start_kueue(
     client: &Client,
     names: &ResourceNames,
     scopes: &[Option<String>],
@@ -738,10 +744,7 @@ async fn start_kueue(
     cancel: &CancellationToken,
     stores: &Stores,
     on_restart: &RestartHook,
-) -> bool {
-    if !kueue::available(client, scopes).await {
-        return false;
-    }
+) {
     stores.kueue_enabled.store(true, Ordering::Relaxed);
     info!(
         group = kueue::GROUP,
@@ -806,12 +809,11 @@ async fn start_kueue(
             by_ns_name,
         );
     }
-    true
 }
 
-/// Starts the DRA watches on `stores` when the API is served and readable (see [`dra::available`]);
-/// `scopes` are the namespaces claims are watched in (`None`: all). Whether they started.
-async fn start_dra(
+/// Starts the DRA watches on `stores` (once [`dra::available`] said the API is served and
+/// readable); `scopes` are the namespaces claims are watched in (`None`: all).
+fn start_dra(
     client: &Client,
     names: &ResourceNames,
     scopes: &[Option<String>],
@@ -819,10 +821,7 @@ async fn start_dra(
     cancel: &CancellationToken,
     stores: &Stores,
     on_restart: &RestartHook,
-) -> bool {
-    if !dra::available(client, scopes).await {
-        return false;
-    }
+) {
     stores.dra_enabled.store(true, Ordering::Relaxed);
     info!(drivers = ?names.dra_drivers, "watching {}/{} resourceclaims, resourceslices, deviceclasses", dra::GROUP, dra::VERSION);
     for (i, ns) in scopes.iter().enumerate() {
@@ -868,7 +867,6 @@ async fn start_dra(
         stores.device_classes.clone(),
         ResourceExt::name_any,
     );
-    true
 }
 
 /// A copy of every value of a store.

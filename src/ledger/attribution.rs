@@ -53,7 +53,14 @@ pub(super) struct Locator<'a> {
 
 impl<'a> Locator<'a> {
     pub(super) fn new(claims: &'a Claims) -> Self {
-        let nodes = claims.nodes.iter().map(|n| n.name.as_str()).collect();
+        // Another shard's node is a node too: a device there is placed on it (and left to that
+        // shard), not taken for one on no node.
+        let nodes = claims
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .chain(claims.other_shards_nodes.iter().map(String::as_str))
+            .collect();
         let mut by_pod = HashMap::default();
         let mut by_name: HashMap<&str, Option<&str>> = HashMap::default();
         let mut by_ip = HashMap::default();

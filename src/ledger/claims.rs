@@ -63,6 +63,9 @@ pub struct Claims {
     pub dra_enabled: bool,
     /// Kueue's queues and workloads (`enabled` false when Kueue is not served).
     pub kueue: super::kueue::KueueInputs,
+    /// Names of the nodes other shards own (empty unless [`shard`]ed): a device reported on one
+    /// is placed there, so this shard neither claims it nor calls it unclaimed busy.
+    pub other_shards_nodes: Vec<String>,
 }
 
 /// A pod of a DaemonSet, reduced to where it runs.
@@ -828,7 +831,11 @@ pub fn shard(mut c: Claims, shard: u32, total: u32) -> Claims {
     if total <= 1 {
         return c;
     }
-    c.nodes.retain(|n| node_in_shard(&n.name, shard, total));
+    let (ours, others): (Vec<NodeInfo>, Vec<NodeInfo>) = std::mem::take(&mut c.nodes)
+        .into_iter()
+        .partition(|n| node_in_shard(&n.name, shard, total));
+    c.nodes = ours;
+    c.other_shards_nodes = others.into_iter().map(|n| n.name).collect();
     c.pods.retain(|p| pod_in_shard(p, shard, total));
     c
 }
