@@ -339,6 +339,20 @@ pub struct ServeArgs {
         help_heading = "Server"
     )]
     pub max_connections: u32,
+    /// Longest a write to an HTTP client may make no progress; then the connection is dropped
+    /// with the answer it held (a client that stops reading).
+    #[arg(long, env = "GPU_LEDGER_WRITE_TIMEOUT", default_value = "10s", value_parser = positive_duration, help_heading = "Server")]
+    pub write_timeout: chrono::Duration,
+    /// Large answers (/, /metrics, /api/v1/ledger, /api/v1/history) rendered or being sent at
+    /// once; a request waits up to 5 s for a slot, then gets 503 with Retry-After.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_MAX_INFLIGHT_RESPONSES",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u32).range(1..=4096),
+        help_heading = "Server"
+    )]
+    pub max_inflight_responses: u32,
 }
 
 /// `--api-auth`: how API callers are checked besides `--api-token-file`.

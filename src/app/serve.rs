@@ -211,9 +211,20 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     let history = crate::export::history::HistoryState::new(
         prom.clone().map(super::showback::prometheus_history),
     );
-    let app = auth::protect(server::router_with_history(state, history), api_auth);
+    let responses = server::ResponseLimits {
+        max_inflight: args.max_inflight_responses as usize,
+    };
+    let app = auth::protect(
+        server::router_with_limits(state, history, responses),
+        api_auth,
+    );
     let limits = tls::Limits {
         max_connections: args.max_connections as usize,
+        // Positive by its parser, so always representable.
+        write_timeout: args
+            .write_timeout
+            .to_std()
+            .unwrap_or(tls::DEFAULT_WRITE_TIMEOUT),
     };
     tasks.spawn_critical("http", info_span!("http"), async move {
         if let Err(e) = tls::serve(listener, app, tls_config, limits, server_cancel).await {

@@ -6,16 +6,23 @@
 //! `/livez` answers while the process serves HTTP. `/healthz` (the liveness probe) and `/readyz`
 //! (the readiness probe) ask [`Probes`], which the app backs with real state: loop progress for
 //! liveness; that, the first snapshot and healthy sources for readiness.
+//!
+//! The large answers (`/`, `/metrics`, `/api/v1/ledger`, `/api/v1/history`) are rendered and
+//! sent at most [`ResponseLimits::max_inflight`] at a time ([`bounded`]): a client that does not
+//! read keeps its whole answer in memory until the write timeout drops it, so without the cap
+//! slow readers grew the process by one answer each.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus::Registry;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::SharedSnapshot;
 use crate::report::html::{self, PageOptions, View};
@@ -86,26 +93,117 @@ pub trait Probes: Send + Sync {
     }
 }
 
+/// Default of `--max-inflight-responses`.
+pub const DEFAULT_MAX_INFLIGHT_RESPONSES: usize = 16;
+/// Longest a request for a large answer waits for a slot before it is answered 503.
+pub const SLOT_WAIT: Duration = Duration::from_secs(5);
+/// Largest piece of an answer handed to the connection at once: the connection buffers a few
+/// pieces, never a copy of the whole answer.
+const CHUNK_BYTES: usize = 16 * 1024;
+
+/// Bounds on the large answers in memory at once.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseLimits {
+    /// Large answers rendered or being sent at once (`--max-inflight-responses`); each holds its
+    /// slot until it is sent or its connection is dropped.
+    pub max_inflight: usize,
+}
+
+impl Default for ResponseLimits {
+    fn default() -> Self {
+        ResponseLimits {
+            max_inflight: DEFAULT_MAX_INFLIGHT_RESPONSES,
+        }
+    }
+}
+
 /// Builds the router; `/api/v1/history` answers that no Prometheus is configured.
 pub fn router(state: AppState) -> Router {
     router_with_history(state, super::history::HistoryState::new(None))
 }
 
-/// Builds the router with `/api/v1/history` asking `history`'s source.
+/// Builds the router with `/api/v1/history` asking `history`'s source, default limits.
 pub fn router_with_history(state: AppState, history: super::history::HistoryState) -> Router {
+    router_with_limits(state, history, ResponseLimits::default())
+}
+
+/// Builds the router with `/api/v1/history` asking `history`'s source, under `limits`.
+pub fn router_with_limits(
+    state: AppState,
+    history: super::history::HistoryState,
+    limits: ResponseLimits,
+) -> Router {
+    let slots = Arc::new(Semaphore::new(limits.max_inflight.max(1)));
     let history = Router::new()
         .route("/api/v1/history", get(super::history::history))
         .with_state(history);
-    Router::new()
+    let large = Router::new()
         .route("/", get(index))
         .route("/metrics", get(metrics))
+        .route("/api/v1/ledger", get(ledger))
+        .with_state(state.clone())
+        .merge(history)
+        .route_layer(axum::middleware::from_fn_with_state(slots, bounded));
+    Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .route("/api/v1/ledger", get(ledger))
         .with_state(state)
-        .merge(history)
+        .merge(large)
         .layer(axum::middleware::from_fn(with_timeout))
+}
+
+/// Renders and sends a large answer under one of `slots`, held until the answer is sent or
+/// dropped with its connection; 503 when no slot frees within [`SLOT_WAIT`].
+async fn bounded(
+    State(slots): State<Arc<Semaphore>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Ok(Ok(slot)) = tokio::time::timeout(SLOT_WAIT, slots.acquire_owned()).await else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [
+                (header::RETRY_AFTER, "5"),
+                // Frees the connection slot too: a busy server keeps no idle connection.
+                (header::CONNECTION, "close"),
+            ],
+            "busy: too many large answers in flight, retry later\n",
+        )
+            .into_response();
+    };
+    let (mut parts, body) = next.run(req).await.into_parts();
+    // The handlers render the whole answer; collecting it takes the one buffer, no copy.
+    let whole = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("collecting the answer: {e}"),
+            )
+                .into_response();
+        }
+    };
+    parts.headers.insert(
+        header::CONTENT_LENGTH,
+        header::HeaderValue::from(whole.len()),
+    );
+    Response::from_parts(parts, Body::from_stream(chunks(whole, slot)))
+}
+
+/// `whole` in pieces of at most [`CHUNK_BYTES`] (views of the one buffer); `slot` is released
+/// when the stream ends or is dropped with its connection.
+fn chunks(
+    whole: Bytes,
+    slot: OwnedSemaphorePermit,
+) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
+    futures::stream::unfold((whole, Some(slot)), |(mut rest, slot)| async move {
+        if rest.is_empty() {
+            return None;
+        }
+        let piece = rest.split_to(rest.len().min(CHUNK_BYTES));
+        Some((Ok(piece), (rest, slot)))
+    })
 }
 
 /// Bounds every request so a stuck client cannot hold shutdown forever.

@@ -2,8 +2,11 @@
 //! change (checked at most once per [`RELOAD_CHECK`] on a handshake), and the serve loop for
 //! plain HTTP or HTTPS with graceful shutdown and bounds on slow and numerous clients.
 
+use std::future::Future as _;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
@@ -41,6 +44,9 @@ const MAX_RESERVE_AGE: Duration = Duration::from_secs(45);
 /// Largest request head (request line and headers) buffered per connection; larger is refused
 /// with 431 (hyper's default of about 400 KiB let a few thousand clients take gigabytes).
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Default of `--write-timeout`: longest a write to a client may make no progress before the
+/// connection (and the answer it holds) is dropped.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for open connections to finish after shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Least time between two warnings about refused connections.
@@ -52,12 +58,16 @@ pub struct Limits {
     /// Connections served at once (`--max-connections`); beyond it, [`RESERVE_CONNECTIONS`]
     /// more under short deadlines, and beyond those, new connections are closed at once.
     pub max_connections: usize,
+    /// Longest a write may make no progress (`--write-timeout`): a client that stops reading
+    /// loses its connection, and the server the answer it held for it.
+    pub write_timeout: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
         }
     }
 }
@@ -242,7 +252,8 @@ const RESERVE: Deadlines = Deadlines {
 /// Serves `app` on `listener` until `cancel` fires, then drains open connections: plain HTTP
 /// without `tls`, HTTPS with it. One loop for both, so both have the same bounds: a header-read
 /// timeout (which also closes idle kept-alive connections), a largest request head, a longest
-/// connection age, and at most `limits.max_connections` (+ [`RESERVE_CONNECTIONS`]) at once.
+/// connection age, a write timeout (a client that stops reading is dropped), and at most
+/// `limits.max_connections` (+ [`RESERVE_CONNECTIONS`]) at once.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
@@ -280,6 +291,8 @@ pub async fn serve(
             continue;
         };
         let (acceptor, app, cancel) = (acceptor.clone(), app.clone(), cancel.clone());
+        // Below TLS, so a stalled handshake or close_notify is bounded too.
+        let tcp = WriteDeadline::new(tcp, limits.write_timeout);
         connections.spawn(async move {
             let _permit = permit;
             let Some(acceptor) = acceptor else {
@@ -344,6 +357,103 @@ async fn http1<I>(
     };
     if let Err(e) = result {
         debug!(%peer, error = &e as &dyn std::error::Error, "connection ended with an error");
+    }
+}
+
+/// A connection whose writes fail once one has made no progress for `timeout`: a client that
+/// stops reading would otherwise keep its answer in memory until the connection's maximum age.
+struct WriteDeadline {
+    io: tokio::net::TcpStream,
+    timeout: Duration,
+    /// Fires `timeout` after the first write that found the socket full; re-armed by progress.
+    stall: Pin<Box<tokio::time::Sleep>>,
+    armed: bool,
+}
+
+impl WriteDeadline {
+    fn new(io: tokio::net::TcpStream, timeout: Duration) -> Self {
+        WriteDeadline {
+            io,
+            timeout,
+            stall: Box::pin(tokio::time::sleep(timeout)),
+            armed: false,
+        }
+    }
+
+    /// Passes a ready result through (progress: disarms the deadline); on `Pending`, arms the
+    /// deadline if needed and fails once it has passed.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if polled.is_ready() {
+            self.armed = false;
+            return polled;
+        }
+        if !self.armed {
+            self.armed = true;
+            self.stall
+                .as_mut()
+                .reset(tokio::time::Instant::now() + self.timeout);
+        }
+        // Polling registers the timer, so the connection is polled again when it fires.
+        if self.stall.as_mut().poll(cx).is_ready() {
+            // The close that follows resets the connection: the kernel drops what it still
+            // queued for this client instead of keeping it for an orphaned socket.
+            if let Err(e) = self.io.set_zero_linger() {
+                debug!(error = &e as &dyn std::error::Error, "cannot set SO_LINGER");
+            }
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client read nothing for {:?}", self.timeout),
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl tokio::io::AsyncRead for WriteDeadline {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for WriteDeadline {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.watch(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.watch(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.watch(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.watch(cx, polled)
     }
 }
 
