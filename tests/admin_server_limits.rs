@@ -234,6 +234,7 @@ fn large_ledger() -> Result<Ledger> {
             product: Some("NVIDIA-H100-80GB-HBM3".into()),
             gpu_labels: std::collections::BTreeMap::default(),
             taints: Vec::new(),
+            ready: Some(true),
         })
         .collect();
     let claims = Claims {
