@@ -200,26 +200,8 @@ async fn an_idle_notebook_is_stopped_only_for_a_pod_that_fits_by_it() {
         .await
         .expect("create trial");
 
-    eventually("idle-nb stopped", WAIT, || async {
-        stopped(&admin, "idle-nb").await.then_some(())
-    })
-    .await;
-    let event = eventually("IdleGPUStopped Event on idle-nb", WAIT, || async {
-        stop_events(&admin, "idle-nb").await.into_iter().next()
-    })
-    .await;
-    let note = event.note.unwrap_or_default();
-    assert!(
-        note.contains("needed by pending pod trials/trial-1"),
-        "the Event says for whom: {note:?}"
-    );
     // The real scheduler places the pod on the card the stop freed.
-    let placed = eventually("trial-1 bound to n1", WAIT, || async {
-        let p = trials.get("trial-1").await.ok()?;
-        p.spec?.node_name.filter(|n| !n.is_empty())
-    })
-    .await;
-    assert_eq!(placed, "n1");
+    idle_nb_stopped_for_trial_and_trial_bound_to_n1(&admin, &trials).await;
     stack
         .wait_pod_running(TRIALS, "trial-1")
         .await
@@ -336,25 +318,7 @@ async fn a_scheduling_gated_pod_stops_nothing_until_its_gate_is_removed() {
         )
         .await
         .expect("remove the gate");
-    eventually("idle-nb stopped", WAIT, || async {
-        stopped(&admin, "idle-nb").await.then_some(())
-    })
-    .await;
-    let event = eventually("IdleGPUStopped Event on idle-nb", WAIT, || async {
-        stop_events(&admin, "idle-nb").await.into_iter().next()
-    })
-    .await;
-    let note = event.note.unwrap_or_default();
-    assert!(
-        note.contains("needed by pending pod trials/trial-1"),
-        "the Event says for whom: {note:?}"
-    );
-    let placed = eventually("trial-1 bound to n1", WAIT, || async {
-        let p = trials.get("trial-1").await.ok()?;
-        p.spec?.node_name.filter(|n| !n.is_empty())
-    })
-    .await;
-    assert_eq!(placed, "n1");
+    idle_nb_stopped_for_trial_and_trial_bound_to_n1(&admin, &trials).await;
 }
 
 #[allow(clippy::too_many_lines)]
@@ -459,4 +423,28 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// Waits until `idle-nb` is stopped with an Event naming `trials/trial-1` as the pod it was
+/// stopped for, then until the real scheduler binds `trial-1` to `n1`, the card the stop freed.
+async fn idle_nb_stopped_for_trial_and_trial_bound_to_n1(admin: &kube::Client, trials: &Api<Pod>) {
+    eventually("idle-nb stopped", WAIT, || async {
+        stopped(admin, "idle-nb").await.then_some(())
+    })
+    .await;
+    let event = eventually("IdleGPUStopped Event on idle-nb", WAIT, || async {
+        stop_events(admin, "idle-nb").await.into_iter().next()
+    })
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("needed by pending pod trials/trial-1"),
+        "the Event says for whom: {note:?}"
+    );
+    let placed = eventually("trial-1 bound to n1", WAIT, || async {
+        let p = trials.get("trial-1").await.ok()?;
+        p.spec?.node_name.filter(|n| !n.is_empty())
+    })
+    .await;
+    assert_eq!(placed, "n1");
 }

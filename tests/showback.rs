@@ -291,9 +291,16 @@ fn rfc3339(t: i64) -> String {
         .to_rfc3339()
 }
 
-fn showback(prom: &Prometheus, m: &Month, extra: &[&str]) -> std::process::Output {
-    let (since, until) = (rfc3339(m.start), rfc3339(m.end()));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
+/// `gpu-ledger showback` over `[since, until)` against `prom`, whatever its exit status; the
+/// environment's selector and minimum coverage do not leak in.
+fn showback_between(
+    prom: &Prometheus,
+    since: i64,
+    until: i64,
+    extra: &[&str],
+) -> std::process::Output {
+    let (since, until) = (rfc3339(since), rfc3339(until));
+    std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
         .args([
             "showback",
             "--prometheus-url",
@@ -308,8 +315,14 @@ fn showback(prom: &Prometheus, m: &Month, extra: &[&str]) -> std::process::Outpu
             RESOLUTION,
         ])
         .args(extra)
+        .env_remove("GPU_LEDGER_PROMETHEUS_SELECTOR")
+        .env_remove("GPU_LEDGER_SHOWBACK_MIN_COVERAGE")
         .output()
-        .expect("run gpu-ledger showback");
+        .expect("run gpu-ledger showback")
+}
+
+fn showback(prom: &Prometheus, m: &Month, extra: &[&str]) -> std::process::Output {
+    let out = showback_between(prom, m.start, m.end(), extra);
     assert!(
         out.status.success(),
         "showback {extra:?} failed: {}\nprometheus log:\n{}",
@@ -763,26 +776,7 @@ fn scenarios(start: i64) -> String {
 }
 
 fn run(prom: &Prometheus, start: i64, args: &[&str]) -> std::process::Output {
-    let (since, until) = (rfc3339(start), rfc3339(start + TEN_DAYS));
-    std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
-        .args([
-            "showback",
-            "--prometheus-url",
-            prom.url(),
-            "--prometheus-timeout",
-            "120s",
-            "--since",
-            &since,
-            "--until",
-            &until,
-            "--resolution",
-            RESOLUTION,
-        ])
-        .args(args)
-        .env_remove("GPU_LEDGER_PROMETHEUS_SELECTOR")
-        .env_remove("GPU_LEDGER_SHOWBACK_MIN_COVERAGE")
-        .output()
-        .expect("run gpu-ledger showback")
+    showback_between(prom, start, start + TEN_DAYS, args)
 }
 
 fn parsed(out: &std::process::Output) -> serde_json::Value {
