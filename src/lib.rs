@@ -11,8 +11,8 @@
 //!
 //! Import rules (checked by `tests/architecture.rs`): `ledger` imports no other module of the
 //! crate; `export` never imports `cull`; `report` never imports `claims`; `config` never imports
-//! `cull`; the sinks (`export`, `report`, `cull`) import no other sink, except the page using
-//! report's HTML renderer, and `cull` no source: shared Kubernetes lookups live in `k8s`. No two
+//! `cull`; the sinks (`export`, `report`, `cull`) import no other sink (`app` hands `export` the
+//! page's renderer, report's HTML, as `app::page::HtmlPage`), and `cull` no source: shared Kubernetes lookups live in `k8s`. No two
 //! files import each other. `app` wires the modes together and nothing it wires names it (tasks
 //! reach its supervisor through `spawn::Spawn`).
 

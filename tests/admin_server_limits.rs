@@ -63,6 +63,7 @@ async fn start_with(ledger: Ledger) -> Result<(std::net::SocketAddr, Cancellatio
         registry: prometheus::Registry::new(),
         snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::new(ledger))),
         probes: Arc::new(AlwaysLive),
+        page: Arc::new(gpu_ledger::app::page::HtmlPage),
     };
     let cancel = CancellationToken::new();
     let stop = cancel.clone();

@@ -65,6 +65,7 @@ async fn serve(history: HistoryState) -> (String, CancellationToken) {
             Utc::now(),
         )))),
         probes: Arc::new(AlwaysLive),
+        page: Arc::new(gpu_ledger::app::page::HtmlPage),
     };
     let cancel = CancellationToken::new();
     let stop = cancel.clone();

@@ -6,6 +6,7 @@
 mod capture;
 mod hub;
 pub mod offline;
+pub mod page;
 mod report;
 mod serve;
 mod showback;

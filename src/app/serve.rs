@@ -202,6 +202,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
         registry: registry.clone(),
         snapshot: shared.clone(),
         probes: health.clone(),
+        page: Arc::new(super::page::HtmlPage),
     };
     let server_cancel = tasks.cancel.clone();
     // TLS and API authentication (docs/security.md): export::tls, export::auth.

@@ -1,6 +1,6 @@
-//! The admin HTTP server's router and handlers, in one place: `/` (the page: report's HTML
-//! renderer over the latest snapshot, served with its Content-Security-Policy; it refreshes
-//! itself from `/api/v1/ledger`), `/metrics`, `/healthz`, `/readyz`, `/livez`, `/api/v1/ledger`,
+//! The admin HTTP server's router and handlers, in one place: `/` (the page: the
+//! [`PageRenderer`] `app` hands in, report's HTML renderer, over the latest snapshot, served with
+//! its Content-Security-Policy; it refreshes itself from `/api/v1/ledger`), `/metrics`, `/healthz`, `/readyz`, `/livez`, `/api/v1/ledger`,
 //! `/api/v1/history` (`history.rs`). Serving it (TLS or plain) is `tls.rs`.
 //!
 //! `/livez` answers while the process serves HTTP. `/healthz` (the liveness probe) and `/readyz`
@@ -15,6 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -25,7 +27,20 @@ use prometheus::Registry;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::SharedSnapshot;
-use crate::report::html::{self, PageOptions, View};
+use crate::ledger::Ledger;
+
+/// Renders the page at `/`. `app` hands in report's HTML renderer (as it hands in the
+/// [`super::history::HistorySource`]), so this sink imports no other.
+pub trait PageRenderer: Send + Sync {
+    /// The page of `ledger` as `query` asks (the page's own parameters: `namespace`, `node`,
+    /// `sort`, `dir`), with `notes` under its header.
+    fn page(&self, ledger: &Ledger, query: &BTreeMap<String, String>, notes: Vec<String>)
+    -> String;
+    /// The page before the first snapshot: what the process waits for (`state`) and why.
+    fn waiting(&self, state: &str, reason: &str) -> String;
+    /// The pages' Content-Security-Policy.
+    fn content_security_policy(&self) -> String;
+}
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -33,6 +48,7 @@ pub struct AppState {
     pub registry: Registry,
     pub snapshot: SharedSnapshot,
     pub probes: Arc<dyn Probes>,
+    pub page: Arc<dyn PageRenderer>,
 }
 
 /// Nothing published yet: what the process waits for, and why.
@@ -304,26 +320,23 @@ fn waiting_json(waiting: &Waiting) -> Response {
 }
 
 /// `GET /?namespace=…&node=…&sort=…&dir=asc|desc`.
-pub async fn index(State(state): State<AppState>, Query(view): Query<View>) -> Response {
+pub async fn index(
+    State(state): State<AppState>,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Response {
+    let csp = state.page.content_security_policy();
     if let Some(waiting) = state.probes.waiting() {
-        return waiting_page(&waiting);
+        let page = state.page.waiting(waiting.state.text(), &waiting.reason);
+        return (StatusCode::SERVICE_UNAVAILABLE, page_headers(&csp), page).into_response();
     }
     let snapshot = state.snapshot.load_full();
     let notes = state.probes.page_notes();
+    let renderer = state.page.clone();
     // Rendering walks every pod: keep it off the async workers, like /metrics.
-    let rendered = tokio::task::spawn_blocking(move || {
-        html::render_page(
-            &snapshot.ledger,
-            &PageOptions {
-                live: true,
-                view,
-                notes,
-            },
-        )
-    })
-    .await;
+    let rendered =
+        tokio::task::spawn_blocking(move || renderer.page(&snapshot.ledger, &query, notes)).await;
     match rendered {
-        Ok(page) => (page_headers(), page).into_response(),
+        Ok(page) => (page_headers(&csp), page).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("render task: {e}"),
@@ -332,35 +345,17 @@ pub async fn index(State(state): State<AppState>, Query(view): Query<View>) -> R
     }
 }
 
-/// The headers of both pages: HTML under the page's Content-Security-Policy, never framed,
-/// sniffed, cached or referred.
-fn page_headers() -> [(header::HeaderName, String); 5] {
+/// The headers of both pages: HTML under the page's Content-Security-Policy (`csp`), never
+/// framed, sniffed, cached or referred.
+fn page_headers(csp: &str) -> [(header::HeaderName, String); 5] {
     [
         (header::CONTENT_TYPE, "text/html; charset=utf-8".to_string()),
         (
             header::CONTENT_SECURITY_POLICY,
-            format!(
-                "{}; frame-ancestors 'none'",
-                html::content_security_policy(true)
-            ),
+            format!("{csp}; frame-ancestors 'none'"),
         ),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
         (header::REFERRER_POLICY, "no-referrer".to_string()),
         (header::CACHE_CONTROL, "no-store".to_string()),
     ]
-}
-
-/// The page before the first snapshot: what it waits for and why, never an empty ledger that
-/// reads like a cluster without GPU pods. It reloads itself (a meta refresh: no script, so the
-/// Content-Security-Policy needs no hash for it).
-fn waiting_page(waiting: &Waiting) -> Response {
-    let page = format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta http-equiv=\"refresh\" content=\"5\"><title>gpu-ledger: {state}</title></head>\
-         <body><h1>gpu-ledger: {state}</h1><p>No ledger yet: {reason}.</p>\
-         <p>This page reloads every 5 s.</p></body></html>\n",
-        state = html::escape(waiting.state.text()),
-        reason = html::escape(&waiting.reason),
-    );
-    (StatusCode::SERVICE_UNAVAILABLE, page_headers(), page).into_response()
 }

@@ -109,6 +109,20 @@ pub struct PageOptions {
     pub notes: Vec<String>,
 }
 
+/// The page `serve` shows before its first snapshot: what it waits for (`state`) and why, never
+/// an empty ledger that reads like a cluster without GPU pods. It reloads itself (a meta
+/// refresh: no script, so the Content-Security-Policy needs no hash for it).
+pub fn render_waiting_page(state: &str, reason: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"5\"><title>gpu-ledger: {state}</title></head>\
+         <body><h1>gpu-ledger: {state}</h1><p>No ledger yet: {reason}.</p>\
+         <p>This page reloads every 5 s.</p></body></html>\n",
+        state = escape(state),
+        reason = escape(reason),
+    )
+}
+
 /// HTML-escapes text for element content and quoted attribute values.
 pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
