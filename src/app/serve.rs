@@ -255,6 +255,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             beat: refresh_beat,
             health: health.clone(),
             cancel: tasks.cancel.clone(),
+            fields_checked: None,
         }),
     );
 
@@ -369,7 +370,13 @@ struct RefreshLoop {
     beat: Arc<Beat>,
     health: Arc<Health>,
     cancel: CancellationToken,
+    /// When the field-coverage count last ran, and what it found ([`count_fields_missing`]).
+    fields_checked: Option<(Instant, u64)>,
 }
+
+/// How often the field-coverage count runs: it changes when an exporter is upgraded, not from
+/// one refresh to the next, so it need not cost Prometheus a query every refresh.
+const FIELDS_MISSING_EVERY: Duration = Duration::from_secs(60);
 
 /// Every `every` (first as soon as the watches have synced): verify notebook ownership, query
 /// usage, record health, publish the result to the hub. Each step is bounded.
@@ -413,7 +420,11 @@ async fn refresh_loop(mut r: RefreshLoop) {
         let fetched = tokio::time::timeout(r.fetch_timeout, r.source.fetch())
             .await
             .ok();
-        count_fields_missing(&r, &scope).await;
+        if r.fields_checked
+            .is_none_or(|(at, _)| at.elapsed() >= FIELDS_MISSING_EVERY)
+        {
+            count_fields_missing(&mut r, &scope).await;
+        }
         if fetched.is_none() {
             warn!(
                 timeout_seconds = r.fetch_timeout.as_secs(),
@@ -433,21 +444,26 @@ async fn refresh_loop(mut r: RefreshLoop) {
 }
 
 /// Sets `gpu_ledger_dcgm_devices_fields_missing` for the devices of `scope` (one instant query,
-/// bounded like the refresh's); on failure the gauge keeps its last value and the failure is
-/// counted as a query error.
-async fn count_fields_missing(r: &RefreshLoop, scope: &Scope) {
-    let Some(prom) = &r.prom else {
+/// bounded like the refresh's) and warns when the count changes to a non-zero value; on
+/// failure the gauge keeps its last value and the failure is counted as a query error.
+async fn count_fields_missing(r: &mut RefreshLoop, scope: &Scope) {
+    let Some(prom) = r.prom.clone() else {
         return;
     };
+    let before = r.fields_checked.map(|(_, n)| n);
+    // A failed count is not retried before the next turn either; the gauge keeps its value.
+    r.fields_checked = Some((Instant::now(), before.unwrap_or(0)));
     if scope.is_empty() {
         r.metrics.dcgm_devices_fields_missing.set(0.0);
+        r.fields_checked = Some((Instant::now(), 0));
         return;
     }
     let matcher = scope.matcher();
     let asked = prom.devices_fields_missing(&matcher, Utc::now());
     match tokio::time::timeout(r.fetch_timeout, asked).await {
         Ok(Ok(n)) => {
-            if n > 0 {
+            r.fields_checked = Some((Instant::now(), n));
+            if n > 0 && before != Some(n) {
                 warn!(
                     devices = n,
                     "DCGM series without any field gpu-ledger reads: their utilisation is unknown (see GpuLedgerDcgmFieldsMissing)"

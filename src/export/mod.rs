@@ -83,7 +83,7 @@ impl SelfMetrics {
             )?,
             dcgm_devices_fields_missing: Gauge::new(
                 "gpu_ledger_dcgm_devices_fields_missing",
-                "GPU devices (UUID and MIG instance) with DCGM series in Prometheus but none of the fields gpu-ledger reads under any accepted name (an exporter that renamed or dropped them): their utilisation is unknown, never idle. Set by each refresh.",
+                "GPU devices (UUID and MIG instance) with DCGM series in Prometheus but none of the fields gpu-ledger reads under any accepted name (an exporter that renamed or dropped them): their utilisation is unknown, never idle. Counted at most once a minute, with the refresh.",
             )?,
         };
         let build_info = GaugeVec::new(
