@@ -592,7 +592,7 @@ impl Optional {
     /// Looks for `api` once and, when found, starts its watches through `spawn`.
     /// `first_look` is the look at start-up; the background re-looks log their misses at debug.
     async fn try_start(&self, api: OptionalApi, spawn: Spawn<'_>, first_look: bool) -> Found {
-        let (client, scopes, stores) = (&self.client, &self.scopes, &self.stores);
+        let (client, scopes) = (&self.client, &self.scopes);
         match api {
             OptionalApi::Notebooks => match notebook_resource(client).await {
                 Ok(Some(ar)) => {
@@ -626,30 +626,14 @@ impl Optional {
                 if !dra::available(client, scopes, first_look).await {
                     return Missing::not_served("not served or not readable");
                 }
-                start_dra(
-                    client,
-                    &self.names,
-                    scopes,
-                    spawn,
-                    &self.cancel,
-                    stores,
-                    &self.on_restart,
-                );
+                start_dra(self, spawn);
                 Found::Started
             }
             OptionalApi::Kueue => {
                 if !kueue::available(client, scopes, first_look).await {
                     return Missing::not_served("not served or not readable");
                 }
-                start_kueue(
-                    client,
-                    &self.names,
-                    scopes,
-                    spawn,
-                    &self.cancel,
-                    stores,
-                    &self.on_restart,
-                );
+                start_kueue(self, spawn);
                 Found::Started
             }
         }
@@ -736,15 +720,9 @@ fn start_notebooks(ar: &ApiResource, ctx: &Optional, spawn: Spawn<'_>) {
 
 /// Starts the Kueue watches on `stores` (once [`kueue::available`] said `kueue.x-k8s.io/v1beta2`
 /// is served and readable); LocalQueues and Workloads in `scopes`.
-fn start_kueue(
-    client: &Client,
-    names: &ResourceNames,
-    scopes: &[Option<String>],
-    spawn: Spawn<'_>,
-    cancel: &CancellationToken,
-    stores: &Stores,
-    on_restart: &RestartHook,
-) {
+fn start_kueue(ctx: &Optional, spawn: Spawn<'_>) {
+    let (client, names, scopes) = (&ctx.client, &ctx.names, &ctx.scopes);
+    let (cancel, stores, on_restart) = (&ctx.cancel, &ctx.stores, &ctx.on_restart);
     stores.kueue_enabled.store(true, Ordering::Relaxed);
     info!(
         group = kueue::GROUP,
@@ -813,15 +791,9 @@ fn start_kueue(
 
 /// Starts the DRA watches on `stores` (once [`dra::available`] said the API is served and
 /// readable); `scopes` are the namespaces claims are watched in (`None`: all).
-fn start_dra(
-    client: &Client,
-    names: &ResourceNames,
-    scopes: &[Option<String>],
-    spawn: Spawn<'_>,
-    cancel: &CancellationToken,
-    stores: &Stores,
-    on_restart: &RestartHook,
-) {
+fn start_dra(ctx: &Optional, spawn: Spawn<'_>) {
+    let (client, names, scopes) = (&ctx.client, &ctx.names, &ctx.scopes);
+    let (cancel, stores, on_restart) = (&ctx.cancel, &ctx.stores, &ctx.on_restart);
     stores.dra_enabled.store(true, Ordering::Relaxed);
     info!(drivers = ?names.dra_drivers, "watching {}/{} resourceclaims, resourceslices, deviceclasses", dra::GROUP, dra::VERSION);
     for (i, ns) in scopes.iter().enumerate() {
