@@ -1544,10 +1544,12 @@ fn check_namespaced_release(cp: &ControlPlane, scoped: &str) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> {
     // Render first: a broken chart fails fast, before a control plane is started.
+    // showback on: the API server validates its CronJob (podFailurePolicy included).
     let full = [
         "serviceMonitor.enabled=true",
         "prometheusRule.enabled=true",
         "networkPolicy.enabled=true",
+        "showback.enabled=true",
     ];
     let off = helm_template(&full)?;
     let on_ns = "gl-cull";
@@ -1601,6 +1603,7 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
         "configmap/gpu-ledger-dashboard",
         "pdb/gpu-ledger",
         "networkpolicy/gpu-ledger",
+        "cronjob/gpu-ledger-showback",
         "-o",
         "name",
     ]);
@@ -1755,6 +1758,13 @@ fn helm_template_showback_cronjob() -> Result<()> {
     }
     ensure!(!a.iter().any(|x| x.starts_with("--output-file")), "{a:?}");
     assert_eq!(pod["restartPolicy"], "Never");
+    // A partial or unknown month (4) and a configuration error (2) fail the Job at once; only a
+    // Prometheus that did not answer (3) is retried.
+    assert_eq!(
+        job["spec"]["podFailurePolicy"]["rules"],
+        json!([{"action": "FailJob", "onExitCodes": {
+            "containerName": "showback", "operator": "In", "values": [2, 4]}}])
+    );
     assert_eq!(
         pod["automountServiceAccountToken"], false,
         "showback reads only Prometheus: no API token"
