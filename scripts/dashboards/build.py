@@ -304,7 +304,7 @@ def panels():
     # --- reclaimable demand (the reclaim planner; docs/report-json.md#reclaim): one layout row
     # of its own (16 + 8 columns), titled by its theme (the checker covers no Grafana row panel)
     add(timeseries("Reclaimable demand: pending GPUs that would run if idle holders stopped",
-                   "Is GPU work waiting for cards that idle notebooks or stuck Terminating pods hold? GPU equivalents of pending pods that fit on no node now but would once stuck holders are force-deleted or proven-idle notebooks stopped (same GPU resource, node selector, affinity and taints). GpuLedgerPendingReclaimable fires after 30m; the report's Who could run names the node and the holders.",
+                   "Is GPU work waiting for cards that idle notebooks or stuck Terminating pods hold? GPU equivalents of pending pods that fit on no node now but would once stuck holders are cleared or proven-idle notebooks stopped (same GPU resource, node selector, affinity and taints). GpuLedgerPendingReclaimable fires after 30m; the report's Who could run names the node and the holders.",
                    [target("A", "max by (namespace) (gpu_ledger_pending_reclaimable_gpus{%s})" % NS, "{{namespace}}")]), 16, 8)
     add(stat("Reclaimable demand: pending GPUs now",
              "How many pending GPUs could run now if idle holders stopped? Sum over namespaces of gpu_ledger_pending_reclaimable_gpus (GPU equivalents).",

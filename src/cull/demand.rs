@@ -28,7 +28,7 @@ impl CullWhen {
 /// `namespace/pod`.
 ///
 /// Pending pods are served in the planner's order (namespace, pod). A pod that fits as things
-/// are, or once stuck holders are force-deleted, needs no stop; nor does a pod with scheduling
+/// are, or once stuck holders are cleared, needs no stop; nor does a pod with scheduling
 /// gates (the planner gives it no option). Otherwise it takes its cheapest option that the stops
 /// make on their own, every stop a candidate not already taken by an earlier pending pod. An
 /// option that also counts on a stuck holder's force delete (never done by gpu-ledger: the pod

@@ -252,7 +252,7 @@ const FAMILIES: &[Family] = &[
     },
     Family {
         name: "gpu_ledger_pending_reclaimable_gpus",
-        help: "GPU equivalents of pending pods that fit on no node as things are but would once stuck Terminating holders are force-deleted or proven-idle notebooks stopped (from the last refresh).",
+        help: "GPU equivalents of pending pods that fit on no node as things are but would once stuck Terminating holders are cleared (finalizer finished, or force-deleted where the node is gone) or proven-idle notebooks stopped (from the last refresh).",
         labels: &["namespace"],
         counter: false,
     },

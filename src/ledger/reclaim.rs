@@ -1,5 +1,5 @@
 //! The reclaim planner: for each pending GPU pod, the nodes where it would fit, free already or
-//! once stuck Terminating holders are force-deleted or proven-idle notebooks are stopped.
+//! once stuck Terminating holders are cleared (their finalizers finish, or they are force-deleted where the node is gone) or proven-idle notebooks are stopped.
 //!
 //! Pure (claims and the ledger's pod rows in, plans out). Fit is what the scheduler checks for
 //! GPUs: the same resource name in device units (a whole `nvidia.com/gpu`, a MIG profile, a
