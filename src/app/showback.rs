@@ -139,10 +139,23 @@ fn queries_per_read(grid: &Grid) -> usize {
     .unwrap_or(usize::MAX)
 }
 
+/// `inner` (an expression over one gpu-ledger family) combined across gpu-ledger's replicas
+/// into one value per `by` (docs/metrics.md, "Replicas and shards"): HA replicas of one shard
+/// export the same numbers, so `max` counts them once; shards count different pods, so their
+/// values add; unsharded series have no `shard` label and form one group.
+pub(crate) fn across_replicas(by: &str, inner: &str) -> String {
+    format!("sum by ({by}) (max by ({by}, {SHARD}) ({inner}))")
+}
+
+/// The label a sharded replica puts on every series (`export::SHARD_LABEL`; `app` wires the
+/// two, so the query and the exposition cannot drift apart).
+const SHARD: &str = crate::export::SHARD_LABEL;
+
 /// GPU-seconds of `counter` per namespace over the period: per window, `increase()` of each
-/// series, the largest across series (HA replicas count the same seconds: once), summed over
-/// the windows (a replaced replica's series and its successor's follow each other: both count).
-/// Restart-safe as `increase()` is; a window in which no replica reported adds nothing.
+/// series, the largest across a shard's series (HA replicas count the same seconds: once),
+/// added across shards (each counts its own nodes' pods), summed over the windows (a replaced
+/// replica's series and its successor's follow each other: both count). Restart-safe as
+/// `increase()` is; a window in which no replica reported adds nothing.
 async fn gpu_seconds_by_namespace(
     client: &PromClient,
     grid: &Grid,
@@ -154,7 +167,7 @@ async fn gpu_seconds_by_namespace(
     let answer = stepped(
         client,
         grid,
-        &|off| format!("max by (namespace) (increase({sel}[{window}]{off}))"),
+        &|off| across_replicas("namespace", &format!("increase({sel}[{window}]{off})")),
         counter,
         progress,
     )
@@ -283,7 +296,12 @@ async fn inputs(
     let by_model = stepped(
         client,
         &grid,
-        &|off| format!("max by (namespace, model, activity) (increase({sel}[{window}]{off}))"),
+        &|off| {
+            across_replicas(
+                "namespace, model, activity",
+                &format!("increase({sel}[{window}]{off})"),
+            )
+        },
         "gpu_ledger_gpu_seconds_by_model_total",
         &mut progress,
     )
@@ -304,12 +322,21 @@ async fn inputs(
         seconds,
     })
     .collect();
-    // The most each namespace held in each window, summed per group in `report::showback`.
+    // The most each namespace held in each window (per shard, added: at most what it held at
+    // once), summed per group in `report::showback`. The range leaves out the window's first
+    // second: Prometheus 2 includes a sample at the range's start, which belongs to the window
+    // before (a month's first window would show the previous month's last sample).
     let sel = selector("gpu_ledger_namespace_gpus_claimed", client);
+    let held_range = duration(chrono::Duration::seconds((grid.step_seconds() - 1).max(1)));
     let held = stepped(
         client,
         &grid,
-        &|off| format!("max by (namespace) (max_over_time({sel}[{window}]{off}))"),
+        &|off| {
+            across_replicas(
+                "namespace",
+                &format!("max_over_time({sel}[{held_range}]{off})"),
+            )
+        },
         "gpu_ledger_namespace_gpus_claimed",
         &mut progress,
     )
@@ -489,17 +516,30 @@ impl PromHistory {
     async fn raw(&self, span: Span, now: DateTime<Utc>) -> Result<Raw, PromError> {
         let step = duration(span.step());
         let c = &*self.client;
-        let claimed = format!(
-            "max by (namespace) (rate({}[{step}]))",
-            selector("gpu_ledger_gpu_seconds_claimed_total", c)
+        // Replicas combined as showback combines them: HA once, shards added.
+        let claimed = across_replicas(
+            "namespace",
+            &format!(
+                "rate({}[{step}])",
+                selector("gpu_ledger_gpu_seconds_claimed_total", c)
+            ),
         );
-        let idle = format!(
-            "max by (namespace) (rate({}[{step}]))",
-            selector("gpu_ledger_gpu_seconds_idle_total", c)
+        let idle = across_replicas(
+            "namespace",
+            &format!(
+                "rate({}[{step}])",
+                selector("gpu_ledger_gpu_seconds_idle_total", c)
+            ),
         );
         let busy = format!(
-            "sum by (namespace) (max by (namespace, model, activity) (rate(gpu_ledger_gpu_seconds_by_model_total{{activity=\"busy\"{}}}[{step}])))",
-            c.matchers()
+            "sum by (namespace) ({})",
+            across_replicas(
+                "namespace, model, activity",
+                &format!(
+                    "rate(gpu_ledger_gpu_seconds_by_model_total{{activity=\"busy\"{}}}[{step}])",
+                    c.matchers()
+                ),
+            )
         );
         Ok(Raw {
             claimed: self.points(&claimed, span, now).await?,
