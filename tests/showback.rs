@@ -775,6 +775,19 @@ fn scenarios(start: i64) -> String {
         ],
         &|_, _| HELD / 2.0,
     );
+    // The same two shards, gpu-ledger-1 down from day 3 to day 4 while gpu-ledger-0 runs on: its
+    // half of team-a was counted by nobody that day, a gap although some replica reported.
+    processes_of(
+        &mut om,
+        (start, start + TEN_DAYS),
+        "shard-down",
+        &[
+            sharded("gpu-ledger-0", "0", at(0, 0) - DAY, start + END),
+            sharded("gpu-ledger-1", "1", at(0, 0) - DAY, at(3, 0)),
+            sharded("gpu-ledger-1", "1", at(4, 0), start + END),
+        ],
+        &|_, _| HELD / 2.0,
+    );
     om.text()
 }
 
@@ -880,6 +893,24 @@ async fn hours_survive_rollouts_restarts_and_ha_and_only_a_time_without_any_repl
     );
     near(&v["coverage"], 1.0, "shards coverage");
 
+    let (code, v, stderr) = one("shard-down", &[]);
+    assert_eq!(code, Some(4), "a shard's day missing is partial: {stderr}");
+    near(
+        &group(&v, "team-a")["gpu_hours_claimed"],
+        TRUTH - HELD / 2.0 * 24.0,
+        "what was counted: all but gpu-ledger-1's half for the day it was down",
+    );
+    near(
+        &v["coverage"],
+        0.9,
+        "a day of ten in which one shard did not report",
+    );
+    assert_eq!(
+        v["gaps"],
+        serde_json::json!([{ "start": rfc3339(start + 3 * DAY).replace("+00:00", "Z"), "seconds": DAY }]),
+        "the day gpu-ledger-1 was down, although gpu-ledger-0 reported"
+    );
+
     // Below the default --min-coverage of 95 %: the JSON says partial, the exit code is 4.
     let (code, v, stderr) = one("gap", &[]);
     assert_eq!(code, Some(4), "90 % coverage is partial: {stderr}");
@@ -950,7 +981,14 @@ async fn hours_survive_rollouts_restarts_and_ha_and_only_a_time_without_any_repl
         "several clusters without --prometheus-selector are refused as bad input; stdout: {}; stderr: {stderr}",
         String::from_utf8_lossy(&out.stdout)
     );
-    for c in ["rollout", "staggered", "gap", "single", "shards"] {
+    for c in [
+        "rollout",
+        "staggered",
+        "gap",
+        "single",
+        "shards",
+        "shard-down",
+    ] {
         assert!(
             stderr.contains(&format!("cluster=\"{c}\"")),
             "names cluster {c}: {stderr}"

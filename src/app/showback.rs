@@ -255,17 +255,18 @@ async fn inputs(
     let grouping_queries = usize::from(*grouping != Grouping::Namespace);
     let mut progress = Progress::new(progress, 5 * per_read + grouping_queries);
     let window = duration(chrono::Duration::seconds(grid.step_seconds()));
-    // Some replica of gpu-ledger reported in a window when any of its series has a sample
-    // there: all replicas' series together, so one of two HA replicas down is no gap.
+    // A shard of gpu-ledger reported in a window when any of its series has a sample there:
+    // all its replicas' series together, so one of two HA replicas down is no gap; a shard
+    // silent between two reports is (`reported_by_every_shard`).
     // `last_refresh_timestamp_seconds` is exported whenever gpu-ledger runs, GPUs or not. By
-    // cluster label first, to refuse several clusters before adding anything up.
+    // cluster label too, to refuse several clusters before adding anything up.
     let matchers = client.matchers().to_string();
     let reported_by_cluster = stepped(
         client,
         &grid,
         &|off| {
             format!(
-                "group by ({}) (count_over_time({{__name__=~\"gpu_ledger_last_refresh_timestamp_seconds|gpu_ledger_gpu_seconds_claimed_total\"{matchers}}}[{window}]{off}))",
+                "group by ({}, {SHARD}) (count_over_time({{__name__=~\"gpu_ledger_last_refresh_timestamp_seconds|gpu_ledger_gpu_seconds_claimed_total\"{matchers}}}[{window}]{off}))",
                 CLUSTER_LABELS.join(", ")
             )
         },
@@ -275,7 +276,14 @@ async fn inputs(
     .await
     .map_err(AppError::Prometheus)?;
     one_cluster("gpu-ledger", reported_by_cluster.iter().map(|(l, _, _)| l))?;
-    let reported: BTreeSet<i64> = reported_by_cluster.iter().map(|(_, t, _)| *t).collect();
+    let mut per_shard: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+    for (l, t, _) in &reported_by_cluster {
+        per_shard
+            .entry(l.get(SHARD).cloned().unwrap_or_default())
+            .or_default()
+            .insert(*t);
+    }
+    let reported = showback::reported_by_every_shard(&per_shard);
     let claimed = gpu_seconds_by_namespace(
         client,
         &grid,
