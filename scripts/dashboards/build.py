@@ -286,7 +286,9 @@ def panels():
         [target("A", 'sum_over_time(namespace:gpu_ledger_gpu_seconds_claimed:increase1m{%s}[$__range]) / 3600' % NS, instant=True, fmt="table"),
          target("B", 'sum by (namespace) (sum_over_time(namespace_model_activity:gpu_ledger_gpu_seconds:increase1m{%s, activity="busy"}[$__range])) / 3600' % NS, instant=True, fmt="table"),
          target("C", 'sum_over_time(namespace:gpu_ledger_gpu_seconds_idle:increase1m{%s}[$__range]) / 3600' % NS, instant=True, fmt="table"),
-         target("D", 'sum_over_time(namespace:gpu_ledger_gpu_seconds_idle:increase1m{%s}[$__range]) / (sum_over_time(namespace:gpu_ledger_gpu_seconds_claimed:increase1m{%s}[$__range]) > 0)' % (NS, NS), instant=True, fmt="table"),
+         # The share from the counters themselves (shards added, HA once): a rollout loses the
+         # same part of both, so the ratio holds, and it has a value from the first scrape on.
+         target("D", 'sum by (namespace) (max by (namespace, shard) (increase(gpu_ledger_gpu_seconds_idle_total{%s}[$__range]))) / (sum by (namespace) (max by (namespace, shard) (increase(gpu_ledger_gpu_seconds_claimed_total{%s}[$__range]))) > 0)' % (NS, NS), instant=True, fmt="table"),
          target("E", 'max_over_time(namespace:gpu_ledger_gpus_claimed:sum{%s}[$__range])' % NS, instant=True, fmt="table")],
         {"Value #A": "GPU-hours", "Value #B": "busy", "Value #C": "idle", "Value #D": "idle share", "Value #E": "peak GPUs"},
         units={"GPU-hours": "h", "busy": "h", "idle": "h", "idle share": "percentunit"}, sort="GPU-hours"), 12, 8)
