@@ -157,6 +157,22 @@ fn week(now: i64) -> String {
     out
 }
 
+/// team-s's history: 1 GPU wherever there is data, its two shards' halves added and shard 0's
+/// two HA replicas counted once.
+#[track_caller]
+fn shards_added_replicas_once(history: &Value) {
+    let sharded: Vec<f64> = history["namespaces"]["team-s"]["claimed"]
+        .as_array()
+        .expect("team-s claimed")
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    assert!(
+        !sharded.is_empty() && sharded.iter().all(|v| (v - 1.0).abs() < 1e-6),
+        "two shards' halves added, shard 0's HA replicas once: {sharded:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_chart_with_data_and_without_prometheus() {
     let prom = Prometheus::start_with_backfill(&week(Utc::now().timestamp()))
@@ -187,16 +203,7 @@ async fn history_chart_with_data_and_without_prometheus() {
         values.iter().any(|v| (v - 3.5).abs() < 1e-6),
         "2 + 0.5 + 1 GPUs held: {claimed:?}"
     );
-    let sharded: Vec<f64> = day["namespaces"]["team-s"]["claimed"]
-        .as_array()
-        .expect("team-s claimed")
-        .iter()
-        .filter_map(Value::as_f64)
-        .collect();
-    assert!(
-        !sharded.is_empty() && sharded.iter().all(|v| (v - 1.0).abs() < 1e-6),
-        "two shards' halves added, shard 0's HA replicas once: {sharded:?}"
-    );
+    shards_added_replicas_once(&day);
     assert!(
         claimed.iter().filter(|v| v.is_null()).count() >= 4,
         "the 2 h outage is no data, not 0: {claimed:?}"
