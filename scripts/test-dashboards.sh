@@ -133,8 +133,10 @@ YML
   if [ -z "$ready" ]; then tail -20 "$dir/prometheus.log"; fail "[$scheme] prometheus did not become ready on $url"; return; fi
   ok "[$scheme] prometheus ready on $url (pid $PROM_PID)"
   # wait until the recording rules have been evaluated at least once
-  for _ in $(seq 1 60); do
+  for _ in $(seq 1 150); do
+    # the accounting group runs every minute, first at an offset of up to a minute
     if curl -fsS "$url/api/v1/query" --data-urlencode 'query=cluster:gpu_ledger_gpus_used:sum' | grep -q '"value"' \
+       && curl -fsS "$url/api/v1/query" --data-urlencode 'query=namespace_model_activity:gpu_ledger_gpu_seconds:increase1m' | grep -q '"value"' \
        && curl -fsS "$url/api/v1/query" --data-urlencode 'query=uuid_xid:dcgm_xid_events:new10m' | grep -q '"value"'; then break; fi
     sleep 0.5
   done

@@ -283,7 +283,8 @@ pub struct ServeArgs {
         help_heading = "Server"
     )]
     pub shard: u32,
-    /// Number of shards; 1 = no sharding.
+    /// Number of shards; 1 = no sharding. With more than one, every exported series carries
+    /// `shard="<i>"`, so PromQL can add the shards (docs/metrics.md).
     #[arg(
         long,
         env = "GPU_LEDGER_TOTAL_SHARDS",

@@ -4,7 +4,8 @@
 //! counters (`promtool tsdb create-blocks-from openmetrics`):
 //!
 //! * with data: a chart per span (24 h, 7 d), claimed / busy / idle lines, broken where
-//!   gpu-ledger was down (no data is not zero), the namespace filter's lines on `?namespace=`;
+//!   gpu-ledger was down (no data is not zero), the namespace filter's lines on `?namespace=`,
+//!   a sharded namespace's shards added and its HA replicas counted once;
 //! * with Prometheus unreachable: no chart, "history unavailable: <why>", and the rest of the
 //!   page still renders.
 //!
@@ -137,6 +138,16 @@ fn week(now: i64) -> String {
         "namespace=\"team-b\",model=\"NVIDIA-RTX-A1000\",activity=\"busy\"",
         0.5,
     );
+    // team-s under `--total-shards 2`: each shard counts half a GPU of it (the pods on its own
+    // nodes), shard 0 run by two HA replicas that export the same numbers. It held 1 GPU: the
+    // shards add, the replicas count once.
+    for (labels, rate) in [
+        ("namespace=\"team-s\",shard=\"0\",instance=\"a\"", 0.5),
+        ("namespace=\"team-s\",shard=\"0\",instance=\"b\"", 0.5),
+        ("namespace=\"team-s\",shard=\"1\",instance=\"c\"", 0.5),
+    ] {
+        series("gpu_ledger_gpu_seconds_claimed_total", labels, rate);
+    }
     let mut out = String::new();
     for (name, body) in families {
         writeln!(out, "# TYPE {name} gauge").expect("write");
@@ -144,6 +155,23 @@ fn week(now: i64) -> String {
     }
     out.push_str("# EOF\n");
     out
+}
+
+/// team-s's history: at most and mostly 1 GPU (a step at the data's edge holds less), its two
+/// shards' halves added (not 0.5) and shard 0's two HA replicas counted once (not 1.5).
+#[track_caller]
+fn shards_added_replicas_once(history: &Value) {
+    let sharded: Vec<f64> = history["namespaces"]["team-s"]["claimed"]
+        .as_array()
+        .expect("team-s claimed")
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    assert!(
+        sharded.iter().filter(|v| (*v - 1.0).abs() < 1e-6).count() > sharded.len() / 2
+            && sharded.iter().all(|v| *v <= 1.0 + 1e-6),
+        "two shards' halves added, shard 0's HA replicas once: {sharded:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,9 +201,10 @@ async fn history_chart_with_data_and_without_prometheus() {
         .expect("cluster claimed");
     let values: Vec<f64> = claimed.iter().filter_map(Value::as_f64).collect();
     assert!(
-        values.iter().any(|v| (v - 2.5).abs() < 1e-6),
-        "2 + 0.5 GPUs held: {claimed:?}"
+        values.iter().any(|v| (v - 3.5).abs() < 1e-6),
+        "2 + 0.5 + 1 GPUs held: {claimed:?}"
     );
+    shards_added_replicas_once(&day);
     assert!(
         claimed.iter().filter(|v| v.is_null()).count() >= 4,
         "the 2 h outage is no data, not 0: {claimed:?}"
@@ -225,7 +254,7 @@ async fn history_chart_with_data_and_without_prometheus() {
         "the outage breaks the line in two: {drawn:#}"
     );
     assert!(day_fig["busy"].as_u64() >= Some(1) && day_fig["idle"].as_u64() >= Some(1));
-    assert_eq!(day_fig["top"], "2.5 GPUs", "cluster scale: {drawn:#}");
+    assert_eq!(day_fig["top"], "3.5 GPUs", "cluster scale: {drawn:#}");
     assert!(
         day_fig["caption"]
             .as_str()

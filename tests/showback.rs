@@ -300,6 +300,11 @@ fn showback_between(
     extra: &[&str],
 ) -> std::process::Output {
     let (since, until) = (rfc3339(since), rfc3339(until));
+    showback_for(prom, &["--since", &since, "--until", &until], extra)
+}
+
+/// `gpu-ledger showback` for `period` (`--since … --until …` or `--month …`) against `prom`.
+fn showback_for(prom: &Prometheus, period: &[&str], extra: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
         .args([
             "showback",
@@ -307,13 +312,10 @@ fn showback_between(
             prom.url(),
             "--prometheus-timeout",
             "120s",
-            "--since",
-            &since,
-            "--until",
-            &until,
             "--resolution",
             RESOLUTION,
         ])
+        .args(period)
         .args(extra)
         .env_remove("GPU_LEDGER_PROMETHEUS_SELECTOR")
         .env_remove("GPU_LEDGER_SHOWBACK_MIN_COVERAGE")
@@ -606,36 +608,87 @@ const TEN_DAYS: i64 = 10 * DAY;
 const HELD: f64 = 2.0;
 const TRUTH: f64 = HELD * 240.0;
 
-/// One gpu-ledger process: its pod (series labels), when it ran `[from, to)`, and so which
-/// scrapes saw it: every scrape strictly inside its life, its counter at GPU-seconds since it
-/// started (a process starts its counters at 0).
+/// One gpu-ledger process: its pod (series labels), its shard (`shard` label; empty:
+/// unsharded, no label), when it ran `[from, to)`, and so which scrapes saw it: every scrape
+/// strictly inside its life, its counter at GPU-seconds since it started (a process starts its
+/// counters at 0).
 struct Process {
     pod: &'static str,
+    shard: &'static str,
     from: i64,
     to: i64,
 }
 
+/// A replica of an unsharded deployment.
+fn replica(pod: &'static str, from: i64, to: i64) -> Process {
+    Process {
+        pod,
+        shard: "",
+        from,
+        to,
+    }
+}
+
+/// GPUs a process of a scenario saw team-a hold at Unix second `t` (constant over each scrape
+/// interval, which begins at a multiple of [`SCRAPE`]).
+type Held<'a> = &'a dyn Fn(&Process, i64) -> f64;
+
+/// The integral of `held` over `[from, to)`: GPU-seconds a process counted.
+fn gpu_seconds(p: &Process, held: Held<'_>, from: i64, to: i64) -> f64 {
+    let mut sum = 0.0;
+    let mut t = from;
+    while t < to {
+        let next = (t - t.rem_euclid(SCRAPE) + SCRAPE).min(to);
+        sum += held(p, t) * (next - t) as f64;
+        t = next;
+    }
+    sum
+}
+
+/// Each process's series, scraped every [`SCRAPE`] over `[span.0, span.1]`.
 fn ten_days_of(om: &mut Om, start: i64, cluster: &str, processes: &[Process]) {
+    processes_of(
+        om,
+        (start, start + TEN_DAYS),
+        cluster,
+        processes,
+        &|_, _| HELD,
+    );
+}
+
+fn processes_of(
+    om: &mut Om,
+    span: (i64, i64),
+    cluster: &str,
+    processes: &[Process],
+    held: Held<'_>,
+) {
     for p in processes {
-        let scrapes: Vec<i64> = (start..=start + TEN_DAYS)
+        let scrapes: Vec<i64> = (span.0..=span.1)
             .step_by(SCRAPE as usize)
             .filter(|t| *t > p.from && *t < p.to)
             .collect();
-        let labels = [("cluster", cluster), ("pod", p.pod), ("instance", p.pod)];
-        let mut with_ns = labels.to_vec();
+        let mut labels = vec![("cluster", cluster), ("pod", p.pod), ("instance", p.pod)];
+        if !p.shard.is_empty() {
+            labels.push(("shard", p.shard));
+        }
+        let mut with_ns = labels.clone();
         with_ns.push(("namespace", "team-a"));
         om.series(
             "gpu_ledger_gpu_seconds_claimed_total",
             &with_ns,
             &scrapes
                 .iter()
-                .map(|t| (*t, HELD * (t - p.from) as f64))
+                .map(|t| (*t, gpu_seconds(p, held, p.from, *t)))
                 .collect::<Vec<_>>(),
         );
         om.series(
             "gpu_ledger_namespace_gpus_claimed",
             &with_ns,
-            &scrapes.iter().map(|t| (*t, HELD)).collect::<Vec<_>>(),
+            &scrapes
+                .iter()
+                .map(|t| (*t, held(p, *t - 1)))
+                .collect::<Vec<_>>(),
         );
         om.series(
             "gpu_ledger_last_refresh_timestamp_seconds",
@@ -664,36 +717,12 @@ fn scenarios(start: i64) -> String {
         start,
         "rollout",
         &[
-            Process {
-                pod: "r1",
-                from: at(0, 0) - DAY,
-                to: at(4, 1),
-            },
-            Process {
-                pod: "r2",
-                from: at(0, 0) - DAY,
-                to: at(4, 2),
-            },
-            Process {
-                pod: "r3",
-                from: at(4, 0),
-                to: at(7, 0),
-            },
-            Process {
-                pod: "r4",
-                from: at(4, 1),
-                to: at(8, 0),
-            },
-            Process {
-                pod: "r4",
-                from: at(8, 0),
-                to: start + END,
-            },
-            Process {
-                pod: "r5",
-                from: at(7, 0),
-                to: start + END,
-            },
+            replica("r1", at(0, 0) - DAY, at(4, 1)),
+            replica("r2", at(0, 0) - DAY, at(4, 2)),
+            replica("r3", at(4, 0), at(7, 0)),
+            replica("r4", at(4, 1), at(8, 0)),
+            replica("r4", at(8, 0), start + END),
+            replica("r5", at(7, 0), start + END),
         ],
     );
     // Two HA replicas down at different times (r1 days 2-4, r2 days 6-8): one always counted.
@@ -702,26 +731,10 @@ fn scenarios(start: i64) -> String {
         start,
         "staggered",
         &[
-            Process {
-                pod: "r1",
-                from: at(0, 0) - DAY,
-                to: at(2, 0),
-            },
-            Process {
-                pod: "r1",
-                from: at(4, 0),
-                to: start + END,
-            },
-            Process {
-                pod: "r2",
-                from: at(0, 0) - DAY,
-                to: at(6, 0),
-            },
-            Process {
-                pod: "r2",
-                from: at(8, 0),
-                to: start + END,
-            },
+            replica("r1", at(0, 0) - DAY, at(2, 0)),
+            replica("r1", at(4, 0), start + END),
+            replica("r2", at(0, 0) - DAY, at(6, 0)),
+            replica("r2", at(8, 0), start + END),
         ],
     );
     // r2 down from day 2 12:00, then r1 too from day 3 to day 4 (no replica: a gap of 24 h),
@@ -731,26 +744,10 @@ fn scenarios(start: i64) -> String {
         start,
         "gap",
         &[
-            Process {
-                pod: "r1",
-                from: at(0, 0) - DAY,
-                to: at(3, 0),
-            },
-            Process {
-                pod: "r1",
-                from: at(4, 0),
-                to: start + END,
-            },
-            Process {
-                pod: "r2",
-                from: at(0, 0) - DAY,
-                to: at(2, 12),
-            },
-            Process {
-                pod: "r2",
-                from: at(4, 0),
-                to: start + END,
-            },
+            replica("r1", at(0, 0) - DAY, at(3, 0)),
+            replica("r1", at(4, 0), start + END),
+            replica("r2", at(0, 0) - DAY, at(2, 12)),
+            replica("r2", at(4, 0), start + END),
         ],
     );
     // One replica, replaced once in the middle of a 15-minute window (Recreate, or an
@@ -760,19 +757,48 @@ fn scenarios(start: i64) -> String {
         start,
         "single",
         &[
-            Process {
-                pod: "s1",
-                from: at(0, 0) - DAY,
-                to: at(5, 0) + 7 * 60,
-            },
-            Process {
-                pod: "s2",
-                from: at(5, 0) + 7 * 60,
-                to: start + END,
-            },
+            replica("s1", at(0, 0) - DAY, at(5, 0) + 7 * 60),
+            replica("s2", at(5, 0) + 7 * 60, start + END),
         ],
     );
+    // `--total-shards 2` (the chart's StatefulSet, one pod per shard, no HA inside a shard):
+    // each shard counts the pods on its own nodes, half of team-a's GPUs, and the shards' sums
+    // add up. gpu-ledger-1's container restarts on day 5 (same pod, counter back to 0).
+    processes_of(
+        &mut om,
+        (start, start + TEN_DAYS),
+        "shards",
+        &[
+            sharded("gpu-ledger-0", "0", at(0, 0) - DAY, start + END),
+            sharded("gpu-ledger-1", "1", at(0, 0) - DAY, at(5, 0)),
+            sharded("gpu-ledger-1", "1", at(5, 0), start + END),
+        ],
+        &|_, _| HELD / 2.0,
+    );
+    // The same two shards, gpu-ledger-1 down from day 3 to day 4 while gpu-ledger-0 runs on: its
+    // half of team-a was counted by nobody that day, a gap although some replica reported.
+    processes_of(
+        &mut om,
+        (start, start + TEN_DAYS),
+        "shard-down",
+        &[
+            sharded("gpu-ledger-0", "0", at(0, 0) - DAY, start + END),
+            sharded("gpu-ledger-1", "1", at(0, 0) - DAY, at(3, 0)),
+            sharded("gpu-ledger-1", "1", at(4, 0), start + END),
+        ],
+        &|_, _| HELD / 2.0,
+    );
     om.text()
+}
+
+/// The pod of one shard of a sharded deployment.
+fn sharded(pod: &'static str, shard: &'static str, from: i64, to: i64) -> Process {
+    Process {
+        pod,
+        shard,
+        from,
+        to,
+    }
 }
 
 fn run(prom: &Prometheus, start: i64, args: &[&str]) -> std::process::Output {
@@ -853,6 +879,38 @@ async fn hours_survive_rollouts_restarts_and_ha_and_only_a_time_without_any_repl
     );
     near(&v["coverage"], 1.0, "single coverage");
 
+    let (code, v, stderr) = one("shards", &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    near(
+        &group(&v, "team-a")["gpu_hours_claimed"],
+        TRUTH,
+        "two shards, each counting half of team-a (one restarted): added, not the larger one",
+    );
+    near(
+        &group(&v, "team-a")["peak_gpus"],
+        HELD,
+        "peak: both shards' halves at once",
+    );
+    near(&v["coverage"], 1.0, "shards coverage");
+
+    let (code, v, stderr) = one("shard-down", &[]);
+    assert_eq!(code, Some(4), "a shard's day missing is partial: {stderr}");
+    near(
+        &group(&v, "team-a")["gpu_hours_claimed"],
+        TRUTH - HELD / 2.0 * 24.0,
+        "what was counted: all but gpu-ledger-1's half for the day it was down",
+    );
+    near(
+        &v["coverage"],
+        0.9,
+        "a day of ten in which one shard did not report",
+    );
+    assert_eq!(
+        v["gaps"],
+        serde_json::json!([{ "start": rfc3339(start + 3 * DAY).replace("+00:00", "Z"), "seconds": DAY }]),
+        "the day gpu-ledger-1 was down, although gpu-ledger-0 reported"
+    );
+
     // Below the default --min-coverage of 95 %: the JSON says partial, the exit code is 4.
     let (code, v, stderr) = one("gap", &[]);
     assert_eq!(code, Some(4), "90 % coverage is partial: {stderr}");
@@ -923,7 +981,14 @@ async fn hours_survive_rollouts_restarts_and_ha_and_only_a_time_without_any_repl
         "several clusters without --prometheus-selector are refused as bad input; stdout: {}; stderr: {stderr}",
         String::from_utf8_lossy(&out.stdout)
     );
-    for c in ["rollout", "staggered", "gap", "single"] {
+    for c in [
+        "rollout",
+        "staggered",
+        "gap",
+        "single",
+        "shards",
+        "shard-down",
+    ] {
         assert!(
             stderr.contains(&format!("cluster=\"{c}\"")),
             "names cluster {c}: {stderr}"
@@ -961,6 +1026,135 @@ async fn hours_survive_rollouts_restarts_and_ha_and_only_a_time_without_any_repl
         !String::from_utf8_lossy(&out.stderr).contains("showback: ["),
         "auto: no progress when stderr is not a terminal"
     );
+}
+
+/// The calendar month before last (`--month YYYY-MM`): Unix seconds of its first instant and
+/// of the next month's, and its spec. Always wholly in the past, with days after it in the
+/// past too, whatever day the test runs.
+fn month_before_last() -> (i64, i64, String) {
+    use chrono::{Datelike as _, Months, NaiveDate};
+    let today = Utc::now().date_naive();
+    let this = NaiveDate::from_ymd_opt(today.year(), today.month(), 1).expect("first of month");
+    let first = this.checked_sub_months(Months::new(2)).expect("month");
+    let next = this.checked_sub_months(Months::new(1)).expect("month");
+    let at = |d: NaiveDate| d.and_time(chrono::NaiveTime::MIN).and_utc().timestamp();
+    (at(first), at(next), first.format("%Y-%m").to_string())
+}
+
+/// Everything at once, over a calendar month: two shards, shard 0 run by two HA replicas that a
+/// rolling upgrade replaces on day 10, shard 1 a single pod whose container restarts on day 15,
+/// no replica of any shard from day 20 to day 21 (a gap), and counters that started two days
+/// before the month and run on two days past it, at other holdings than inside it (so a window
+/// read across either boundary shows).
+fn month_across_shards(start: i64, end: i64) -> String {
+    let at = |d: i64, h: i64| start + d * DAY + h * HOUR;
+    let (before, after) = (start - 2 * DAY, end + 2 * DAY);
+    let (down, up) = (at(20, 0), at(21, 0));
+    let mut om = Om::default();
+    processes_of(
+        &mut om,
+        (before, after),
+        "month",
+        &[
+            sharded("gpu-ledger-a1", "0", before, at(10, 1)),
+            sharded("gpu-ledger-a2", "0", before, at(10, 2)),
+            sharded("gpu-ledger-a3", "0", at(10, 0), down),
+            sharded("gpu-ledger-a3", "0", up, after),
+            sharded("gpu-ledger-a4", "0", at(10, 1), down),
+            sharded("gpu-ledger-a4", "0", up, after),
+            sharded("gpu-ledger-b", "1", before, at(15, 0)),
+            sharded("gpu-ledger-b", "1", at(15, 0), down),
+            sharded("gpu-ledger-b", "1", up, after),
+        ],
+        &|p, t| match ((start..end).contains(&t), p.shard) {
+            (true, _) => 1.0,
+            (false, "0") => 5.0,
+            (false, _) => 3.0,
+        },
+    );
+    // The month's boundaries alone: one replica throughout, 1 GPU inside the month, 4 outside.
+    processes_of(
+        &mut om,
+        (before, after),
+        "boundary",
+        &[replica("r1", before, after)],
+        &|_, t| if (start..end).contains(&t) { 1.0 } else { 4.0 },
+    );
+    om.text()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_month_of_two_shards_with_a_rollout_a_restart_and_a_gap_counts_only_its_own_hours() {
+    let (start, end, spec) = month_before_last();
+    let prom = Prometheus::start_with_backfill(&month_across_shards(start, end))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "this test needs a real Prometheus 2.42 and promtool (`apt-get install prometheus`, \
+                 or PROMETHEUS_BIN/PROMTOOL_BIN): {e:#}"
+            )
+        });
+    let out = showback_for(
+        &prom,
+        &["--month", &spec],
+        &["-o", "json", "--prometheus-selector", "cluster=\"month\""],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v = parsed(&out);
+    let days = (end - start) / DAY;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "one day of {days} missing is above the 95 % minimum: {stderr}"
+    );
+    assert_eq!(v["since"], rfc3339(start).replace("+00:00", "Z"), "{v}");
+    assert_eq!(v["until"], rfc3339(end).replace("+00:00", "Z"), "{v}");
+    near(
+        &group(&v, "team-a")["gpu_hours_claimed"],
+        2.0 * 24.0 * (days - 1) as f64,
+        "two shards of 1 GPU each, added; HA replicas and the rollout once; the restart and \
+         the month's boundaries exact; the day without any replica not counted",
+    );
+    near(
+        &group(&v, "team-a")["peak_gpus"],
+        2.0,
+        "peak: both shards, inside the month only",
+    );
+    near(
+        &v["coverage"],
+        (days - 1) as f64 / days as f64,
+        "one day without any replica",
+    );
+    assert_eq!(
+        v["gaps"],
+        serde_json::json!([{ "start": rfc3339(start + 20 * DAY).replace("+00:00", "Z"), "seconds": DAY }]),
+        "the day without any replica"
+    );
+
+    let out = showback_for(
+        &prom,
+        &["--month", &spec],
+        &[
+            "-o",
+            "json",
+            "--prometheus-selector",
+            "cluster=\"boundary\"",
+        ],
+    );
+    let v = parsed(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    let a = group(&v, "team-a");
+    near(
+        &a["gpu_hours_claimed"],
+        24.0 * days as f64,
+        "the month's hours only: not the 4 GPUs of the window before its first or after its last",
+    );
+    near(
+        &a["peak_gpus"],
+        1.0,
+        "peak: the month's, not its neighbours'",
+    );
+    near(&v["coverage"], 1.0, "boundary coverage");
 }
 
 #[test]

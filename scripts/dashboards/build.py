@@ -165,8 +165,8 @@ def panels():
 
     add(bargauge(
         "Idle GPU-hours by namespace (dashboard range)",
-        "Which namespaces wasted the most GPU time in the selected time range? GPU-hours held while proven idle (increase of gpu_ledger_gpu_seconds_idle_total over the range / 3600).",
-        'sort_desc(max by (namespace) (increase(gpu_ledger_gpu_seconds_idle_total{%s}[$__range])) / 3600)' % NS,
+        "Which namespaces wasted the most GPU time in the selected time range? GPU-hours held while proven idle: the recording rule namespace:gpu_ledger_gpu_seconds_idle:increase1m summed over the range / 3600 (HA replicas once, shards and replaced replicas added).",
+        'sort_desc(sum_over_time(namespace:gpu_ledger_gpu_seconds_idle:increase1m{%s}[$__range]) / 3600)' % NS,
         "{{namespace}}", unit="h"), 12, 8)
     add(timeseries(
         "Idle GPU-hours per hour by namespace",
@@ -282,18 +282,20 @@ def panels():
     # as the time range). Titled rather than a Grafana row panel, which the checker does not cover.
     add(table(
         "Monthly showback: GPU-hours by namespace (dashboard range)",
-        "Who held how many GPU-hours in the selected time range, how many were busy, how many sat idle? GPU-hours in GPU equivalents (MIG and time-slices count their share), from gpu-ledger's counters (increase over the range, restart-safe; replicas counted once). Busy is from gpu_ledger_gpu_seconds_by_model_total (empty for hours counted before it existed); claimed minus busy minus idle is unknown, never idle. Time when gpu-ledger was down is not counted: see the coverage panel, and `gpu-ledger showback` for the gaps and prices (docs/showback.md).",
-        [target("A", 'max by (namespace) (increase(gpu_ledger_gpu_seconds_claimed_total{%s}[$__range])) / 3600' % NS, instant=True, fmt="table"),
-         target("B", 'sum by (namespace) (max by (namespace, model, activity) (increase(gpu_ledger_gpu_seconds_by_model_total{%s, activity="busy"}[$__range]))) / 3600' % NS, instant=True, fmt="table"),
-         target("C", 'max by (namespace) (increase(gpu_ledger_gpu_seconds_idle_total{%s}[$__range])) / 3600' % NS, instant=True, fmt="table"),
-         target("D", 'max by (namespace) (increase(gpu_ledger_gpu_seconds_idle_total{%s}[$__range])) / max by (namespace) (increase(gpu_ledger_gpu_seconds_claimed_total{%s}[$__range]) > 0)' % (NS, NS), instant=True, fmt="table"),
-         target("E", 'max by (namespace) (max_over_time(gpu_ledger_namespace_gpus_claimed{%s}[$__range]))' % NS, instant=True, fmt="table")],
+        "Who held how many GPU-hours in the selected time range, how many were busy, how many sat idle? GPU-hours in GPU equivalents (MIG and time-slices count their share), from gpu-ledger's counters through the recording rules *:increase1m summed over the range (restart-safe; HA replicas counted once, shards and the replicas a rollout replaces added; docs/metrics.md). Busy is from gpu_ledger_gpu_seconds_by_model_total (empty for hours counted before it existed); claimed minus busy minus idle is unknown, never idle. Time when gpu-ledger was down is not counted: see the coverage panel, and `gpu-ledger showback` for the gaps and prices (docs/showback.md).",
+        [target("A", 'sum_over_time(namespace:gpu_ledger_gpu_seconds_claimed:increase1m{%s}[$__range]) / 3600' % NS, instant=True, fmt="table"),
+         target("B", 'sum by (namespace) (sum_over_time(namespace_model_activity:gpu_ledger_gpu_seconds:increase1m{%s, activity="busy"}[$__range])) / 3600' % NS, instant=True, fmt="table"),
+         target("C", 'sum_over_time(namespace:gpu_ledger_gpu_seconds_idle:increase1m{%s}[$__range]) / 3600' % NS, instant=True, fmt="table"),
+         # The share from the counters themselves (shards added, HA once): a rollout loses the
+         # same part of both, so the ratio holds, and it has a value from the first scrape on.
+         target("D", 'sum by (namespace) (max by (namespace, shard) (increase(gpu_ledger_gpu_seconds_idle_total{%s}[$__range]))) / (sum by (namespace) (max by (namespace, shard) (increase(gpu_ledger_gpu_seconds_claimed_total{%s}[$__range]))) > 0)' % (NS, NS), instant=True, fmt="table"),
+         target("E", 'max_over_time(namespace:gpu_ledger_gpus_claimed:sum{%s}[$__range])' % NS, instant=True, fmt="table")],
         {"Value #A": "GPU-hours", "Value #B": "busy", "Value #C": "idle", "Value #D": "idle share", "Value #E": "peak GPUs"},
         units={"GPU-hours": "h", "busy": "h", "idle": "h", "idle share": "percentunit"}, sort="GPU-hours"), 12, 8)
     add(bargauge(
         "Monthly showback: GPU-hours by GPU model",
         "On which GPU models were the GPU-hours of the selected range held (the node's nvidia.com/gpu.product; `unknown` without GFD labels)? The model dimension `gpu-ledger showback --price` prices.",
-        'sort_desc(sum by (model) (max by (namespace, model, activity) (increase(gpu_ledger_gpu_seconds_by_model_total{%s}[$__range]))) / 3600)' % NS,
+        'sort_desc(sum by (model) (sum_over_time(namespace_model_activity:gpu_ledger_gpu_seconds:increase1m{%s}[$__range])) / 3600)' % NS,
         "{{model}}", unit="h"), 8, 8)
     add(stat("Monthly showback: coverage",
              "For what share of the selected range did gpu-ledger report (5-minute steps with a sample of gpu_ledger_last_refresh_timestamp_seconds)? Below 100%, GPU-hours in the gaps were not counted: unknown, not zero.",

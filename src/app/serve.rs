@@ -137,12 +137,15 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
 
     let (watch_client, client) =
         kube_clients(&args.kube, &crate::cull::lease::default_identity()).await?;
-    let registry = prometheus::Registry::new();
+    // Sharded, every series says which shard counted it (docs/metrics.md: shards add up, HA
+    // replicas of one shard count once).
+    let shard_label = crate::export::shard_label(args.shard, args.total_shards);
+    let registry = crate::export::registry(shard_label).map_err(AppError::Metrics)?;
     let metrics = SelfMetrics::register(&registry).map_err(AppError::Metrics)?;
     crate::export::register_process_metrics(&registry).map_err(AppError::Metrics)?;
-    let shared = Arc::new(ArcSwap::from_pointee(Snapshot::new(Ledger::empty(
-        Utc::now(),
-    ))));
+    let shared = Arc::new(ArcSwap::from_pointee(
+        Snapshot::new(Ledger::empty(Utc::now())).with_shard(shard_label),
+    ));
     // The ledger families are rendered straight from `shared` by the /metrics handler
     // (`export::render_with_ledger`), not gathered through the registry.
     let mut cull_cfg = cull_config(&args.cull, &policy);

@@ -139,10 +139,23 @@ fn queries_per_read(grid: &Grid) -> usize {
     .unwrap_or(usize::MAX)
 }
 
+/// `inner` (an expression over one gpu-ledger family) combined across gpu-ledger's replicas
+/// into one value per `by` (docs/metrics.md, "Replicas and shards"): HA replicas of one shard
+/// export the same numbers, so `max` counts them once; shards count different pods, so their
+/// values add; unsharded series have no `shard` label and form one group.
+pub(crate) fn across_replicas(by: &str, inner: &str) -> String {
+    format!("sum by ({by}) (max by ({by}, {SHARD}) ({inner}))")
+}
+
+/// The label a sharded replica puts on every series (`export::SHARD_LABEL`; `app` wires the
+/// two, so the query and the exposition cannot drift apart).
+const SHARD: &str = crate::export::SHARD_LABEL;
+
 /// GPU-seconds of `counter` per namespace over the period: per window, `increase()` of each
-/// series, the largest across series (HA replicas count the same seconds: once), summed over
-/// the windows (a replaced replica's series and its successor's follow each other: both count).
-/// Restart-safe as `increase()` is; a window in which no replica reported adds nothing.
+/// series, the largest across a shard's series (HA replicas count the same seconds: once),
+/// added across shards (each counts its own nodes' pods), summed over the windows (a replaced
+/// replica's series and its successor's follow each other: both count). Restart-safe as
+/// `increase()` is; a window in which no replica reported adds nothing.
 async fn gpu_seconds_by_namespace(
     client: &PromClient,
     grid: &Grid,
@@ -154,7 +167,7 @@ async fn gpu_seconds_by_namespace(
     let answer = stepped(
         client,
         grid,
-        &|off| format!("max by (namespace) (increase({sel}[{window}]{off}))"),
+        &|off| across_replicas("namespace", &format!("increase({sel}[{window}]{off})")),
         counter,
         progress,
     )
@@ -242,17 +255,18 @@ async fn inputs(
     let grouping_queries = usize::from(*grouping != Grouping::Namespace);
     let mut progress = Progress::new(progress, 5 * per_read + grouping_queries);
     let window = duration(chrono::Duration::seconds(grid.step_seconds()));
-    // Some replica of gpu-ledger reported in a window when any of its series has a sample
-    // there: all replicas' series together, so one of two HA replicas down is no gap.
+    // A shard of gpu-ledger reported in a window when any of its series has a sample there:
+    // all its replicas' series together, so one of two HA replicas down is no gap; a shard
+    // silent between two reports is (`reported_by_every_shard`).
     // `last_refresh_timestamp_seconds` is exported whenever gpu-ledger runs, GPUs or not. By
-    // cluster label first, to refuse several clusters before adding anything up.
+    // cluster label too, to refuse several clusters before adding anything up.
     let matchers = client.matchers().to_string();
     let reported_by_cluster = stepped(
         client,
         &grid,
         &|off| {
             format!(
-                "group by ({}) (count_over_time({{__name__=~\"gpu_ledger_last_refresh_timestamp_seconds|gpu_ledger_gpu_seconds_claimed_total\"{matchers}}}[{window}]{off}))",
+                "group by ({}, {SHARD}) (count_over_time({{__name__=~\"gpu_ledger_last_refresh_timestamp_seconds|gpu_ledger_gpu_seconds_claimed_total\"{matchers}}}[{window}]{off}))",
                 CLUSTER_LABELS.join(", ")
             )
         },
@@ -262,7 +276,14 @@ async fn inputs(
     .await
     .map_err(AppError::Prometheus)?;
     one_cluster("gpu-ledger", reported_by_cluster.iter().map(|(l, _, _)| l))?;
-    let reported: BTreeSet<i64> = reported_by_cluster.iter().map(|(_, t, _)| *t).collect();
+    let mut per_shard: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+    for (l, t, _) in &reported_by_cluster {
+        per_shard
+            .entry(l.get(SHARD).cloned().unwrap_or_default())
+            .or_default()
+            .insert(*t);
+    }
+    let reported = showback::reported_by_every_shard(&per_shard);
     let claimed = gpu_seconds_by_namespace(
         client,
         &grid,
@@ -283,7 +304,12 @@ async fn inputs(
     let by_model = stepped(
         client,
         &grid,
-        &|off| format!("max by (namespace, model, activity) (increase({sel}[{window}]{off}))"),
+        &|off| {
+            across_replicas(
+                "namespace, model, activity",
+                &format!("increase({sel}[{window}]{off})"),
+            )
+        },
         "gpu_ledger_gpu_seconds_by_model_total",
         &mut progress,
     )
@@ -304,12 +330,21 @@ async fn inputs(
         seconds,
     })
     .collect();
-    // The most each namespace held in each window, summed per group in `report::showback`.
+    // The most each namespace held in each window (per shard, added: at most what it held at
+    // once), summed per group in `report::showback`. The range leaves out the window's first
+    // second: Prometheus 2 includes a sample at the range's start, which belongs to the window
+    // before (a month's first window would show the previous month's last sample).
     let sel = selector("gpu_ledger_namespace_gpus_claimed", client);
+    let held_range = duration(chrono::Duration::seconds((grid.step_seconds() - 1).max(1)));
     let held = stepped(
         client,
         &grid,
-        &|off| format!("max by (namespace) (max_over_time({sel}[{window}]{off}))"),
+        &|off| {
+            across_replicas(
+                "namespace",
+                &format!("max_over_time({sel}[{held_range}]{off})"),
+            )
+        },
         "gpu_ledger_namespace_gpus_claimed",
         &mut progress,
     )
@@ -489,17 +524,30 @@ impl PromHistory {
     async fn raw(&self, span: Span, now: DateTime<Utc>) -> Result<Raw, PromError> {
         let step = duration(span.step());
         let c = &*self.client;
-        let claimed = format!(
-            "max by (namespace) (rate({}[{step}]))",
-            selector("gpu_ledger_gpu_seconds_claimed_total", c)
+        // Replicas combined as showback combines them: HA once, shards added.
+        let claimed = across_replicas(
+            "namespace",
+            &format!(
+                "rate({}[{step}])",
+                selector("gpu_ledger_gpu_seconds_claimed_total", c)
+            ),
         );
-        let idle = format!(
-            "max by (namespace) (rate({}[{step}]))",
-            selector("gpu_ledger_gpu_seconds_idle_total", c)
+        let idle = across_replicas(
+            "namespace",
+            &format!(
+                "rate({}[{step}])",
+                selector("gpu_ledger_gpu_seconds_idle_total", c)
+            ),
         );
         let busy = format!(
-            "sum by (namespace) (max by (namespace, model, activity) (rate(gpu_ledger_gpu_seconds_by_model_total{{activity=\"busy\"{}}}[{step}])))",
-            c.matchers()
+            "sum by (namespace) ({})",
+            across_replicas(
+                "namespace, model, activity",
+                &format!(
+                    "rate(gpu_ledger_gpu_seconds_by_model_total{{activity=\"busy\"{}}}[{step}])",
+                    c.matchers()
+                ),
+            )
         );
         Ok(Raw {
             claimed: self.points(&claimed, span, now).await?,

@@ -23,6 +23,11 @@ pub struct Snapshot {
     /// GPU-seconds held per (namespace, GPU model, activity) since start (monotonic): the
     /// model dimension `showback` prices, and busy apart from unknown (docs/metrics.md).
     pub gpu_seconds_by_model: BTreeMap<(String, String, &'static str), f64>,
+    /// This replica's shard when sharded (`--total-shards` > 1): every series of the text path
+    /// carries `shard="<i>"`, as the registry's own families do through its const label
+    /// ([`super::registry`]), so PromQL adds shards and de-duplicates HA replicas apart.
+    /// `None` unsharded: no label, the series of a single or HA deployment unchanged.
+    pub shard: Option<u32>,
 }
 
 /// `model` label value of a pod whose node has no GPU product label.
@@ -68,7 +73,15 @@ impl Snapshot {
             gpu_seconds_claimed: BTreeMap::new(),
             gpu_seconds_idle: BTreeMap::new(),
             gpu_seconds_by_model: BTreeMap::new(),
+            shard: None,
         }
+    }
+
+    /// The same snapshot labelled as `shard`'s (see [`Snapshot::shard`]).
+    #[must_use]
+    pub fn with_shard(mut self, shard: Option<u32>) -> Self {
+        self.shard = shard;
+        self
     }
 
     /// The next snapshot: counters advance by what the previous ledger held over the elapsed time.
@@ -100,6 +113,7 @@ impl Snapshot {
             gpu_seconds_claimed: claimed,
             gpu_seconds_idle: idle,
             gpu_seconds_by_model: by_model,
+            shard: self.shard,
         }
     }
 }
@@ -352,6 +366,9 @@ impl Sink for Out {
 /// Text exposition written directly, one buffer per family (no per-label allocation, no proto).
 struct Text {
     bufs: Vec<String>,
+    /// `name="value"` pairs, already escaped, put after each series' own labels: the registry's
+    /// const labels (the shard), in the place `Registry::gather` puts them.
+    constant: String,
 }
 
 impl Sink for Text {
@@ -367,6 +384,11 @@ impl Sink for Text {
             b.push_str("=\"");
             escape_label_value(b, v);
             b.push('"');
+            sep = ',';
+        }
+        if !self.constant.is_empty() {
+            b.push(sep);
+            b.push_str(&self.constant);
             sep = ',';
         }
         if sep == ',' {
@@ -473,6 +495,10 @@ pub fn text_blocks(snapshot: &Snapshot) -> Vec<(&'static str, String)> {
                 })
             })
             .collect(),
+        constant: snapshot
+            .shard
+            .map(|s| format!("{}=\"{s}\"", super::SHARD_LABEL))
+            .unwrap_or_default(),
     };
     emit(snapshot, &mut out);
     FAMILIES

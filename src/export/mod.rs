@@ -12,6 +12,26 @@ use prometheus::{
 
 pub use collector::{LedgerCollector, SharedSnapshot, Snapshot};
 
+/// Label every series of a sharded replica carries: its shard's index (docs/metrics.md).
+pub const SHARD_LABEL: &str = "shard";
+
+/// The shard a replica labels its series with: `Some(shard)` when `--total-shards` > 1, `None`
+/// for a single shard (no label: unsharded series and dashboards stay as they were).
+pub fn shard_label(shard: u32, total_shards: u32) -> Option<u32> {
+    (total_shards > 1).then_some(shard)
+}
+
+/// The registry of a replica: with the const label `shard="<i>"` on every family when
+/// `shard` is set ([`shard_label`]). Shards count different pods, so their series must stay
+/// apart from each other while HA replicas of one shard stay identical: PromQL then takes
+/// `max` over a shard's replicas and adds the shards (`sum by (namespace) (max by (namespace,
+/// shard) (…))`).
+pub fn registry(shard: Option<u32>) -> Result<Registry, prometheus::Error> {
+    let labels =
+        shard.map(|s| std::collections::HashMap::from([(SHARD_LABEL.to_string(), s.to_string())]));
+    Registry::new_custom(None, labels)
+}
+
 /// gpu-ledger's own health metrics (bounded labels only).
 #[derive(Clone)]
 pub struct SelfMetrics {
@@ -135,7 +155,8 @@ pub fn render(registry: &Registry) -> Result<String, prometheus::Error> {
 /// `/metrics` path: the ledger is not registered as a `Collector`, so `gather` never builds
 /// hundreds of thousands of proto metrics and sorts them). Families are ordered by name as
 /// `Registry::gather` orders them; the output equals [`render`] over a registry holding a
-/// [`LedgerCollector`] for the same snapshot.
+/// [`LedgerCollector`] for the same snapshot (and, sharded, the snapshot's shard is the
+/// registry's const label: both from [`registry`] and [`Snapshot::with_shard`]).
 pub fn render_with_ledger(
     registry: &Registry,
     ledger: &Snapshot,

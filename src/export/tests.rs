@@ -397,3 +397,48 @@ fn quota_and_queue_families_leave_unknowns_out() {
         "once per ClusterQueue"
     );
 }
+
+/// Sharded (`--total-shards` > 1): every sample of `/metrics`, the ledger's families and the
+/// registry's own alike, says which shard counted it, so PromQL can add shards and still count
+/// HA replicas once (docs/metrics.md); the fast text path equals the registry path there too.
+#[test]
+fn a_sharded_replica_labels_every_series_with_its_shard() {
+    let s = busy_snapshot().with_shard(shard_label(1, 2));
+    let registry = super::registry(shard_label(1, 2)).expect("registry");
+    SelfMetrics::register(&registry).expect("self metrics");
+    let text = render_with_ledger(&registry, &s).expect("render");
+    let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(samples.len() > 20, "{text}");
+    for line in &samples {
+        assert!(line.contains("shard=\"1\""), "no shard label: {line}");
+    }
+    for family in [
+        "gpu_ledger_gpu_seconds_claimed_total{namespace=\"a\",shard=\"1\"}",
+        "gpu_ledger_namespace_gpus_claimed{namespace=\"a\",shard=\"1\"}",
+        "gpu_ledger_node_gpus_allocatable{node=\"n1\",shard=\"1\"}",
+        "gpu_ledger_last_refresh_timestamp_seconds{shard=\"1\"}",
+    ] {
+        assert!(text.contains(family), "{family} missing:\n{text}");
+    }
+    let shared: SharedSnapshot = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(s.clone()));
+    let with_collector = super::registry(shard_label(1, 2)).expect("registry");
+    SelfMetrics::register(&with_collector).expect("self metrics");
+    with_collector
+        .register(Box::new(LedgerCollector::new(shared).expect("collector")))
+        .expect("register");
+    assert_eq!(text, render(&with_collector).expect("render"));
+}
+
+#[test]
+fn one_shard_or_none_adds_no_label() {
+    assert_eq!(shard_label(0, 1), None);
+    let s = busy_snapshot().with_shard(shard_label(0, 1));
+    let registry = super::registry(shard_label(0, 1)).expect("registry");
+    SelfMetrics::register(&registry).expect("self metrics");
+    let text = render_with_ledger(&registry, &s).expect("render");
+    assert!(!text.contains("shard="), "{text}");
+    // A snapshot advanced keeps its shard.
+    let sharded = busy_snapshot().with_shard(Some(0));
+    let next = sharded.advance(sharded.ledger.clone());
+    assert_eq!(next.shard, Some(0));
+}

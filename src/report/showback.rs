@@ -326,7 +326,8 @@ pub struct Inputs {
     /// (namespace, Unix seconds, GPUs held): the most each namespace held in each step.
     pub held: Vec<(String, i64, f64)>,
     /// Unix seconds at which the [`Grid`]'s windows end in which some replica of gpu-ledger
-    /// had a sample (any replica: one of two HA replicas down leaves no gap).
+    /// had a sample (any replica: one of two HA replicas down leaves no gap), and every shard
+    /// did ([`reported_by_every_shard`]).
     pub reported: BTreeSet<i64>,
     /// Step of the [`Grid`], `held` and `reported`.
     pub resolution: Duration,
@@ -411,6 +412,26 @@ fn checked(v: f64, max: f64) -> Option<f64> {
 /// Sums where any unknown part makes the whole unknown.
 fn add(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     Some(a? + b?)
+}
+
+/// The windows (the Unix second each ends) that count as reported: some shard of gpu-ledger
+/// reported in them, and every shard that reported both before and after them reported in them
+/// too. `per_shard`: the windows in which each shard (its `shard` label; "" unsharded) had a
+/// sample. A shard that stops and comes back leaves a gap in between, since the pods of its
+/// nodes were counted by no one there, however many other shards reported; one that starts
+/// late or stops for good (resharding, `--total-shards` changed) leaves none.
+pub fn reported_by_every_shard(per_shard: &BTreeMap<String, BTreeSet<i64>>) -> BTreeSet<i64> {
+    let any: BTreeSet<i64> = per_shard.values().flatten().copied().collect();
+    any.into_iter()
+        .filter(|t| {
+            per_shard
+                .values()
+                .all(|seen| match (seen.first(), seen.last()) {
+                    (Some(first), Some(last)) if first < t && t < last => seen.contains(t),
+                    _ => true,
+                })
+        })
+        .collect()
 }
 
 /// The grid's windows whose end is not in `reported`, merged into gaps (the first window
@@ -967,6 +988,34 @@ mod tests {
             at("2026-12-01T00:00:00Z"),
         )
         .expect("period")
+    }
+
+    #[test]
+    fn a_shard_that_stops_and_comes_back_leaves_a_gap_one_that_starts_or_ends_does_not() {
+        let windows = |r: std::ops::RangeInclusive<i64>| r.collect::<BTreeSet<i64>>();
+        let per_shard = BTreeMap::from([
+            // Shard 1 silent in windows 4..=5, back from 6 on.
+            ("0".to_string(), windows(1..=10)),
+            (
+                "1".to_string(),
+                windows(1..=3).union(&windows(6..=10)).copied().collect(),
+            ),
+        ]);
+        let got = reported_by_every_shard(&per_shard);
+        assert_eq!(
+            got,
+            windows(1..=3).union(&windows(6..=10)).copied().collect()
+        );
+        // Unsharded until window 5, two shards after (resharded): no window is missing.
+        let resharded = BTreeMap::from([
+            (String::new(), windows(1..=5)),
+            ("0".to_string(), windows(6..=10)),
+            ("1".to_string(), windows(6..=10)),
+        ]);
+        assert_eq!(reported_by_every_shard(&resharded), windows(1..=10));
+        // One group (unsharded): as reported.
+        let one = BTreeMap::from([(String::new(), windows(2..=4))]);
+        assert_eq!(reported_by_every_shard(&one), windows(2..=4));
     }
 
     #[test]
