@@ -1,6 +1,7 @@
 //! A real Prometheus (Debian 2.42 `/usr/bin/prometheus`, or `$PROMETHEUS_BIN`) on a free
 //! loopback port, optionally over a TSDB backfilled with
-//! `promtool tsdb create-blocks-from openmetrics`.
+//! `promtool tsdb create-blocks-from openmetrics`, optionally evaluating rule files
+//! ([`Prometheus::start_with_rules`]: alerting rules fire in `ALERTS` as they would in a cluster).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +21,8 @@ pub struct Prometheus {
     guard: ChildGuard,
     url: String,
     dir: tempfile::TempDir,
+    /// The rule files every config of this instance loads ([`Prometheus::start_with_rules`]).
+    rule_files: Vec<PathBuf>,
 }
 
 /// `$PROMETHEUS_BIN` or `/usr/bin/prometheus`.
@@ -91,6 +94,82 @@ impl Prometheus {
         Self::start_in(dir, config_yaml, host).await
     }
 
+    /// [`Prometheus::start`] with rule files: each `(file name, YAML)` of `rules` is written
+    /// beside the config and listed under `rule_files`, so Prometheus evaluates them every
+    /// `evaluation_interval` of `config_yaml` (set it short in tests: alerts then reach
+    /// `ALERTS{alertstate="firing"}` within seconds of their `for`). `config_yaml` must not
+    /// list rule files itself. [`Prometheus::reload`] keeps them.
+    pub async fn start_with_rules(config_yaml: &str, rules: &[(&str, &str)]) -> Result<Self> {
+        if config_yaml.contains("rule_files:") {
+            bail!("pass rule files to start_with_rules, not in the config: it lists them itself");
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("gpu-ledger-prometheus-")
+            .tempdir()?;
+        let mut paths = Vec::with_capacity(rules.len());
+        for (name, yaml) in rules {
+            if name.is_empty() || name.contains('/') || *name == "prometheus.yml" {
+                bail!("rule file name {name:?}: a plain file name other than prometheus.yml");
+            }
+            let path = dir.path().join(name);
+            std::fs::write(&path, yaml).with_context(|| format!("writing rule file {name}"))?;
+            paths.push(path);
+        }
+        let mut prom = Self::start_in(dir, &with_rule_files(config_yaml, &paths), "127.0.0.1")
+            .await
+            .context("starting prometheus with rule files (a rule that does not parse ends it)")?;
+        prom.rule_files = paths;
+        Ok(prom)
+    }
+
+    /// Replaces the config with `config_yaml` (plus this instance's rule files) and has
+    /// Prometheus reload it (`POST /-/reload`): scrape targets that are gone stop being scraped
+    /// and their series go stale, as when an exporter is removed from a cluster.
+    pub async fn reload(&self, config_yaml: &str) -> Result<()> {
+        std::fs::write(
+            self.dir.path().join("prometheus.yml"),
+            with_rule_files(config_yaml, &self.rule_files),
+        )?;
+        let answer = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()?
+            .post(format!("{}/-/reload", self.url))
+            .send()
+            .await
+            .context("POST /-/reload")?;
+        if !answer.status().is_success() {
+            let status = answer.status();
+            bail!(
+                "prometheus refused the new config ({status}): {}; last 20 log lines:\n{}",
+                answer.text().await.unwrap_or_default(),
+                self.log_tail(20)
+            );
+        }
+        Ok(())
+    }
+
+    /// The `data.result` of the instant query `promql` now (a vector's samples as JSON).
+    pub async fn query(&self, promql: &str) -> Result<Vec<serde_json::Value>> {
+        let answer: serde_json::Value = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()?
+            .get(format!("{}/api/v1/query", self.url))
+            .query(&[("query", promql)])
+            .send()
+            .await
+            .with_context(|| format!("query {promql}"))?
+            .json()
+            .await
+            .with_context(|| format!("answer to {promql}"))?;
+        if answer["status"] != "success" {
+            bail!("query {promql} failed: {answer}");
+        }
+        answer["data"]["result"]
+            .as_array()
+            .cloned()
+            .with_context(|| format!("no result list in the answer to {promql}: {answer}"))
+    }
+
     /// Backfills `openmetrics` (OpenMetrics text ending in `# EOF`, timestamps in seconds)
     /// with promtool, then starts Prometheus over it with [`EMPTY_CONFIG`].
     pub async fn start_with_backfill(openmetrics: &str) -> Result<Self> {
@@ -142,7 +221,14 @@ impl Prometheus {
             match Self::spawn_on_free_port(&dir, &config, &tsdb, host).await {
                 Err(e) if attempt < 4 && format!("{e:#}").contains("address already in use") => {}
                 Err(e) => return Err(e),
-                Ok((guard, url)) => return Ok(Self { guard, url, dir }),
+                Ok((guard, url)) => {
+                    return Ok(Self {
+                        guard,
+                        url,
+                        dir,
+                        rule_files: Vec::new(),
+                    });
+                }
             }
         }
     }
@@ -281,4 +367,17 @@ impl Prometheus {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// `config_yaml` with a `rule_files` section listing `paths` (unchanged without any).
+fn with_rule_files(config_yaml: &str, paths: &[PathBuf]) -> String {
+    if paths.is_empty() {
+        return config_yaml.to_string();
+    }
+    let mut out = config_yaml.trim_end().to_string();
+    out.push_str("\nrule_files:\n");
+    for p in paths {
+        out.push_str(&format!("- '{}'\n", p.display()));
+    }
+    out
 }
