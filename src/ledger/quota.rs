@@ -11,7 +11,10 @@
 //! - One queue row per ClusterQueue, flavor and GPU resource of its `resourceGroups`: nominal
 //!   quota, borrowing and lending limits, admitted usage from its status, and busy / idle GPU
 //!   equivalents of the pods of its admitted, unfinished workloads. A pod belongs to a Workload
-//!   when its controller (or the pod itself) is one of the Workload's owners, in its namespace.
+//!   of its namespace when its controller (or the pod itself) is one of the Workload's owners,
+//!   else when Kueue's workload annotation names it, else when the labels of
+//!   `kueue::OWNER_LABELS` name its owner (JobSet, TrainJob, RayJob: `WorkloadIndex`). A pod
+//!   counts under the flavor assigned to its pod set (Kueue's pod-set label), else the first.
 //! - A queue is "starved while a lender is idle" when it has pending GPU workloads (not
 //!   deactivated) and may borrow (`borrowingLimit` not 0) while another ClusterQueue of its cohort
 //!   that may lend (`lendingLimit` not 0) holds admitted GPUs of the same flavor and resource
@@ -26,7 +29,7 @@ use foldhash::{HashMap, HashMapExt};
 use serde::Serialize;
 
 use super::claims::{Claims, DRA_RESOURCE_PREFIX, PodClaim, ResourceClaimInfo, ResourceNames};
-use super::kueue::WorkloadInfo;
+use super::kueue::{OWNER_LABELS, WorkloadInfo};
 use super::{Ledger, PodRow};
 
 /// Suffix of a ResourceQuota key that limits the devices of one DRA DeviceClass
@@ -287,35 +290,111 @@ pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
         .collect()
 }
 
-/// The Workloads each GPU pod belongs to: its controller's uid (or its own) among a Workload's
-/// owners, in the same namespace.
-fn workload_of<'w>(
-    owners: &HashMap<(&str, &str), &'w WorkloadInfo>,
-    p: &PodClaim,
-) -> Option<&'w WorkloadInfo> {
-    p.controller
-        .as_ref()
-        .and_then(|c| owners.get(&(p.namespace.as_str(), c.uid.as_str())))
-        .or_else(|| owners.get(&(p.namespace.as_str(), p.uid.as_str())))
-        .copied()
+/// The Workloads of one refresh, indexed for the pod join.
+struct WorkloadIndex<'w> {
+    /// (namespace, owner uid) → Workload. A uid owned by two Workloads is dropped (ambiguous).
+    by_owner_uid: HashMap<(&'w str, &'w str), &'w WorkloadInfo>,
+    /// (namespace, Workload name) → Workload.
+    by_name: HashMap<(&'w str, &'w str), &'w WorkloadInfo>,
+    /// (namespace, owner group, owner kind, owner name) → the Workload and the owner's uid;
+    /// `None` when two Workloads have such an owner (ambiguous). Only owners of a kind of
+    /// [`OWNER_LABELS`].
+    by_owner_name:
+        HashMap<(&'w str, &'w str, &'w str, &'w str), Option<(&'w WorkloadInfo, &'w str)>>,
 }
 
-/// Owner uid → Workload, for the pod join. A uid owned by two Workloads is dropped (ambiguous).
-fn owner_index(workloads: &[WorkloadInfo]) -> HashMap<(&str, &str), &WorkloadInfo> {
-    let mut out: HashMap<(&str, &str), &WorkloadInfo> = HashMap::new();
-    let mut twice: Vec<(&str, &str)> = Vec::new();
-    for w in workloads {
-        for o in w.owners.iter().filter(|o| !o.uid.is_empty()) {
-            let key = (w.namespace.as_str(), o.uid.as_str());
-            if out.insert(key, w).is_some() {
-                twice.push(key);
+impl<'w> WorkloadIndex<'w> {
+    fn new(workloads: &'w [WorkloadInfo]) -> Self {
+        let mut by_owner_uid: HashMap<(&str, &str), &WorkloadInfo> = HashMap::new();
+        let mut twice: Vec<(&str, &str)> = Vec::new();
+        let mut by_name = HashMap::new();
+        let mut by_owner_name = HashMap::new();
+        for w in workloads {
+            by_name.insert((w.namespace.as_str(), w.name.as_str()), w);
+            for o in &w.owners {
+                if !o.uid.is_empty() {
+                    let key = (w.namespace.as_str(), o.uid.as_str());
+                    if by_owner_uid.insert(key, w).is_some() {
+                        twice.push(key);
+                    }
+                }
+                if OWNER_LABELS
+                    .iter()
+                    .any(|r| r.group == o.group && r.kind == o.kind)
+                {
+                    let key = (
+                        w.namespace.as_str(),
+                        o.group.as_str(),
+                        o.kind.as_str(),
+                        o.name.as_str(),
+                    );
+                    by_owner_name
+                        .entry(key)
+                        .and_modify(|e| *e = None)
+                        .or_insert(Some((w, o.uid.as_str())));
+                }
             }
         }
+        for k in twice {
+            by_owner_uid.remove(&k);
+        }
+        WorkloadIndex {
+            by_owner_uid,
+            by_name,
+            by_owner_name,
+        }
     }
-    for k in twice {
-        out.remove(&k);
+
+    /// The Workload a GPU pod runs for, in the pod's namespace (docs/report-json.md, "queues"):
+    /// 1. its controller (or the pod itself) is one of the Workload's owners (Job, Pod,
+    ///    RayCluster, …);
+    /// 2. else Kueue's own annotation on the pod names the Workload;
+    /// 3. else the labels of [`OWNER_LABELS`] name exactly one Workload's owner (JobSet,
+    ///    TrainJob, RayJob), with the owner's uid where the label carries one.
+    fn workload_of(&self, p: &PodClaim) -> Option<&'w WorkloadInfo> {
+        let ns = p.namespace.as_str();
+        let by_uid = |uid: &str| self.by_owner_uid.get(&(ns, uid)).copied();
+        if let Some(w) = p
+            .controller
+            .as_ref()
+            .and_then(|c| by_uid(&c.uid))
+            .or_else(|| by_uid(&p.uid))
+        {
+            return Some(w);
+        }
+        let refs = &p.workload_refs;
+        if let Some(w) = refs
+            .workload
+            .as_deref()
+            .and_then(|name| self.by_name.get(&(ns, name)))
+        {
+            return Some(w);
+        }
+        let mut found: Option<&WorkloadInfo> = None;
+        for rule in &OWNER_LABELS {
+            let Some(name) = refs
+                .owner_labels
+                .get(rule.name_label)
+                .and_then(|v| rule.owner_name(v))
+            else {
+                continue;
+            };
+            let Some(entry) = self.by_owner_name.get(&(ns, rule.group, rule.kind, name)) else {
+                continue;
+            };
+            // Two Workloads with such an owner: neither can be told to be the pod's.
+            let (w, owner_uid) = (*entry)?;
+            let pod_uid = rule.uid_label.and_then(|l| refs.owner_labels.get(l));
+            if pod_uid.is_some_and(|u| !owner_uid.is_empty() && u != owner_uid) {
+                continue;
+            }
+            match found {
+                Some(f) if f.uid != w.uid || f.name != w.name => return None,
+                _ => found = Some(w),
+            }
+        }
+        found
     }
-    out
 }
 
 /// Per ClusterQueue, flavor and GPU resource.
@@ -324,7 +403,7 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
     if !k.enabled || k.cluster_queues.is_empty() {
         return Vec::new();
     }
-    let owners = owner_index(&k.workloads);
+    let index = WorkloadIndex::new(&k.workloads);
     let pod_claims: HashMap<(&str, &str), &PodClaim> = i
         .claims
         .pods
@@ -337,18 +416,24 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
         let Some(p) = pod_claims.get(&(row.namespace.as_str(), row.pod.as_str())) else {
             continue;
         };
-        let Some(w) = workload_of(&owners, p).filter(|w| w.holds_quota()) else {
+        let Some(w) = index.workload_of(p).filter(|w| w.holds_quota()) else {
             continue;
         };
         let Some(adm) = &w.admission else { continue };
         for (resource, gpus) in &row.gpus_by_resource {
-            // The flavor Kueue assigned for the resource (the first pod set naming it: pods are
-            // not told apart by pod set).
-            let Some(flavor) = adm
-                .assignments
-                .iter()
-                .find_map(|a| a.flavors.get(resource.as_str()))
-            else {
+            // The flavor Kueue assigned for the resource to the pod's pod set (Kueue's pod-set
+            // label), else to the first pod set naming it.
+            let of_pod_set = p.workload_refs.pod_set.as_deref().and_then(|set| {
+                adm.assignments
+                    .iter()
+                    .find(|a| a.name == set)
+                    .and_then(|a| a.flavors.get(resource.as_str()))
+            });
+            let Some(flavor) = of_pod_set.or_else(|| {
+                adm.assignments
+                    .iter()
+                    .find_map(|a| a.flavors.get(resource.as_str()))
+            }) else {
                 continue;
             };
             evidence
@@ -484,12 +569,12 @@ pub(super) fn unquotaed_claims(i: &Inputs<'_>) -> Vec<UnquotaedClaim> {
             }
         }
     }
-    let owners = owner_index(&c.kueue.workloads);
+    let index = WorkloadIndex::new(&c.kueue.workloads);
     // Claims used by a pod of a Kueue workload.
     let mut queued: BTreeSet<(&str, &str)> = BTreeSet::new();
     if c.kueue.enabled {
         for p in &c.pods {
-            if workload_of(&owners, p).is_some() {
+            if index.workload_of(p).is_some() {
                 for name in &p.resource_claims {
                     queued.insert((p.namespace.as_str(), name.as_str()));
                 }
