@@ -293,6 +293,7 @@ pub fn project_all(names: &ResourceNames, o: &Objects<'_>) -> KueueInputs {
         cluster_queues: o.cluster_queues.iter().map(|c| cluster_queue(c)).collect(),
         local_queues: o.local_queues.iter().map(|q| local_queue(q)).collect(),
         workloads: o.workloads.iter().map(|w| workload(names, w)).collect(),
+        device_class_mappings: None,
     }
 }
 

@@ -35,7 +35,8 @@ use crate::ledger::claims::{
     ResourceClaimInfo, ResourceNames, StatefulSetInfo,
 };
 use crate::ledger::kueue::{
-    ClusterQueueInfo, KueueInputs, LocalQueueInfo, ResourceFlavorInfo, WorkloadInfo,
+    ClusterQueueInfo, DeviceClassMapping, KueueInputs, LocalQueueInfo, ResourceFlavorInfo,
+    WorkloadInfo,
 };
 use crate::spawn::Spawn;
 
@@ -129,6 +130,8 @@ pub struct Stores {
     pub local_queues: Arc<DashMap<String, LocalQueueInfo>>,
     pub workloads: Arc<DashMap<String, WorkloadInfo>>,
     pub kueue_enabled: Arc<AtomicBool>,
+    /// Kueue's `deviceClassMappings`, re-read from its ConfigMap (`None`: not read).
+    pub kueue_mappings: Arc<arc_swap::ArcSwapOption<Vec<DeviceClassMapping>>>,
     /// The optional APIs (Notebook, DRA, Kueue) not found yet and looked for again in the
     /// background ([`rediscover`]), by name, with what that turns off and when the next look is.
     pending_apis: Arc<DashMap<&'static str, PendingApi>>,
@@ -160,6 +163,7 @@ impl Stores {
             local_queues: Arc::default(),
             workloads: Arc::default(),
             kueue_enabled: Arc::new(AtomicBool::new(false)),
+            kueue_mappings: Arc::default(),
             pending_apis: Arc::default(),
             synced: Arc::default(),
             health: Arc::default(),
@@ -290,6 +294,7 @@ impl Stores {
                 cluster_queues: values(&self.cluster_queues),
                 local_queues: values(&self.local_queues),
                 workloads: values(&self.workloads),
+                device_class_mappings: self.kueue_mappings.load_full().map(|m| (*m).clone()),
             },
             other_shards_nodes: self
                 .nodes

@@ -21,6 +21,22 @@ pub struct KueueInputs {
     pub cluster_queues: Vec<ClusterQueueInfo>,
     pub local_queues: Vec<LocalQueueInfo>,
     pub workloads: Vec<WorkloadInfo>,
+    /// Kueue's `resources.deviceClassMappings` (its Configuration): `None` when not read (no
+    /// ConfigMap named, or not readable); `Some(empty)` when Kueue has none (the ConfigMap is
+    /// absent, or maps nothing).
+    pub device_class_mappings: Option<Vec<DeviceClassMapping>>,
+}
+
+/// One entry of Kueue's `resources.deviceClassMappings` (`sigs.k8s.io/kueue` v0.17.0
+/// `apis/config/v1beta2/configuration_types.go`, `DeviceClassMapping`): the devices a pod's
+/// ResourceClaimTemplates request of these DeviceClasses count, in ClusterQueue quotas and
+/// Workload usage, as resource `name` (`pkg/dra/claims.go`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceClassMapping {
+    /// The resource name ClusterQueues give quota of.
+    pub name: String,
+    /// `deviceClassNames`.
+    pub device_classes: Vec<String>,
 }
 
 /// A ResourceFlavor (cluster-scoped).

@@ -15,12 +15,17 @@
 //!   else when Kueue's workload annotation names it, else when the labels of
 //!   `kueue::OWNER_LABELS` name its owner (JobSet, TrainJob, RayJob: `WorkloadIndex`). A pod
 //!   counts under the flavor assigned to its pod set (Kueue's pod-set label), else the first.
+//! - Kueue's `deviceClassMappings`: a ClusterQueue quota of a resource name that Kueue maps to
+//!   a GPU DeviceClass (one of a counted driver) is GPU quota, and the DRA GPUs of an admitted
+//!   workload's pods count under the name their claims' class maps to.
 //! - A queue is "starved while a lender is idle" when it has pending GPU workloads (not
 //!   deactivated) and may borrow (`borrowingLimit` not 0) while another ClusterQueue of its cohort
 //!   that may lend (`lendingLimit` not 0) holds admitted GPUs of the same flavor and resource
 //!   proven idle: only then would freeing that quota let Kueue admit the waiting work.
 //! - A DRA claim asking for or holding a GPU is unquotaed when its namespace has no device-class
-//!   quota key for one of its GPU classes and no pod using it belongs to a Kueue workload.
+//!   quota key for one of its GPU classes and no pod using it belongs to a Kueue workload — or
+//!   one does, but Kueue's `deviceClassMappings` (when read) map none of its GPU classes: Kueue
+//!   counts a DRA device against a queue only through a mapping of its class.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -177,6 +182,77 @@ fn is_gpu_claim(rc: &ResourceClaimInfo, claims: &Claims, names: &ResourceNames) 
         || !gpu_classes(rc, claims, names).is_empty()
 }
 
+/// A pod's DRA GPU equivalents (`dra_gpus`), shared among the GPU DeviceClasses its claims
+/// request, by device count.
+fn dra_class_shares<'c>(
+    i: &Inputs<'c>,
+    claims_by_name: &HashMap<(&str, &str), &'c ResourceClaimInfo>,
+    p: &PodClaim,
+    dra_gpus: f64,
+) -> Vec<(&'c str, f64)> {
+    let mut weights: BTreeMap<&str, u64> = BTreeMap::new();
+    for name in &p.resource_claims {
+        let Some(rc) = claims_by_name.get(&(p.namespace.as_str(), name.as_str())) else {
+            continue;
+        };
+        let classes = gpu_classes(rc, i.claims, i.names);
+        for r in rc
+            .requests
+            .iter()
+            .filter(|r| classes.contains(r.device_class.as_str()))
+        {
+            let w = weights.entry(r.device_class.as_str()).or_insert(0);
+            *w = w.saturating_add(r.count.max(1));
+        }
+    }
+    let total: u64 = weights.values().fold(0u64, |a, w| a.saturating_add(*w));
+    weights
+        .into_iter()
+        .map(|(class, w)| (class, dra_gpus * w as f64 / total.max(1) as f64))
+        .collect()
+}
+
+fn claims_by_name(claims: &Claims) -> HashMap<(&str, &str), &ResourceClaimInfo> {
+    claims
+        .resource_claims
+        .iter()
+        .map(|rc| ((rc.namespace.as_str(), rc.name.as_str()), rc))
+        .collect()
+}
+
+/// Kueue's resource name for each DeviceClass its `deviceClassMappings` name (the first
+/// mapping naming a class wins, as Kueue's validation allows a class in one mapping only).
+fn mapped_names(claims: &Claims) -> HashMap<&str, &str> {
+    let mut out = HashMap::new();
+    for m in claims.kueue.device_class_mappings.iter().flatten() {
+        for class in &m.device_classes {
+            out.entry(class.as_str()).or_insert(m.name.as_str());
+        }
+    }
+    out
+}
+
+/// Resource names Kueue maps to a GPU DeviceClass (of a counted driver): quota of these is
+/// GPU quota.
+fn mapped_gpu_resources<'c>(claims: &'c Claims, names: &ResourceNames) -> BTreeSet<&'c str> {
+    claims
+        .kueue
+        .device_class_mappings
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.device_classes.iter().any(|class| {
+                claims
+                    .device_classes
+                    .iter()
+                    .find(|c| &c.name == class)
+                    .is_some_and(|c| c.drivers.iter().any(|d| names.is_gpu_driver(d)))
+            })
+        })
+        .map(|m| m.name.as_str())
+        .collect()
+}
+
 /// Per namespace and GPU resource of a ResourceQuota.
 pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
     // (namespace, resource) → (hard, used of the key with that hard).
@@ -212,12 +288,7 @@ pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
     if limits.is_empty() {
         return Vec::new();
     }
-    let claims_by_name: HashMap<(&str, &str), &ResourceClaimInfo> = i
-        .claims
-        .resource_claims
-        .iter()
-        .map(|rc| ((rc.namespace.as_str(), rc.name.as_str()), rc))
-        .collect();
+    let claims_by_name = claims_by_name(i.claims);
     let pod_claims: HashMap<(&str, &str), &PodClaim> = i
         .claims
         .pods
@@ -244,24 +315,7 @@ pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
         let Some(p) = pod_claims.get(&(row.namespace.as_str(), row.pod.as_str())) else {
             continue;
         };
-        let mut weights: BTreeMap<&str, u64> = BTreeMap::new();
-        for name in &p.resource_claims {
-            let Some(rc) = claims_by_name.get(&(p.namespace.as_str(), name.as_str())) else {
-                continue;
-            };
-            let classes = gpu_classes(rc, i.claims, i.names);
-            for r in rc
-                .requests
-                .iter()
-                .filter(|r| classes.contains(r.device_class.as_str()))
-            {
-                let w = weights.entry(r.device_class.as_str()).or_insert(0);
-                *w = w.saturating_add(r.count.max(1));
-            }
-        }
-        let total: u64 = weights.values().fold(0u64, |a, w| a.saturating_add(*w));
-        for (class, w) in weights {
-            let share = dra_gpus * w as f64 / total.max(1) as f64;
+        for (class, share) in dra_class_shares(i, &claims_by_name, p, dra_gpus) {
             evidence
                 .entry((
                     row.namespace.as_str(),
@@ -404,6 +458,9 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
         return Vec::new();
     }
     let index = WorkloadIndex::new(&k.workloads);
+    let claims_by_name = claims_by_name(i.claims);
+    let mapped_names = mapped_names(i.claims);
+    let gpu_mapped = mapped_gpu_resources(i.claims, i.names);
     let pod_claims: HashMap<(&str, &str), &PodClaim> = i
         .claims
         .pods
@@ -420,30 +477,45 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
             continue;
         };
         let Some(adm) = &w.admission else { continue };
-        for (resource, gpus) in &row.gpus_by_resource {
+        // DRA GPUs count under the resource Kueue maps their DeviceClass to.
+        let dra_gpus: f64 = row
+            .gpus_by_resource
+            .iter()
+            .filter(|(r, _)| r.starts_with(DRA_RESOURCE_PREFIX))
+            .map(|(_, g)| g)
+            .sum();
+        let mapped: Vec<(&str, f64)> = if dra_gpus > 0.0 {
+            dra_class_shares(i, &claims_by_name, p, dra_gpus)
+                .into_iter()
+                .filter_map(|(class, share)| mapped_names.get(class).map(|name| (*name, share)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let held = row
+            .gpus_by_resource
+            .iter()
+            .filter(|(r, _)| !r.starts_with(DRA_RESOURCE_PREFIX))
+            .map(|(r, g)| (r.as_str(), *g))
+            .chain(mapped);
+        for (resource, gpus) in held {
             // The flavor Kueue assigned for the resource to the pod's pod set (Kueue's pod-set
             // label), else to the first pod set naming it.
             let of_pod_set = p.workload_refs.pod_set.as_deref().and_then(|set| {
                 adm.assignments
                     .iter()
                     .find(|a| a.name == set)
-                    .and_then(|a| a.flavors.get(resource.as_str()))
+                    .and_then(|a| a.flavors.get(resource))
             });
-            let Some(flavor) = of_pod_set.or_else(|| {
-                adm.assignments
-                    .iter()
-                    .find_map(|a| a.flavors.get(resource.as_str()))
-            }) else {
+            let Some(flavor) =
+                of_pod_set.or_else(|| adm.assignments.iter().find_map(|a| a.flavors.get(resource)))
+            else {
                 continue;
             };
             evidence
-                .entry((
-                    adm.cluster_queue.as_str(),
-                    flavor.as_str(),
-                    resource.as_str(),
-                ))
+                .entry((adm.cluster_queue.as_str(), flavor.as_str(), resource))
                 .or_default()
-                .add(row, *gpus);
+                .add(row, gpus);
         }
     }
     // Pending GPU workloads per ClusterQueue (through the LocalQueue of their namespace).
@@ -479,11 +551,9 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
     for cq in &k.cluster_queues {
         let (pending_workloads, oldest) =
             pending.get(cq.name.as_str()).copied().unwrap_or((0, None));
-        for q in cq
-            .quotas
-            .iter()
-            .filter(|q| i.names.classify(&q.resource).is_some())
-        {
+        for q in cq.quotas.iter().filter(|q| {
+            i.names.classify(&q.resource).is_some() || gpu_mapped.contains(q.resource.as_str())
+        }) {
             let e = evidence
                 .get(&(cq.name.as_str(), q.flavor.as_str(), q.resource.as_str()))
                 .copied()
@@ -570,6 +640,7 @@ pub(super) fn unquotaed_claims(i: &Inputs<'_>) -> Vec<UnquotaedClaim> {
         }
     }
     let index = WorkloadIndex::new(&c.kueue.workloads);
+    let mapped = mapped_names(c);
     // Claims used by a pod of a Kueue workload.
     let mut queued: BTreeSet<(&str, &str)> = BTreeSet::new();
     if c.kueue.enabled {
@@ -585,9 +656,16 @@ pub(super) fn unquotaed_claims(i: &Inputs<'_>) -> Vec<UnquotaedClaim> {
         .resource_claims
         .iter()
         .filter(|rc| is_gpu_claim(rc, c, i.names))
-        .filter(|rc| !queued.contains(&(rc.namespace.as_str(), rc.name.as_str())))
         .filter_map(|rc| {
             let classes = gpu_classes(rc, c, i.names);
+            // Kueue counts a pod's DRA devices against its queue only through a mapping of
+            // their class; with the mappings unknown the queue is trusted.
+            let in_queue = queued.contains(&(rc.namespace.as_str(), rc.name.as_str()))
+                && (c.kueue.device_class_mappings.is_none()
+                    || (!classes.is_empty() && classes.iter().all(|k| mapped.contains_key(k))));
+            if in_queue {
+                return None;
+            }
             let covered = !classes.is_empty()
                 && classes
                     .iter()

@@ -9,8 +9,8 @@ use crate::ledger::claims::{
     DeviceClassInfo, DraAllocation, DraRequest, OwnerRef, Placement, PodPhase, QuotaInfo,
 };
 use crate::ledger::kueue::{
-    Admission, ClusterQueueInfo, FlavorQuota, FlavorUsage, KueueInputs, LocalQueueInfo,
-    PodSetAssignment, PodSetInfo, WorkloadOwner, WorkloadRefs,
+    Admission, ClusterQueueInfo, DeviceClassMapping, FlavorQuota, FlavorUsage, KueueInputs,
+    LocalQueueInfo, PodSetAssignment, PodSetInfo, WorkloadOwner, WorkloadRefs,
 };
 use crate::ledger::{PodRow, PodState};
 
@@ -416,6 +416,7 @@ fn cohort(lender_idle: Option<bool>) -> (Claims, Vec<PodRow>) {
                 workload("team-s", "train", "lq-s"),
                 finished,
             ],
+            device_class_mappings: None,
         },
         ..Claims::default()
     };
@@ -850,4 +851,97 @@ fn workload_refs_keep_only_values_a_controller_could_write() {
     );
     let r = refs(&[], &[("kueue.x-k8s.io/workload", &"w".repeat(254))]);
     assert!(r.is_empty(), "a name longer than 253 bytes is no name");
+}
+
+// === Issue 37, item 4: Kueue's deviceClassMappings ===
+
+/// The lender's workload holding its GPU through a DRA claim of class `gpu.nvidia.com`, its
+/// ClusterQueue giving quota of `example.com/gpu` (a name of Kueue's own choosing, as in
+/// Kueue's DRA guide), and `mappings` as read from Kueue's Configuration.
+fn dra_queue(mappings: Option<Vec<DeviceClassMapping>>) -> (Claims, Vec<PodRow>) {
+    let (mut claims, _) = cohort(Some(true));
+    let mapped = "example.com/gpu";
+    claims.kueue.cluster_queues[0].quotas[0].resource = mapped.into();
+    let adm = claims.kueue.workloads[0]
+        .admission
+        .as_mut()
+        .expect("admitted");
+    adm.assignments[0].flavors = [(mapped.to_string(), "a100".to_string())].into();
+    claims.kueue.device_class_mappings = mappings;
+    claims.pods[0] = {
+        let mut p = (*claims.pods[0]).clone();
+        p.resource_claims = vec!["nb-gpu".into()];
+        p.into()
+    };
+    claims.resource_claims = vec![dra_claim("team-l", "nb-gpu", "gpu.nvidia.com", true)];
+    claims.device_classes = vec![gpu_class("gpu.nvidia.com")];
+    claims.dra_enabled = true;
+    let pods = vec![row(
+        "team-l",
+        "nb-job-0",
+        "dra:gpu.nvidia.com",
+        1.0,
+        Some(true),
+    )];
+    (claims, pods)
+}
+
+fn gpu_mapping() -> Vec<DeviceClassMapping> {
+    vec![DeviceClassMapping {
+        name: "example.com/gpu".into(),
+        device_classes: vec!["gpu.nvidia.com".into()],
+    }]
+}
+
+#[test]
+fn quota_of_a_resource_kueue_maps_to_a_gpu_device_class_is_gpu_quota_held_by_dra_pods() {
+    let names = ResourceNames::default();
+    let (claims, pods) = dra_queue(Some(gpu_mapping()));
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    let lender = rows
+        .iter()
+        .find(|r| r.cluster_queue == "lender")
+        .unwrap_or_else(|| panic!("no lender row: {rows:#?}"));
+    assert_eq!(
+        (lender.resource.as_str(), lender.flavor.as_str()),
+        ("example.com/gpu", "a100")
+    );
+    assert_eq!((lender.busy, lender.idle), (Some(0.0), Some(1.0)));
+    // Without the mapping `example.com/gpu` is no GPU resource: no row.
+    let (claims, pods) = dra_queue(Some(vec![]));
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert!(
+        rows.iter().all(|r| r.cluster_queue != "lender"),
+        "{rows:#?}"
+    );
+    // A mapping to a class of no counted driver is no GPU quota either.
+    let (mut claims, pods) = dra_queue(Some(gpu_mapping()));
+    claims.device_classes[0].drivers = vec!["nic.example.com".into()];
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert!(
+        rows.iter().all(|r| r.cluster_queue != "lender"),
+        "{rows:#?}"
+    );
+}
+
+#[test]
+fn a_queued_pods_dra_claim_is_quotaed_only_through_a_mapping_of_its_class() {
+    let names = ResourceNames::default();
+    let flagged = |mappings| {
+        let (claims, pods) = dra_queue(mappings);
+        unquotaed_claims(&inputs(&claims, &pods, &names))
+            .into_iter()
+            .map(|c| c.claim)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(flagged(Some(gpu_mapping())), Vec::<String>::new(), "mapped");
+    // Kueue counts a device only through a mapping of its class: none, and the claim escapes
+    // the queue's quota.
+    assert_eq!(
+        flagged(Some(vec![])),
+        vec!["nb-gpu".to_string()],
+        "no mapping"
+    );
+    // Mappings not read (no ConfigMap named, or not readable): the queue is trusted, as before.
+    assert_eq!(flagged(None), Vec::<String>::new(), "unknown");
 }
