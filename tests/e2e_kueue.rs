@@ -695,6 +695,21 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
         .await,
         Some(2.0)
     );
+    // Kueue's ConfigMap, read through the shipped RBAC (get on that one object): the test's
+    // Configuration maps DeviceClass gpu.nvidia.com to `example.com/gpu`.
+    let log = std::fs::read_to_string(gl.log_path()).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("read Kueue's deviceClassMappings")
+                && l.contains(kueue::DEVICE_CLASS_MAPPING)),
+        "{}",
+        gl.log_tail(40)
+    );
+    assert!(
+        !log.contains("cannot read Kueue's ConfigMap"),
+        "{}",
+        gl.log_tail(40)
+    );
     let ledger = gl.ledger_json().await.expect("ledger");
     assert_eq!(ledger["kueue_available"], true, "{ledger}");
     assert_eq!(kueue_not_found_lines(&gl), 0, "{}", gl.log_tail(40));

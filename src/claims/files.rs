@@ -17,7 +17,7 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
@@ -140,6 +140,10 @@ pub struct DumpPaths {
     pub cluster_queues: Option<PathBuf>,
     pub local_queues: Option<PathBuf>,
     pub workloads: Option<PathBuf>,
+    /// Kueue's manager ConfigMap (`kubectl get configmaps -n kueue-system --field-selector
+    /// metadata.name=kueue-manager-config -o json`, as `capture` writes it): its
+    /// `deviceClassMappings`; an empty list is "no ConfigMap" (no mappings), no file "unknown".
+    pub kueue_config: Option<PathBuf>,
 }
 
 impl DumpPaths {
@@ -167,6 +171,7 @@ impl DumpPaths {
             cluster_queues: find("clusterqueues"),
             local_queues: find("localqueues"),
             workloads: find("workloads"),
+            kueue_config: find(kueue::CONFIG_STEM),
         }
     }
 }
@@ -731,6 +736,21 @@ pub fn load_with_limits(
                 workloads: refs(3),
             },
         );
+        if let Some(path) = &paths.kueue_config {
+            let items: Vec<ConfigMap> = list(path, "ConfigMap", "configmaps", limits, w)?;
+            claims.kueue.device_class_mappings = match items.first().map(kueue::mappings_of) {
+                None => Some(Vec::new()),
+                Some(Ok(m)) => Some(m),
+                Some(Err(e)) => {
+                    w.push(format!(
+                        "{}: {}; Kueue's deviceClassMappings are unknown",
+                        path.display(),
+                        crate::telemetry::error_chain(&e)
+                    ));
+                    None
+                }
+            };
+        }
     }
     Ok(Loaded {
         claims,

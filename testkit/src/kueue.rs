@@ -64,6 +64,34 @@ pub const NAMESPACE: &str = "kueue-system";
 /// Prefix of the webhook configurations' names, as `config/default`'s `namePrefix` gives them.
 const NAME_PREFIX: &str = "kueue-";
 
+/// Name of the resource the test Configuration maps DeviceClass `gpu.nvidia.com` to
+/// (`resources.deviceClassMappings`; Kueue's DRA gate stays off, so only gpu-ledger reads it).
+pub const DEVICE_CLASS_MAPPING: &str = "example.com/gpu";
+/// Kueue's manager ConfigMap, as its manifests name it, and the key of its Configuration.
+pub const CONFIG_MAP: &str = "kueue-manager-config";
+pub const CONFIG_KEY: &str = "controller_manager_config.yaml";
+
+/// Creates (or replaces) the ConfigMap [`CONFIG_MAP`] in [`NAMESPACE`] holding `config`.
+async fn put_config_map(cp: &ControlPlane, config: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let admin = cp.client("admin").await?;
+    crate::stack::ensure_namespace(&admin, NAMESPACE).await?;
+    let api: Api<ConfigMap> = Api::namespaced(admin, NAMESPACE);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
+        "data": {CONFIG_KEY: config},
+    }))
+    .context("ConfigMap")?;
+    api.patch(
+        CONFIG_MAP,
+        &PatchParams::apply("gpu-ledger-testkit").force(),
+        &Patch::Apply(&cm),
+    )
+    .await
+    .with_context(|| format!("applying ConfigMap {NAMESPACE}/{CONFIG_MAP}"))?;
+    Ok(())
+}
+
 /// Mounts the metrics certificate where Kueue reads it, inside the process's own mount
 /// namespace: `$1` an empty directory for the tmpfs, `$2` the directory holding `tls.crt` and
 /// `tls.key`, then the command. `exec` keeps the PID, so the guard stops Kueue itself.
@@ -483,11 +511,20 @@ integrations:
   - jobset.x-k8s.io/jobset
 featureGates:
   VisibilityOnDemand: false
+resources:
+  deviceClassMappings:
+  - name: {DEVICE_CLASS_MAPPING}
+    deviceClassNames:
+    - gpu.nvidia.com
 ",
             certs = certs.display()
         );
         let config_path = dir.join("config.yaml");
         write(&config_path, &config)?;
+        // Where Kueue's manifests install its Configuration (`config/components/manager`,
+        // namePrefix `kueue-`): gpu-ledger reads its deviceClassMappings from there. The
+        // process itself reads the file, as the manifests' mount does.
+        put_config_map(cp, &config).await?;
         let mount_dir = dir.join(format!("etc-overlay-{attempt}"));
         std::fs::create_dir_all(&mount_dir)?;
 

@@ -124,6 +124,13 @@ compares them for the default values).
 {{- with (include "gpu-ledger.exporterNamespaces" . | fromJsonArray) }}
 - --exporter-namespaces={{ join "," . }}
 {{- end }}
+{{- with .Values.ledger.kueueConfigMap }}
+{{- if .name }}
+- --kueue-config-map={{ .namespace }}/{{ .name }}
+{{- else }}
+- --kueue-config-map=
+{{- end }}
+{{- end }}
 - --log-format={{ .Values.logFormat }}
 - --cull={{ $mode }}
 {{- if ne $mode "off" }}
