@@ -34,6 +34,8 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 use support::eventually;
 
+/// The shipped Role and RoleBinding on Kueue's manager ConfigMap, in kueue-system.
+const KUEUE_CONFIG_RBAC: &str = include_str!("../deploy/kustomize/components/kueue/rbac.yaml");
 /// Generous: the machine is shared with builds; each step takes seconds when it is not. On a
 /// failure the Kueue guard prints the tail of Kueue's log as it unwinds.
 const WAIT: Duration = Duration::from_secs(180);
@@ -603,6 +605,16 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
         .await;
     }
 
+    // The shipped grant on Kueue's ConfigMap (deploy/kustomize/components/kueue; the chart
+    // renders the same where Kueue is served).
+    gpu_ledger_testkit::stack::apply_rbac(
+        &admin,
+        KUEUE_CONFIG_RBAC,
+        "gpu-ledger",
+        gpu_ledger_testkit::stack::LEDGER_NAMESPACE,
+    )
+    .await
+    .expect("Kueue ConfigMap RBAC");
     let gl = stack
         .start_gpu_ledger(bin, "gpu-ledger", &[])
         .await
