@@ -326,7 +326,7 @@ pub enum KueueConfigError {
     Parse {
         config_map: String,
         #[source]
-        source: serde_saphyr::Error,
+        source: Box<serde_saphyr::Error>,
     },
     #[error("ConfigMap {config_map}: resources.deviceClassMappings: {problem}")]
     Invalid { config_map: String, problem: String },
@@ -380,7 +380,7 @@ pub fn device_class_mappings(
         serde_saphyr::from_str_with_options(text, options).map_err(|source| {
             KueueConfigError::Parse {
                 config_map: config_map.to_string(),
-                source,
+                source: Box::new(source),
             }
         })?;
     let mappings = config.resources.unwrap_or_default().device_class_mappings;

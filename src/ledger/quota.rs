@@ -344,31 +344,33 @@ pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
         .collect()
 }
 
+/// (namespace, owner group, owner kind, owner name) of a Workload's owner.
+type OwnerKey<'w> = (&'w str, &'w str, &'w str, &'w str);
+/// The Workload of such an owner and the owner's uid; `None` when two Workloads have one.
+type OwnerMatch<'w> = Option<(&'w WorkloadInfo, &'w str)>;
+
 /// The Workloads of one refresh, indexed for the pod join.
 struct WorkloadIndex<'w> {
     /// (namespace, owner uid) → Workload. A uid owned by two Workloads is dropped (ambiguous).
-    by_owner_uid: HashMap<(&'w str, &'w str), &'w WorkloadInfo>,
+    owners_by_uid: HashMap<(&'w str, &'w str), &'w WorkloadInfo>,
     /// (namespace, Workload name) → Workload.
-    by_name: HashMap<(&'w str, &'w str), &'w WorkloadInfo>,
-    /// (namespace, owner group, owner kind, owner name) → the Workload and the owner's uid;
-    /// `None` when two Workloads have such an owner (ambiguous). Only owners of a kind of
-    /// [`OWNER_LABELS`].
-    by_owner_name:
-        HashMap<(&'w str, &'w str, &'w str, &'w str), Option<(&'w WorkloadInfo, &'w str)>>,
+    workloads: HashMap<(&'w str, &'w str), &'w WorkloadInfo>,
+    /// Owners of a kind of [`OWNER_LABELS`] by group, kind and name (ambiguous ones `None`).
+    owners_by_name: HashMap<OwnerKey<'w>, OwnerMatch<'w>>,
 }
 
 impl<'w> WorkloadIndex<'w> {
-    fn new(workloads: &'w [WorkloadInfo]) -> Self {
-        let mut by_owner_uid: HashMap<(&str, &str), &WorkloadInfo> = HashMap::new();
+    fn new(all: &'w [WorkloadInfo]) -> Self {
+        let mut owners_by_uid: HashMap<(&str, &str), &WorkloadInfo> = HashMap::new();
         let mut twice: Vec<(&str, &str)> = Vec::new();
-        let mut by_name = HashMap::new();
-        let mut by_owner_name = HashMap::new();
-        for w in workloads {
-            by_name.insert((w.namespace.as_str(), w.name.as_str()), w);
+        let mut workloads_by_name = HashMap::new();
+        let mut owners_by_name = HashMap::new();
+        for w in all {
+            workloads_by_name.insert((w.namespace.as_str(), w.name.as_str()), w);
             for o in &w.owners {
                 if !o.uid.is_empty() {
                     let key = (w.namespace.as_str(), o.uid.as_str());
-                    if by_owner_uid.insert(key, w).is_some() {
+                    if owners_by_uid.insert(key, w).is_some() {
                         twice.push(key);
                     }
                 }
@@ -382,7 +384,7 @@ impl<'w> WorkloadIndex<'w> {
                         o.kind.as_str(),
                         o.name.as_str(),
                     );
-                    by_owner_name
+                    owners_by_name
                         .entry(key)
                         .and_modify(|e| *e = None)
                         .or_insert(Some((w, o.uid.as_str())));
@@ -390,12 +392,12 @@ impl<'w> WorkloadIndex<'w> {
             }
         }
         for k in twice {
-            by_owner_uid.remove(&k);
+            owners_by_uid.remove(&k);
         }
         WorkloadIndex {
-            by_owner_uid,
-            by_name,
-            by_owner_name,
+            owners_by_uid,
+            workloads: workloads_by_name,
+            owners_by_name,
         }
     }
 
@@ -407,7 +409,7 @@ impl<'w> WorkloadIndex<'w> {
     ///    TrainJob, RayJob), with the owner's uid where the label carries one.
     fn workload_of(&self, p: &PodClaim) -> Option<&'w WorkloadInfo> {
         let ns = p.namespace.as_str();
-        let by_uid = |uid: &str| self.by_owner_uid.get(&(ns, uid)).copied();
+        let by_uid = |uid: &str| self.owners_by_uid.get(&(ns, uid)).copied();
         if let Some(w) = p
             .controller
             .as_ref()
@@ -420,7 +422,7 @@ impl<'w> WorkloadIndex<'w> {
         if let Some(w) = refs
             .workload
             .as_deref()
-            .and_then(|name| self.by_name.get(&(ns, name)))
+            .and_then(|name| self.workloads.get(&(ns, name)))
         {
             return Some(w);
         }
@@ -433,7 +435,7 @@ impl<'w> WorkloadIndex<'w> {
             else {
                 continue;
             };
-            let Some(entry) = self.by_owner_name.get(&(ns, rule.group, rule.kind, name)) else {
+            let Some(entry) = self.owners_by_name.get(&(ns, rule.group, rule.kind, name)) else {
                 continue;
             };
             // Two Workloads with such an owner: neither can be told to be the pod's.
@@ -451,16 +453,13 @@ impl<'w> WorkloadIndex<'w> {
     }
 }
 
-/// Per ClusterQueue, flavor and GPU resource.
-pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
+/// (cluster queue, flavor, resource) → busy and idle GPU equivalents of the pods of admitted,
+/// unfinished Workloads.
+fn queue_evidence<'i>(i: &Inputs<'i>) -> HashMap<(&'i str, &'i str, &'i str), Evidence> {
     let k = &i.claims.kueue;
-    if !k.enabled || k.cluster_queues.is_empty() {
-        return Vec::new();
-    }
     let index = WorkloadIndex::new(&k.workloads);
     let claims_by_name = claims_by_name(i.claims);
     let mapped_names = mapped_names(i.claims);
-    let gpu_mapped = mapped_gpu_resources(i.claims, i.names);
     let pod_claims: HashMap<(&str, &str), &PodClaim> = i
         .claims
         .pods
@@ -518,6 +517,17 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
                 .add(row, gpus);
         }
     }
+    evidence
+}
+
+/// Per ClusterQueue, flavor and GPU resource.
+pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
+    let k = &i.claims.kueue;
+    if !k.enabled || k.cluster_queues.is_empty() {
+        return Vec::new();
+    }
+    let gpu_mapped = mapped_gpu_resources(i.claims, i.names);
+    let evidence = queue_evidence(i);
     // Pending GPU workloads per ClusterQueue (through the LocalQueue of their namespace).
     let local: HashMap<(&str, &str), &str> = k
         .local_queues

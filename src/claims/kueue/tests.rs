@@ -271,9 +271,10 @@ fn a_configuration_kueue_would_refuse_is_an_error_naming_the_config_map() {
     let e = err("resources:\n  deviceClassMappings:\n  - name: gpu\n    deviceClassNames: []\n");
     assert!(e.contains("kueue-system/kueue-manager-config"), "{e}");
     assert!(e.contains("0 DeviceClasses"), "{e}");
-    let many: String = (0..17)
+    let many = (0..17)
         .map(|i| format!("  - name: r{i}\n    deviceClassNames: [c{i}]\n"))
-        .collect();
+        .collect::<Vec<_>>()
+        .concat();
     let e = err(&format!("resources:\n  deviceClassMappings:\n{many}"));
     assert!(e.contains("17 mappings"), "{e}");
     let e = err(&format!(

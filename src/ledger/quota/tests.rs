@@ -45,7 +45,7 @@ fn pod_claim(ns: &str, name: &str, job_uid: &str) -> PodClaim {
         placement: Placement::default(),
         scheduling_gates: Vec::new(),
         finalizers: Vec::new(),
-        workload_refs: Default::default(),
+        workload_refs: WorkloadRefs::default(),
     }
 }
 
