@@ -771,6 +771,65 @@ mod tests {
         p
     }
 
+    /// `kueueconfig.json` as `capture` writes it: the ConfigMap's mappings; an empty list (no
+    /// ConfigMap) is no mappings; no file leaves them unknown; a Configuration Kueue would refuse
+    /// is a warning and unknown.
+    #[test]
+    fn kueue_device_class_mappings_come_from_the_captured_config_map() {
+        let dir = tempfile::tempdir().expect("tmp");
+        write(dir.path(), "pods.json", r#"{"kind":"List","items":[]}"#);
+        write(dir.path(), "nodes.json", r#"{"kind":"List","items":[]}"#);
+        write(
+            dir.path(),
+            "clusterqueues.json",
+            r#"{"kind":"List","items":[]}"#,
+        );
+        let load = || {
+            load_with_limits(
+                &DumpPaths::from_dir(dir.path()),
+                &ResourceNames::default(),
+                DumpLimits::default(),
+            )
+            .expect("load")
+        };
+        assert_eq!(load().claims.kueue.device_class_mappings, None, "no file");
+        let config = "resources:\n  deviceClassMappings:\n  - name: gpu\n    deviceClassNames: [gpu.example.com]\n";
+        let cm = serde_json::json!({"kind": "List", "items": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kueue-manager-config", "namespace": "kueue-system"},
+            "data": {"controller_manager_config.yaml": config}
+        }]});
+        write(dir.path(), "kueueconfig.json", &cm.to_string());
+        let m = load().claims.kueue.device_class_mappings.expect("read");
+        assert_eq!(
+            (m[0].name.as_str(), m[0].device_classes.as_slice()),
+            ("gpu", ["gpu.example.com".to_string()].as_slice())
+        );
+        write(
+            dir.path(),
+            "kueueconfig.json",
+            r#"{"kind":"List","items":[]}"#,
+        );
+        assert_eq!(load().claims.kueue.device_class_mappings, Some(vec![]));
+        let bad = serde_json::json!({"kind": "List", "items": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kueue-manager-config", "namespace": "kueue-system"},
+            "data": {"controller_manager_config.yaml": "resources:\n  deviceClassMappings:\n  - name: gpu\n"}
+        }]});
+        write(dir.path(), "kueueconfig.json", &bad.to_string());
+        let loaded = load();
+        assert_eq!(loaded.claims.kueue.device_class_mappings, None);
+        assert!(
+            loaded
+                .warnings
+                .iter()
+                .any(|w| w.contains("kueueconfig.json")
+                    && w.contains("kueue-system/kueue-manager-config")),
+            "{:?}",
+            loaded.warnings
+        );
+    }
+
     #[test]
     fn rejects_non_lists_with_file_name() {
         let dir = tempfile::tempdir().expect("tmp");
