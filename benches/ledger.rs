@@ -62,6 +62,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
                 placement: gpu_ledger::ledger::claims::Placement::default(),
                 scheduling_gates: Vec::new(),
                 finalizers: Vec::new(),
+                workload_refs: gpu_ledger::ledger::kueue::WorkloadRefs::default(),
             }));
             let util = if g % 3 == 0 { 0.0 } else { 0.7 };
             devices.push(DeviceUsage {

@@ -83,8 +83,9 @@ echo "THANOS_BIN=$THANOS_BIN"
 step "kueue (controller manager) from its Go module, for the quota and queue tests"
 # Cold (empty Go module and build caches, 2026-12-02): 480 s on the otherwise idle 2-core
 # machine, 1,546 s beside three Rust builds; warm (binary cached) < 1 s. tests/e2e_kueue.rs
-# also reads the module's CRDs and webhook manifests (`--print-module`), which this build leaves
-# in the Go module cache.
+# also reads the module's CRDs and webhook manifests (`--print-module`) and JobSet's CRD from the
+# jobset module Kueue requires (`--print-dependency=sigs.k8s.io/jobset`), which this build leaves
+# in the Go module cache (`go mod download` fetches either when missing).
 KUEUE_BIN=$(scripts/build-kueue.sh --print-bin)
 export KUEUE_BIN
 echo "KUEUE_BIN=$KUEUE_BIN"

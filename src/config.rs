@@ -226,6 +226,18 @@ pub struct LedgerArgs {
         default_value = "gpu.nvidia.com"
     )]
     pub dra_gpu_drivers: Vec<String>,
+    /// Kueue's manager ConfigMap, `[NAMESPACE/]NAME` (namespace `kueue-system` by default, as
+    /// Kueue's manifests and Helm chart install it): its `resources.deviceClassMappings` make
+    /// ClusterQueue quota of a mapped name GPU quota. Read with `get` only; an absent ConfigMap
+    /// means no mappings; empty: not read.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_KUEUE_CONFIG_MAP",
+        default_value = "kueue-system/kueue-manager-config",
+        value_parser = kueue_config_map,
+        help_heading = "Claims"
+    )]
+    pub kueue_config_map: KueueConfigMap,
 }
 
 impl LedgerArgs {
@@ -680,6 +692,16 @@ pub struct CaptureArgs {
         help_heading = "Capture"
     )]
     pub extra_gpu_resources: Vec<String>,
+    /// Kueue's manager ConfigMap to capture, `[NAMESPACE/]NAME` (its `deviceClassMappings`);
+    /// empty: not captured.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_KUEUE_CONFIG_MAP",
+        default_value = "kueue-system/kueue-manager-config",
+        value_parser = kueue_config_map,
+        help_heading = "Capture"
+    )]
+    pub kueue_config_map: KueueConfigMap,
 }
 
 /// Output format of `showback`.
@@ -831,6 +853,28 @@ pub fn shard_query_scope(s: &str) -> Result<String, String> {
     }
 }
 
+/// Kueue's manager ConfigMap (`--kueue-config-map`); `None`: not read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KueueConfigMap(pub Option<ConfigMapRef>);
+
+/// Namespace of a bare `--kueue-config-map` name: where Kueue's manifests install it.
+pub const KUEUE_NAMESPACE: &str = "kueue-system";
+
+impl KueueConfigMap {
+    /// `(namespace, name)` of the ConfigMap to read, if any.
+    pub fn resolve(&self) -> Option<(String, String)> {
+        self.0.as_ref().map(|c| c.resolve(KUEUE_NAMESPACE))
+    }
+}
+
+/// Parses `--kueue-config-map`: `[NAMESPACE/]NAME`, or empty for none.
+pub fn kueue_config_map(s: &str) -> Result<KueueConfigMap, String> {
+    if s.trim().is_empty() {
+        return Ok(KueueConfigMap(None));
+    }
+    configmap_ref(s).map(|c| KueueConfigMap(Some(c)))
+}
+
 /// Parses `PRODUCT=SLICES` with SLICES in 1..=8.
 pub fn product_slices(s: &str) -> Result<(String, u8), String> {
     let (product, slices) = s
@@ -948,6 +992,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_kueue_config_map_is_namespace_slash_name_by_default_kueues() {
+        let cli = Cli::try_parse_from(["gpu-ledger", "report", "--from", "x"]).expect("parse");
+        let Command::Report(r) = cli.command else {
+            panic!("report")
+        };
+        assert_eq!(
+            r.ledger.kueue_config_map.resolve(),
+            Some(("kueue-system".into(), "kueue-manager-config".into()))
+        );
+        assert_eq!(kueue_config_map(""), Ok(KueueConfigMap(None)));
+        assert_eq!(
+            kueue_config_map("my-kueue-config").map(|c| c.resolve()),
+            Ok(Some(("kueue-system".into(), "my-kueue-config".into())))
+        );
+        assert!(kueue_config_map("a/b/c").is_err());
     }
 
     #[test]

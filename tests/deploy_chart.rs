@@ -1964,6 +1964,99 @@ fn values_schema_and_values_yaml_name_the_same_keys() -> Result<()> {
     Ok(())
 }
 
+/// Role `<fullname>-kueue-config` in kueue-system: Kueue's manager ConfigMap, that one only.
+const KUEUE_CONFIG_RULES: &[(&str, &str, &str)] = &[("", "configmaps/kueue-manager-config", "get")];
+
+/// Issue 37 item 4: the Role on Kueue's ConfigMap (its deviceClassMappings) is rendered where
+/// Kueue is served (its namespace may not exist otherwise), in that namespace, bound to the
+/// release's ServiceAccount, with the rules of the kustomize component; a name other than the
+/// default is passed as the flag, an empty one reads and grants nothing.
+#[test]
+fn kueue_config_map_role_where_kueue_is_served() -> Result<()> {
+    let render = |extra: &[&str]| -> Result<Vec<Value>> {
+        let mut c = helm();
+        c.args([
+            "template",
+            "gpu-ledger",
+            CHART,
+            "--namespace",
+            NS,
+            "--kube-version",
+            "v1.36.3",
+        ]);
+        c.args(extra);
+        docs(&run_ok(c, None)?.0)
+    };
+    let served = "kueue.x-k8s.io/v1beta2/ClusterQueue";
+    ensure!(
+        find(&render(&[])?, "Role", "gpu-ledger-kueue-config").is_err(),
+        "no Role where Kueue is not served"
+    );
+    let objs = render(&["--api-versions", served])?;
+    let role = find(&objs, "Role", "gpu-ledger-kueue-config")?;
+    assert_eq!(role["metadata"]["namespace"], "kueue-system");
+    assert_eq!(rule_set(role), triples(KUEUE_CONFIG_RULES));
+    let binding = find(&objs, "RoleBinding", "gpu-ledger-kueue-config")?;
+    assert_eq!(binding["metadata"]["namespace"], "kueue-system");
+    assert_eq!(subjects(binding), [format!("{NS}/gpu-ledger")]);
+    assert!(
+        !args(find(&objs, "Deployment", "gpu-ledger")?)
+            .iter()
+            .any(|a| a.starts_with("--kueue-config-map")),
+        "the binary's default needs no flag"
+    );
+    let objs = render(&[
+        "--api-versions",
+        served,
+        "--set",
+        "ledger.kueueConfigMap.namespace=queues",
+        "--set",
+        "ledger.kueueConfigMap.name=kueue-config",
+    ])?;
+    let role = find(&objs, "Role", "gpu-ledger-kueue-config")?;
+    assert_eq!(role["metadata"]["namespace"], "queues");
+    assert_eq!(
+        rule_set(role),
+        triples(&[("", "configmaps/kueue-config", "get")])
+    );
+    assert!(
+        args(find(&objs, "Deployment", "gpu-ledger")?)
+            .contains(&"--kueue-config-map=queues/kueue-config".to_string())
+    );
+    let objs = render(&[
+        "--api-versions",
+        served,
+        "--set",
+        "ledger.kueueConfigMap.name=",
+    ])?;
+    assert!(find(&objs, "Role", "gpu-ledger-kueue-config").is_err());
+    assert!(
+        args(find(&objs, "Deployment", "gpu-ledger")?).contains(&"--kueue-config-map=".to_string())
+    );
+    // The kustomize component grants the same, in kueue-system.
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("deploy-chart-kustomize-kueue");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    let mut c = Command::new("cp");
+    c.arg("-r").arg(root().join("deploy/kustomize")).arg(&tmp);
+    run_ok(c, None)?;
+    let overlay = tmp.join("kustomize/overlays/kueue");
+    std::fs::create_dir_all(&overlay)?;
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../base\ncomponents:\n  - ../../components/kueue\n",
+    )?;
+    let mut c = Command::new(bin("kubectl"));
+    c.arg("kustomize").arg(&overlay);
+    let k = docs(&run_ok(c, None)?.0)?;
+    let role = find(&k, "Role", "gpu-ledger-kueue-config")?;
+    assert_eq!(role["metadata"]["namespace"], "kueue-system");
+    assert_eq!(rule_set(role), triples(KUEUE_CONFIG_RULES));
+    let binding = find(&k, "RoleBinding", "gpu-ledger-kueue-config")?;
+    assert_eq!(subjects(binding), [format!("{NS}/gpu-ledger")]);
+    Ok(())
+}
+
 #[test]
 fn prometheus_rule_by_default_where_the_crd_is_served() -> Result<()> {
     let served = "monitoring.coreos.com/v1/PrometheusRule";

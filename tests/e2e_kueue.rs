@@ -16,7 +16,10 @@
 //!    0 %, `team-b-cq` runs a busy Job and has a second one pending, which the cohort could
 //!    admit if `team-a-cq`'s idle GPU were freed. The ledger's `queues` rows show the idle
 //!    quota and the starved queue, and `/metrics` the series `GpuLedgerQueueStarvedWhileLenderIdle`
-//!    reads. `capture` of that cluster, reported offline, gives the live report's queue rows.
+//!    reads. A JobSet (the real CRD of the `sigs.k8s.io/jobset` module Kueue pins; JobSet's
+//!    controller emulated, see `jobset_runs_under_its_queue`) admitted to a third ClusterQueue
+//!    shows its pods, controlled by Jobs, busy under that queue (issue 37, item 4). `capture` of
+//!    that cluster, reported offline, gives the live report's queue rows.
 
 mod support;
 
@@ -31,6 +34,8 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 use support::eventually;
 
+/// The shipped Role and RoleBinding on Kueue's manager ConfigMap, in kueue-system.
+const KUEUE_CONFIG_RBAC: &str = include_str!("../deploy/kustomize/components/kueue/rbac.yaml");
 /// Generous: the machine is shared with builds; each step takes seconds when it is not. On a
 /// failure the Kueue guard prints the tail of Kueue's log as it unwinds.
 const WAIT: Duration = Duration::from_secs(180);
@@ -63,9 +68,15 @@ fn flavor() -> Value {
         "spec": {"nodeLabels": {"nvidia.com/gpu.product": PRODUCT}}})
 }
 
-/// A ClusterQueue in [`COHORT`] with `nominal` GPUs of [`FLAVOR`], for every namespace, with
+/// A ClusterQueue in `cohort` with `nominal` GPUs of [`FLAVOR`], for every namespace, with
 /// optional borrowing and lending limits.
-fn cluster_queue(name: &str, nominal: u32, borrowing: Option<u32>, lending: Option<u32>) -> Value {
+fn cluster_queue(
+    name: &str,
+    cohort: Option<&str>,
+    nominal: u32,
+    borrowing: Option<u32>,
+    lending: Option<u32>,
+) -> Value {
     let mut quota = json!({"name": GPU, "nominalQuota": nominal.to_string()});
     if let Some(b) = borrowing {
         quota["borrowingLimit"] = json!(b.to_string());
@@ -73,26 +84,53 @@ fn cluster_queue(name: &str, nominal: u32, borrowing: Option<u32>, lending: Opti
     if let Some(l) = lending {
         quota["lendingLimit"] = json!(l.to_string());
     }
-    json!({"metadata": {"name": name},
-        "spec": {"cohortName": COHORT, "namespaceSelector": {},
+    let mut cq = json!({"metadata": {"name": name},
+        "spec": {"namespaceSelector": {},
             "resourceGroups": [{"coveredResources": [GPU],
-                "flavors": [{"name": FLAVOR, "resources": [quota]}]}]}})
+                "flavors": [{"name": FLAVOR, "resources": [quota]}]}]}});
+    if let Some(c) = cohort {
+        cq["spec"]["cohortName"] = json!(c);
+    }
+    cq
 }
 
 fn local_queue(name: &str, cluster_queue: &str) -> Value {
     json!({"metadata": {"name": name}, "spec": {"clusterQueue": cluster_queue}})
 }
 
-/// A `batch/v1` Job queued to `queue`: one pod asking for `gpus` × `nvidia.com/gpu`, with the
-/// DCGM test double's utilisation annotation, running until the test ends (kwok). Created
-/// unsuspended, as a user would: Kueue's webhook suspends it.
-fn job(name: &str, queue: &str, gpus: u32, utilization_percent: f64) -> Job {
+/// The pod template of a Job: `gpus` × `nvidia.com/gpu` at `utilization_percent` (the DCGM
+/// test double's annotation), Running until the test ends on kwok.
+fn pod_template(name: &str, gpus: u32, utilization_percent: f64) -> Value {
     let pod = gpu_pod(name, gpus, Some(utilization_percent));
     let mut template = serde_json::to_value(&pod).expect("pod JSON");
     let mut annotations = template["metadata"]["annotations"].clone();
     annotations[kueue::LONG_RUNNING_ANNOTATION] = json!("true");
     template["metadata"] = json!({"annotations": annotations});
     template["spec"]["restartPolicy"] = json!("Never");
+    template
+}
+
+/// A JobSet (`jobset.x-k8s.io/v1alpha2`, the real CRD) queued to `queue`: one replicated job
+/// `workers` of `replicas` Jobs of one pod each, one GPU per pod at `utilization_percent`.
+/// Created unsuspended, as a user would: Kueue's JobSet webhook suspends it.
+fn jobset(name: &str, queue: &str, replicas: u32, utilization_percent: f64) -> DynamicObject {
+    let template = pod_template(name, 1, utilization_percent);
+    serde_json::from_value(json!({
+        "apiVersion": format!("{}/{}", kueue::JOBSET_GROUP, kueue::JOBSET_VERSION),
+        "kind": "JobSet",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": replicas,
+            "template": {"spec": {"parallelism": 1, "completions": 1, "backoffLimit": 0,
+                "template": template}}}]}
+    }))
+    .expect("JobSet JSON")
+}
+
+/// A `batch/v1` Job queued to `queue`: one pod asking for `gpus` × `nvidia.com/gpu`, with the
+/// DCGM test double's utilisation annotation, running until the test ends (kwok). Created
+/// unsuspended, as a user would: Kueue's webhook suspends it.
+fn job(name: &str, queue: &str, gpus: u32, utilization_percent: f64) -> Job {
+    let template = pod_template(name, gpus, utilization_percent);
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
         "spec": {"backoffLimit": 0, "template": template}
@@ -109,6 +147,16 @@ async fn create_job(admin: &kube::Client, namespace: &str, job: &Job) {
 
 /// The Workload Kueue created for Job `namespace/job` (owner reference), if any.
 async fn workload_of(admin: &kube::Client, namespace: &str, job: &str) -> Option<DynamicObject> {
+    workload_owned_by(admin, namespace, "Job", job).await
+}
+
+/// The Workload Kueue created for the `kind` object `namespace/name` (owner reference), if any.
+async fn workload_owned_by(
+    admin: &kube::Client,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+) -> Option<DynamicObject> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(admin.clone(), namespace, &kueue::resource("Workload"));
     api.list(&ListParams::default())
@@ -121,7 +169,7 @@ async fn workload_of(admin: &kube::Client, namespace: &str, job: &str) -> Option
                 .owner_references
                 .iter()
                 .flatten()
-                .any(|o| o.kind == "Job" && o.name == job)
+                .any(|o| o.kind == kind && o.name == name)
         })
 }
 
@@ -182,10 +230,12 @@ fn flavor_resource(
         .map(str::to_string)
 }
 
-/// A ClusterQueue `name` in [`COHORT`] and the LocalQueue `queue` of `namespace` pointing at it.
+/// A ClusterQueue `name` (in [`COHORT`] unless told otherwise) and the LocalQueue `queue` of
+/// `namespace` pointing at it.
 struct Queue {
     namespace: &'static str,
     name: &'static str,
+    cohort: Option<&'static str>,
     nominal: u32,
     borrowing_limit: Option<u32>,
     lending_limit: Option<u32>,
@@ -196,6 +246,7 @@ impl Queue {
         Self {
             namespace,
             name,
+            cohort: Some(COHORT),
             nominal,
             borrowing_limit: None,
             lending_limit: None,
@@ -212,7 +263,13 @@ async fn queues(admin: &kube::Client, queues: &[Queue]) {
             admin,
             "ClusterQueue",
             None,
-            cluster_queue(q.name, q.nominal, q.borrowing_limit, q.lending_limit),
+            cluster_queue(
+                q.name,
+                q.cohort,
+                q.nominal,
+                q.borrowing_limit,
+                q.lending_limit,
+            ),
         )
         .await;
         ensure_namespace(admin, q.namespace)
@@ -360,6 +417,69 @@ async fn metric(gl: &GpuLedgerProcess, family: &str, labels: &[(&str, &str)]) ->
     metric_value(&gl.metrics_text().await.ok()?, family, labels)
 }
 
+/// A JobSet queued to `team-c-cq` is admitted by the real Kueue (its Workload owned by the
+/// JobSet, the JobSet unsuspended), and its two Jobs' pods run on kwok GPU nodes, placed by
+/// the real scheduler.
+///
+/// JobSet's controller does not run here (a separate operator with its own webhooks and
+/// certificates): `kueue::jobset_child_job` makes each Job as JobSet v0.11.1's
+/// `constructJob` would, from the JobSet as Kueue left it, and kube-controller-manager's Job
+/// controller makes the pods. The second Job's pod template goes without Kueue's
+/// `kueue.x-k8s.io/workload` annotation, as Kueue v0.17 leaves it with its
+/// TopologyAwareScheduling gate off: that pod joins through JobSet's own labels.
+async fn jobset_runs_under_its_queue(admin: &kube::Client) {
+    let ns = "team-c";
+    let jobsets: Api<DynamicObject> =
+        Api::namespaced_with(admin.clone(), ns, &kueue::jobset_resource());
+    jobsets
+        .create(
+            &PostParams::default(),
+            &jobset("train-js", "queue", 2, 80.0),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating JobSet: {e}"));
+    let wl = eventually("train-js's Workload admitted", WAIT, || async {
+        let w = workload_owned_by(admin, ns, "JobSet", "train-js").await?;
+        (condition(&w, "Admitted").as_deref() == Some("True")).then_some(w)
+    })
+    .await;
+    let js = eventually("Kueue unsuspending train-js", WAIT, || async {
+        let js = jobsets.get("train-js").await.ok()?;
+        (js.data["spec"]["suspend"] == false).then_some(js)
+    })
+    .await;
+    let workload_name = wl.metadata.name.clone().expect("Workload name");
+    let pod_meta =
+        &js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"];
+    assert_eq!(
+        pod_meta["annotations"]["kueue.x-k8s.io/workload"], workload_name,
+        "Kueue names its Workload on the template it starts: {pod_meta}"
+    );
+    assert_eq!(
+        pod_meta["labels"]["kueue.x-k8s.io/podset"], "workers",
+        "{pod_meta}"
+    );
+    for index in 0..2 {
+        let mut job = kueue::jobset_child_job(&js, 0, index).expect("the JobSet's Job");
+        if index == 1 {
+            let template = job.spec.as_mut().expect("spec").template.metadata.as_mut();
+            if let Some(a) = template.and_then(|m| m.annotations.as_mut()) {
+                a.remove("kueue.x-k8s.io/workload");
+            }
+        }
+        create_job(admin, ns, &job).await;
+    }
+    for index in 0..2 {
+        let job = format!("train-js-workers-{index}");
+        let pod = eventually(&format!("{job}'s pod running"), WAIT, || {
+            running_pod(admin, ns, &job)
+        })
+        .await;
+        let labels = pod.metadata.labels.unwrap_or_default();
+        assert_eq!(labels["jobset.sigs.k8s.io/jobset-name"], "train-js");
+    }
+}
+
 /// Lines of the process's log that say Kueue was not found.
 fn kueue_not_found_lines(gl: &GpuLedgerProcess) -> usize {
     std::fs::read_to_string(gl.log_path())
@@ -385,7 +505,8 @@ async fn admitted_and_running(admin: &kube::Client, namespace: &str, name: &str)
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
-    let nodes = [GpuNode::new("gpu-1", 2), GpuNode::new("gpu-2", 2)];
+    // Five GPUs: the plain pod, the notebook, the busy Job and the JobSet's two pods.
+    let nodes = [GpuNode::new("gpu-1", 2), GpuNode::new("gpu-2", 3)];
     let stack =
         support::tier_b_with(&nodes, kueue::tier_b_options(), support::Grants::ReadOnly).await;
     let admin = stack.admin();
@@ -446,6 +567,11 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
                 borrowing_limit: Some(1),
                 ..Queue::new("team-b", "team-b-cq", 1)
             },
+            // Outside the cohort: its JobSet changes nothing of the starvation above.
+            Queue {
+                cohort: None,
+                ..Queue::new("team-c", "team-c-cq", 2)
+            },
         ],
     )
     .await;
@@ -461,23 +587,34 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
         (condition(&w, "QuotaReserved").as_deref() == Some("False")).then_some(())
     })
     .await;
+    jobset_runs_under_its_queue(&admin).await;
 
     // Kueue writes a ClusterQueue's `flavorsUsage` after it admits, on its own schedule: once
     // in CI the ledger read team-b-cq's as 0 while the Job's pod ran. `admitted` is that field
     // as written, so wait for Kueue to write it, then for the ledger to show it.
-    for cq in ["team-a-cq", "team-b-cq"] {
+    for (cq, gpus) in [("team-a-cq", "1"), ("team-b-cq", "1"), ("team-c-cq", "2")] {
         eventually(
-            &format!("{cq}'s status.flavorsUsage at 1 GPU"),
+            &format!("{cq}'s status.flavorsUsage at {gpus} GPU"),
             WAIT,
             || async {
                 let s = cluster_queue_status(&admin, cq).await?;
                 let total = flavor_resource(&s, "flavorsUsage", FLAVOR, GPU, "total");
-                (total.as_deref() == Some("1")).then_some(())
+                (total.as_deref() == Some(gpus)).then_some(())
             },
         )
         .await;
     }
 
+    // The shipped grant on Kueue's ConfigMap (deploy/kustomize/components/kueue; the chart
+    // renders the same where Kueue is served).
+    gpu_ledger_testkit::stack::apply_rbac(
+        &admin,
+        KUEUE_CONFIG_RBAC,
+        "gpu-ledger",
+        gpu_ledger_testkit::stack::LEDGER_NAMESPACE,
+    )
+    .await
+    .expect("Kueue ConfigMap RBAC");
     let gl = stack
         .start_gpu_ledger(bin, "gpu-ledger", &[])
         .await
@@ -550,6 +687,40 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
         )
         .await,
         Some(1.0)
+    );
+    // Issue 37, item 4: the JobSet's pods (controlled by Jobs, not by the Workload's owner)
+    // are its queue's: busy, both of them.
+    let team_c = eventually("team-c-cq's JobSet pods busy under it", WAIT, || async {
+        let l = gl.ledger_json().await.ok()?;
+        let c = queue_row(&l, "team-c-cq")?;
+        (c["busy"].as_f64() == Some(2.0) && c["admitted"] == 2).then_some(c)
+    })
+    .await;
+    assert_eq!(team_c["idle"].as_f64(), Some(0.0), "{team_c}");
+    assert_eq!(team_c["nominal"], 2, "{team_c}");
+    assert_eq!(
+        metric(
+            &gl,
+            "gpu_ledger_queue_gpus",
+            &[("cluster_queue", "team-c-cq"), ("kind", "busy")]
+        )
+        .await,
+        Some(2.0)
+    );
+    // Kueue's ConfigMap, read through the shipped RBAC (get on that one object): the test's
+    // Configuration maps DeviceClass gpu.nvidia.com to `example.com/gpu`.
+    let log = std::fs::read_to_string(gl.log_path()).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("read Kueue's deviceClassMappings")
+                && l.contains(kueue::DEVICE_CLASS_MAPPING)),
+        "{}",
+        gl.log_tail(40)
+    );
+    assert!(
+        !log.contains("cannot read Kueue's ConfigMap"),
+        "{}",
+        gl.log_tail(40)
     );
     let ledger = gl.ledger_json().await.expect("ledger");
     assert_eq!(ledger["kueue_available"], true, "{ledger}");

@@ -55,6 +55,11 @@ fn bin(name: &str) -> PathBuf {
 
 /// `helm template gpu-ledger` into [`LEDGER_NAMESPACE`] for Kubernetes 1.36, as JSON objects.
 fn chart(sets: &[&str]) -> Result<Vec<Value>> {
+    chart_serving(sets, &[])
+}
+
+/// [`chart`] for a cluster that serves `api_versions` (`--api-versions`).
+fn chart_serving(sets: &[&str], api_versions: &[&str]) -> Result<Vec<Value>> {
     let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("least-privilege-helm-home");
     let mut c = Command::new(bin("helm"));
     c.current_dir(root())
@@ -70,6 +75,9 @@ fn chart(sets: &[&str]) -> Result<Vec<Value>> {
             LEDGER_NAMESPACE,
         ])
         .args(["--kube-version", "v1.36.3"]);
+    for v in api_versions {
+        c.args(["--api-versions", v]);
+    }
     for s in sets {
         c.args(["--set", s]);
     }
@@ -618,11 +626,16 @@ fn interesting(p: &ChildGuard) -> String {
 #[allow(clippy::too_many_lines)] // one scenario: audit on, dry-run, on, compare
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
-    let objs = chart(&[
-        "culling.mode=on",
-        &format!("ledger.namespaces={{{NS}}}"),
-        &format!("culling.excludeNamespaceSelector={SELECTOR}"),
-    ])?;
+    // Kueue is served below (its CRDs): the chart adds the Role on Kueue's ConfigMap in
+    // kueue-system, which gpu-ledger reads once it found Kueue.
+    let objs = chart_serving(
+        &[
+            "culling.mode=on",
+            &format!("ledger.namespaces={{{NS}}}"),
+            &format!("culling.excludeNamespaceSelector={SELECTOR}"),
+        ],
+        &["kueue.x-k8s.io/v1beta2/ClusterQueue"],
+    )?;
     let rbac = of_kinds(
         &objs,
         &[
@@ -652,7 +665,7 @@ async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
         ])
         .await?;
     let admin = stack.cp.client("admin").await?;
-    for ns in [LEDGER_NAMESPACE, NS, "gpu-operator"] {
+    for ns in [LEDGER_NAMESPACE, NS, "gpu-operator", "kueue-system"] {
         namespace(&stack.cp, ns)?;
     }
     // Kueue's CRDs, so the Kueue grants are exercised (gpu-ledger reads Kueue when it is served).

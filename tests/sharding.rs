@@ -82,6 +82,7 @@ fn pod(ns: &str, name: &str, node: Option<&str>, gpus: u64, i: usize) -> PodClai
         placement: gpu_ledger::ledger::claims::Placement::default(),
         scheduling_gates: Vec::new(),
         finalizers: Vec::new(),
+        workload_refs: gpu_ledger::ledger::kueue::WorkloadRefs::default(),
     }
 }
 

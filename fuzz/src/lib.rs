@@ -259,6 +259,7 @@ pub fn kubectl_list(data: &[u8]) {
             cluster_queues: Some(path("clusterqueues")),
             local_queues: Some(path("localqueues")),
             workloads: Some(path("workloads")),
+            kueue_config: Some(path("kueueconfig")),
         };
         let _ = files::load(&paths, &ResourceNames::default());
     }

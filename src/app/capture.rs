@@ -81,10 +81,18 @@ pub async fn capture(args: CaptureArgs) -> Result<(), AppError> {
     };
     let namespaces = listed(&args.namespaces);
     let client = kube_client(&args.kube).await?;
-    let lists = tokio::time::timeout(LIST_TIMEOUT, list_raw(&client, &names, &namespaces))
-        .await
-        .map_err(|_| CaptureError::ListTimeout(LIST_TIMEOUT))?
-        .map_err(CaptureError::List)?;
+    let lists = tokio::time::timeout(
+        LIST_TIMEOUT,
+        list_raw(
+            &client,
+            &names,
+            &namespaces,
+            args.kueue_config_map.resolve().as_ref(),
+        ),
+    )
+    .await
+    .map_err(|_| CaptureError::ListTimeout(LIST_TIMEOUT))?
+    .map_err(CaptureError::List)?;
     let series = dcgm_history(&prom, args.history_lookback, at).await?;
 
     let dir = &args.out;
@@ -138,6 +146,7 @@ fn clear_previous(dir: &Path) -> Result<(), CaptureError> {
         "clusterqueues",
         "localqueues",
         "workloads",
+        crate::claims::kueue::CONFIG_STEM,
     ];
     for stem in stems {
         for ext in ["json", "yaml", "yml"] {

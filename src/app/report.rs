@@ -83,6 +83,7 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
             cluster_queues: None,
             local_queues: None,
             workloads: None,
+            kueue_config: None,
         };
         i.dcgm = files.dcgm.clone().unwrap_or_default();
         i
@@ -190,8 +191,13 @@ async fn live_ledger(
     if let Some(ns) = args.namespace.as_deref() {
         check_namespace_exists(&client, ns).await?;
     }
-    let claims =
-        claims::list::list_claims(&client, &policy.names, &listed(&args.ledger.namespaces)).await?;
+    let claims = claims::list::list_claims(
+        &client,
+        &policy.names,
+        &listed(&args.ledger.namespaces),
+        args.ledger.kueue_config_map.resolve().as_ref(),
+    )
+    .await?;
     let at = args.at.unwrap_or_else(Utc::now);
     let (usage, error) = live_usage(Some(prom), &args.ledger, at).await;
     Ok((ledger::build(&claims, &usage, at, policy), error))

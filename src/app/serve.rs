@@ -166,6 +166,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             namespaces: args.ledger.namespaces.clone(),
             exporter_namespaces: args.ledger.exporter_namespaces.clone(),
             names: policy.names.clone(),
+            kueue_config_map: args.ledger.kueue_config_map.resolve(),
         },
         &spawn,
         tasks.cancel.clone(),

@@ -40,6 +40,9 @@ pub struct RawLists {
     /// Kueue's ResourceFlavors, ClusterQueues, LocalQueues and Workloads by plural name
     /// (`kueue.x-k8s.io/v1beta2`); `None` when Kueue is not served or readable.
     pub kueue: Option<Vec<(&'static str, Value)>>,
+    /// Kueue's manager ConfigMap as a list of one (none when it does not exist); `None` when
+    /// Kueue is not served, no ConfigMap is named, or it cannot be read.
+    pub kueue_config: Option<Value>,
 }
 
 impl RawLists {
@@ -67,6 +70,9 @@ impl RawLists {
         }
         for (stem, list) in self.kueue.iter().flatten() {
             v.push((stem, list));
+        }
+        if let Some(c) = &self.kueue_config {
+            v.push((super::kueue::CONFIG_STEM, c));
         }
         v
     }
@@ -97,6 +103,7 @@ pub async fn list_raw(
     client: &Client,
     names: &ResourceNames,
     namespaces: &[String],
+    kueue_config_map: Option<&(String, String)>,
 ) -> Result<RawLists, ListError> {
     let lp = ListParams::default();
     let failed = |resource| move |source| ListError { resource, source };
@@ -142,6 +149,23 @@ pub async fn list_raw(
     let (resource_claims, resource_slices, device_classes) =
         list_dra(client, names, &scopes).await?;
     let kueue = list_kueue(client, &scopes).await?;
+    let kueue_config = match (&kueue, kueue_config_map) {
+        (Some(_), Some((namespace, name))) => {
+            match super::kueue::get_config_map(client, namespace, name).await {
+                Ok(cm) => Some(list_of(cm.iter().map(item).collect())),
+                Err(e) => {
+                    warn!(
+                        config_map = format!("{namespace}/{name}"),
+                        error = &e as &dyn std::error::Error,
+                        "not capturing Kueue's ConfigMap (RBAC?): the report reads its \
+                         deviceClassMappings as unknown"
+                    );
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     Ok(RawLists {
         pods: list_of(pods),
         nodes: list_of(nodes),
@@ -152,6 +176,7 @@ pub async fn list_raw(
         resource_slices,
         device_classes,
         kueue,
+        kueue_config,
     })
 }
 

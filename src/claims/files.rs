@@ -17,7 +17,7 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
@@ -140,6 +140,10 @@ pub struct DumpPaths {
     pub cluster_queues: Option<PathBuf>,
     pub local_queues: Option<PathBuf>,
     pub workloads: Option<PathBuf>,
+    /// Kueue's manager ConfigMap (`kubectl get configmaps -n kueue-system --field-selector
+    /// metadata.name=kueue-manager-config -o json`, as `capture` writes it): its
+    /// `deviceClassMappings`; an empty list is "no ConfigMap" (no mappings), no file "unknown".
+    pub kueue_config: Option<PathBuf>,
 }
 
 impl DumpPaths {
@@ -167,6 +171,7 @@ impl DumpPaths {
             cluster_queues: find("clusterqueues"),
             local_queues: find("localqueues"),
             workloads: find("workloads"),
+            kueue_config: find(kueue::CONFIG_STEM),
         }
     }
 }
@@ -731,6 +736,21 @@ pub fn load_with_limits(
                 workloads: refs(3),
             },
         );
+        if let Some(path) = &paths.kueue_config {
+            let items: Vec<ConfigMap> = list(path, "ConfigMap", "configmaps", limits, w)?;
+            claims.kueue.device_class_mappings = match items.first().map(kueue::mappings_of) {
+                None => Some(Vec::new()),
+                Some(Ok(m)) => Some(m),
+                Some(Err(e)) => {
+                    w.push(format!(
+                        "{}: {}; Kueue's deviceClassMappings are unknown",
+                        path.display(),
+                        crate::telemetry::error_chain(&e)
+                    ));
+                    None
+                }
+            };
+        }
     }
     Ok(Loaded {
         claims,
@@ -749,6 +769,65 @@ mod tests {
         let mut f = std::fs::File::create(&p).expect("create");
         f.write_all(text.as_bytes()).expect("write");
         p
+    }
+
+    /// `kueueconfig.json` as `capture` writes it: the ConfigMap's mappings; an empty list (no
+    /// ConfigMap) is no mappings; no file leaves them unknown; a Configuration Kueue would refuse
+    /// is a warning and unknown.
+    #[test]
+    fn kueue_device_class_mappings_come_from_the_captured_config_map() {
+        let dir = tempfile::tempdir().expect("tmp");
+        write(dir.path(), "pods.json", r#"{"kind":"List","items":[]}"#);
+        write(dir.path(), "nodes.json", r#"{"kind":"List","items":[]}"#);
+        write(
+            dir.path(),
+            "clusterqueues.json",
+            r#"{"kind":"List","items":[]}"#,
+        );
+        let load = || {
+            load_with_limits(
+                &DumpPaths::from_dir(dir.path()),
+                &ResourceNames::default(),
+                DumpLimits::default(),
+            )
+            .expect("load")
+        };
+        assert_eq!(load().claims.kueue.device_class_mappings, None, "no file");
+        let config = "resources:\n  deviceClassMappings:\n  - name: gpu\n    deviceClassNames: [gpu.example.com]\n";
+        let cm = serde_json::json!({"kind": "List", "items": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kueue-manager-config", "namespace": "kueue-system"},
+            "data": {"controller_manager_config.yaml": config}
+        }]});
+        write(dir.path(), "kueueconfig.json", &cm.to_string());
+        let m = load().claims.kueue.device_class_mappings.expect("read");
+        assert_eq!(
+            (m[0].name.as_str(), m[0].device_classes.as_slice()),
+            ("gpu", ["gpu.example.com".to_string()].as_slice())
+        );
+        write(
+            dir.path(),
+            "kueueconfig.json",
+            r#"{"kind":"List","items":[]}"#,
+        );
+        assert_eq!(load().claims.kueue.device_class_mappings, Some(vec![]));
+        let bad = serde_json::json!({"kind": "List", "items": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kueue-manager-config", "namespace": "kueue-system"},
+            "data": {"controller_manager_config.yaml": "resources:\n  deviceClassMappings:\n  - name: gpu\n"}
+        }]});
+        write(dir.path(), "kueueconfig.json", &bad.to_string());
+        let loaded = load();
+        assert_eq!(loaded.claims.kueue.device_class_mappings, None);
+        assert!(
+            loaded
+                .warnings
+                .iter()
+                .any(|w| w.contains("kueueconfig.json")
+                    && w.contains("kueue-system/kueue-manager-config")),
+            "{:?}",
+            loaded.warnings
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
@@ -27,8 +27,8 @@ use super::quantity::parse_units;
 use crate::k8s;
 use crate::ledger::claims::ResourceNames;
 use crate::ledger::kueue::{
-    Admission, ClusterQueueInfo, FlavorQuota, FlavorUsage, KueueInputs, LocalQueueInfo,
-    PodSetAssignment, PodSetInfo, ResourceFlavorInfo, WorkloadInfo, WorkloadOwner,
+    Admission, ClusterQueueInfo, DeviceClassMapping, FlavorQuota, FlavorUsage, KueueInputs,
+    LocalQueueInfo, PodSetAssignment, PodSetInfo, ResourceFlavorInfo, WorkloadInfo, WorkloadOwner,
 };
 
 pub const GROUP: &str = "kueue.x-k8s.io";
@@ -293,6 +293,212 @@ pub fn project_all(names: &ResourceNames, o: &Objects<'_>) -> KueueInputs {
         cluster_queues: o.cluster_queues.iter().map(|c| cluster_queue(c)).collect(),
         local_queues: o.local_queues.iter().map(|q| local_queue(q)).collect(),
         workloads: o.workloads.iter().map(|w| workload(names, w)).collect(),
+        device_class_mappings: None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kueue's Configuration: `resources.deviceClassMappings`.
+
+/// The key of Kueue's Configuration in its manager's ConfigMap (`config/components/manager/
+/// kustomization.yaml` of `sigs.k8s.io/kueue` v0.17.0, and its Helm chart's
+/// `templates/manager/manager-config.yaml`).
+pub const CONFIG_KEY: &str = "controller_manager_config.yaml";
+/// File stem of Kueue's ConfigMap in a capture directory (a list of at most one ConfigMap).
+pub const CONFIG_STEM: &str = "kueueconfig";
+/// Largest Configuration read: the apiserver's limit on a ConfigMap's data.
+const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+/// Kueue's own bounds (`pkg/config/validation.go`, `validateDeviceClassMappings`): it refuses
+/// to start with more mappings, or more classes in one.
+const MAX_MAPPINGS: usize = 16;
+const MAX_CLASSES_PER_MAPPING: usize = 8;
+/// Longest resource or DeviceClass name Kueue accepts in a mapping.
+const MAX_MAPPING_NAME_BYTES: usize = 253;
+
+/// Why Kueue's Configuration could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum KueueConfigError {
+    #[error("ConfigMap {config_map}: no key {CONFIG_KEY}")]
+    NoKey { config_map: String },
+    #[error("ConfigMap {config_map}: {CONFIG_KEY} is {bytes} bytes, more than {MAX_CONFIG_BYTES}")]
+    TooLarge { config_map: String, bytes: usize },
+    #[error("ConfigMap {config_map}: {CONFIG_KEY} is no Kueue Configuration")]
+    Parse {
+        config_map: String,
+        #[source]
+        source: Box<serde_saphyr::Error>,
+    },
+    #[error("ConfigMap {config_map}: resources.deviceClassMappings: {problem}")]
+    Invalid { config_map: String, problem: String },
+}
+
+#[derive(Deserialize, Default)]
+struct Configuration {
+    #[serde(default)]
+    resources: Option<ResourcesConfig>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ResourcesConfig {
+    #[serde(default)]
+    device_class_mappings: Vec<MappingConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MappingConfig {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    device_class_names: Vec<String>,
+}
+
+/// Kueue's `resources.deviceClassMappings` from its manager's ConfigMap (`config_map` names it
+/// in errors). Bounded and checked as Kueue checks them at start (a Configuration Kueue would
+/// refuse is no Configuration it runs with): at most 16 mappings of 1 to 8 DeviceClasses,
+/// names non-empty and at most 253 bytes.
+pub fn device_class_mappings(
+    config_map: &str,
+    data: &BTreeMap<String, String>,
+) -> Result<Vec<DeviceClassMapping>, KueueConfigError> {
+    let text = data
+        .get(CONFIG_KEY)
+        .ok_or_else(|| KueueConfigError::NoKey {
+            config_map: config_map.to_string(),
+        })?;
+    if text.len() > MAX_CONFIG_BYTES {
+        return Err(KueueConfigError::TooLarge {
+            config_map: config_map.to_string(),
+            bytes: text.len(),
+        });
+    }
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    options.with_snippet = false;
+    let config: Configuration =
+        serde_saphyr::from_str_with_options(text, options).map_err(|source| {
+            KueueConfigError::Parse {
+                config_map: config_map.to_string(),
+                source: Box::new(source),
+            }
+        })?;
+    let mappings = config.resources.unwrap_or_default().device_class_mappings;
+    let invalid = |problem: String| KueueConfigError::Invalid {
+        config_map: config_map.to_string(),
+        problem,
+    };
+    if mappings.len() > MAX_MAPPINGS {
+        return Err(invalid(format!(
+            "{} mappings, more than {MAX_MAPPINGS}",
+            mappings.len()
+        )));
+    }
+    let name_ok = |n: &str| !n.is_empty() && n.len() <= MAX_MAPPING_NAME_BYTES;
+    mappings
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !name_ok(&m.name) {
+                return Err(invalid(format!("[{i}].name is empty or too long")));
+            }
+            let classes = m.device_class_names.len();
+            if classes == 0 || classes > MAX_CLASSES_PER_MAPPING {
+                return Err(invalid(format!(
+                    "[{i}] ({:?}) names {classes} DeviceClasses, not 1 to {MAX_CLASSES_PER_MAPPING}",
+                    m.name
+                )));
+            }
+            if let Some(bad) = m.device_class_names.iter().position(|c| !name_ok(c)) {
+                return Err(invalid(format!(
+                    "[{i}].deviceClassNames[{bad}] is empty or too long"
+                )));
+            }
+            Ok(DeviceClassMapping {
+                name: m.name,
+                device_classes: m.device_class_names,
+            })
+        })
+        .collect()
+}
+
+/// Kueue's mappings from its ConfigMap object.
+pub fn mappings_of(cm: &ConfigMap) -> Result<Vec<DeviceClassMapping>, KueueConfigError> {
+    let name = format!(
+        "{}/{}",
+        cm.metadata.namespace.as_deref().unwrap_or_default(),
+        cm.metadata.name.as_deref().unwrap_or_default()
+    );
+    device_class_mappings(&name, cm.data.as_ref().unwrap_or(&BTreeMap::new()))
+}
+
+/// Kueue's manager ConfigMap `namespace/name`: `Ok(None)` when it does not exist.
+pub async fn get_config_map(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<ConfigMap>, kube::Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    match tokio::time::timeout(PROBE_TIMEOUT, api.get_opt(name)).await {
+        Ok(r) => r,
+        Err(_) => Err(kube::Error::Service(
+            format!("getting ConfigMap {namespace}/{name} timed out").into(),
+        )),
+    }
+}
+
+/// Kueue's `deviceClassMappings`, read from its ConfigMap `namespace/name`: none when the
+/// ConfigMap does not exist (Kueue then runs with its defaults, which map nothing), `None`
+/// (unknown) when it cannot be read or is no Configuration Kueue would run with. The outcome
+/// is logged at info on the `first_look`, at debug afterwards.
+pub async fn read_mappings(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    first_look: bool,
+) -> Option<Vec<DeviceClassMapping>> {
+    let config_map = format!("{namespace}/{name}");
+    match get_config_map(client, namespace, name).await {
+        Ok(Some(cm)) => match mappings_of(&cm) {
+            Ok(m) => {
+                let names: Vec<&str> = m.iter().map(|m| m.name.as_str()).collect();
+                if first_look {
+                    info!(config_map, mappings = ?names, "read Kueue's deviceClassMappings");
+                } else {
+                    debug!(config_map, mappings = ?names, "read Kueue's deviceClassMappings");
+                }
+                Some(m)
+            }
+            Err(e) => {
+                warn!(
+                    error = &e as &dyn std::error::Error,
+                    "Kueue's deviceClassMappings unknown"
+                );
+                None
+            }
+        },
+        Ok(None) => {
+            if first_look {
+                info!(
+                    config_map,
+                    "Kueue's ConfigMap not found: no deviceClassMappings"
+                );
+            } else {
+                debug!(
+                    config_map,
+                    "Kueue's ConfigMap not found: no deviceClassMappings"
+                );
+            }
+            Some(Vec::new())
+        }
+        Err(e) => {
+            warn!(
+                config_map,
+                error = &e as &dyn std::error::Error,
+                "cannot read Kueue's ConfigMap (RBAC?): its deviceClassMappings are unknown"
+            );
+            None
+        }
     }
 }
 
@@ -417,11 +623,13 @@ pub async fn list_objects(
     Ok(Some(out))
 }
 
-/// One-shot lists into `claims.kueue` (`report` against a live cluster).
+/// One-shot lists into `claims.kueue` (`report` against a live cluster), with the mappings of
+/// Kueue's ConfigMap `config_map` (`namespace`, `name`) when one is named.
 pub async fn list_into(
     client: &Client,
     names: &ResourceNames,
     namespaces: &[String],
+    config_map: Option<&(String, String)>,
     claims: &mut crate::ledger::claims::Claims,
 ) -> Result<(), kube::Error> {
     let scopes = k8s::scopes(namespaces);
@@ -443,6 +651,9 @@ pub async fn list_into(
             workloads: pick("workloads"),
         },
     );
+    if let Some((namespace, name)) = config_map {
+        claims.kueue.device_class_mappings = read_mappings(client, namespace, name, true).await;
+    }
     Ok(())
 }
 

@@ -24,6 +24,7 @@ pub async fn list_claims(
     client: &Client,
     names: &ResourceNames,
     namespaces: &[String],
+    kueue_config_map: Option<&(String, String)>,
 ) -> Result<Claims, ListError> {
     let mut claims = Claims::default();
     let lp = ListParams::default();
@@ -61,7 +62,7 @@ pub async fn list_claims(
     super::dra::list_into(client, names, namespaces, &mut claims)
         .await
         .map_err(failed("resource.k8s.io"))?;
-    super::kueue::list_into(client, names, namespaces, &mut claims)
+    super::kueue::list_into(client, names, namespaces, kueue_config_map, &mut claims)
         .await
         .map_err(failed("kueue.x-k8s.io"))?;
     if let Ok(Some(ar)) = k8s::notebook_resource(client).await {

@@ -18,6 +18,7 @@ use crate::ledger::claims::{
     REPLICAS_LABEL, ResourceNames, SelectorOp, SelectorRequirement, StatefulSetInfo, Taint,
     Toleration, bounded_names,
 };
+use crate::ledger::kueue::WorkloadRefs;
 use crate::ledger::quota::device_class_of_quota_key;
 
 /// A quantity that cannot be a GPU count, with where it was found.
@@ -235,6 +236,7 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
                 .iter()
                 .map(String::as_str),
         ),
+        workload_refs: WorkloadRefs::read(meta.labels.as_ref(), meta.annotations.as_ref()),
     }))
 }
 

@@ -35,7 +35,8 @@ use crate::ledger::claims::{
     ResourceClaimInfo, ResourceNames, StatefulSetInfo,
 };
 use crate::ledger::kueue::{
-    ClusterQueueInfo, KueueInputs, LocalQueueInfo, ResourceFlavorInfo, WorkloadInfo,
+    ClusterQueueInfo, DeviceClassMapping, KueueInputs, LocalQueueInfo, ResourceFlavorInfo,
+    WorkloadInfo,
 };
 use crate::spawn::Spawn;
 
@@ -129,6 +130,8 @@ pub struct Stores {
     pub local_queues: Arc<DashMap<String, LocalQueueInfo>>,
     pub workloads: Arc<DashMap<String, WorkloadInfo>>,
     pub kueue_enabled: Arc<AtomicBool>,
+    /// Kueue's `deviceClassMappings`, re-read from its ConfigMap (`None`: not read).
+    pub kueue_mappings: Arc<arc_swap::ArcSwapOption<Vec<DeviceClassMapping>>>,
     /// The optional APIs (Notebook, DRA, Kueue) not found yet and looked for again in the
     /// background ([`rediscover`]), by name, with what that turns off and when the next look is.
     pending_apis: Arc<DashMap<&'static str, PendingApi>>,
@@ -160,6 +163,7 @@ impl Stores {
             local_queues: Arc::default(),
             workloads: Arc::default(),
             kueue_enabled: Arc::new(AtomicBool::new(false)),
+            kueue_mappings: Arc::default(),
             pending_apis: Arc::default(),
             synced: Arc::default(),
             health: Arc::default(),
@@ -290,6 +294,7 @@ impl Stores {
                 cluster_queues: values(&self.cluster_queues),
                 local_queues: values(&self.local_queues),
                 workloads: values(&self.workloads),
+                device_class_mappings: self.kueue_mappings.load_full().map(|m| (*m).clone()),
             },
             other_shards_nodes: self
                 .nodes
@@ -356,6 +361,8 @@ pub struct WatchConfig {
     /// Namespaces to watch DaemonSet pods in (where dcgm-exporter runs); empty = all.
     pub exporter_namespaces: Vec<String>,
     pub names: ResourceNames,
+    /// Kueue's manager ConfigMap `(namespace, name)`, read for its `deviceClassMappings`.
+    pub kueue_config_map: Option<(String, String)>,
 }
 
 /// Starts every watch as a task on `tracker`, stopping on `cancel` (unsupervised: for tests and
@@ -466,6 +473,7 @@ pub async fn start_with(
     let optional = Optional {
         client,
         names: config.names.clone(),
+        kueue_config_map: config.kueue_config_map.clone(),
         scopes,
         cancel,
         stores: stores.clone(),
@@ -580,6 +588,7 @@ impl Missing {
 struct Optional {
     client: Client,
     names: ResourceNames,
+    kueue_config_map: Option<(String, String)>,
     scopes: Vec<Option<String>>,
     cancel: CancellationToken,
     stores: Stores,
@@ -787,6 +796,40 @@ fn start_kueue(ctx: &Optional, spawn: Spawn<'_>) {
             by_ns_name,
         );
     }
+    start_kueue_config(ctx, spawn);
+}
+
+/// How often Kueue's ConfigMap is read again: Kueue itself reads it only when it starts, so a
+/// change takes a Kueue restart; a few minutes' delay after that is no loss, and one GET per
+/// period costs nothing.
+const KUEUE_CONFIG_REREAD: Duration = Duration::from_secs(300);
+
+/// Reads Kueue's `deviceClassMappings` from its ConfigMap now and every
+/// [`KUEUE_CONFIG_REREAD`] into `stores.kueue_mappings`, until cancelled.
+fn start_kueue_config(ctx: &Optional, spawn: Spawn<'_>) {
+    let Some((namespace, name)) = ctx.kueue_config_map.clone() else {
+        return;
+    };
+    let (client, cancel) = (ctx.client.clone(), ctx.cancel.clone());
+    let mappings = ctx.stores.kueue_mappings.clone();
+    spawn(
+        "kueue-config".to_string(),
+        Box::pin(
+            async move {
+                let mut first_look = true;
+                loop {
+                    let read = kueue::read_mappings(&client, &namespace, &name, first_look).await;
+                    mappings.store(read.map(Arc::new));
+                    first_look = false;
+                    tokio::select! {
+                        () = cancel.cancelled() => break,
+                        () = tokio::time::sleep(KUEUE_CONFIG_REREAD) => {}
+                    }
+                }
+            }
+            .instrument(info_span!("kueue-config")),
+        ),
+    );
 }
 
 /// Starts the DRA watches on `stores` (once [`dra::available`] said the API is served and

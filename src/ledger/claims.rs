@@ -182,6 +182,10 @@ pub struct PodClaim {
     /// `metadata.finalizers` (bounded, [`bounded_names`]): a deleted pod's object stays until
     /// they are removed, whatever its node does; a force delete does not remove them.
     pub finalizers: Vec<String>,
+    /// What the pod says about the Kueue Workload it runs for (Kueue's workload annotation and
+    /// pod-set label, and the owner labels of `kueue::OWNER_LABELS`): the join to a Workload
+    /// whose owner is not the pod's controller (JobSet, TrainJob, RayJob).
+    pub workload_refs: super::kueue::WorkloadRefs,
 }
 
 /// Most names kept of a list of gates or finalizers (real pods carry one or two).

@@ -21,6 +21,22 @@ pub struct KueueInputs {
     pub cluster_queues: Vec<ClusterQueueInfo>,
     pub local_queues: Vec<LocalQueueInfo>,
     pub workloads: Vec<WorkloadInfo>,
+    /// Kueue's `resources.deviceClassMappings` (its Configuration): `None` when not read (no
+    /// ConfigMap named, or not readable); `Some(empty)` when Kueue has none (the ConfigMap is
+    /// absent, or maps nothing).
+    pub device_class_mappings: Option<Vec<DeviceClassMapping>>,
+}
+
+/// One entry of Kueue's `resources.deviceClassMappings` (`sigs.k8s.io/kueue` v0.17.0
+/// `apis/config/v1beta2/configuration_types.go`, `DeviceClassMapping`): the devices a pod's
+/// ResourceClaimTemplates request of these DeviceClasses count, in ClusterQueue quotas and
+/// Workload usage, as resource `name` (`pkg/dra/claims.go`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceClassMapping {
+    /// The resource name ClusterQueues give quota of.
+    pub name: String,
+    /// `deviceClassNames`.
+    pub device_classes: Vec<String>,
 }
 
 /// A ResourceFlavor (cluster-scoped).
@@ -161,5 +177,183 @@ impl WorkloadInfo {
     /// Waiting in its queue: neither admitted, finished nor deactivated.
     pub fn pending(&self) -> bool {
         !self.admitted && !self.finished && !self.deactivated
+    }
+}
+
+// === Which Workload a pod runs for ===
+
+/// Kueue's annotation on the pod templates of an admitted job: the name of its Workload (in the
+/// pod's namespace). `sigs.k8s.io/kueue` v0.17.0 `apis/kueue/v1beta2/topology_types.go`
+/// (`WorkloadAnnotation`), written by `pkg/controller/jobframework/reconciler.go`
+/// (`getPodSetsInfoFromStatus`) when it starts a job while the TopologyAwareScheduling feature
+/// gate is on (Beta, on by default since v0.14); each integration merges it into the templates
+/// its controller makes pods from (JobSet's replicated jobs, a RayJob's head and worker groups,
+/// a TrainJob's runtime patch), so it reaches pods however deep the owner chain.
+pub const WORKLOAD_ANNOTATION: &str = "kueue.x-k8s.io/workload";
+/// Kueue's label on the same templates: the name of the pod set the pod belongs to
+/// (`pkg/constants/constants.go` `PodSetLabel`, written unconditionally by the same function).
+pub const POD_SET_LABEL: &str = "kueue.x-k8s.io/podset";
+
+/// How a pod label's value names a Workload's owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerNameForm {
+    /// The owner's name itself.
+    Exact,
+    /// The owner's name, `-` and 5 characters of Kubernetes' random alphabet
+    /// (`k8s.io/apimachinery/pkg/util/rand.String(5)`): the name of an object the owner's
+    /// controller generated for it.
+    GeneratedSuffix,
+}
+
+/// Pod labels through which a Workload owner's controller names the owner on its pods, when
+/// the pod's own controller is something in between (a Job, a RayCluster) that gpu-ledger does
+/// not watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerLabels {
+    /// API group of the Workload's owner (its `ownerReferences[].apiVersion` without version).
+    pub group: &'static str,
+    pub kind: &'static str,
+    /// The label whose value names the owner.
+    pub name_label: &'static str,
+    pub name_form: OwnerNameForm,
+    /// The label whose value is the owner's uid, where the controller writes one.
+    pub uid_label: Option<&'static str>,
+}
+
+/// Where Kueue's pod annotation is absent (its TopologyAwareScheduling gate off), these labels
+/// written by the real controllers lead from a pod to its Workload's owner. A Workload owned
+/// by a Job, Pod or RayCluster needs none: the pod's controller (or the pod) is the owner.
+pub const OWNER_LABELS: [OwnerLabels; 3] = [
+    // JobSet (`jobset.x-k8s.io/v1alpha2`) → Job → Pod. `sigs.k8s.io/jobset` v0.11.1
+    // `pkg/controllers/jobset_controller.go` `labelAndAnnotateObject` writes the JobSet's name
+    // and uid on every child Job and its pod template (`api/jobset/v1alpha2/jobset_types.go`:
+    // `JobSetNameKey`, `JobSetUIDKey`).
+    OwnerLabels {
+        group: "jobset.x-k8s.io",
+        kind: "JobSet",
+        name_label: "jobset.sigs.k8s.io/jobset-name",
+        name_form: OwnerNameForm::Exact,
+        uid_label: Some("jobset.sigs.k8s.io/jobset-uid"),
+    },
+    // Kubeflow Trainer TrainJob (`trainer.kubeflow.org/v1alpha1`) → JobSet → Job → Pod.
+    // `github.com/kubeflow/trainer/v2` v2.2.0 `pkg/runtime/framework/plugins/jobset/jobset.go`
+    // (`Build`) names the JobSet after the TrainJob, so its pods carry the TrainJob's name in
+    // JobSet's name label; the uid label there is the JobSet's, not the TrainJob's.
+    OwnerLabels {
+        group: "trainer.kubeflow.org",
+        kind: "TrainJob",
+        name_label: "jobset.sigs.k8s.io/jobset-name",
+        name_form: OwnerNameForm::Exact,
+        uid_label: None,
+    },
+    // KubeRay RayJob (`ray.io/v1`) → RayCluster → Pod. `github.com/ray-project/kuberay/
+    // ray-operator` v1.6.0: `controllers/ray/rayjob_controller.go` names the RayCluster
+    // `utils.GenerateRayClusterName(rayJob.Name)` = `<rayjob>-<rand.String(5)>`
+    // (`controllers/ray/utils/util.go`), and `controllers/ray/common/pod.go` (`labelPod`) puts
+    // the cluster's name in `ray.io/cluster` on every head and worker pod; the RayJob's
+    // `ray.io/originated-from-*` labels stay on the RayCluster and the submitter Job.
+    OwnerLabels {
+        group: "ray.io",
+        kind: "RayJob",
+        name_label: "ray.io/cluster",
+        name_form: OwnerNameForm::GeneratedSuffix,
+        uid_label: None,
+    },
+];
+
+/// Kubernetes' random-name alphabet (`k8s.io/apimachinery/pkg/util/rand`, `alphanums`).
+const GENERATED_ALPHABET: &str = "bcdfghjklmnpqrstvwxz2456789";
+/// Length of the suffix [`OwnerNameForm::GeneratedSuffix`] strips (`-` and 5 characters).
+const GENERATED_SUFFIX_CHARS: usize = 5;
+/// Longest label value Kubernetes accepts.
+const MAX_LABEL_VALUE_BYTES: usize = 63;
+/// Longest object name Kubernetes accepts (a DNS subdomain).
+const MAX_OBJECT_NAME_BYTES: usize = 253;
+
+impl OwnerLabels {
+    /// The owner name a pod's label value stands for, if it has that form.
+    pub fn owner_name<'v>(&self, value: &'v str) -> Option<&'v str> {
+        match self.name_form {
+            OwnerNameForm::Exact => Some(value),
+            OwnerNameForm::GeneratedSuffix => {
+                let (name, suffix) = value.rsplit_once('-')?;
+                (!name.is_empty()
+                    && suffix.len() == GENERATED_SUFFIX_CHARS
+                    && suffix.chars().all(|c| GENERATED_ALPHABET.contains(c)))
+                .then_some(name)
+            }
+        }
+    }
+}
+
+/// What a pod says about the Kueue Workload it runs for (bounded and validated: a pod's labels
+/// and annotations are untrusted, and a value no real controller could write is dropped).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkloadRefs {
+    /// [`WORKLOAD_ANNOTATION`]: the Workload's name.
+    pub workload: Option<String>,
+    /// [`POD_SET_LABEL`]: the pod set's name.
+    pub pod_set: Option<String>,
+    /// Values of the [`OWNER_LABELS`] keys the pod carries (at most one per key).
+    pub owner_labels: BTreeMap<String, String>,
+}
+
+/// A valid label value (Kubernetes: at most 63 characters, alphanumerics, `-`, `_`, `.`,
+/// beginning and ending with an alphanumeric).
+fn is_label_value(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= MAX_LABEL_VALUE_BYTES
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && v.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+/// A valid object name (a DNS subdomain: at most 253 characters of lower-case alphanumerics,
+/// `-` and `.`, beginning and ending with an alphanumeric).
+fn is_object_name(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= MAX_OBJECT_NAME_BYTES
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
+        && v.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && v.bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+impl WorkloadRefs {
+    /// Reads the keys of Kueue and of [`OWNER_LABELS`] from a pod's labels and annotations,
+    /// keeping only valid values.
+    pub fn read(
+        labels: Option<&BTreeMap<String, String>>,
+        annotations: Option<&BTreeMap<String, String>>,
+    ) -> WorkloadRefs {
+        let label = |key: &str| {
+            labels
+                .and_then(|l| l.get(key))
+                .filter(|v| is_label_value(v))
+                .cloned()
+        };
+        let owner_labels = OWNER_LABELS
+            .iter()
+            .flat_map(|o| std::iter::once(o.name_label).chain(o.uid_label))
+            .filter_map(|key| label(key).map(|v| (key.to_string(), v)))
+            .collect();
+        WorkloadRefs {
+            workload: annotations
+                .and_then(|a| a.get(WORKLOAD_ANNOTATION))
+                .filter(|v| is_object_name(v))
+                .cloned(),
+            pod_set: label(POD_SET_LABEL),
+            owner_labels,
+        }
+    }
+
+    /// Whether the pod says nothing about a Workload.
+    pub fn is_empty(&self) -> bool {
+        self.workload.is_none() && self.pod_set.is_none() && self.owner_labels.is_empty()
     }
 }

@@ -11,13 +11,21 @@
 //! - One queue row per ClusterQueue, flavor and GPU resource of its `resourceGroups`: nominal
 //!   quota, borrowing and lending limits, admitted usage from its status, and busy / idle GPU
 //!   equivalents of the pods of its admitted, unfinished workloads. A pod belongs to a Workload
-//!   when its controller (or the pod itself) is one of the Workload's owners, in its namespace.
+//!   of its namespace when its controller (or the pod itself) is one of the Workload's owners,
+//!   else when Kueue's workload annotation names it, else when the labels of
+//!   `kueue::OWNER_LABELS` name its owner (JobSet, TrainJob, RayJob: `WorkloadIndex`). A pod
+//!   counts under the flavor assigned to its pod set (Kueue's pod-set label), else the first.
+//! - Kueue's `deviceClassMappings`: a ClusterQueue quota of a resource name that Kueue maps to
+//!   a GPU DeviceClass (one of a counted driver) is GPU quota, and the DRA GPUs of an admitted
+//!   workload's pods count under the name their claims' class maps to.
 //! - A queue is "starved while a lender is idle" when it has pending GPU workloads (not
 //!   deactivated) and may borrow (`borrowingLimit` not 0) while another ClusterQueue of its cohort
 //!   that may lend (`lendingLimit` not 0) holds admitted GPUs of the same flavor and resource
 //!   proven idle: only then would freeing that quota let Kueue admit the waiting work.
 //! - A DRA claim asking for or holding a GPU is unquotaed when its namespace has no device-class
-//!   quota key for one of its GPU classes and no pod using it belongs to a Kueue workload.
+//!   quota key for one of its GPU classes and no pod using it belongs to a Kueue workload — or
+//!   one does, but Kueue's `deviceClassMappings` (when read) map none of its GPU classes: Kueue
+//!   counts a DRA device against a queue only through a mapping of its class.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,7 +34,7 @@ use foldhash::{HashMap, HashMapExt};
 use serde::Serialize;
 
 use super::claims::{Claims, DRA_RESOURCE_PREFIX, PodClaim, ResourceClaimInfo, ResourceNames};
-use super::kueue::WorkloadInfo;
+use super::kueue::{OWNER_LABELS, WorkloadInfo};
 use super::{Ledger, PodRow};
 
 /// Suffix of a ResourceQuota key that limits the devices of one DRA DeviceClass
@@ -174,6 +182,77 @@ fn is_gpu_claim(rc: &ResourceClaimInfo, claims: &Claims, names: &ResourceNames) 
         || !gpu_classes(rc, claims, names).is_empty()
 }
 
+/// A pod's DRA GPU equivalents (`dra_gpus`), shared among the GPU DeviceClasses its claims
+/// request, by device count.
+fn dra_class_shares<'c>(
+    i: &Inputs<'c>,
+    claims_by_name: &HashMap<(&str, &str), &'c ResourceClaimInfo>,
+    p: &PodClaim,
+    dra_gpus: f64,
+) -> Vec<(&'c str, f64)> {
+    let mut weights: BTreeMap<&str, u64> = BTreeMap::new();
+    for name in &p.resource_claims {
+        let Some(rc) = claims_by_name.get(&(p.namespace.as_str(), name.as_str())) else {
+            continue;
+        };
+        let classes = gpu_classes(rc, i.claims, i.names);
+        for r in rc
+            .requests
+            .iter()
+            .filter(|r| classes.contains(r.device_class.as_str()))
+        {
+            let w = weights.entry(r.device_class.as_str()).or_insert(0);
+            *w = w.saturating_add(r.count.max(1));
+        }
+    }
+    let total: u64 = weights.values().fold(0u64, |a, w| a.saturating_add(*w));
+    weights
+        .into_iter()
+        .map(|(class, w)| (class, dra_gpus * w as f64 / total.max(1) as f64))
+        .collect()
+}
+
+fn claims_by_name(claims: &Claims) -> HashMap<(&str, &str), &ResourceClaimInfo> {
+    claims
+        .resource_claims
+        .iter()
+        .map(|rc| ((rc.namespace.as_str(), rc.name.as_str()), rc))
+        .collect()
+}
+
+/// Kueue's resource name for each DeviceClass its `deviceClassMappings` name (the first
+/// mapping naming a class wins, as Kueue's validation allows a class in one mapping only).
+fn mapped_names(claims: &Claims) -> HashMap<&str, &str> {
+    let mut out = HashMap::new();
+    for m in claims.kueue.device_class_mappings.iter().flatten() {
+        for class in &m.device_classes {
+            out.entry(class.as_str()).or_insert(m.name.as_str());
+        }
+    }
+    out
+}
+
+/// Resource names Kueue maps to a GPU DeviceClass (of a counted driver): quota of these is
+/// GPU quota.
+fn mapped_gpu_resources<'c>(claims: &'c Claims, names: &ResourceNames) -> BTreeSet<&'c str> {
+    claims
+        .kueue
+        .device_class_mappings
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.device_classes.iter().any(|class| {
+                claims
+                    .device_classes
+                    .iter()
+                    .find(|c| &c.name == class)
+                    .is_some_and(|c| c.drivers.iter().any(|d| names.is_gpu_driver(d)))
+            })
+        })
+        .map(|m| m.name.as_str())
+        .collect()
+}
+
 /// Per namespace and GPU resource of a ResourceQuota.
 pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
     // (namespace, resource) → (hard, used of the key with that hard).
@@ -209,12 +288,7 @@ pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
     if limits.is_empty() {
         return Vec::new();
     }
-    let claims_by_name: HashMap<(&str, &str), &ResourceClaimInfo> = i
-        .claims
-        .resource_claims
-        .iter()
-        .map(|rc| ((rc.namespace.as_str(), rc.name.as_str()), rc))
-        .collect();
+    let claims_by_name = claims_by_name(i.claims);
     let pod_claims: HashMap<(&str, &str), &PodClaim> = i
         .claims
         .pods
@@ -241,24 +315,7 @@ pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
         let Some(p) = pod_claims.get(&(row.namespace.as_str(), row.pod.as_str())) else {
             continue;
         };
-        let mut weights: BTreeMap<&str, u64> = BTreeMap::new();
-        for name in &p.resource_claims {
-            let Some(rc) = claims_by_name.get(&(p.namespace.as_str(), name.as_str())) else {
-                continue;
-            };
-            let classes = gpu_classes(rc, i.claims, i.names);
-            for r in rc
-                .requests
-                .iter()
-                .filter(|r| classes.contains(r.device_class.as_str()))
-            {
-                let w = weights.entry(r.device_class.as_str()).or_insert(0);
-                *w = w.saturating_add(r.count.max(1));
-            }
-        }
-        let total: u64 = weights.values().fold(0u64, |a, w| a.saturating_add(*w));
-        for (class, w) in weights {
-            let share = dra_gpus * w as f64 / total.max(1) as f64;
+        for (class, share) in dra_class_shares(i, &claims_by_name, p, dra_gpus) {
             evidence
                 .entry((
                     row.namespace.as_str(),
@@ -287,44 +344,122 @@ pub(super) fn quota_rows(i: &Inputs<'_>) -> Vec<QuotaRow> {
         .collect()
 }
 
-/// The Workloads each GPU pod belongs to: its controller's uid (or its own) among a Workload's
-/// owners, in the same namespace.
-fn workload_of<'w>(
-    owners: &HashMap<(&str, &str), &'w WorkloadInfo>,
-    p: &PodClaim,
-) -> Option<&'w WorkloadInfo> {
-    p.controller
-        .as_ref()
-        .and_then(|c| owners.get(&(p.namespace.as_str(), c.uid.as_str())))
-        .or_else(|| owners.get(&(p.namespace.as_str(), p.uid.as_str())))
-        .copied()
+/// (namespace, owner group, owner kind, owner name) of a Workload's owner.
+type OwnerKey<'w> = (&'w str, &'w str, &'w str, &'w str);
+/// The Workload of such an owner and the owner's uid; `None` when two Workloads have one.
+type OwnerMatch<'w> = Option<(&'w WorkloadInfo, &'w str)>;
+
+/// The Workloads of one refresh, indexed for the pod join.
+struct WorkloadIndex<'w> {
+    /// (namespace, owner uid) → Workload. A uid owned by two Workloads is dropped (ambiguous).
+    owners_by_uid: HashMap<(&'w str, &'w str), &'w WorkloadInfo>,
+    /// (namespace, Workload name) → Workload.
+    workloads: HashMap<(&'w str, &'w str), &'w WorkloadInfo>,
+    /// Owners of a kind of [`OWNER_LABELS`] by group, kind and name (ambiguous ones `None`).
+    owners_by_name: HashMap<OwnerKey<'w>, OwnerMatch<'w>>,
 }
 
-/// Owner uid → Workload, for the pod join. A uid owned by two Workloads is dropped (ambiguous).
-fn owner_index(workloads: &[WorkloadInfo]) -> HashMap<(&str, &str), &WorkloadInfo> {
-    let mut out: HashMap<(&str, &str), &WorkloadInfo> = HashMap::new();
-    let mut twice: Vec<(&str, &str)> = Vec::new();
-    for w in workloads {
-        for o in w.owners.iter().filter(|o| !o.uid.is_empty()) {
-            let key = (w.namespace.as_str(), o.uid.as_str());
-            if out.insert(key, w).is_some() {
-                twice.push(key);
+impl<'w> WorkloadIndex<'w> {
+    fn new(all: &'w [WorkloadInfo]) -> Self {
+        let mut owners_by_uid: HashMap<(&str, &str), &WorkloadInfo> = HashMap::new();
+        let mut twice: Vec<(&str, &str)> = Vec::new();
+        let mut workloads_by_name = HashMap::new();
+        let mut owners_by_name = HashMap::new();
+        for w in all {
+            workloads_by_name.insert((w.namespace.as_str(), w.name.as_str()), w);
+            for o in &w.owners {
+                if !o.uid.is_empty() {
+                    let key = (w.namespace.as_str(), o.uid.as_str());
+                    if owners_by_uid.insert(key, w).is_some() {
+                        twice.push(key);
+                    }
+                }
+                if OWNER_LABELS
+                    .iter()
+                    .any(|r| r.group == o.group && r.kind == o.kind)
+                {
+                    let key = (
+                        w.namespace.as_str(),
+                        o.group.as_str(),
+                        o.kind.as_str(),
+                        o.name.as_str(),
+                    );
+                    owners_by_name
+                        .entry(key)
+                        .and_modify(|e| *e = None)
+                        .or_insert(Some((w, o.uid.as_str())));
+                }
             }
         }
+        for k in twice {
+            owners_by_uid.remove(&k);
+        }
+        WorkloadIndex {
+            owners_by_uid,
+            workloads: workloads_by_name,
+            owners_by_name,
+        }
     }
-    for k in twice {
-        out.remove(&k);
+
+    /// The Workload a GPU pod runs for, in the pod's namespace (docs/report-json.md, "queues"):
+    /// 1. its controller (or the pod itself) is one of the Workload's owners (Job, Pod,
+    ///    RayCluster, …);
+    /// 2. else Kueue's own annotation on the pod names the Workload;
+    /// 3. else the labels of [`OWNER_LABELS`] name exactly one Workload's owner (JobSet,
+    ///    TrainJob, RayJob), with the owner's uid where the label carries one.
+    fn workload_of(&self, p: &PodClaim) -> Option<&'w WorkloadInfo> {
+        let ns = p.namespace.as_str();
+        let by_uid = |uid: &str| self.owners_by_uid.get(&(ns, uid)).copied();
+        if let Some(w) = p
+            .controller
+            .as_ref()
+            .and_then(|c| by_uid(&c.uid))
+            .or_else(|| by_uid(&p.uid))
+        {
+            return Some(w);
+        }
+        let refs = &p.workload_refs;
+        if let Some(w) = refs
+            .workload
+            .as_deref()
+            .and_then(|name| self.workloads.get(&(ns, name)))
+        {
+            return Some(w);
+        }
+        let mut found: Option<&WorkloadInfo> = None;
+        for rule in &OWNER_LABELS {
+            let Some(name) = refs
+                .owner_labels
+                .get(rule.name_label)
+                .and_then(|v| rule.owner_name(v))
+            else {
+                continue;
+            };
+            let Some(entry) = self.owners_by_name.get(&(ns, rule.group, rule.kind, name)) else {
+                continue;
+            };
+            // Two Workloads with such an owner: neither can be told to be the pod's.
+            let (w, owner_uid) = (*entry)?;
+            let pod_uid = rule.uid_label.and_then(|l| refs.owner_labels.get(l));
+            if pod_uid.is_some_and(|u| !owner_uid.is_empty() && u != owner_uid) {
+                continue;
+            }
+            match found {
+                Some(f) if f.uid != w.uid || f.name != w.name => return None,
+                _ => found = Some(w),
+            }
+        }
+        found
     }
-    out
 }
 
-/// Per ClusterQueue, flavor and GPU resource.
-pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
+/// (cluster queue, flavor, resource) → busy and idle GPU equivalents of the pods of admitted,
+/// unfinished Workloads.
+fn queue_evidence<'i>(i: &Inputs<'i>) -> HashMap<(&'i str, &'i str, &'i str), Evidence> {
     let k = &i.claims.kueue;
-    if !k.enabled || k.cluster_queues.is_empty() {
-        return Vec::new();
-    }
-    let owners = owner_index(&k.workloads);
+    let index = WorkloadIndex::new(&k.workloads);
+    let claims_by_name = claims_by_name(i.claims);
+    let mapped_names = mapped_names(i.claims);
     let pod_claims: HashMap<(&str, &str), &PodClaim> = i
         .claims
         .pods
@@ -337,30 +472,62 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
         let Some(p) = pod_claims.get(&(row.namespace.as_str(), row.pod.as_str())) else {
             continue;
         };
-        let Some(w) = workload_of(&owners, p).filter(|w| w.holds_quota()) else {
+        let Some(w) = index.workload_of(p).filter(|w| w.holds_quota()) else {
             continue;
         };
         let Some(adm) = &w.admission else { continue };
-        for (resource, gpus) in &row.gpus_by_resource {
-            // The flavor Kueue assigned for the resource (the first pod set naming it: pods are
-            // not told apart by pod set).
-            let Some(flavor) = adm
-                .assignments
-                .iter()
-                .find_map(|a| a.flavors.get(resource.as_str()))
+        // DRA GPUs count under the resource Kueue maps their DeviceClass to.
+        let dra_gpus: f64 = row
+            .gpus_by_resource
+            .iter()
+            .filter(|(r, _)| r.starts_with(DRA_RESOURCE_PREFIX))
+            .map(|(_, g)| g)
+            .sum();
+        let mapped: Vec<(&str, f64)> = if dra_gpus > 0.0 {
+            dra_class_shares(i, &claims_by_name, p, dra_gpus)
+                .into_iter()
+                .filter_map(|(class, share)| mapped_names.get(class).map(|name| (*name, share)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let held = row
+            .gpus_by_resource
+            .iter()
+            .filter(|(r, _)| !r.starts_with(DRA_RESOURCE_PREFIX))
+            .map(|(r, g)| (r.as_str(), *g))
+            .chain(mapped);
+        for (resource, gpus) in held {
+            // The flavor Kueue assigned for the resource to the pod's pod set (Kueue's pod-set
+            // label), else to the first pod set naming it.
+            let of_pod_set = p.workload_refs.pod_set.as_deref().and_then(|set| {
+                adm.assignments
+                    .iter()
+                    .find(|a| a.name == set)
+                    .and_then(|a| a.flavors.get(resource))
+            });
+            let Some(flavor) =
+                of_pod_set.or_else(|| adm.assignments.iter().find_map(|a| a.flavors.get(resource)))
             else {
                 continue;
             };
             evidence
-                .entry((
-                    adm.cluster_queue.as_str(),
-                    flavor.as_str(),
-                    resource.as_str(),
-                ))
+                .entry((adm.cluster_queue.as_str(), flavor.as_str(), resource))
                 .or_default()
-                .add(row, *gpus);
+                .add(row, gpus);
         }
     }
+    evidence
+}
+
+/// Per ClusterQueue, flavor and GPU resource.
+pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
+    let k = &i.claims.kueue;
+    if !k.enabled || k.cluster_queues.is_empty() {
+        return Vec::new();
+    }
+    let gpu_mapped = mapped_gpu_resources(i.claims, i.names);
+    let evidence = queue_evidence(i);
     // Pending GPU workloads per ClusterQueue (through the LocalQueue of their namespace).
     let local: HashMap<(&str, &str), &str> = k
         .local_queues
@@ -394,11 +561,9 @@ pub(super) fn queue_rows(i: &Inputs<'_>) -> Vec<QueueRow> {
     for cq in &k.cluster_queues {
         let (pending_workloads, oldest) =
             pending.get(cq.name.as_str()).copied().unwrap_or((0, None));
-        for q in cq
-            .quotas
-            .iter()
-            .filter(|q| i.names.classify(&q.resource).is_some())
-        {
+        for q in cq.quotas.iter().filter(|q| {
+            i.names.classify(&q.resource).is_some() || gpu_mapped.contains(q.resource.as_str())
+        }) {
             let e = evidence
                 .get(&(cq.name.as_str(), q.flavor.as_str(), q.resource.as_str()))
                 .copied()
@@ -484,12 +649,13 @@ pub(super) fn unquotaed_claims(i: &Inputs<'_>) -> Vec<UnquotaedClaim> {
             }
         }
     }
-    let owners = owner_index(&c.kueue.workloads);
+    let index = WorkloadIndex::new(&c.kueue.workloads);
+    let mapped = mapped_names(c);
     // Claims used by a pod of a Kueue workload.
     let mut queued: BTreeSet<(&str, &str)> = BTreeSet::new();
     if c.kueue.enabled {
         for p in &c.pods {
-            if workload_of(&owners, p).is_some() {
+            if index.workload_of(p).is_some() {
                 for name in &p.resource_claims {
                     queued.insert((p.namespace.as_str(), name.as_str()));
                 }
@@ -500,9 +666,16 @@ pub(super) fn unquotaed_claims(i: &Inputs<'_>) -> Vec<UnquotaedClaim> {
         .resource_claims
         .iter()
         .filter(|rc| is_gpu_claim(rc, c, i.names))
-        .filter(|rc| !queued.contains(&(rc.namespace.as_str(), rc.name.as_str())))
         .filter_map(|rc| {
             let classes = gpu_classes(rc, c, i.names);
+            // Kueue counts a pod's DRA devices against its queue only through a mapping of
+            // their class; with the mappings unknown the queue is trusted.
+            let in_queue = queued.contains(&(rc.namespace.as_str(), rc.name.as_str()))
+                && (c.kueue.device_class_mappings.is_none()
+                    || (!classes.is_empty() && classes.iter().all(|k| mapped.contains_key(k))));
+            if in_queue {
+                return None;
+            }
             let covered = !classes.is_empty()
                 && classes
                     .iter()

@@ -38,6 +38,7 @@ impl PodB {
             placement: crate::ledger::claims::Placement::default(),
             scheduling_gates: Vec::new(),
             finalizers: Vec::new(),
+            workload_refs: crate::ledger::kueue::WorkloadRefs::default(),
         })
     }
     fn on_node(mut self, n: &str) -> Self {

@@ -23,8 +23,12 @@
 //!   untouched. As root that is all; otherwise a user namespace is added (`--map-root-user`).
 //! * The visibility API server (an aggregated API, on by default since v0.9) is switched off
 //!   (`VisibilityOnDemand: false`): nothing here reads it, and it would bind all interfaces.
-//! * Only the `batch/job` integration is enabled; the webhooks of the others answer as Kueue's
-//!   no-op webhooks do for disabled integrations.
+//! * The `batch/job` and `jobset.x-k8s.io/jobset` integrations are enabled; the webhooks of the
+//!   others answer as Kueue's no-op webhooks do for disabled integrations. JobSet's CRD is the
+//!   real one, from the `sigs.k8s.io/jobset` module at the version Kueue's go.mod pins
+//!   ([`install_jobset_crd`]). JobSet's controller does not run here (it is a separate
+//!   operator with its own webhooks and certificates): [`jobset_child_job`] makes a JobSet's
+//!   Jobs the way it would.
 //!
 //! Jobs need kube-controller-manager's Job controller: start the control plane with
 //! [`tier_b_options`]. The process is killed when the [`Kueue`] value is dropped; if that
@@ -59,6 +63,34 @@ pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 pub const NAMESPACE: &str = "kueue-system";
 /// Prefix of the webhook configurations' names, as `config/default`'s `namePrefix` gives them.
 const NAME_PREFIX: &str = "kueue-";
+
+/// Name of the resource the test Configuration maps DeviceClass `gpu.nvidia.com` to
+/// (`resources.deviceClassMappings`; Kueue's DRA gate stays off, so only gpu-ledger reads it).
+pub const DEVICE_CLASS_MAPPING: &str = "example.com/gpu";
+/// Kueue's manager ConfigMap, as its manifests name it, and the key of its Configuration.
+pub const CONFIG_MAP: &str = "kueue-manager-config";
+pub const CONFIG_KEY: &str = "controller_manager_config.yaml";
+
+/// Creates (or replaces) the ConfigMap [`CONFIG_MAP`] in [`NAMESPACE`] holding `config`.
+async fn put_config_map(cp: &ControlPlane, config: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let admin = cp.client("admin").await?;
+    crate::stack::ensure_namespace(&admin, NAMESPACE).await?;
+    let api: Api<ConfigMap> = Api::namespaced(admin, NAMESPACE);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
+        "data": {CONFIG_KEY: config},
+    }))
+    .context("ConfigMap")?;
+    api.patch(
+        CONFIG_MAP,
+        &PatchParams::apply("gpu-ledger-testkit").force(),
+        &Patch::Apply(&cm),
+    )
+    .await
+    .with_context(|| format!("applying ConfigMap {NAMESPACE}/{CONFIG_MAP}"))?;
+    Ok(())
+}
 
 /// Mounts the metrics certificate where Kueue reads it, inside the process's own mount
 /// namespace: `$1` an empty directory for the tmpfs, `$2` the directory holding `tls.crt` and
@@ -170,6 +202,185 @@ pub fn kueue_bin() -> Result<PathBuf> {
     }
 }
 
+/// The JobSet module; its version is the one Kueue's go.mod pins (v0.11.1 for Kueue v0.17.0).
+pub const JOBSET_MODULE: &str = "sigs.k8s.io/jobset";
+/// JobSet's API group and the version JobSet v0.11 serves.
+pub const JOBSET_GROUP: &str = "jobset.x-k8s.io";
+pub const JOBSET_VERSION: &str = "v1alpha2";
+
+/// The directory of `module` at the version Kueue's go.mod requires (`scripts/build-kueue.sh
+/// --print-dependency=MODULE`: `go mod download` fetches it once, and `go install` of Kueue
+/// already has).
+pub fn dependency_dir(module: &str) -> Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-kueue.sh");
+    let mut cmd = Command::new(&script);
+    cmd.arg(format!("--print-dependency={module}"));
+    let out = crate::process::run_ok(cmd, None)
+        .with_context(|| format!("asking {} for module {module}", script.display()))?;
+    Ok(PathBuf::from(out.trim()))
+}
+
+/// The `jobset.x-k8s.io/v1alpha2` JobSet resource.
+pub fn jobset_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(JOBSET_GROUP, JOBSET_VERSION, "JobSet"),
+        "jobsets",
+    )
+}
+
+/// Installs JobSet's CRD from its module (`config/components/crd/bases/
+/// jobset.x-k8s.io_jobsets.yaml`) and waits until it is Established.
+pub async fn install_jobset_crd(cp: &ControlPlane) -> Result<()> {
+    let file = dependency_dir(JOBSET_MODULE)?
+        .join("config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml");
+    let crd: CustomResourceDefinition = serde_norway::from_str(&read(&file)?)
+        .with_context(|| format!("parsing CRD {}", file.display()))?;
+    cp.install_crd(&crd).await?;
+    Ok(())
+}
+
+/// Job `job_index` of replicated job `rjob_index` of a JobSet, as JobSet v0.11.1's controller
+/// makes it (`pkg/controllers/jobset_controller.go`: `constructJob` and
+/// `labelAndAnnotateObject`; `pkg/util/placement`'s `GenJobName`): named
+/// `<jobset>-<replicated job>-<index>`, the replicated job's template with JobSet's labels and
+/// the same annotations on the Job and on its pod template, suspended as the JobSet is, and
+/// controlled by the JobSet (`ctrl.SetControllerReference`: controller and
+/// blockOwnerDeletion). Options that add more (DNS hostnames, exclusive placement, a
+/// coordinator, volume claim policies) are not emulated: the caller's JobSet must not use them.
+pub fn jobset_child_job(js: &DynamicObject, rjob_index: usize, job_index: u32) -> Result<Job> {
+    let name = js
+        .metadata
+        .name
+        .as_deref()
+        .context("JobSet without a name")?;
+    let namespace = js
+        .metadata
+        .namespace
+        .as_deref()
+        .context("JobSet without a namespace")?;
+    let uid = js.metadata.uid.as_deref().context("JobSet without a uid")?;
+    let rjobs = js.data["spec"]["replicatedJobs"]
+        .as_array()
+        .context("JobSet without spec.replicatedJobs")?;
+    let rjob = rjobs
+        .get(rjob_index)
+        .with_context(|| format!("JobSet {name} has no replicated job {rjob_index}"))?;
+    let rjob_name = rjob["name"]
+        .as_str()
+        .context("replicated job without a name")?;
+    let replicas = |r: &Value| r["replicas"].as_u64().unwrap_or(1);
+    // The webhook JobSet would run defaults an empty group name to "default".
+    let group = |r: &Value| r["groupName"].as_str().unwrap_or("default").to_string();
+    let job_name = format!("{name}-{rjob_name}-{job_index}");
+    let global_replicas: u64 = rjobs.iter().map(replicas).sum();
+    let global_index: u64 = rjobs
+        .iter()
+        .take_while(|r| r["name"] != rjob_name)
+        .map(replicas)
+        .sum::<u64>()
+        + u64::from(job_index);
+    let my_group = group(rjob);
+    let in_group = || rjobs.iter().filter(|r| group(r) == my_group);
+    let group_replicas: u64 = in_group().map(replicas).sum();
+    let group_index: u64 = in_group()
+        .take_while(|r| r["name"] != rjob_name)
+        .map(replicas)
+        .sum::<u64>()
+        + u64::from(job_index);
+    let restarts = js.data["status"]["restarts"].as_u64().unwrap_or(0);
+    let keys: [(&str, String); 12] = [
+        ("jobset.sigs.k8s.io/jobset-name", name.to_string()),
+        ("jobset.sigs.k8s.io/jobset-uid", uid.to_string()),
+        (
+            "jobset.sigs.k8s.io/replicatedjob-name",
+            rjob_name.to_string(),
+        ),
+        ("jobset.sigs.k8s.io/restart-attempt", restarts.to_string()),
+        (
+            "jobset.sigs.k8s.io/replicatedjob-replicas",
+            replicas(rjob).to_string(),
+        ),
+        (
+            "jobset.sigs.k8s.io/global-replicas",
+            global_replicas.to_string(),
+        ),
+        ("jobset.sigs.k8s.io/job-index", job_index.to_string()),
+        (
+            "jobset.sigs.k8s.io/job-key",
+            sha1_hex(&format!("{namespace}/{job_name}"))?,
+        ),
+        (
+            "jobset.sigs.k8s.io/job-global-index",
+            global_index.to_string(),
+        ),
+        ("jobset.sigs.k8s.io/group-name", my_group.clone()),
+        (
+            "jobset.sigs.k8s.io/group-replicas",
+            group_replicas.to_string(),
+        ),
+        (
+            "jobset.sigs.k8s.io/job-group-index",
+            group_index.to_string(),
+        ),
+    ];
+    let label = |meta: &mut Value| {
+        for field in ["labels", "annotations"] {
+            if !meta[field].is_object() {
+                meta[field] = json!({});
+            }
+            for (k, v) in &keys {
+                meta[field][*k] = json!(v);
+            }
+        }
+    };
+    let template = &rjob["template"];
+    let mut meta = json!({
+        "name": job_name,
+        "namespace": namespace,
+        "labels": template["metadata"]["labels"].clone(),
+        "annotations": template["metadata"]["annotations"].clone(),
+        "ownerReferences": [{
+            "apiVersion": format!("{JOBSET_GROUP}/{JOBSET_VERSION}"),
+            "kind": "JobSet",
+            "name": name,
+            "uid": uid,
+            "controller": true,
+            "blockOwnerDeletion": true,
+        }],
+    });
+    label(&mut meta);
+    let mut spec = template["spec"].clone();
+    if !spec["template"]["metadata"].is_object() {
+        spec["template"]["metadata"] = json!({});
+    }
+    label(&mut spec["template"]["metadata"]);
+    spec["suspend"] = json!(js.data["spec"]["suspend"].as_bool().unwrap_or(false));
+    serde_json::from_value(json!({"metadata": meta, "spec": spec}))
+        .with_context(|| format!("Job {job_name} of JobSet {name}"))
+}
+
+/// The hex SHA-1 of `s` (JobSet's `sha1Hash`), by coreutils' `sha1sum`.
+fn sha1_hex(s: &str) -> Result<String> {
+    use std::io::Write as _;
+    let mut child = Command::new("sha1sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("running sha1sum")?;
+    child
+        .stdin
+        .take()
+        .context("sha1sum's stdin")?
+        .write_all(s.as_bytes())?;
+    let out = child.wait_with_output()?;
+    let text = String::from_utf8(out.stdout)?;
+    text.split_whitespace()
+        .next()
+        .filter(|h| h.len() == 40)
+        .map(str::to_string)
+        .with_context(|| format!("sha1sum answered {text:?}"))
+}
+
 /// Kueue's module directory: `$KUEUE_MODULE_DIR`, else `scripts/build-kueue.sh --print-module`
 /// (the Go module cache; `go mod download` fetches it once).
 pub fn module_dir() -> Result<PathBuf> {
@@ -245,6 +456,8 @@ impl Kueue {
     /// answered through the apiserver). Generous timeouts: minutes on a busy machine.
     pub async fn start(cp: &ControlPlane) -> Result<Self> {
         install_crds(cp).await?;
+        // Before Kueue starts: it sets up an integration only when its CRD is served.
+        install_jobset_crd(cp).await?;
         let module = module_dir()?;
         let bin = kueue_bin()?;
         let dir = cp.dir().join("kueue");
@@ -295,13 +508,23 @@ internalCertManagement:
 integrations:
   frameworks:
   - batch/job
+  - jobset.x-k8s.io/jobset
 featureGates:
   VisibilityOnDemand: false
+resources:
+  deviceClassMappings:
+  - name: {DEVICE_CLASS_MAPPING}
+    deviceClassNames:
+    - gpu.nvidia.com
 ",
             certs = certs.display()
         );
         let config_path = dir.join("config.yaml");
         write(&config_path, &config)?;
+        // Where Kueue's manifests install its Configuration (`config/components/manager`,
+        // namePrefix `kueue-`): gpu-ledger reads its deviceClassMappings from there. The
+        // process itself reads the file, as the manifests' mount does.
+        put_config_map(cp, &config).await?;
         let mount_dir = dir.join(format!("etc-overlay-{attempt}"));
         std::fs::create_dir_all(&mount_dir)?;
 
@@ -579,6 +802,51 @@ mod tests {
             "b"
         );
         assert!(config["webhooks"][1].get("namespaceSelector").is_none());
+    }
+
+    #[test]
+    fn a_jobset_child_job_carries_jobsets_labels_and_owner() {
+        // job-key is JobSet's `jobHashKey`: the SHA-1 of "<namespace>/<job name>".
+        let js: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "js", "namespace": "ns", "uid": "js-uid"},
+            "spec": {"suspend": false, "replicatedJobs": [
+                {"name": "driver", "replicas": 1, "template": {"spec": {"template": {"spec": {}}}}},
+                {"name": "workers", "replicas": 2, "template": {
+                    "metadata": {"labels": {"mine": "kept"}},
+                    "spec": {"template": {"metadata": {"annotations": {"a": "b"}}, "spec": {}}}}}
+            ]}
+        }))
+        .expect("JobSet");
+        let job = jobset_child_job(&js, 1, 1).expect("job");
+        let meta = &job.metadata;
+        assert_eq!(meta.name.as_deref(), Some("js-workers-1"));
+        let labels = meta.labels.clone().unwrap_or_default();
+        assert_eq!(labels["mine"], "kept");
+        assert_eq!(labels["jobset.sigs.k8s.io/jobset-uid"], "js-uid");
+        assert_eq!(labels["jobset.sigs.k8s.io/job-global-index"], "2");
+        assert_eq!(labels["jobset.sigs.k8s.io/global-replicas"], "3");
+        assert_eq!(
+            labels["jobset.sigs.k8s.io/job-key"],
+            sha1_hex("ns/js-workers-1").expect("sha1")
+        );
+        let owner = &meta.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("JobSet", Some(true))
+        );
+        let spec = job.spec.expect("spec");
+        assert_eq!(spec.suspend, Some(false));
+        let pod_meta = spec.template.metadata.expect("pod metadata");
+        assert_eq!(pod_meta.annotations.unwrap_or_default()["a"], "b");
+        assert_eq!(
+            pod_meta.labels.unwrap_or_default()["jobset.sigs.k8s.io/jobset-name"],
+            "js"
+        );
+        assert_eq!(
+            sha1_hex("abc").expect("sha1"),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
     }
 
     #[test]

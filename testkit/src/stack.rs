@@ -242,11 +242,15 @@ pub async fn ensure_namespace(admin: &kube::Client, name: &str) -> Result<()> {
     }
 }
 
+/// The namespace the shipped manifests (`deploy/`) install the release in.
+const SHIPPED_NAMESPACE: &str = "gpu-ledger";
+
 /// Applies the RBAC objects of `yaml` (multi-document; the shipped files under
 /// `deploy/kustomize`) so the token user `user` gets exactly the shipped permissions:
-/// ClusterRoles and Roles are created as written (Roles in `namespace`), every
+/// ClusterRoles and Roles are created as written (Roles in `namespace`, except those the
+/// manifests put in another project's namespace, e.g. kueue-system, which stay there), every
 /// ClusterRoleBinding / RoleBinding gets its subjects replaced by `User user` (RoleBindings in
-/// `namespace`). Other kinds (ServiceAccount, Deployment, …) are ignored. Existing objects are
+/// `namespace`, with the same exception). Other kinds (ServiceAccount, Deployment, …) are ignored. Existing objects are
 /// left alone, so applying twice is harmless.
 pub async fn apply_rbac(
     admin: &kube::Client,
@@ -273,15 +277,23 @@ pub async fn apply_rbac(
             v["subjects"] =
                 json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]);
         }
+        // An object the shipped manifests put in another project's namespace (the Role on
+        // Kueue's ConfigMap in kueue-system) stays there; the release's own move to `namespace`.
+        let own = v["metadata"]["namespace"]
+            .as_str()
+            .filter(|ns| *ns != SHIPPED_NAMESPACE)
+            .map(str::to_string);
+        let target = own.unwrap_or_else(|| namespace.to_string());
         if namespaced {
-            v["metadata"]["namespace"] = json!(namespace);
+            ensure_namespace(admin, &target).await?;
+            v["metadata"]["namespace"] = json!(target);
         }
         let ar = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", &kind),
             plural,
         );
         let api: Api<DynamicObject> = if namespaced {
-            Api::namespaced_with(admin.clone(), namespace, &ar)
+            Api::namespaced_with(admin.clone(), &target, &ar)
         } else {
             Api::all_with(admin.clone(), &ar)
         };

@@ -204,3 +204,85 @@ fn local_queues_and_flavors_project() {
     assert_eq!(f.name, "a100");
     assert_eq!(f.node_labels.len(), 1);
 }
+
+fn config(yaml: &str) -> BTreeMap<String, String> {
+    [(CONFIG_KEY.to_string(), yaml.to_string())].into()
+}
+
+#[test]
+fn device_class_mappings_are_read_from_kueues_configuration() {
+    // Kueue v0.17.0's own DRA end-to-end configuration
+    // (sigs.k8s.io/kueue@v0.17.0 test/e2e/config/dra/controller_manager_config.yaml).
+    let yaml = r#"apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+metrics:
+  enableClusterQueueResources: true
+leaderElection:
+  leaderElect: true
+controller:
+  groupKindConcurrency:
+    Job.batch: 5
+    Pod: 5
+    Workload.kueue.x-k8s.io: 5
+    LocalQueue.kueue.x-k8s.io: 1
+    ClusterQueue.kueue.x-k8s.io: 1
+    ResourceFlavor.kueue.x-k8s.io: 1
+clientConnection:
+  qps: 50
+  burst: 100
+integrations:
+  frameworks:
+  - "batch/job"
+  - "pod"
+featureGates:
+  DynamicResourceAllocation: true
+  DRAExtendedResources: true
+resources:
+  deviceClassMappings:
+  - name: gpu
+    deviceClassNames:
+    - gpu.example.com
+"#;
+    let m = device_class_mappings("kueue-system/kueue-manager-config", &config(yaml))
+        .expect("mappings");
+    assert_eq!(
+        m,
+        vec![DeviceClassMapping {
+            name: "gpu".into(),
+            device_classes: vec!["gpu.example.com".into()],
+        }]
+    );
+    // Kueue's default manager configuration (config/components/manager) maps nothing.
+    let plain = "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n\
+        integrations:\n  frameworks:\n  - \"batch/job\"\n";
+    assert_eq!(
+        device_class_mappings("cm", &config(plain)).expect("none"),
+        vec![]
+    );
+}
+
+#[test]
+fn a_configuration_kueue_would_refuse_is_an_error_naming_the_config_map() {
+    let err = |yaml: &str| {
+        device_class_mappings("kueue-system/kueue-manager-config", &config(yaml))
+            .expect_err("invalid")
+            .to_string()
+    };
+    let e = err("resources:\n  deviceClassMappings:\n  - name: gpu\n    deviceClassNames: []\n");
+    assert!(e.contains("kueue-system/kueue-manager-config"), "{e}");
+    assert!(e.contains("0 DeviceClasses"), "{e}");
+    let many = (0..17)
+        .map(|i| format!("  - name: r{i}\n    deviceClassNames: [c{i}]\n"))
+        .collect::<Vec<_>>()
+        .concat();
+    let e = err(&format!("resources:\n  deviceClassMappings:\n{many}"));
+    assert!(e.contains("17 mappings"), "{e}");
+    let e = err(&format!(
+        "resources:\n  deviceClassMappings:\n  - name: gpu\n    deviceClassNames: [{}]\n",
+        "c".repeat(254)
+    ));
+    assert!(e.contains("too long"), "{e}");
+    assert!(err("resources: [").contains("no Kueue Configuration"));
+    let missing = device_class_mappings("ns/cm", &BTreeMap::new()).expect_err("no key");
+    assert!(missing.to_string().contains(CONFIG_KEY), "{missing}");
+}

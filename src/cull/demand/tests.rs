@@ -244,6 +244,7 @@ fn a_scheduling_gated_pod_gets_no_stop() {
             placement: crate::ledger::claims::Placement::default(),
             scheduling_gates: vec!["kueue.x-k8s.io/admission".into()],
             finalizers: Vec::new(),
+            workload_refs: crate::ledger::kueue::WorkloadRefs::default(),
         })],
         ..Claims::default()
     };

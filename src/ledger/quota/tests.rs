@@ -9,8 +9,8 @@ use crate::ledger::claims::{
     DeviceClassInfo, DraAllocation, DraRequest, OwnerRef, Placement, PodPhase, QuotaInfo,
 };
 use crate::ledger::kueue::{
-    Admission, ClusterQueueInfo, FlavorQuota, FlavorUsage, KueueInputs, LocalQueueInfo,
-    PodSetAssignment, PodSetInfo, WorkloadOwner,
+    Admission, ClusterQueueInfo, DeviceClassMapping, FlavorQuota, FlavorUsage, KueueInputs,
+    LocalQueueInfo, PodSetAssignment, PodSetInfo, WorkloadOwner, WorkloadRefs,
 };
 use crate::ledger::{PodRow, PodState};
 
@@ -45,6 +45,7 @@ fn pod_claim(ns: &str, name: &str, job_uid: &str) -> PodClaim {
         placement: Placement::default(),
         scheduling_gates: Vec::new(),
         finalizers: Vec::new(),
+        workload_refs: WorkloadRefs::default(),
     }
 }
 
@@ -415,6 +416,7 @@ fn cohort(lender_idle: Option<bool>) -> (Claims, Vec<PodRow>) {
                 workload("team-s", "train", "lq-s"),
                 finished,
             ],
+            device_class_mappings: None,
         },
         ..Claims::default()
     };
@@ -598,4 +600,348 @@ fn a_queue_that_cannot_borrow_the_idle_quota_is_not_starved() {
         starved(&claims, &pods),
         (true, vec!["lender".to_string()], 1)
     );
+}
+
+// === Issue 37, item 4: deeper owner chains ===
+
+/// The lender's admitted workload, owned by `owner` instead of a Job, and its pod `nb-job-0`
+/// controlled by `controller` (the object in between: a Job, a RayCluster) and carrying
+/// `refs`. The pod is idle: a joined pod shows as the lender's idle quota.
+fn chain(owner: WorkloadOwner, controller: OwnerRef, refs: WorkloadRefs) -> (Claims, Vec<PodRow>) {
+    let (mut claims, pods) = cohort(Some(true));
+    claims.kueue.workloads[0].owners = vec![owner];
+    let mut p = pod_claim("team-l", "nb-job-0", "");
+    p.controller = Some(controller);
+    p.workload_refs = refs;
+    claims.pods = vec![p.into()];
+    (claims, pods)
+}
+
+fn owner(group: &str, kind: &str, name: &str, uid: &str) -> WorkloadOwner {
+    WorkloadOwner {
+        group: group.into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+fn controller(group: &str, kind: &str, name: &str, uid: &str) -> OwnerRef {
+    OwnerRef {
+        group: group.into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+fn refs(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> WorkloadRefs {
+    let map = |kv: &[(&str, &str)]| {
+        kv.iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    WorkloadRefs::read(Some(&map(labels)), Some(&map(annotations)))
+}
+
+/// The lender's idle GPU equivalents: 1.0 when the pod joined its workload, 0.0 when not.
+fn lender_idle(claims: &Claims, pods: &[PodRow]) -> Option<f64> {
+    let names = ResourceNames::default();
+    queue_rows(&inputs(claims, pods, &names))
+        .iter()
+        .find(|r| r.cluster_queue == "lender")
+        .and_then(|r| r.idle)
+}
+
+/// Labels as `sigs.k8s.io/jobset` v0.11.1 `labelAndAnnotateObject` writes them on a child Job's
+/// pod template (`jobset_controller.go`), for JobSet `name` with uid `uid`.
+fn jobset_pod_labels<'a>(name: &'a str, uid: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("jobset.sigs.k8s.io/jobset-name", name),
+        ("jobset.sigs.k8s.io/jobset-uid", uid),
+        ("jobset.sigs.k8s.io/replicatedjob-name", "workers"),
+        ("jobset.sigs.k8s.io/job-index", "0"),
+        ("batch.kubernetes.io/job-name", "train-workers-0"),
+    ]
+}
+
+#[test]
+fn a_jobset_pod_joins_the_workload_of_its_jobset() {
+    let js = owner("jobset.x-k8s.io", "JobSet", "train", "js-uid");
+    let job = controller("batch", "Job", "train-workers-0", "job-uid");
+    let (claims, pods) = chain(
+        js.clone(),
+        job.clone(),
+        refs(&jobset_pod_labels("train", "js-uid"), &[]),
+    );
+    assert_eq!(lender_idle(&claims, &pods), Some(1.0), "JobSet → Job → Pod");
+    // A JobSet of the same name that was replaced (another uid) is not this workload's owner.
+    let (claims, pods) = chain(
+        js.clone(),
+        job.clone(),
+        refs(&jobset_pod_labels("train", "old-uid"), &[]),
+    );
+    assert_eq!(lender_idle(&claims, &pods), Some(0.0), "uid mismatch");
+    // Another JobSet's pod.
+    let (claims, pods) = chain(js, job, refs(&jobset_pod_labels("eval", "e-uid"), &[]));
+    assert_eq!(lender_idle(&claims, &pods), Some(0.0), "another JobSet");
+}
+
+#[test]
+fn a_trainjob_pod_joins_through_the_jobset_named_after_it() {
+    // Kubeflow Trainer v2.2.0 names the JobSet after the TrainJob; the uid label is the
+    // JobSet's own, not the TrainJob's.
+    let tj = owner("trainer.kubeflow.org", "TrainJob", "llama", "tj-uid");
+    let job = controller("batch", "Job", "llama-node-0", "job-uid");
+    let mut labels = jobset_pod_labels("llama", "jobset-uid");
+    labels.push(("trainer.kubeflow.org/trainjob-ancestor-step", "trainer"));
+    let (claims, pods) = chain(tj.clone(), job.clone(), refs(&labels, &[]));
+    assert_eq!(
+        lender_idle(&claims, &pods),
+        Some(1.0),
+        "TrainJob → JobSet → Job → Pod"
+    );
+    let (claims, pods) = chain(tj, job, refs(&jobset_pod_labels("other", "u"), &[]));
+    assert_eq!(lender_idle(&claims, &pods), Some(0.0));
+}
+
+#[test]
+fn a_rayjob_pod_joins_through_the_ray_cluster_generated_for_it() {
+    // KubeRay v1.6.0: RayJob `sum` → RayCluster `sum-<rand.String(5)>` → head and worker pods
+    // labelled `ray.io/cluster` with the cluster's name (`common/pod.go`, `labelPod`).
+    let rj = owner("ray.io", "RayJob", "sum", "rj-uid");
+    let cluster = |name: &str| controller("ray.io", "RayCluster", name, "rc-uid");
+    let ray_labels = |cluster: &'static str| {
+        vec![
+            ("ray.io/cluster", cluster),
+            ("ray.io/node-type", "worker"),
+            ("ray.io/group", "gpu-group"),
+            ("ray.io/is-ray-node", "yes"),
+        ]
+    };
+    let (claims, pods) = chain(
+        rj.clone(),
+        cluster("sum-x7k2p"),
+        refs(&ray_labels("sum-x7k2p"), &[]),
+    );
+    assert_eq!(
+        lender_idle(&claims, &pods),
+        Some(1.0),
+        "RayJob → RayCluster → Pod"
+    );
+    // A cluster whose name is no generated name for `sum` (`a`, `e` are not in Kubernetes'
+    // random alphabet; a suffix of 6): another RayCluster's pods.
+    for other in ["sum-abcde", "sum-x7k2pq", "sum", "summer-x7k2p"] {
+        let (claims, pods) = chain(rj.clone(), cluster(other), refs(&ray_labels(other), &[]));
+        assert_eq!(lender_idle(&claims, &pods), Some(0.0), "{other}");
+    }
+    // A standalone RayCluster's Workload is owned by the RayCluster, the pods' controller:
+    // the controller join, as for a Job.
+    let (claims, pods) = chain(
+        owner("ray.io", "RayCluster", "dev", "rc-uid"),
+        cluster("dev"),
+        refs(&ray_labels("dev"), &[]),
+    );
+    assert_eq!(lender_idle(&claims, &pods), Some(1.0), "RayCluster → Pod");
+}
+
+#[test]
+fn kueues_workload_annotation_joins_any_chain_in_the_pods_namespace() {
+    // Kueue v0.17.0 stamps the admitted Workload's name on the pod templates it starts
+    // (`kueue.x-k8s.io/workload`) and the pod set's name (`kueue.x-k8s.io/podset`), whatever
+    // the owner: here an owner no table row knows.
+    let unknown = owner("example.com", "Pipeline", "p", "p-uid");
+    let mid = controller("batch", "Job", "p-step-0", "job-uid");
+    let wl = "job-nb"; // the lender's workload name (`workload("team-l", "nb", ..)`)
+    let (claims, pods) = chain(
+        unknown.clone(),
+        mid.clone(),
+        refs(
+            &[("kueue.x-k8s.io/podset", "main")],
+            &[("kueue.x-k8s.io/workload", wl)],
+        ),
+    );
+    assert_eq!(lender_idle(&claims, &pods), Some(1.0), "annotation");
+    // The same name in another namespace is another Workload.
+    let (mut claims, pods) = chain(unknown, mid, refs(&[], &[("kueue.x-k8s.io/workload", wl)]));
+    claims.kueue.workloads[0].namespace = "team-x".into();
+    claims.kueue.local_queues[0].namespace = "team-x".into();
+    assert_eq!(lender_idle(&claims, &pods), Some(0.0), "another namespace");
+}
+
+#[test]
+fn a_pod_the_table_matches_to_two_workloads_joins_neither() {
+    // A TrainJob and a JobSet of one name each own a workload (a JobSet made outside the
+    // TrainJob): the pod's JobSet label names both.
+    let (mut claims, pods) = chain(
+        owner("trainer.kubeflow.org", "TrainJob", "x", "tj-uid"),
+        controller("batch", "Job", "x-node-0", "job-uid"),
+        refs(&jobset_pod_labels("x", "js-uid"), &[]),
+    );
+    let mut twin = claims.kueue.workloads[0].clone();
+    twin.name = "jobset-x".into();
+    twin.owners = vec![owner("jobset.x-k8s.io", "JobSet", "x", "js-uid")];
+    claims.kueue.workloads.push(twin);
+    assert_eq!(lender_idle(&claims, &pods), Some(0.0));
+}
+
+#[test]
+fn the_pod_set_label_picks_the_flavor_kueue_assigned_to_the_pods_set() {
+    // A JobSet with a launcher pod set on flavor `a100` and a workers pod set on `h100`: the
+    // workers' pod counts under h100, not the first assignment's flavor.
+    let (mut claims, pods) = chain(
+        owner("jobset.x-k8s.io", "JobSet", "train", "js-uid"),
+        controller("batch", "Job", "train-workers-0", "job-uid"),
+        refs(
+            &[
+                ("jobset.sigs.k8s.io/jobset-name", "train"),
+                ("jobset.sigs.k8s.io/jobset-uid", "js-uid"),
+                ("kueue.x-k8s.io/podset", "workers"),
+            ],
+            &[],
+        ),
+    );
+    let adm = claims.kueue.workloads[0]
+        .admission
+        .as_mut()
+        .expect("admitted");
+    adm.assignments[0].name = "launcher".into();
+    adm.assignments.push(PodSetAssignment {
+        name: "workers".into(),
+        flavors: [("nvidia.com/gpu".to_string(), "h100".to_string())].into(),
+        count: Some(1),
+    });
+    claims.kueue.cluster_queues[0]
+        .quotas
+        .push(gpu_quota("h100", 4, None));
+    let names = ResourceNames::default();
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    let idle = |flavor: &str| {
+        rows.iter()
+            .find(|r| r.cluster_queue == "lender" && r.flavor == flavor)
+            .and_then(|r| r.idle)
+    };
+    assert_eq!((idle("a100"), idle("h100")), (Some(0.0), Some(1.0)));
+}
+
+#[test]
+fn workload_refs_keep_only_values_a_controller_could_write() {
+    let long = "a".repeat(64);
+    let r = refs(
+        &[
+            ("jobset.sigs.k8s.io/jobset-name", long.as_str()),
+            ("jobset.sigs.k8s.io/jobset-uid", "js-uid"),
+            ("ray.io/cluster", "-bad"),
+            ("kueue.x-k8s.io/podset", "workers"),
+            ("unrelated", "kept-nowhere"),
+        ],
+        &[("kueue.x-k8s.io/workload", "Not_A_Name")],
+    );
+    assert_eq!(
+        r,
+        WorkloadRefs {
+            workload: None,
+            pod_set: Some("workers".into()),
+            owner_labels: [(
+                "jobset.sigs.k8s.io/jobset-uid".to_string(),
+                "js-uid".to_string()
+            )]
+            .into(),
+        }
+    );
+    let r = refs(&[], &[("kueue.x-k8s.io/workload", &"w".repeat(254))]);
+    assert!(r.is_empty(), "a name longer than 253 bytes is no name");
+}
+
+// === Issue 37, item 4: Kueue's deviceClassMappings ===
+
+/// The lender's workload holding its GPU through a DRA claim of class `gpu.nvidia.com`, its
+/// ClusterQueue giving quota of `example.com/gpu` (a name of Kueue's own choosing, as in
+/// Kueue's DRA guide), and `mappings` as read from Kueue's Configuration.
+fn dra_queue(mappings: Option<Vec<DeviceClassMapping>>) -> (Claims, Vec<PodRow>) {
+    let (mut claims, _) = cohort(Some(true));
+    let mapped = "example.com/gpu";
+    claims.kueue.cluster_queues[0].quotas[0].resource = mapped.into();
+    let adm = claims.kueue.workloads[0]
+        .admission
+        .as_mut()
+        .expect("admitted");
+    adm.assignments[0].flavors = [(mapped.to_string(), "a100".to_string())].into();
+    claims.kueue.device_class_mappings = mappings;
+    claims.pods[0] = {
+        let mut p = (*claims.pods[0]).clone();
+        p.resource_claims = vec!["nb-gpu".into()];
+        p.into()
+    };
+    claims.resource_claims = vec![dra_claim("team-l", "nb-gpu", "gpu.nvidia.com", true)];
+    claims.device_classes = vec![gpu_class("gpu.nvidia.com")];
+    claims.dra_enabled = true;
+    let pods = vec![row(
+        "team-l",
+        "nb-job-0",
+        "dra:gpu.nvidia.com",
+        1.0,
+        Some(true),
+    )];
+    (claims, pods)
+}
+
+fn gpu_mapping() -> Vec<DeviceClassMapping> {
+    vec![DeviceClassMapping {
+        name: "example.com/gpu".into(),
+        device_classes: vec!["gpu.nvidia.com".into()],
+    }]
+}
+
+#[test]
+fn quota_of_a_resource_kueue_maps_to_a_gpu_device_class_is_gpu_quota_held_by_dra_pods() {
+    let names = ResourceNames::default();
+    let (claims, pods) = dra_queue(Some(gpu_mapping()));
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    let lender = rows
+        .iter()
+        .find(|r| r.cluster_queue == "lender")
+        .unwrap_or_else(|| panic!("no lender row: {rows:#?}"));
+    assert_eq!(
+        (lender.resource.as_str(), lender.flavor.as_str()),
+        ("example.com/gpu", "a100")
+    );
+    assert_eq!((lender.busy, lender.idle), (Some(0.0), Some(1.0)));
+    // Without the mapping `example.com/gpu` is no GPU resource: no row.
+    let (claims, pods) = dra_queue(Some(vec![]));
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert!(
+        rows.iter().all(|r| r.cluster_queue != "lender"),
+        "{rows:#?}"
+    );
+    // A mapping to a class of no counted driver is no GPU quota either.
+    let (mut claims, pods) = dra_queue(Some(gpu_mapping()));
+    claims.device_classes[0].drivers = vec!["nic.example.com".into()];
+    let rows = queue_rows(&inputs(&claims, &pods, &names));
+    assert!(
+        rows.iter().all(|r| r.cluster_queue != "lender"),
+        "{rows:#?}"
+    );
+}
+
+#[test]
+fn a_queued_pods_dra_claim_is_quotaed_only_through_a_mapping_of_its_class() {
+    let names = ResourceNames::default();
+    let flagged = |mappings| {
+        let (claims, pods) = dra_queue(mappings);
+        unquotaed_claims(&inputs(&claims, &pods, &names))
+            .into_iter()
+            .map(|c| c.claim)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(flagged(Some(gpu_mapping())), Vec::<String>::new(), "mapped");
+    // Kueue counts a device only through a mapping of its class: none, and the claim escapes
+    // the queue's quota.
+    assert_eq!(
+        flagged(Some(vec![])),
+        vec!["nb-gpu".to_string()],
+        "no mapping"
+    );
+    // Mappings not read (no ConfigMap named, or not readable): the queue is trusted, as before.
+    assert_eq!(flagged(None), Vec::<String>::new(), "unknown");
 }

@@ -99,6 +99,7 @@ fn claim(ns: &str, pod: &str, placement: Placement) -> PodClaim {
         placement,
         scheduling_gates: Vec::new(),
         finalizers: Vec::new(),
+        workload_refs: crate::ledger::kueue::WorkloadRefs::default(),
     }
 }
 

@@ -124,6 +124,14 @@ compares them for the default values).
 {{- with (include "gpu-ledger.exporterNamespaces" . | fromJsonArray) }}
 - --exporter-namespaces={{ join "," . }}
 {{- end }}
+{{- /* Only when not the binary's default, so the default rendering matches deploy/kustomize. */}}
+{{- with .Values.ledger.kueueConfigMap }}
+{{- if not .name }}
+- --kueue-config-map=
+{{- else if ne (printf "%s/%s" .namespace .name) "kueue-system/kueue-manager-config" }}
+- --kueue-config-map={{ .namespace }}/{{ .name }}
+{{- end }}
+{{- end }}
 - --log-format={{ .Values.logFormat }}
 - --cull={{ $mode }}
 {{- if ne $mode "off" }}
