@@ -5,7 +5,8 @@
 #   - `gpu-ledger showback --month M --group-by-label team` (release build), 3 runs,
 #   - `gpu-ledger showback --month M` (by namespace: the counters alone), 3 runs,
 #   - the label query gpu-ledger asked before issue 37 (one max_over_time(timestamp(..)[31d:5m])
-#     subquery) by hand with curl: over 10 and 20 namespaces (3 runs each) and once over all N,
+#     subquery) by hand with curl: over 5 namespaces (3 runs) and 10 (one run); over all N it
+#     would take N times the per-series cost (minutes: it is not run),
 # and prints medians, gpu-ledger's peak RSS (GNU time) and Prometheus' peak RSS during each
 # phase (VmHWM from /proc, reset before each phase through /proc/PID/clear_refs).
 #
@@ -201,16 +202,17 @@ showback() {
 		"${codes[*]}" "$(peak_mib)"
 }
 
-# The label query before issue 37 over the namespaces matching $1, evaluated at the month's end.
+# The label query before issue 37 over the namespaces matching $1, evaluated at the month's end;
+# curl gives up after $2 seconds (Prometheus' own --query.timeout is 2 minutes).
 old_query() {
-	curl -s -o "$DIR/old.json" -w '%{time_total}' --max-time "${2:-130}" "$URL/api/v1/query" \
+	curl -s -o "$DIR/old.json" -w '%{time_total}' --max-time "$2" "$URL/api/v1/query" \
 		--data-urlencode "query=max by (namespace, label_team, cluster, cluster_id) (max_over_time(timestamp(kube_namespace_labels{namespace=~\"$1\"})[2678400000ms:300000ms]))" \
 		--data-urlencode "time=$END" || true
 }
 old_query_runs() {
 	local times=()
 	reset_peak
-	for _ in 1 2 3; do times+=("$(old_query "$1")"); done
+	for _ in $(seq "$2"); do times+=("$(old_query "$1" 300)"); done
 	printf '%s s median (%s), %s series; Prometheus peak %s MiB\n' \
 		"$(printf '%s\n' "${times[@]}" | median)" "${times[*]}" \
 		"$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["data"]["result"]))' "$DIR/old.json" 2>/dev/null || echo '?')" \
@@ -221,10 +223,24 @@ echo "== rustc/cargo running beside this run: $(pgrep -c rustc || true)"
 echo "showback --group-by-label team: $(showback --group-by-label team)"
 cp "$DIR/showback.json" "$DIR/by-team.json"
 echo "showback by namespace:          $(showback)"
-echo "old label query, 10 namespaces: $(old_query_runs 'ns-00[0-9]')"
-echo "old label query, 20 namespaces: $(old_query_runs 'ns-0[01][0-9]')"
-reset_peak
-echo "old label query, all $NAMESPACES namespaces (one run, curl gives up after 130 s): $(old_query '.+') s; Prometheus peak $(peak_mib) MiB"
+# The two queries the label grouping asks now (as gpu-ledger writes them for this month): the
+# days of every namespace's values, and the one fine query, over the last day, for the
+# namespaces relabelled on it.
+new_query_runs() {
+	local times=()
+	reset_peak
+	for _ in 1 2 3; do
+		times+=("$(curl -s -o "$DIR/new.json" -w '%{time_total}' --max-time 300 "$URL/api/v1/query" \
+			--data-urlencode "query=$1" --data-urlencode "time=$END" || true)")
+	done
+	printf '%s s median (%s); Prometheus peak %s MiB\n' \
+		"$(printf '%s\n' "${times[@]}" | median)" "${times[*]}" "$(peak_mib)"
+}
+echo "label grouping, days of values:  $(new_query_runs "(group by (namespace, label_team, cluster, cluster_id) (count_over_time(kube_namespace_labels[86400000ms])))[$((32 * DAY * 1000))ms:86400000ms]")"
+relabelled_last_day=$(seq 5 100 $((NAMESPACES - 1)) | awk '{ printf "%sns-%03d", (NR > 1 ? "|" : ""), $1 }')
+echo "label grouping, last-day query: $(new_query_runs "max by (namespace, label_team, cluster, cluster_id) (max_over_time(timestamp(kube_namespace_labels{namespace=~\"$relabelled_last_day\"})[86400000ms:300000ms]))")"
+echo "old label query, 5 namespaces:  $(old_query_runs 'ns-00[0-4]' 3)"
+echo "old label query, 10 namespaces: $(old_query_runs 'ns-00[0-9]' 1)"
 python3 - "$DIR/by-team.json" <<'EOF'
 import json, sys
 v = json.load(open(sys.argv[1]))
