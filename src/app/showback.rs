@@ -423,35 +423,6 @@ impl KsmDays {
     }
 }
 
-#[cfg(test)]
-mod ksm_tests {
-    use super::*;
-
-    #[test]
-    fn namespace_matchers_escape_each_name_and_stay_within_their_bound() {
-        let names = vec!["team-a".to_string(), "a.b\\\"c|d".to_string()];
-        assert_eq!(
-            namespace_matchers(&names),
-            vec![r#"team\\-a|a\\.b\\\\\"c\\|d"#.to_string()]
-        );
-        let many: Vec<String> = (0..3000).map(|i| format!("namespace-{i:05}")).collect();
-        let chunks = namespace_matchers(&many);
-        assert!(chunks.len() > 1, "{} chunks", chunks.len());
-        assert!(
-            chunks
-                .iter()
-                .all(|c| c.len() <= MAX_NAMESPACE_MATCHER_BYTES),
-            "a chunk over the bound"
-        );
-        let back: Vec<String> = chunks
-            .iter()
-            .flat_map(|c| c.split('|'))
-            .map(|n| n.replace("\\\\", ""))
-            .collect();
-        assert_eq!(back, many, "every name once, in order");
-    }
-}
-
 /// Refuses `what`'s series when they come from several clusters (a shared Thanos, Mimir or
 /// VictoriaMetrics without `--prometheus-selector`): `max by (namespace)` would take one
 /// cluster's team-a for all of them, as `report` and `serve` refuse to join them.
@@ -769,4 +740,33 @@ impl HistorySource for PromHistory {
 /// The page's history source over `client`.
 pub fn prometheus_history(client: Arc<PromClient>) -> Arc<dyn HistorySource> {
     Arc::new(PromHistory { client })
+}
+
+#[cfg(test)]
+mod ksm_tests {
+    use super::*;
+
+    #[test]
+    fn namespace_matchers_escape_each_name_and_stay_within_their_bound() {
+        let names = vec!["team-a".to_string(), "a.b\\\"c|d".to_string()];
+        assert_eq!(
+            namespace_matchers(&names),
+            vec![r#"team\\-a|a\\.b\\\\\"c\\|d"#.to_string()]
+        );
+        let many: Vec<String> = (0..3000).map(|i| format!("namespace-{i:05}")).collect();
+        let chunks = namespace_matchers(&many);
+        assert!(chunks.len() > 1, "{} chunks", chunks.len());
+        assert!(
+            chunks
+                .iter()
+                .all(|c| c.len() <= MAX_NAMESPACE_MATCHER_BYTES),
+            "a chunk over the bound"
+        );
+        let back: Vec<String> = chunks
+            .iter()
+            .flat_map(|c| c.split('|'))
+            .map(|n| n.replace("\\\\", ""))
+            .collect();
+        assert_eq!(back, many, "every name once, in order");
+    }
 }
