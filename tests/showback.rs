@@ -1168,3 +1168,322 @@ fn showback_help_lists_its_exit_codes() {
     assert!(help.contains("4  partial"), "{help}");
     assert!(help.contains("--min-coverage"), "{help}");
 }
+
+/// kube-state-metrics' `kube_namespace_labels` over ten days (every 5 minutes, `cluster="here"`),
+/// with gpu-ledger holding one GPU for each namespace that has a `(from, to)` life: every way a
+/// namespace's team can change within a period, for `--group-by-label team`. Each entry is
+/// `(namespace, [(first sample, last sample, team or "" for no label)])`.
+type Timeline = (&'static str, Vec<(i64, i64, &'static str)>);
+
+fn label_timelines(start: i64) -> Vec<Timeline> {
+    let end = start + TEN_DAYS;
+    let at = |d: i64, h: i64| start + d * DAY + h * HOUR;
+    let last_day = |h: i64| end - DAY + h * HOUR;
+    vec![
+        ("stays", vec![(start - DAY, end, "a")]),
+        // Relabelled in the middle: its newest team.
+        (
+            "moved",
+            vec![
+                (start - DAY, at(5, 12), "a"),
+                (at(5, 12) + SCRAPE, end, "b"),
+            ],
+        ),
+        // Relabelled twice within the period's last day: the last of the three.
+        (
+            "twice",
+            vec![
+                (start - DAY, last_day(8), "a"),
+                (last_day(8) + SCRAPE, last_day(16), "b"),
+                (last_day(16) + SCRAPE, end, "c"),
+            ],
+        ),
+        // Away and back within the last day: back where it was.
+        (
+            "back",
+            vec![
+                (start - DAY, last_day(6), "a"),
+                (last_day(6) + SCRAPE, last_day(18), "b"),
+                (last_day(18) + SCRAPE, end, "a"),
+            ],
+        ),
+        // Deleted on day 6: its series ends, its team stays its last.
+        ("deleted", vec![(start - DAY, at(6, 5), "a")]),
+        // Relabelled and deleted the same day (day 4).
+        (
+            "deleted-relabelled",
+            vec![
+                (start - DAY, at(4, 10), "a"),
+                (at(4, 10) + SCRAPE, at(4, 14), "b"),
+            ],
+        ),
+        // Its team label removed on day 7: no team from then on.
+        (
+            "unlabelled",
+            vec![(start - DAY, at(7, 0), "a"), (at(7, 0) + SCRAPE, end, "")],
+        ),
+        // Last seen 2 minutes before the period: Prometheus' 5-minute lookback still shows it at
+        // the period's first step (Prometheus 2 includes a subquery's first step).
+        ("lookback", vec![(start - DAY, start - 120, "a")]),
+        // Last seen 2 hours before the period: not in kube-state-metrics during it.
+        ("gone-before", vec![(start - DAY, start - 2 * HOUR, "a")]),
+        // Never in kube-state-metrics.
+        ("never", vec![]),
+    ]
+}
+
+fn label_history(start: i64) -> String {
+    let mut om = Om::default();
+    let end = start + TEN_DAYS;
+    for (ns, lives) in label_timelines(start) {
+        for (from, to, team) in lives {
+            let mut labels = vec![("namespace", ns), ("cluster", "here")];
+            if !team.is_empty() {
+                labels.push(("label_team", team));
+            }
+            let samples: Vec<(i64, f64)> = (from..=to)
+                .step_by(SCRAPE as usize)
+                .chain(std::iter::once(to))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .map(|t| (t, 1.0))
+                .collect();
+            om.series("kube_namespace_labels", &labels, &samples);
+        }
+        let scrapes: Vec<i64> = (start - DAY..=end + DAY).step_by(SCRAPE as usize).collect();
+        om.series(
+            "gpu_ledger_gpu_seconds_claimed_total",
+            &[("namespace", ns), ("cluster", "here"), ("instance", "r1")],
+            &scrapes
+                .iter()
+                .map(|t| (*t, (t - start + DAY) as f64))
+                .collect::<Vec<_>>(),
+        );
+        om.series(
+            "gpu_ledger_namespace_gpus_claimed",
+            &[("namespace", ns), ("cluster", "here"), ("instance", "r1")],
+            &scrapes.iter().map(|t| (*t, 1.0)).collect::<Vec<_>>(),
+        );
+    }
+    om.series(
+        "gpu_ledger_last_refresh_timestamp_seconds",
+        &[("cluster", "here"), ("instance", "r1")],
+        &(start - DAY..=end + DAY)
+            .step_by(SCRAPE as usize)
+            .map(|t| (t, t as f64))
+            .collect::<Vec<_>>(),
+    );
+    // Another cluster's kube-state-metrics in the same store, for the refusal below.
+    om.series(
+        "kube_namespace_labels",
+        &[
+            ("namespace", "stays"),
+            ("cluster", "there"),
+            ("label_team", "z"),
+        ],
+        &(start..=end)
+            .step_by(HOUR as usize)
+            .map(|t| (t, 1.0))
+            .collect::<Vec<_>>(),
+    );
+    om.text()
+}
+
+/// Namespace → group of a `showback -o json` answer.
+fn group_of_each_namespace(v: &serde_json::Value) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for g in v["groups"].as_array().expect("groups") {
+        for ns in g["namespaces"].as_array().expect("namespaces") {
+            out.insert(
+                ns.as_str().expect("namespace").to_string(),
+                g["group"].as_str().expect("group").to_string(),
+            );
+        }
+    }
+    out
+}
+
+/// What the month's label query asked Prometheus before issue 37, in one subquery of the
+/// whole period (quadratic in its length on Prometheus 2): namespace → team, the newest
+/// `timestamp()` winning. The new plan must answer the same.
+async fn whole_period_answer(prom: &Prometheus, start: i64) -> BTreeMap<String, String> {
+    let q = format!(
+        "max by (namespace, label_team, cluster, cluster_id) (max_over_time(timestamp(kube_namespace_labels{{cluster=\"here\"}})[{}ms:900000ms]))",
+        TEN_DAYS * 1000
+    );
+    let v: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/api/v1/query", prom.url()))
+        .form(&[
+            ("query", q.as_str()),
+            ("time", &(start + TEN_DAYS).to_string()),
+        ])
+        .send()
+        .await
+        .expect("query prometheus")
+        .json()
+        .await
+        .expect("json");
+    let mut newest: BTreeMap<String, (f64, String)> = BTreeMap::new();
+    for s in v["data"]["result"].as_array().expect("result") {
+        let ns = s["metric"]["namespace"].as_str().expect("namespace");
+        let team = s["metric"]["label_team"].as_str().unwrap_or("(none)");
+        let t: f64 = s["value"][1]
+            .as_str()
+            .expect("value")
+            .parse()
+            .expect("number");
+        let e = newest
+            .entry(ns.to_string())
+            .or_insert((f64::NEG_INFINITY, String::new()));
+        if t > e.0 {
+            *e = (t, team.to_string());
+        }
+    }
+    newest
+        .into_iter()
+        .map(|(ns, (_, team))| (ns, team))
+        .collect()
+}
+
+/// The namespaces each `timestamp()` query in Prometheus' query log (from byte `from` on) was
+/// narrowed to, and its subquery's range in milliseconds; `None` for a query over every
+/// namespace.
+fn timestamp_queries(log: &std::path::Path, from: usize) -> Vec<(Option<Vec<String>>, i64)> {
+    let text = std::fs::read_to_string(log).expect("query log");
+    text[from..]
+        .lines()
+        .filter_map(|l| {
+            let entry: serde_json::Value = serde_json::from_str(l).expect("query log line");
+            let q = entry["params"]["query"]
+                .as_str()
+                .expect("query")
+                .to_string();
+            q.contains("timestamp(").then_some(q)
+        })
+        .map(|q| {
+            let namespaces = q.split_once("namespace=~\"").map(|(_, rest)| {
+                rest.split_once('"')
+                    .expect("closing quote")
+                    .0
+                    .replace('\\', "")
+                    .split('|')
+                    .map(str::to_string)
+                    .collect()
+            });
+            let range_ms = q
+                .rsplit_once(")[")
+                .and_then(|(_, r)| r.split_once("ms:"))
+                .and_then(|(ms, _)| ms.parse().ok())
+                .unwrap_or_else(|| panic!("no subquery range in {q}"));
+            (namespaces, range_ms)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn label_groups_are_the_newest_value_and_only_a_last_day_with_several_values_is_asked_finely()
+{
+    let start = ten_days_start();
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = logs.path().join("queries.log");
+    let config = format!("global:\n  query_log_file: {}\n", log.display());
+    let prom = Prometheus::start_with_backfill_and_config(&label_history(start), &config)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "this test needs a real Prometheus 2.42 and promtool (`apt-get install prometheus`, \
+                 or PROMETHEUS_BIN/PROMTOOL_BIN): {e:#}"
+            )
+        });
+    let logged_before = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
+    let out = run(
+        &prom,
+        start,
+        &[
+            "-o",
+            "json",
+            "--group-by-label",
+            "team",
+            "--prometheus-selector",
+            "cluster=\"here\"",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = group_of_each_namespace(&parsed(&out));
+    // Read before the test's own whole-period query below lands in the log.
+    let asked = timestamp_queries(&log, logged_before);
+
+    let by_hand: BTreeMap<String, String> = [
+        ("stays", "a"),
+        ("moved", "b"),
+        ("twice", "c"),
+        ("back", "a"),
+        ("deleted", "a"),
+        ("deleted-relabelled", "b"),
+        ("unlabelled", "(none)"),
+        ("lookback", "a"),
+        ("gone-before", "(not in kube-state-metrics)"),
+        ("never", "(not in kube-state-metrics)"),
+    ]
+    .into_iter()
+    .map(|(ns, g)| (ns.to_string(), g.to_string()))
+    .collect();
+    assert_eq!(got, by_hand, "each namespace in its newest team");
+    let mut whole = whole_period_answer(&prom, start).await;
+    for ns in by_hand.keys() {
+        whole
+            .entry(ns.clone())
+            .or_insert_with(|| "(not in kube-state-metrics)".to_string());
+    }
+    assert_eq!(got, whole, "the same answer as the whole period's subquery");
+
+    // The cost: `timestamp()` (a subquery quadratic in its length) only for the namespaces
+    // whose last day held several values, or that were last seen by the period's first day,
+    // each over about a day (the day and one 15-minute step).
+    let mut asked_namespaces = std::collections::BTreeSet::new();
+    for (namespaces, range_ms) in &asked {
+        let namespaces = namespaces
+            .as_ref()
+            .unwrap_or_else(|| panic!("a timestamp() subquery over every namespace: {asked:?}"));
+        assert!(
+            *range_ms <= (DAY + 900) * 1000,
+            "a timestamp() subquery over {range_ms} ms, more than a day and a step: {asked:?}"
+        );
+        asked_namespaces.extend(namespaces.iter().cloned());
+    }
+    assert_eq!(
+        asked_namespaces,
+        [
+            "twice",
+            "back",
+            "deleted-relabelled",
+            "lookback",
+            "gone-before"
+        ]
+        .into_iter()
+        .map(str::to_string)
+        .collect(),
+        "asked finely: {asked:?}"
+    );
+    assert_eq!(
+        asked.len(),
+        3,
+        "one query per last day asked (the last day, day 5, the first day): {asked:?}"
+    );
+
+    // Without the selector, the other cluster's kube-state-metrics is refused, not joined.
+    let out = run(&prom, start, &["-o", "json", "--group-by-label", "team"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("kube_namespace_labels")
+            && stderr.contains("cluster=\"there\"")
+            && stderr.contains("cluster=\"here\""),
+        "{stderr}"
+    );
+}

@@ -184,6 +184,15 @@ async fn gpu_seconds_by_namespace(
 /// `kube_namespace_annotations`) and its label `key`: the value of the series seen last in the
 /// period (a namespace relabelled mid-month goes to its newest group). Refuses series of
 /// several clusters.
+///
+/// "Seen last" is what `max by (namespace, key) (max_over_time(timestamp(metric)[period:step]))`
+/// answers, but that subquery costs Prometheus 2 time quadratic in its length (a 31-day month:
+/// seconds per series, so minutes for a few hundred namespaces). So it is asked only where it
+/// decides something, over a day: one cheap query first finds, per day of the period, which
+/// values each namespace had ([`KsmDays`]); a namespace whose last day holds one value has its
+/// answer; only those whose last day holds several values (relabelled that day), and those last
+/// seen on the period's first day (whether Prometheus' lookback still sees them), are asked the
+/// exact question over their last day ([`newest_seen`]), a few namespaces per query.
 async fn groups_from_ksm(
     client: &PromClient,
     metric: &str,
@@ -191,32 +200,240 @@ async fn groups_from_ksm(
     period: &Period,
     resolution: chrono::Duration,
 ) -> Result<BTreeMap<String, String>, AppError> {
-    let q = format!(
-        "max by (namespace, {key}, {clusters}) (max_over_time(timestamp({})[{}:{}]))",
-        selector(metric, client),
-        duration(period.until - period.since),
-        duration(resolution),
-        clusters = CLUSTER_LABELS.join(", ")
-    );
-    let answer = client
-        .instant(&q, period.until)
-        .await
-        .map_err(AppError::Prometheus)?;
-    one_cluster(metric, answer.iter().map(|s| &s.labels))?;
-    let mut seen: BTreeMap<String, (f64, String)> = BTreeMap::new();
-    for s in answer {
-        let value = match label(&s, key) {
-            "" => NO_VALUE.to_string(),
-            v => v.to_string(),
-        };
-        let e = seen
-            .entry(label(&s, "namespace").to_string())
-            .or_insert((f64::NEG_INFINITY, String::new()));
-        if s.value > e.0 {
-            *e = (s.value, value);
+    let step_ms = resolution.num_milliseconds().max(1);
+    let since_ms = period.since.timestamp_millis();
+    // The subquery's last step: its steps are multiples of the step since the epoch.
+    let last_step_ms = period.until.timestamp_millis().div_euclid(step_ms) * step_ms;
+    if last_step_ms.saturating_sub(since_ms) <= 2 * KSM_DAY_MS {
+        // Two days or less: the exact question over the whole period is cheap.
+        let answer = newest_seen(
+            client,
+            metric,
+            key,
+            None,
+            period.since,
+            period.until,
+            step_ms,
+        )
+        .await?;
+        one_cluster(metric, answer.iter().map(|s| &s.labels))?;
+        return Ok(fold_newest(&answer, key));
+    }
+    let days = KsmDays::read(client, metric, key, since_ms, last_step_ms).await?;
+    one_cluster(metric, days.in_period.iter())?;
+    let mut groups = BTreeMap::new();
+    // Namespaces still to ask, by the end of the day from which to ask (milliseconds).
+    let mut ask: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    for (namespace, (day, values)) in &days.last {
+        match (values.len(), values.first()) {
+            (1, Some(only)) if *day >= 2 => {
+                groups.insert(namespace.clone(), only.clone());
+            }
+            _ => ask
+                .entry((*day).max(1))
+                .or_default()
+                .push(namespace.clone()),
         }
     }
-    Ok(seen.into_iter().map(|(ns, (_, g))| (ns, g)).collect())
+    let mut asked_labels = Vec::new();
+    for (day, namespaces) in ask {
+        // The day's own steps and the next one (a sample late in the day is seen by the first
+        // step after it); from the period's start for its first day, as the period's question.
+        let end_ms = days.end_of(day);
+        let until = millis(end_ms.saturating_add(step_ms).min(last_step_ms));
+        let from = if day <= 1 {
+            period.since
+        } else {
+            millis(days.end_of(day - 1))
+        };
+        for chunk in namespace_matchers(&namespaces) {
+            let answer =
+                newest_seen(client, metric, key, Some(&chunk), from, until, step_ms).await?;
+            groups.extend(fold_newest(&answer, key));
+            asked_labels.extend(answer.into_iter().map(|s| s.labels));
+        }
+    }
+    one_cluster(metric, days.in_period.iter().chain(asked_labels.iter()))?;
+    Ok(groups)
+}
+
+/// Length of the windows in which [`KsmDays`] looks for label values: a day, so a month is
+/// one query of 32 points per series.
+const KSM_DAY_MS: i64 = 86_400_000;
+
+/// Most bytes of namespace names in one `namespace=~` matcher of [`newest_seen`] (the query is
+/// POSTed, so this bounds the work per query rather than a URL).
+const MAX_NAMESPACE_MATCHER_BYTES: usize = 16 * 1024;
+
+/// `Utc` time of a Unix millisecond.
+fn millis(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::UNIX_EPOCH)
+}
+
+/// The value of `key` on a kube-state-metrics sample, [`NO_VALUE`] when empty or absent.
+fn ksm_value(s: &Sample, key: &str) -> String {
+    match label(s, key) {
+        "" => NO_VALUE.to_string(),
+        v => v.to_string(),
+    }
+}
+
+/// Per namespace, the value of its series that `timestamp()` saw last, at steps of `step_ms`
+/// from `from` to `until`: `max by (namespace, key, cluster labels)
+/// (max_over_time(timestamp(metric{namespace=~…})[until - from:step]))` at `until`, the
+/// period's own question when `from` is its start. `namespaces` (a `namespace=~` regex)
+/// narrows it to those asked.
+async fn newest_seen(
+    client: &PromClient,
+    metric: &str,
+    key: &str,
+    namespaces: Option<&str>,
+    from: DateTime<Utc>,
+    until: DateTime<Utc>,
+    step_ms: i64,
+) -> Result<Vec<Sample>, AppError> {
+    let sel = match namespaces {
+        None => selector(metric, client),
+        Some(re) => format!("{metric}{{namespace=~\"{re}\"{}}}", client.matchers()),
+    };
+    let q = format!(
+        "max by (namespace, {key}, {clusters}) (max_over_time(timestamp({sel})[{}:{}]))",
+        duration(until - from),
+        duration(chrono::Duration::milliseconds(step_ms)),
+        clusters = CLUSTER_LABELS.join(", ")
+    );
+    client
+        .instant(&q, until)
+        .await
+        .map_err(AppError::Prometheus)
+}
+
+/// Namespace → the value of its newest series in `answer` (of [`newest_seen`]); on equal times
+/// the first in Prometheus' answer wins.
+fn fold_newest(answer: &[Sample], key: &str) -> BTreeMap<String, String> {
+    let mut seen: BTreeMap<String, (f64, String)> = BTreeMap::new();
+    for s in answer {
+        let e = seen
+            .entry(label(s, "namespace").to_string())
+            .or_insert((f64::NEG_INFINITY, String::new()));
+        if s.value > e.0 {
+            *e = (s.value, ksm_value(s, key));
+        }
+    }
+    seen.into_iter().map(|(ns, (_, g))| (ns, g)).collect()
+}
+
+/// `namespaces` as `namespace=~` regexes (escaped for the regex and for the PromQL string), at
+/// most [`MAX_NAMESPACE_MATCHER_BYTES`] of names each.
+fn namespace_matchers(namespaces: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut current = String::new();
+    for ns in namespaces {
+        let quoted = regex::escape(ns).replace('\\', "\\\\").replace('"', "\\\"");
+        if !current.is_empty() && current.len() + 1 + quoted.len() > MAX_NAMESPACE_MATCHER_BYTES {
+            out.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push('|');
+        }
+        current.push_str(&quoted);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// Which values of a kube-state-metrics label each namespace had, per day, from one query:
+/// `group by (namespace, key, cluster labels) (count_over_time(metric[1d]))` for every day
+/// ending at the period's last step, whole days back to before the period's start. It reads
+/// every sample once (cost linear in the period) and has no subquery of `timestamp()`.
+struct KsmDays {
+    /// End of day 0 (milliseconds); day `j` is `(end - 1d, end]` with `end = first_end + j·1d`.
+    /// Day 0 ends at or before the period's start: it holds what only Prometheus' lookback
+    /// may still see at the period's first step.
+    first_end_ms: i64,
+    /// Per namespace, the last day it had a series and the values it had that day.
+    last: BTreeMap<String, (i64, BTreeSet<String>)>,
+    /// Labels of every series seen from day 1 on (the cluster check).
+    in_period: Vec<BTreeMap<String, String>>,
+}
+
+impl KsmDays {
+    async fn read(
+        client: &PromClient,
+        metric: &str,
+        key: &str,
+        since_ms: i64,
+        last_step_ms: i64,
+    ) -> Result<Self, AppError> {
+        // Days ending at the last step, back to the one ending at or before the period's start.
+        let span_ms = last_step_ms.saturating_sub(since_ms).max(0);
+        let days = (span_ms.saturating_add(KSM_DAY_MS - 1)).div_euclid(KSM_DAY_MS) + 1;
+        let first_end_ms = last_step_ms.saturating_sub((days - 1).saturating_mul(KSM_DAY_MS));
+        // Subquery steps fall on whole days since the epoch: evaluate at the next such step
+        // and shift each window back onto the days by `offset`.
+        let shift_ms = (KSM_DAY_MS - last_step_ms.rem_euclid(KSM_DAY_MS)).rem_euclid(KSM_DAY_MS);
+        let offset = if shift_ms == 0 {
+            String::new()
+        } else {
+            format!(
+                " offset {}",
+                duration(chrono::Duration::milliseconds(shift_ms))
+            )
+        };
+        let day = duration(chrono::Duration::milliseconds(KSM_DAY_MS));
+        let q = format!(
+            "(group by (namespace, {key}, {clusters}) (count_over_time({sel}[{day}]{offset})))[{}:{day}]",
+            duration(chrono::Duration::milliseconds(
+                days.saturating_mul(KSM_DAY_MS)
+            )),
+            sel = selector(metric, client),
+            clusters = CLUSTER_LABELS.join(", ")
+        );
+        let answer = client
+            .instant_matrix(&q, millis(last_step_ms.saturating_add(shift_ms)))
+            .await
+            .map_err(AppError::Prometheus)?;
+        let mut out = KsmDays {
+            first_end_ms,
+            last: BTreeMap::new(),
+            in_period: Vec::new(),
+        };
+        for s in answer {
+            let end_ms = ((s.time * 1000.0).round() as i64).saturating_sub(shift_ms);
+            let since_first = end_ms.saturating_sub(first_end_ms);
+            // Prometheus 2 adds a step at the range's start (the day before day 0): not ours.
+            if since_first.rem_euclid(KSM_DAY_MS) != 0 {
+                continue;
+            }
+            let day = since_first.div_euclid(KSM_DAY_MS);
+            if !(0..days).contains(&day) {
+                continue;
+            }
+            let value = ksm_value(&s, key);
+            let e = out
+                .last
+                .entry(label(&s, "namespace").to_string())
+                .or_insert((day, BTreeSet::new()));
+            if day > e.0 {
+                *e = (day, BTreeSet::new());
+            }
+            if day == e.0 {
+                e.1.insert(value);
+            }
+            if day >= 1 {
+                out.in_period.push(s.labels);
+            }
+        }
+        Ok(out)
+    }
+
+    /// End of day `day` (milliseconds).
+    fn end_of(&self, day: i64) -> i64 {
+        self.first_end_ms
+            .saturating_add(day.saturating_mul(KSM_DAY_MS))
+    }
 }
 
 /// Refuses `what`'s series when they come from several clusters (a shared Thanos, Mimir or
@@ -571,4 +788,33 @@ impl HistorySource for PromHistory {
 /// The page's history source over `client`.
 pub fn prometheus_history(client: Arc<PromClient>) -> Arc<dyn HistorySource> {
     Arc::new(PromHistory { client })
+}
+
+#[cfg(test)]
+mod ksm_tests {
+    use super::*;
+
+    #[test]
+    fn namespace_matchers_escape_each_name_and_stay_within_their_bound() {
+        let names = vec!["team-a".to_string(), "a.b\\\"c|d".to_string()];
+        assert_eq!(
+            namespace_matchers(&names),
+            vec![r#"team\\-a|a\\.b\\\\\"c\\|d"#.to_string()]
+        );
+        let many: Vec<String> = (0..3000).map(|i| format!("namespace-{i:05}")).collect();
+        let chunks = namespace_matchers(&many);
+        assert!(chunks.len() > 1, "{} chunks", chunks.len());
+        assert!(
+            chunks
+                .iter()
+                .all(|c| c.len() <= MAX_NAMESPACE_MATCHER_BYTES),
+            "a chunk over the bound"
+        );
+        let back: Vec<String> = chunks
+            .iter()
+            .flat_map(|c| c.split('|'))
+            .map(|n| n.replace("\\\\", ""))
+            .collect();
+        assert_eq!(back, many, "every name once, in order");
+    }
 }
