@@ -467,12 +467,6 @@ async fn history_bootstrap_finds_activity_hours_ago() {
     let h1 = *h.get(&k("GPU-h1")).expect("GPU-h1 in history");
     // The start-up query reads buckets: times are placed at the end of the bucket they fall in,
     // never earlier than they happened, at most one bucket later.
-    let bucket = gpu_ledger::usage::prom::queries::bootstrap_bucket(&w, history::DEFAULT_LOOKBACK)
-        .num_seconds();
-    let within_a_bucket_after = |t: chrono::DateTime<chrono::Utc>, truth: i64| {
-        let d = (t - at(truth)).num_seconds();
-        (-STEP..=bucket).contains(&d)
-    };
     let active = h1.last_active_at.expect("last active");
     assert!(
         within_a_bucket_after(active, now - 3 * 3600),
