@@ -576,6 +576,21 @@ mod tests {
             q.contains(r#"dcgm_gpu_utilization{cluster="prod"}"#),
             "every spelling: {q}"
         );
+        // Every selector of every spelling carries the matchers (the offset ones of the
+        // per-device bucket counts too): a name is followed by them or closes a label value.
+        for s in fields::SPELLINGS {
+            for (at, _) in q.match_indices(s.name) {
+                let after = &q[at + s.name.len()..];
+                assert!(
+                    after.starts_with(r#"{cluster="prod"}"#)
+                        || after.starts_with('"')
+                        || after.starts_with('_'),
+                    "{} without the selector at {}",
+                    s.name,
+                    &q[at..(at + 80).min(q.len())]
+                );
+            }
+        }
     }
 
     #[test]
