@@ -270,10 +270,11 @@ async fn capture_then_offline_report_equals_the_live_report() {
     let live = live_report(&reader, &prom, &["--at", &at, "-o", "json"]);
     let live: Value = serde_json::from_str(&ok(&live, "live report")).expect("json");
     // Exact on every field but one honest difference: the live history (bucketed PromQL over
-    // the lookback, buckets of min(lookback/288, window) = 10 s here) takes the new series a
-    // device gets when a pod starts (the pod labels change) for a coverage gap, so it proves
-    // idleness back to within one bucket after the pod's start and no further; the dump is
-    // reduced sample by sample across the device's series and proves it back to the pod's start.
+    // the lookback, buckets of min(lookback/288, window) = 10 s here, per device across its
+    // series) proves idleness from the end of the bucket holding the device's first sample, so
+    // where that sample is the pod's own, back to within one bucket after the pod's start and no
+    // further; the dump is reduced sample by sample across the device's series and proves it
+    // back to the pod's start.
     // Live is the lower of the two (idle time is under-, never over-estimated). The new series
     // starts with its first scrape after the pod started, which a busy machine can delay: live
     // proves idleness back to within one bucket of that first sample, read from the dump.

@@ -467,12 +467,6 @@ async fn history_bootstrap_finds_activity_hours_ago() {
     let h1 = *h.get(&k("GPU-h1")).expect("GPU-h1 in history");
     // The start-up query reads buckets: times are placed at the end of the bucket they fall in,
     // never earlier than they happened, at most one bucket later.
-    let bucket = gpu_ledger::usage::prom::queries::bootstrap_bucket(&w, history::DEFAULT_LOOKBACK)
-        .num_seconds();
-    let within_a_bucket_after = |t: chrono::DateTime<chrono::Utc>, truth: i64| {
-        let d = (t - at(truth)).num_seconds();
-        (-STEP..=bucket).contains(&d)
-    };
     let active = h1.last_active_at.expect("last active");
     assert!(
         within_a_bucket_after(active, now - 3 * 3600),
@@ -1317,35 +1311,6 @@ fn json_diff(a: &serde_json::Value, b: &serde_json::Value, path: &str, out: &mut
     }
 }
 
-/// Every `idle_seconds` of the live report is at most the offline one at the same place; then
-/// set to it (the rest of the reports must agree).
-fn live_idle_within_offline(live: &mut serde_json::Value, offline: &serde_json::Value) {
-    use serde_json::Value;
-    match (live, offline) {
-        (Value::Object(l), Value::Object(o)) => {
-            for (k, lv) in l.iter_mut() {
-                let ov = o.get(k).unwrap_or(&Value::Null);
-                if k == "idle_seconds" {
-                    let secs = |v: &Value| v.as_f64().unwrap_or(0.0);
-                    assert!(
-                        secs(lv) <= secs(ov),
-                        "live idle time {lv} beyond offline {ov}"
-                    );
-                    *lv = ov.clone();
-                } else {
-                    live_idle_within_offline(lv, ov);
-                }
-            }
-        }
-        (Value::Array(l), Value::Array(o)) => {
-            for (lv, ov) in l.iter_mut().zip(o) {
-                live_idle_within_offline(lv, ov);
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Fails listing where two reports differ.
 fn assert_same_report(a: &serde_json::Value, b: &serde_json::Value, what: &str) {
     let mut diff = Vec::new();
@@ -1384,6 +1349,9 @@ fn assert_same_devices(a: &[DeviceUsage], b: &[DeviceUsage], what: &str) {
 /// and offline (`usage::dump::load`, `report --from`), and the same `report -o json`; and both
 /// equal the legacy dump's devices and report (the same verdicts), so a spelling lost on either
 /// path fails. The legacy dump itself agrees live and offline (the comparison's baseline).
+/// Equal includes each device's covered run and last activity and each pod's `idle_seconds`
+/// (7,200 s, the dump's two hours): the upgrade inside the start-up history's lookback resets
+/// nothing.
 #[tokio::test]
 async fn live_and_offline_agree_on_renamed_and_rolling_upgrade_dumps() {
     let legacy = std::fs::read_to_string(homelab_dir().join("dcgm.prom")).expect("legacy dump");
@@ -1413,20 +1381,23 @@ async fn live_and_offline_agree_on_renamed_and_rolling_upgrade_dumps() {
     );
 
     for (what, dump) in [("all-new-names", &renamed), ("rolling-upgrade", &rolling)] {
-        let (mut live, offline, live_json, offline_json) = live_and_offline(dump).await;
-        let (mut live_report, offline_report) = (json_of(&live_json), json_of(&offline_json));
-        if what == "rolling-upgrade" {
-            // The one difference, documented (docs/metrics.md, "DCGM fields read") and
-            // conservative: the live start-up history sees the canonical series' first samples
-            // as data after a gap (as after any exporter restart), so live idleness is proven
-            // from the upgrade on, offline (one reduction over every spelling) from the dump's
-            // start. Live never claims more idle time; everything else must be equal.
-            for (l, o) in live.iter_mut().zip(&offline) {
-                assert!(l.covered_since >= o.covered_since, "{:?}", l.key);
-                l.covered_since = o.covered_since;
-            }
-            live_idle_within_offline(&mut live_report, &offline_report);
-        }
+        // Every device's covered run too: the start-up history reads each device across all
+        // of its series (both spellings, old and new exporter pod), so `lab-1`'s switch is no
+        // gap and live idleness reaches back as far as the offline reduction's (the dump's
+        // 30 s samples start and switch on the history query's 5-minute bucket ends, so not
+        // even a bucket's rounding separates them).
+        let (live, offline, live_json, offline_json) = live_and_offline(dump).await;
+        let (live_report, offline_report) = (json_of(&live_json), json_of(&offline_json));
+        // The upgraded node's idle notebook, named: idle for the dump's whole two hours.
+        let alice = live_report["pods"]
+            .as_array()
+            .and_then(|pods| pods.iter().find(|p| p["pod"] == "alice-nb-0"))
+            .map(|p| p["idle_seconds"].clone());
+        assert_eq!(
+            alice,
+            Some(serde_json::json!(7200.0)),
+            "{what}: live idle seconds of lab-1's team-ml/alice-nb-0"
+        );
         assert_same_devices(&offline, &live, &format!("{what} dump: offline and live"));
         assert_same_report(
             &offline_report,
@@ -1469,4 +1440,163 @@ async fn live_and_offline_agree_on_renamed_and_rolling_upgrade_dumps() {
             "{what} dump: the legacy dump's report"
         );
     }
+}
+
+/// The start-up history of `client`'s devices at `now`, as `serve` builds it (default lookback,
+/// the tests' window and 90 % coverage).
+async fn bootstrap_at(client: &PromClient, now: i64) -> History {
+    let scheme = live::detect_scheme(client, SchemeChoice::Auto, at(now))
+        .await
+        .expect("detect");
+    live::bootstrap(
+        client,
+        &scheme,
+        &window(),
+        history::DEFAULT_LOOKBACK,
+        0.9,
+        at(now),
+    )
+    .await
+    .expect("bootstrap")
+}
+
+/// The history's entry of the whole GPU `uuid`.
+fn entry_of(h: &History, uuid: &str) -> history::Entry {
+    *h.get(&DeviceKey {
+        uuid: uuid.into(),
+        gpu_instance: None,
+    })
+    .unwrap_or_else(|| panic!("{uuid} in the history"))
+}
+
+/// Whether `t` lies at `truth` or up to one start-up bucket after it (bucket ends err late; a
+/// sample's own step earlier, since a covered run starts at a sample).
+fn within_a_bucket_after(t: DateTime<Utc>, truth: i64) -> bool {
+    let bucket =
+        gpu_ledger::usage::prom::queries::bootstrap_bucket(&window(), history::DEFAULT_LOOKBACK)
+            .num_seconds();
+    (-STEP..=bucket).contains(&(t - at(truth)).num_seconds())
+}
+
+/// An exporter pod restart (new `pod` and `instance` labels, the same names, no scrape missed)
+/// two hours before start-up continues the device: the start-up history keeps it covered for the
+/// whole day, so a GPU idle all day is idle all day, not since the restart. Two restarts: one
+/// in the middle of a start-up bucket (both series' buckets there are partly filled) and one on
+/// a bucket's end (the new series' first bucket follows one in which it had no sample). A real
+/// gap of 20 minutes across a restart still breaks the run.
+#[tokio::test]
+async fn history_bootstrap_spans_an_exporter_restart_but_not_a_gap() {
+    let now = now_secs();
+    let day = 24 * 3600;
+    let bucket = 300;
+    // Bucket ends are multiples of the bucket width (Prometheus aligns subquery steps so).
+    let on_a_bucket_end = now - 2 * 3600 - (now - 2 * 3600).rem_euclid(bucket);
+    let exporter = |n: &'static str, ip: &'static str| [("pod", n), ("instance", ip)];
+    let restarts = [
+        ("GPU-mid", on_a_bucket_end + 150),
+        ("GPU-edge", on_a_bucket_end + STEP),
+    ];
+    let mut om = Om::default();
+    for (uuid, restart) in restarts {
+        let samples = every(now, day, |_| 0.0);
+        let (before, after): (Vec<_>, Vec<_>) =
+            samples.into_iter().partition(|(t, _)| *t < restart);
+        let old = exporter("nvidia-dcgm-exporter-old", "10.0.0.1:9400");
+        let new = exporter("nvidia-dcgm-exporter-new", "10.0.0.2:9400");
+        om.series(fields::GR_ENGINE_ACTIVE, &dev(uuid, &old), before);
+        om.series(fields::GR_ENGINE_ACTIVE, &dev(uuid, &new), after);
+    }
+    // Old exporter gone 20 minutes before the new one's first scrape.
+    let gap_end = now - 2 * 3600;
+    let samples = every(now, day, |_| 0.0);
+    let (before, after): (Vec<_>, Vec<_>) = samples.into_iter().partition(|(t, _)| *t < gap_end);
+    let before: Vec<_> = before
+        .into_iter()
+        .filter(|(t, _)| *t < gap_end - 1200)
+        .collect();
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev(
+            "GPU-gap",
+            &exporter("nvidia-dcgm-exporter-old", "10.0.0.1:9400"),
+        ),
+        before,
+    );
+    om.series(
+        fields::GR_ENGINE_ACTIVE,
+        &dev(
+            "GPU-gap",
+            &exporter("nvidia-dcgm-exporter-new", "10.0.0.2:9400"),
+        ),
+        after,
+    );
+    let (_prom, client) = start(&om).await;
+    let h = bootstrap_at(&client, now).await;
+    let mut broken = Vec::new();
+    for (uuid, restart) in restarts {
+        let e = entry_of(&h, uuid);
+        let since = e.covered_since.expect("covered");
+        if !within_a_bucket_after(since, now - day + STEP) {
+            broken.push(format!(
+                "{uuid}: covered since {since}, not since the day's first sample {} (the \
+                 restart was at {})",
+                at(now - day + STEP),
+                at(restart)
+            ));
+        }
+        assert_eq!(e.last_active_at, None, "{uuid}");
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+    let since = entry_of(&h, "GPU-gap").covered_since.expect("covered");
+    assert!(
+        within_a_bucket_after(since, gap_end),
+        "a 20-minute gap breaks the run: covered since {since}, expected from {}",
+        at(gap_end)
+    );
+}
+
+/// An exporter upgrade that renames the field and changes no other label (an exporter on the
+/// host network, scraped with `honor_labels`): PromQL functions drop the metric name, so the old
+/// and the new name's series of the device look alike. The start-up history reads both: activity
+/// under the new name after the switch is the device's last activity, and the switch is no gap.
+#[tokio::test]
+async fn history_bootstrap_reads_both_names_of_a_device_with_equal_labels() {
+    let now = now_secs();
+    let day = 24 * 3600;
+    let switch = now - 2 * 3600;
+    // Busy under the legacy percentage until 3 h ago, then idle; busy under the ratio name for
+    // five minutes an hour ago, then idle.
+    let legacy: Vec<_> = every(now, day, |t| if t < now - 3 * 3600 { 50.0 } else { 0.0 })
+        .into_iter()
+        .filter(|(t, _)| *t < switch)
+        .collect();
+    let burst = now - 3600;
+    let renamed: Vec<_> = every(now, day, |t| {
+        if (burst - 300..=burst).contains(&t) {
+            0.5
+        } else {
+            0.0
+        }
+    })
+    .into_iter()
+    .filter(|(t, _)| *t >= switch)
+    .collect();
+    let mut om = Om::default();
+    om.series(fields::GPU_UTIL, &dev("GPU-ren", &[]), legacy);
+    om.series("DCGM_FI_DEV_GPU_UTIL_RATIO", &dev("GPU-ren", &[]), renamed);
+    let (_prom, client) = start(&om).await;
+    let e = entry_of(&bootstrap_at(&client, now).await, "GPU-ren");
+    let active = e.last_active_at.expect("active in the history");
+    assert!(
+        within_a_bucket_after(active, burst),
+        "last active {active}, expected the burst under the new name at {}",
+        at(burst)
+    );
+    let since = e.covered_since.expect("covered");
+    assert!(
+        within_a_bucket_after(since, now - day + STEP),
+        "covered since {since}, not since the day's first sample {} (the switch was at {})",
+        at(now - day + STEP),
+        at(switch)
+    );
 }

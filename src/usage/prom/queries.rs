@@ -21,13 +21,25 @@ fn open_range(d: chrono::Duration) -> String {
     format!("{}ms", (d.num_milliseconds() - 1).max(1))
 }
 
-/// `template` applied to every accepted spelling of `field` (`DCGM_FI_DEV_GPU_UTIL`,
-/// `dcgm_fi_dev_gpu_util`, `dcgm_gpu_utilization`, `DCGM_FI_DEV_GPU_UTIL_RATIO`, …), joined with
-/// `or`; the template gets the selector and `threshold` (in the field's internal unit) in that
-/// spelling's own unit: 5 for the percentage `DCGM_FI_DEV_GPU_UTIL`, 0.05 for the ratio
-/// `DCGM_FI_DEV_GPU_UTIL_RATIO`. One selector with a `__name__` regex would not do: functions
-/// drop the name, and two spellings of one device would then collide as equal label sets.
-fn each_spelling(
+/// Label telling the spellings' parts apart while [`per_device`] joins them (gone after its
+/// aggregation).
+const SPELLING_LABEL: &str = "spelling";
+
+/// One value per device (`by`: UUID and GPU instance) over every accepted spelling of `field`
+/// (`DCGM_FI_DEV_GPU_UTIL`, `dcgm_fi_dev_gpu_util`, `dcgm_gpu_utilization`,
+/// `DCGM_FI_DEV_GPU_UTIL_RATIO`, …) and every series of each (an old and a new exporter pod):
+/// `template` per spelling, aggregated with `agg` (`max`, `min`, `sum`) by device, then across
+/// spellings with `agg` again. The template gets the selector and `threshold` (in the field's
+/// internal unit) in that spelling's own unit: 5 for the percentage `DCGM_FI_DEV_GPU_UTIL`, 0.05
+/// for the ratio `DCGM_FI_DEV_GPU_UTIL_RATIO`. Functions drop the metric name, so two spellings
+/// of one device from one exporter can have equal label sets: one selector with a `__name__`
+/// regex would fail (Prometheus refuses a vector with two equal label sets), and `a or b` would
+/// keep only `a`. So each spelling's part is aggregated by device first, labelled with its
+/// spelling, and only then joined with `or` (which keeps a device that only one side has) and
+/// aggregated across spellings.
+fn per_device(
+    agg: &str,
+    by: &str,
     field: &str,
     matchers: &str,
     threshold: f64,
@@ -36,18 +48,25 @@ fn each_spelling(
     let parts: Vec<String> = fields::spellings_of(field)
         .map(|spelling| {
             let own = threshold / spelling.scale;
-            if matchers.is_empty() {
+            let part = if matchers.is_empty() {
                 template(spelling.name, own)
             } else {
                 template(&format!("{}{{{}}}", spelling.name, &matchers[1..]), own)
-            }
+            };
+            format!(
+                "label_replace({agg} by ({by}) ({part}), \"{SPELLING_LABEL}\", \"{}\", \"\", \"\")",
+                spelling.name
+            )
         })
         .collect();
-    format!("({})", parts.join(" or "))
+    format!("{agg} by ({by}) ({})", parts.join(" or "))
 }
 
-fn stat(name: &str, by: &str, expr: &str) -> String {
-    format!("label_replace(max by ({by}) ({expr}), \"{STAT_LABEL}\", \"{name}\", \"\", \"\")")
+/// `expr` (one value per device) tagged as statistic `name` of field `field`.
+fn stat(name: &str, field: &str, expr: &str) -> String {
+    format!(
+        "label_replace(label_replace({expr}, \"{STAT_LABEL}\", \"{name}\", \"\", \"\"), \"{FIELD_LABEL}\", \"{field}\", \"\", \"\")"
+    )
 }
 
 /// Threshold in the field's internal unit (`GPU_UTIL` is a percentage).
@@ -74,8 +93,18 @@ pub fn bootstrap_bucket(window: &Window, lookback: chrono::Duration) -> chrono::
 /// step), `count`, and `gap_end` (end of the newest bucket below `min_coverage` of its
 /// expected samples, or of the first bucket with data after an empty one). Bucket ends err
 /// late: activity and gaps are placed up to one bucket later than they happened, so idle time
-/// is under- never over-estimated. Devices are keyed by UUID and GPU instance only: the host
-/// label may name the exporter pod, which changes when the exporter restarts.
+/// is under- never over-estimated.
+///
+/// Every statistic is the device's, over all of its series ([`per_device`]): every spelling of
+/// the field (each thresholded in its own unit) and every exporter pod that reported it. Devices
+/// are keyed by UUID and GPU instance only: the host label may name the exporter pod, and an
+/// exporter restart or upgrade continues the device under new series (new `pod` and `instance`
+/// labels, new metric names). So `first` is the earliest over the device's series, `active` the
+/// latest, and a bucket's sample count is the sum over them: the old series' last bucket and the
+/// new one's first add up to a full bucket, and a restart or upgrade is no gap; a bucket in
+/// which no series of the device has samples still is. Duplicate scrapes of one device (two jobs
+/// scraping one exporter) only raise the counts; that can hide a bucket in which each job
+/// missed some scrapes, never invent a bucket's samples out of nothing.
 /// `matchers` (`,`-prefixed, or empty) narrows every selector (`--prometheus-selector`).
 pub fn bootstrap_query(
     scheme: &LabelScheme,
@@ -95,29 +124,33 @@ pub fn bootstrap_query(
     let mut parts = Vec::new();
     for (field, name) in [(fields::GR_ENGINE_ACTIVE, "gr"), (fields::GPU_UTIL, "util")] {
         let thr = threshold(field, window);
-        let tag = |stat_name: &str, template: &dyn Fn(&str, f64) -> String| {
-            let expr = stat(
-                stat_name,
-                &by,
-                &each_spelling(field, matchers, thr, template),
-            );
-            format!("label_replace({expr}, \"{FIELD_LABEL}\", \"{name}\", \"\", \"\")")
+        let device = |agg: &str, template: &dyn Fn(&str, f64) -> String| {
+            per_device(agg, &by, field, matchers, thr, template)
         };
-        parts.push(tag("active", &|f, thr| {
+        let active = device("max", &|f, thr| {
             format!("max_over_time(timestamp(max_over_time({f}[{b}]) >= {thr})[{sub}])")
-        }));
-        parts.push(tag("active_now", &|f, thr| {
-            format!("timestamp({f}) and {f} >= {thr}")
-        }));
-        parts.push(tag("first", &|f, _| {
+        });
+        parts.push(stat("active", name, &active));
+        let active_now = device("max", &|f, thr| format!("timestamp({f}) and {f} >= {thr}"));
+        parts.push(stat("active_now", name, &active_now));
+        let first = device("min", &|f, _| {
             format!("min_over_time(timestamp({f})[{sub}])")
-        }));
-        parts.push(tag("count", &|f, _| {
+        });
+        parts.push(stat("first", name, &first));
+        let count = device("sum", &|f, _| {
             format!("count_over_time({f}[{}])", open_range(lookback))
-        }));
-        parts.push(tag("gap_end", &|f, _| {
-            format!("max_over_time((timestamp(count_over_time({f}[{b}]) < {expected}) or timestamp(count_over_time({f}[{b}]) unless count_over_time({f}[{b}] offset {})))[{sub}])", duration(bucket))
-        }));
+        });
+        parts.push(stat("count", name, &count));
+        // The device's samples per bucket (all its series), and the bucket before's: the
+        // buckets are judged per device, inside one subquery.
+        let in_bucket = device("sum", &|f, _| format!("count_over_time({f}[{b}])"));
+        let in_bucket_before = device("sum", &|f, _| {
+            format!("count_over_time({f}[{b}] offset {})", duration(bucket))
+        });
+        let gap_end = format!(
+            "max_over_time((timestamp({in_bucket} < {expected}) or timestamp({in_bucket} unless {in_bucket_before}))[{sub}])"
+        );
+        parts.push(stat("gap_end", name, &gap_end));
     }
     parts.join(" or ")
 }
@@ -426,16 +459,11 @@ mod tests {
             "",
         );
         // 24 h in 5-minute buckets; 10 scrapes of 30 s per bucket, 9 needed.
-        assert!(q.contains("max_over_time(timestamp(max_over_time(DCGM_FI_DEV_GPU_UTIL[299999ms]) >= 5)[86400000ms:300000ms])"), "{q}");
+        assert!(q.contains("max by (UUID, GPU_I_ID) (max_over_time(timestamp(max_over_time(DCGM_FI_DEV_GPU_UTIL[299999ms]) >= 5)[86400000ms:300000ms]))"), "{q}");
         assert!(q.contains("\"field\", \"gr\""), "{q}");
         // Each spelling's threshold in its own unit: a ratio's 5 % is 0.05.
         assert!(q.contains("max_over_time(timestamp(max_over_time(DCGM_FI_DEV_GPU_UTIL_RATIO[299999ms]) >= 0.05)[86400000ms:300000ms])"), "{q}");
         assert!(q.contains("timestamp(DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO) and DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO >= 0.05"), "{q}");
-        assert!(
-            q.contains("timestamp(count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms]) < 9)"),
-            "{q}"
-        );
-        assert!(q.contains("count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms]) unless count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[299999ms] offset 300000ms)"), "{q}");
         assert_eq!(
             bootstrap_bucket(&window(), chrono::Duration::minutes(30)),
             chrono::Duration::seconds(30),
@@ -446,6 +474,59 @@ mod tests {
             chrono::Duration::minutes(10),
             "never wider than the window"
         );
+    }
+
+    /// The per-bucket sample count is the device's: summed over every series of every spelling
+    /// (an exporter restart or upgrade continues the device), each spelling's part aggregated by
+    /// device and labelled before the `or`, inside the one subquery that judges the buckets.
+    #[test]
+    fn bootstrap_judges_buckets_per_device_across_spellings_and_series() {
+        let q = bootstrap_query(
+            &LabelScheme::default(),
+            &window(),
+            chrono::Duration::hours(24),
+            0.9,
+            "",
+        );
+        let count_of = |name: &str, offset: &str| {
+            format!(
+                "label_replace(sum by (UUID, GPU_I_ID) (count_over_time({name}[299999ms]{offset})), \"spelling\", \"{name}\", \"\", \"\")"
+            )
+        };
+        let in_bucket = |offset: &str| {
+            let parts: Vec<String> = fields::spellings_of(fields::GR_ENGINE_ACTIVE)
+                .map(|s| count_of(s.name, offset))
+                .collect();
+            format!("sum by (UUID, GPU_I_ID) ({})", parts.join(" or "))
+        };
+        let (now, before) = (in_bucket(""), in_bucket(" offset 300000ms"));
+        let gap_end = format!(
+            "max_over_time((timestamp({now} < 9) or timestamp({now} unless {before}))[86400000ms:300000ms])"
+        );
+        assert!(q.contains(&gap_end), "{gap_end}\nnot in\n{q}");
+        // The first sample is the earliest over the device's series, the count their sum.
+        assert!(
+            q.contains("min by (UUID, GPU_I_ID) (label_replace(min by (UUID, GPU_I_ID) (min_over_time(timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE)[86400000ms:300000ms])), \"spelling\", \"DCGM_FI_PROF_GR_ENGINE_ACTIVE\", \"\", \"\") or "),
+            "{q}"
+        );
+        assert!(
+            q.contains("sum by (UUID, GPU_I_ID) (label_replace(sum by (UUID, GPU_I_ID) (count_over_time(DCGM_FI_DEV_GPU_UTIL[86399999ms])), \"spelling\", \"DCGM_FI_DEV_GPU_UTIL\", \"\", \"\") or "),
+            "{q}"
+        );
+        // No spelling's raw function result meets another's in an `or`.
+        for s in fields::SPELLINGS {
+            assert!(
+                !q.contains(&format!(
+                    "or max_over_time(timestamp(max_over_time({}",
+                    s.name
+                )),
+                "{q}"
+            );
+            assert!(
+                !q.contains(&format!("or count_over_time({}", s.name)),
+                "{q}"
+            );
+        }
     }
 
     #[test]
@@ -495,6 +576,21 @@ mod tests {
             q.contains(r#"dcgm_gpu_utilization{cluster="prod"}"#),
             "every spelling: {q}"
         );
+        // Every selector of every spelling carries the matchers (the offset ones of the
+        // per-device bucket counts too): a name is followed by them or closes a label value.
+        for s in fields::SPELLINGS {
+            for (at, _) in q.match_indices(s.name) {
+                let after = &q[at + s.name.len()..];
+                assert!(
+                    after.starts_with(r#"{cluster="prod"}"#)
+                        || after.starts_with('"')
+                        || after.starts_with('_'),
+                    "{} without the selector at {}",
+                    s.name,
+                    &q[at..(at + 80).min(q.len())]
+                );
+            }
+        }
     }
 
     #[test]
