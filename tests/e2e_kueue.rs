@@ -18,8 +18,12 @@
 //!    quota and the starved queue, and `/metrics` the series `GpuLedgerQueueStarvedWhileLenderIdle`
 //!    reads. A JobSet (the real CRD of the `sigs.k8s.io/jobset` module Kueue pins; JobSet's
 //!    controller emulated, see `jobset_runs_under_its_queue`) admitted to a third ClusterQueue
-//!    shows its pods, controlled by Jobs, busy under that queue (issue 37, item 4). `capture` of
-//!    that cluster, reported offline, gives the live report's queue rows.
+//!    shows its pods, controlled by Jobs, busy under that queue, and a RayJob (the real RayJob
+//!    and RayCluster CRDs of the KubeRay `ray-operator` module Kueue pins, Kueue's
+//!    `ray.io/rayjob` integration; KubeRay's operator emulated, see
+//!    `rayjob_runs_under_its_queue`) admitted to a fourth shows its GPU workers, controlled by
+//!    a RayCluster, busy under that one (issue 37, item 4). `capture` of that cluster, reported
+//!    offline, gives the live report's queue rows.
 
 mod support;
 
@@ -612,10 +616,10 @@ async fn rayjob_runs_under_its_queue(admin: &kube::Client) {
     // The head, then the two workers of group 0; the last one without Kueue's annotation.
     for (index, group) in [None, Some(0), Some(0)].into_iter().enumerate() {
         let mut pod = kueue::raycluster_pod(&cluster, group).expect("a RayCluster pod");
-        if index == 2 {
-            if let Some(a) = pod.metadata.annotations.as_mut() {
-                a.remove("kueue.x-k8s.io/workload");
-            }
+        if index == 2
+            && let Some(a) = pod.metadata.annotations.as_mut()
+        {
+            a.remove("kueue.x-k8s.io/workload");
         }
         let pod = pods
             .create(&PostParams::default(), &pod)
