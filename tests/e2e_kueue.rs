@@ -18,8 +18,12 @@
 //!    quota and the starved queue, and `/metrics` the series `GpuLedgerQueueStarvedWhileLenderIdle`
 //!    reads. A JobSet (the real CRD of the `sigs.k8s.io/jobset` module Kueue pins; JobSet's
 //!    controller emulated, see `jobset_runs_under_its_queue`) admitted to a third ClusterQueue
-//!    shows its pods, controlled by Jobs, busy under that queue (issue 37, item 4). `capture` of
-//!    that cluster, reported offline, gives the live report's queue rows.
+//!    shows its pods, controlled by Jobs, busy under that queue, and a RayJob (the real RayJob
+//!    and RayCluster CRDs of the KubeRay `ray-operator` module Kueue pins, Kueue's
+//!    `ray.io/rayjob` integration; KubeRay's operator emulated, see
+//!    `rayjob_runs_under_its_queue`) admitted to a fourth shows its GPU workers, controlled by
+//!    a RayCluster, busy under that one (issue 37, item 4). `capture` of that cluster, reported
+//!    offline, gives the live report's queue rows.
 
 mod support;
 
@@ -413,6 +417,34 @@ fn queue_row(ledger: &Value, cluster_queue: &str) -> Option<Value> {
         .cloned()
 }
 
+/// Polls the ledger until `cluster_queue`'s row satisfies `ok`, then returns the row; on a
+/// timeout the panic shows the last row and the pods of the ledger (why a pod was not
+/// joined is in them).
+async fn queue_row_until(
+    gl: &GpuLedgerProcess,
+    cluster_queue: &str,
+    what: &str,
+    ok: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut last = Value::Null;
+    loop {
+        if let Ok(l) = gl.ledger_json().await {
+            if let Some(row) = queue_row(&l, cluster_queue).filter(|r| ok(r)) {
+                return row;
+            }
+            last = l;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {WAIT:?} waiting for: {what}; last row {:?}; pods {}",
+            queue_row(&last, cluster_queue),
+            last["pods"]
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 async fn metric(gl: &GpuLedgerProcess, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
     metric_value(&gl.metrics_text().await.ok()?, family, labels)
 }
@@ -480,6 +512,131 @@ async fn jobset_runs_under_its_queue(admin: &kube::Client) {
     }
 }
 
+/// A RayJob (`ray.io/v1`, the real CRD) queued to `queue`: a head without GPUs and one worker
+/// group `gpu-workers` of `workers` pods, one GPU each at `utilization_percent`. `HTTPMode`: the
+/// operator submits the job itself, so Kueue adds no submitter pod set (its CPU and memory
+/// would need quota the GPU-only ClusterQueues do not cover). Created unsuspended, as a user
+/// would: Kueue's RayJob webhook suspends it.
+fn rayjob(name: &str, queue: &str, workers: u32, utilization_percent: f64) -> DynamicObject {
+    let head = json!({"spec": {"containers": [{"name": "ray-head",
+        "image": "registry.invalid/ray:2.52.0"}]}});
+    serde_json::from_value(json!({
+        "apiVersion": format!("{}/{}", kueue::RAY_GROUP, kueue::RAY_VERSION),
+        "kind": "RayJob",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
+        "spec": {"entrypoint": "python train.py", "submissionMode": "HTTPMode",
+            "shutdownAfterJobFinishes": true,
+            "rayClusterSpec": {"headGroupSpec": {"rayStartParams": {}, "template": head},
+                "workerGroupSpecs": [{"groupName": "gpu-workers", "replicas": workers,
+                    "minReplicas": workers, "maxReplicas": workers, "rayStartParams": {},
+                    "template": pod_template(name, 1, utilization_percent)}]}}
+    }))
+    .expect("RayJob JSON")
+}
+
+/// Pod `namespace/name` once it runs on a node.
+async fn pod_running(admin: &kube::Client, namespace: &str, name: &str) -> Option<Pod> {
+    let p = Api::<Pod>::namespaced(admin.clone(), namespace)
+        .get(name)
+        .await
+        .ok()?;
+    (p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+    .then_some(p)
+}
+
+/// A RayJob queued to `team-d-cq` is admitted by the real Kueue (its Workload owned by the
+/// RayJob, the RayJob unsuspended), and its RayCluster's head and two GPU workers run on kwok
+/// nodes, placed by the real scheduler.
+///
+/// KubeRay's operator does not run here (a separate Go build with its own webhooks):
+/// `kueue::rayjob_cluster` makes the RayCluster (`<rayjob>-<5 random characters>`, controlled
+/// by the RayJob) and `kueue::raycluster_pod` its pods (controlled by the RayCluster, with
+/// KubeRay's `ray.io/*` labels) as KubeRay v1.6.0 would, from the RayJob as Kueue left it. The
+/// second worker goes without Kueue's `kueue.x-k8s.io/workload` annotation, as Kueue v0.17
+/// leaves it with its TopologyAwareScheduling gate off: that pod joins through KubeRay's
+/// `ray.io/cluster` label alone.
+async fn rayjob_runs_under_its_queue(admin: &kube::Client) {
+    let ns = "team-d";
+    let rayjobs: Api<DynamicObject> =
+        Api::namespaced_with(admin.clone(), ns, &kueue::rayjob_resource());
+    let created = rayjobs
+        .create(
+            &PostParams::default(),
+            &rayjob("train-ray", "queue", 2, 70.0),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating RayJob: {e}"));
+    assert_eq!(
+        created.data["spec"]["suspend"], true,
+        "Kueue's RayJob webhook suspends a queued RayJob"
+    );
+    let wl = eventually("train-ray's Workload admitted", WAIT, || async {
+        let w = workload_owned_by(admin, ns, "RayJob", "train-ray").await?;
+        (condition(&w, "Admitted").as_deref() == Some("True")).then_some(w)
+    })
+    .await;
+    let rj = eventually("Kueue unsuspending train-ray", WAIT, || async {
+        let rj = rayjobs.get("train-ray").await.ok()?;
+        // KubeRay's Go type drops a false `suspend` (`omitempty`); Kueue's webhook set it true.
+        (!rj.data["spec"]["suspend"].as_bool().unwrap_or(false)).then_some(rj)
+    })
+    .await;
+    let workload_name = wl.metadata.name.clone().expect("Workload name");
+    let pod_meta =
+        &rj.data["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["metadata"];
+    assert_eq!(
+        pod_meta["annotations"]["kueue.x-k8s.io/workload"], workload_name,
+        "Kueue names its Workload on the template it starts: {pod_meta}"
+    );
+    assert_eq!(
+        pod_meta["labels"]["kueue.x-k8s.io/podset"], "gpu-workers",
+        "{pod_meta}"
+    );
+    // KubeRay names the cluster in the RayJob's status first (`initRayJobStatusIfNeed`).
+    let cluster_name = "train-ray-x7k2p";
+    rayjobs
+        .patch_status(
+            "train-ray",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"rayClusterName": cluster_name,
+                "jobDeploymentStatus": "Initializing", "jobStatus": ""}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("RayJob status: {e}"));
+    let cluster = kueue::rayjob_cluster(&rj, "x7k2p").expect("the RayJob's RayCluster");
+    let cluster =
+        Api::<DynamicObject>::namespaced_with(admin.clone(), ns, &kueue::raycluster_resource())
+            .create(&PostParams::default(), &cluster)
+            .await
+            .unwrap_or_else(|e| panic!("creating RayCluster: {e}"));
+    assert_eq!(cluster.metadata.name.as_deref(), Some(cluster_name));
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let mut names = Vec::new();
+    // The head, then the two workers of group 0; the last one without Kueue's annotation.
+    for (index, group) in [None, Some(0), Some(0)].into_iter().enumerate() {
+        let mut pod = kueue::raycluster_pod(&cluster, group).expect("a RayCluster pod");
+        if index == 2
+            && let Some(a) = pod.metadata.annotations.as_mut()
+        {
+            a.remove("kueue.x-k8s.io/workload");
+        }
+        let pod = pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("creating a pod of {cluster_name}: {e}"));
+        names.push(pod.metadata.name.expect("generated pod name"));
+    }
+    for name in &names {
+        let pod = eventually(&format!("{name} running"), WAIT, || {
+            pod_running(admin, ns, name)
+        })
+        .await;
+        let labels = pod.metadata.labels.unwrap_or_default();
+        assert_eq!(labels["ray.io/cluster"], cluster_name, "{name}");
+    }
+}
+
 /// Lines of the process's log that say Kueue was not found.
 fn kueue_not_found_lines(gl: &GpuLedgerProcess) -> usize {
     std::fs::read_to_string(gl.log_path())
@@ -505,8 +662,13 @@ async fn admitted_and_running(admin: &kube::Client, namespace: &str, name: &str)
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
-    // Five GPUs: the plain pod, the notebook, the busy Job and the JobSet's two pods.
-    let nodes = [GpuNode::new("gpu-1", 2), GpuNode::new("gpu-2", 3)];
+    // Seven GPUs: the plain pod, the notebook, the busy Job, the JobSet's two pods and the
+    // RayJob's two workers.
+    let nodes = [
+        GpuNode::new("gpu-1", 2),
+        GpuNode::new("gpu-2", 3),
+        GpuNode::new("gpu-3", 2),
+    ];
     let stack =
         support::tier_b_with(&nodes, kueue::tier_b_options(), support::Grants::ReadOnly).await;
     let admin = stack.admin();
@@ -572,6 +734,11 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
                 cohort: None,
                 ..Queue::new("team-c", "team-c-cq", 2)
             },
+            // Outside the cohort too: the RayJob's.
+            Queue {
+                cohort: None,
+                ..Queue::new("team-d", "team-d-cq", 2)
+            },
         ],
     )
     .await;
@@ -588,11 +755,17 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
     })
     .await;
     jobset_runs_under_its_queue(&admin).await;
+    rayjob_runs_under_its_queue(&admin).await;
 
     // Kueue writes a ClusterQueue's `flavorsUsage` after it admits, on its own schedule: once
     // in CI the ledger read team-b-cq's as 0 while the Job's pod ran. `admitted` is that field
     // as written, so wait for Kueue to write it, then for the ledger to show it.
-    for (cq, gpus) in [("team-a-cq", "1"), ("team-b-cq", "1"), ("team-c-cq", "2")] {
+    for (cq, gpus) in [
+        ("team-a-cq", "1"),
+        ("team-b-cq", "1"),
+        ("team-c-cq", "2"),
+        ("team-d-cq", "2"),
+    ] {
         eventually(
             &format!("{cq}'s status.flavorsUsage at {gpus} GPU"),
             WAIT,
@@ -690,10 +863,8 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
     );
     // Issue 37, item 4: the JobSet's pods (controlled by Jobs, not by the Workload's owner)
     // are its queue's: busy, both of them.
-    let team_c = eventually("team-c-cq's JobSet pods busy under it", WAIT, || async {
-        let l = gl.ledger_json().await.ok()?;
-        let c = queue_row(&l, "team-c-cq")?;
-        (c["busy"].as_f64() == Some(2.0) && c["admitted"] == 2).then_some(c)
+    let team_c = queue_row_until(&gl, "team-c-cq", "the JobSet's pods busy under it", |c| {
+        c["busy"].as_f64() == Some(2.0) && c["admitted"] == 2
     })
     .await;
     assert_eq!(team_c["idle"].as_f64(), Some(0.0), "{team_c}");
@@ -703,6 +874,25 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
             &gl,
             "gpu_ledger_queue_gpus",
             &[("cluster_queue", "team-c-cq"), ("kind", "busy")]
+        )
+        .await,
+        Some(2.0)
+    );
+    // The RayJob's workers (controlled by a RayCluster, not by the Workload's owner; one
+    // without Kueue's annotation) are its queue's: busy, both of them; the head holds no GPU.
+    let team_d = queue_row_until(
+        &gl,
+        "team-d-cq",
+        "the RayJob's workers busy under it",
+        |d| d["busy"].as_f64() == Some(2.0) && d["admitted"] == 2,
+    )
+    .await;
+    assert_eq!(team_d["idle"].as_f64(), Some(0.0), "{team_d}");
+    assert_eq!(
+        metric(
+            &gl,
+            "gpu_ledger_queue_gpus",
+            &[("cluster_queue", "team-d-cq"), ("kind", "busy")]
         )
         .await,
         Some(2.0)
@@ -742,6 +932,8 @@ async fn the_ledger_names_the_idle_lender_and_the_queue_it_starves() {
     let (live, offline, _capture) = support::live_and_offline(&stack);
     assert_eq!(offline["kueue_available"], true, "{offline}");
     assert_eq!(offline["queues"], live["queues"], "offline vs live");
+    let team_d = queue_row(&offline, "team-d-cq").expect("team-d-cq offline");
+    assert_eq!(team_d["busy"].as_f64(), Some(2.0), "{team_d}");
     let starved = queue_row(&offline, "team-b-cq").expect("team-b-cq offline");
     assert_eq!(starved["idle_lenders"], json!(["team-a-cq"]), "{starved}");
     assert!(kueue.try_exit_status().is_none(), "Kueue exited");

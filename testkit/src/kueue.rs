@@ -23,12 +23,14 @@
 //!   untouched. As root that is all; otherwise a user namespace is added (`--map-root-user`).
 //! * The visibility API server (an aggregated API, on by default since v0.9) is switched off
 //!   (`VisibilityOnDemand: false`): nothing here reads it, and it would bind all interfaces.
-//! * The `batch/job` and `jobset.x-k8s.io/jobset` integrations are enabled; the webhooks of the
-//!   others answer as Kueue's no-op webhooks do for disabled integrations. JobSet's CRD is the
-//!   real one, from the `sigs.k8s.io/jobset` module at the version Kueue's go.mod pins
-//!   ([`install_jobset_crd`]). JobSet's controller does not run here (it is a separate
-//!   operator with its own webhooks and certificates): [`jobset_child_job`] makes a JobSet's
-//!   Jobs the way it would.
+//! * The `batch/job`, `jobset.x-k8s.io/jobset` and `ray.io/rayjob` integrations are enabled;
+//!   the webhooks of the others answer as Kueue's no-op webhooks do for disabled integrations.
+//!   The JobSet, RayJob and RayCluster CRDs are the real ones, from the `sigs.k8s.io/jobset`
+//!   and `github.com/ray-project/kuberay/ray-operator` modules at the versions Kueue's go.mod
+//!   pins ([`install_jobset_crd`], [`install_kuberay_crds`]). Their controllers do not run here
+//!   (separate operators with their own webhooks and certificates): [`jobset_child_job`] makes
+//!   a JobSet's Jobs, [`rayjob_cluster`] and [`raycluster_pod`] a RayJob's RayCluster and its
+//!   pods, the way they would.
 //!
 //! Jobs need kube-controller-manager's Job controller: start the control plane with
 //! [`tier_b_options`]. The process is killed when the [`Kueue`] value is dropped; if that
@@ -359,6 +361,198 @@ pub fn jobset_child_job(js: &DynamicObject, rjob_index: usize, job_index: u32) -
         .with_context(|| format!("Job {job_name} of JobSet {name}"))
 }
 
+/// KubeRay's operator module; its version is the one Kueue's go.mod pins (v1.6.0 for Kueue
+/// v0.17.0).
+pub const KUBERAY_MODULE: &str = "github.com/ray-project/kuberay/ray-operator";
+/// KubeRay's API group and the version KubeRay v1.6 serves.
+pub const RAY_GROUP: &str = "ray.io";
+pub const RAY_VERSION: &str = "v1";
+
+/// The `ray.io/v1` RayJob resource.
+pub fn rayjob_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(RAY_GROUP, RAY_VERSION, "RayJob"),
+        "rayjobs",
+    )
+}
+
+/// The `ray.io/v1` RayCluster resource.
+pub fn raycluster_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(RAY_GROUP, RAY_VERSION, "RayCluster"),
+        "rayclusters",
+    )
+}
+
+/// Installs KubeRay's RayJob and RayCluster CRDs from its module (`config/crd/bases`) and waits
+/// until they are Established. Kueue's `ray.io/rayjob` integration needs both: it watches
+/// RayJobs and the RayClusters they own.
+pub async fn install_kuberay_crds(cp: &ControlPlane) -> Result<()> {
+    let bases = dependency_dir(KUBERAY_MODULE)?.join("config/crd/bases");
+    for file in ["ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml"] {
+        let file = bases.join(file);
+        let crd: CustomResourceDefinition = serde_norway::from_str(&read(&file)?)
+            .with_context(|| format!("parsing CRD {}", file.display()))?;
+        cp.install_crd(&crd).await?;
+    }
+    Ok(())
+}
+
+/// The name, namespace and uid of a `kind` object.
+fn identity(obj: &DynamicObject, kind: &str) -> Result<(String, String, String)> {
+    let m = &obj.metadata;
+    Ok((
+        m.name
+            .clone()
+            .with_context(|| format!("{kind} without a name"))?,
+        m.namespace
+            .clone()
+            .with_context(|| format!("{kind} without a namespace"))?,
+        m.uid
+            .clone()
+            .with_context(|| format!("{kind} without a uid"))?,
+    ))
+}
+
+/// The RayCluster KubeRay v1.6.0's RayJob controller makes for a RayJob
+/// (`controllers/ray/rayjob_controller.go`: `constructRayClusterForRayJob`): named
+/// `status.rayClusterName`, which `initRayJobStatusIfNeed` sets to
+/// `utils.GenerateRayClusterName(name)` = `<rayjob>-<rand.String(5)>` (here `<rayjob>-<suffix>`,
+/// `suffix` five characters of Kubernetes' random alphabet); the RayJob's labels plus
+/// `ray.io/originated-from-cr-name`, `ray.io/originated-from-crd` and
+/// `ray.io/job-submission-mode`; its annotations; its `spec.rayClusterSpec` as Kueue left it
+/// (`ctrl.SetControllerReference`: controlled by the RayJob). Sidecar mode's submitter container
+/// is not emulated: the caller's RayJob must use `HTTPMode` or `K8sJobMode`.
+pub fn rayjob_cluster(rayjob: &DynamicObject, suffix: &str) -> Result<DynamicObject> {
+    let (name, namespace, uid) = identity(rayjob, "RayJob")?;
+    let spec = &rayjob.data["spec"];
+    let mode = spec["submissionMode"].as_str().unwrap_or("K8sJobMode");
+    if mode == "SidecarMode" {
+        bail!("RayJob {name}: SidecarMode's submitter container is not emulated");
+    }
+    let mut labels = json!(rayjob.metadata.labels.clone().unwrap_or_default());
+    labels["ray.io/originated-from-cr-name"] = json!(name);
+    labels["ray.io/originated-from-crd"] = json!("RayJob");
+    labels["ray.io/job-submission-mode"] = json!(mode);
+    let cluster_spec = spec["rayClusterSpec"].clone();
+    if !cluster_spec.is_object() {
+        bail!("RayJob {name} without spec.rayClusterSpec");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": format!("{RAY_GROUP}/{RAY_VERSION}"),
+        "kind": "RayCluster",
+        "metadata": {
+            "name": format!("{name}-{suffix}"),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": rayjob.metadata.annotations.clone().unwrap_or_default(),
+            "ownerReferences": [{
+                "apiVersion": format!("{RAY_GROUP}/{RAY_VERSION}"),
+                "kind": "RayJob",
+                "name": name,
+                "uid": uid,
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": cluster_spec,
+    }))
+    .with_context(|| format!("RayCluster of RayJob {name}"))
+}
+
+/// A pod of a RayCluster as KubeRay v1.6.0's RayCluster controller makes it
+/// (`controllers/ray/raycluster_controller.go`: `createHeadPod` / `createWorkerPod` with
+/// `utils.PodName`; `controllers/ray/common/pod.go`: `DefaultHeadPodTemplate`,
+/// `DefaultWorkerPodTemplate`, `labelPod`): the group's pod template with its annotations
+/// (where Kueue's `kueue.x-k8s.io/workload` annotation and `kueue.x-k8s.io/podset` label
+/// arrive), `generateName` `<cluster>-head-` or `<cluster>-<group>-worker-`, KubeRay's labels
+/// `ray.io/is-ray-node`, `ray.io/cluster`, `ray.io/node-type`, `ray.io/group`,
+/// `ray.io/identifier`, `app.kubernetes.io/name` and `app.kubernetes.io/created-by` over the
+/// template's, the head's `ray.io/ft-enabled` annotation, and controlled by the RayCluster.
+/// `worker_group` `None` is the head. The `ray start` command, ports, `/dev/shm` volume and
+/// the workers' wait-for-GCS init container are not emulated (kwok runs no container; the
+/// init container asks for CPU and memory only).
+pub fn raycluster_pod(
+    cluster: &DynamicObject,
+    worker_group: Option<usize>,
+) -> Result<k8s_openapi::api::core::v1::Pod> {
+    let (name, namespace, uid) = identity(cluster, "RayCluster")?;
+    let spec = &cluster.data["spec"];
+    let (template, node_type, group, prefix) = match worker_group {
+        None => (
+            &spec["headGroupSpec"]["template"],
+            "head",
+            "headgroup".to_string(),
+            name.clone(),
+        ),
+        Some(i) => {
+            let g = &spec["workerGroupSpecs"][i];
+            let group = g["groupName"]
+                .as_str()
+                .with_context(|| format!("RayCluster {name} has no worker group {i}"))?;
+            (
+                &g["template"],
+                "worker",
+                group.to_string(),
+                format!("{name}-{group}"),
+            )
+        }
+    };
+    if !template.is_object() {
+        bail!("RayCluster {name}: no pod template for the {node_type} group {group}");
+    }
+    // `utils.PodName`: the prefix clipped to 50 characters, lower-cased.
+    let prefix: String = prefix.chars().take(50).collect();
+    let mut meta = template["metadata"].clone();
+    if !meta.is_object() {
+        meta = json!({});
+    }
+    let mut labels = meta["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    // `labelPod`: these win over the template's (node type, group and cluster are not
+    // overridable; the others are defaults a template may override, kept here when present).
+    for (k, v) in [
+        ("ray.io/is-ray-node", "yes".to_string()),
+        ("ray.io/identifier", format!("{name}-{node_type}")),
+        ("app.kubernetes.io/name", "kuberay".to_string()),
+        (
+            "app.kubernetes.io/created-by",
+            "kuberay-operator".to_string(),
+        ),
+    ] {
+        if labels.get(k).is_none() {
+            labels[k] = json!(v);
+        }
+    }
+    labels["ray.io/cluster"] = json!(name);
+    labels["ray.io/node-type"] = json!(node_type);
+    labels["ray.io/group"] = json!(group);
+    meta["labels"] = labels;
+    if !meta["annotations"].is_object() {
+        meta["annotations"] = json!({});
+    }
+    if node_type == "head" {
+        meta["annotations"]["ray.io/ft-enabled"] = json!("false");
+    }
+    if let Some(m) = meta.as_object_mut() {
+        m.remove("name");
+    }
+    meta["generateName"] = json!(format!("{}-{node_type}-", prefix.to_lowercase()));
+    meta["namespace"] = json!(namespace);
+    meta["ownerReferences"] = json!([{
+        "apiVersion": format!("{RAY_GROUP}/{RAY_VERSION}"),
+        "kind": "RayCluster",
+        "name": name,
+        "uid": uid,
+        "controller": true,
+        "blockOwnerDeletion": true,
+    }]);
+    serde_json::from_value(json!({"metadata": meta, "spec": template["spec"].clone()}))
+        .with_context(|| format!("{node_type} pod of RayCluster {name}"))
+}
+
 /// The hex SHA-1 of `s` (JobSet's `sha1Hash`), by coreutils' `sha1sum`.
 fn sha1_hex(s: &str) -> Result<String> {
     use std::io::Write as _;
@@ -458,6 +652,7 @@ impl Kueue {
         install_crds(cp).await?;
         // Before Kueue starts: it sets up an integration only when its CRD is served.
         install_jobset_crd(cp).await?;
+        install_kuberay_crds(cp).await?;
         let module = module_dir()?;
         let bin = kueue_bin()?;
         let dir = cp.dir().join("kueue");
@@ -509,6 +704,7 @@ integrations:
   frameworks:
   - batch/job
   - jobset.x-k8s.io/jobset
+  - ray.io/rayjob
 featureGates:
   VisibilityOnDemand: false
 resources:
@@ -847,6 +1043,64 @@ mod tests {
             sha1_hex("abc").expect("sha1"),
             "a9993e364706816aba3e25717850c26c9cd0d89d"
         );
+    }
+
+    #[test]
+    fn a_rayjobs_cluster_and_pods_carry_kuberays_names_labels_and_owners() {
+        let rj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "ray.io/v1", "kind": "RayJob",
+            "metadata": {"name": "rj", "namespace": "ns", "uid": "rj-uid",
+                "labels": {"kueue.x-k8s.io/queue-name": "q"}},
+            "spec": {"submissionMode": "HTTPMode", "rayClusterSpec": {
+                "headGroupSpec": {"template": {"spec": {"containers": [{"name": "h"}]}}},
+                "workerGroupSpecs": [{"groupName": "gpu", "minReplicas": 1, "maxReplicas": 1,
+                    "template": {"metadata": {"name": "ignored",
+                        "labels": {"ray.io/cluster": "spoofed", "mine": "kept"},
+                        "annotations": {"kueue.x-k8s.io/workload": "wl"}},
+                    "spec": {"containers": [{"name": "w"}]}}}]}}
+        }))
+        .expect("RayJob");
+        let mut cluster = rayjob_cluster(&rj, "x7k2p").expect("cluster");
+        assert_eq!(cluster.metadata.name.as_deref(), Some("rj-x7k2p"));
+        let labels = cluster.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels["kueue.x-k8s.io/queue-name"], "q");
+        assert_eq!(labels["ray.io/originated-from-cr-name"], "rj");
+        assert_eq!(labels["ray.io/job-submission-mode"], "HTTPMode");
+        let owner = &cluster.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("RayJob", "rj-uid")
+        );
+        cluster.metadata.uid = Some("rc-uid".to_string());
+
+        let worker = raycluster_pod(&cluster, Some(0)).expect("worker");
+        let meta = &worker.metadata;
+        assert_eq!(meta.name, None);
+        assert_eq!(meta.generate_name.as_deref(), Some("rj-x7k2p-gpu-worker-"));
+        let labels = meta.labels.clone().unwrap_or_default();
+        assert_eq!(labels["ray.io/cluster"], "rj-x7k2p", "not overridable");
+        assert_eq!(labels["ray.io/node-type"], "worker");
+        assert_eq!(labels["ray.io/group"], "gpu");
+        assert_eq!(labels["mine"], "kept");
+        assert_eq!(
+            meta.annotations.clone().unwrap_or_default()["kueue.x-k8s.io/workload"],
+            "wl"
+        );
+        let owner = &meta.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("RayCluster", "rc-uid", Some(true))
+        );
+        let head = raycluster_pod(&cluster, None).expect("head");
+        assert_eq!(
+            head.metadata.generate_name.as_deref(),
+            Some("rj-x7k2p-head-")
+        );
+        assert_eq!(
+            head.metadata.labels.unwrap_or_default()["ray.io/group"],
+            "headgroup"
+        );
+        assert!(raycluster_pod(&cluster, Some(1)).is_err());
     }
 
     #[test]
