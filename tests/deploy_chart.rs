@@ -84,6 +84,23 @@ fn helm_template_ns(release: &str, ns: &str, sets: &[&str]) -> Result<String> {
     Ok(run_ok(c, None)?.0)
 }
 
+/// `helm template` of the release in [`NS`] with extra helm arguments (`--api-versions …`,
+/// `--set …`), as objects.
+fn render_with_args(extra: &[&str]) -> Result<Vec<Value>> {
+    let mut c = helm();
+    c.args([
+        "template",
+        "gpu-ledger",
+        CHART,
+        "--namespace",
+        NS,
+        "--kube-version",
+        "v1.36.3",
+    ]);
+    c.args(extra);
+    docs(&run_ok(c, None)?.0)
+}
+
 fn helm_template(sets: &[&str]) -> Result<String> {
     helm_template_ns("gpu-ledger", NS, sets)
 }
@@ -1973,26 +1990,12 @@ const KUEUE_CONFIG_RULES: &[(&str, &str, &str)] = &[("", "configmaps/kueue-manag
 /// default is passed as the flag, an empty one reads and grants nothing.
 #[test]
 fn kueue_config_map_role_where_kueue_is_served() -> Result<()> {
-    let render = |extra: &[&str]| -> Result<Vec<Value>> {
-        let mut c = helm();
-        c.args([
-            "template",
-            "gpu-ledger",
-            CHART,
-            "--namespace",
-            NS,
-            "--kube-version",
-            "v1.36.3",
-        ]);
-        c.args(extra);
-        docs(&run_ok(c, None)?.0)
-    };
     let served = "kueue.x-k8s.io/v1beta2/ClusterQueue";
     ensure!(
-        find(&render(&[])?, "Role", "gpu-ledger-kueue-config").is_err(),
+        find(&render_with_args(&[])?, "Role", "gpu-ledger-kueue-config").is_err(),
         "no Role where Kueue is not served"
     );
-    let objs = render(&["--api-versions", served])?;
+    let objs = render_with_args(&["--api-versions", served])?;
     let role = find(&objs, "Role", "gpu-ledger-kueue-config")?;
     assert_eq!(role["metadata"]["namespace"], "kueue-system");
     assert_eq!(rule_set(role), triples(KUEUE_CONFIG_RULES));
@@ -2005,7 +2008,7 @@ fn kueue_config_map_role_where_kueue_is_served() -> Result<()> {
             .any(|a| a.starts_with("--kueue-config-map")),
         "the binary's default needs no flag"
     );
-    let objs = render(&[
+    let objs = render_with_args(&[
         "--api-versions",
         served,
         "--set",
@@ -2023,7 +2026,7 @@ fn kueue_config_map_role_where_kueue_is_served() -> Result<()> {
         args(find(&objs, "Deployment", "gpu-ledger")?)
             .contains(&"--kueue-config-map=queues/kueue-config".to_string())
     );
-    let objs = render(&[
+    let objs = render_with_args(&[
         "--api-versions",
         served,
         "--set",
@@ -2060,25 +2063,11 @@ fn kueue_config_map_role_where_kueue_is_served() -> Result<()> {
 #[test]
 fn prometheus_rule_by_default_where_the_crd_is_served() -> Result<()> {
     let served = "monitoring.coreos.com/v1/PrometheusRule";
-    let render = |extra: &[&str]| -> Result<Vec<Value>> {
-        let mut c = helm();
-        c.args([
-            "template",
-            "gpu-ledger",
-            CHART,
-            "--namespace",
-            NS,
-            "--kube-version",
-            "v1.36.3",
-        ]);
-        c.args(extra);
-        docs(&run_ok(c, None)?.0)
-    };
     ensure!(
-        !has_kind(&render(&[])?, "PrometheusRule"),
+        !has_kind(&render_with_args(&[])?, "PrometheusRule"),
         "no PrometheusRule where the API is not served"
     );
-    let objs = render(&["--api-versions", served])?;
+    let objs = render_with_args(&["--api-versions", served])?;
     let pr = find(&objs, "PrometheusRule", "gpu-ledger")?;
     let rules = serde_json::to_string(&pr["spec"])?;
     // The dashboard reads the recording rules: they come with the default install.
@@ -2095,7 +2084,7 @@ fn prometheus_rule_by_default_where_the_crd_is_served() -> Result<()> {
     }
     ensure!(
         !has_kind(
-            &render(&[
+            &render_with_args(&[
                 "--api-versions",
                 served,
                 "--set",
@@ -2107,7 +2096,7 @@ fn prometheus_rule_by_default_where_the_crd_is_served() -> Result<()> {
     );
     ensure!(
         has_kind(
-            &render(&["--set", "prometheusRule.enabled=true"])?,
+            &render_with_args(&["--set", "prometheusRule.enabled=true"])?,
             "PrometheusRule"
         ),
         "true means always"

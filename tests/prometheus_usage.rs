@@ -447,19 +447,7 @@ async fn history_bootstrap_finds_activity_hours_ago() {
     om.series(fields::GPU_UTIL, &dev("GPU-h2", &[]), broken);
     let (_prom, client) = start(&om).await;
     let w = window();
-    let scheme = live::detect_scheme(&client, SchemeChoice::Auto, at(now))
-        .await
-        .expect("detect");
-    let mut h = live::bootstrap(
-        &client,
-        &scheme,
-        &w,
-        history::DEFAULT_LOOKBACK,
-        0.9,
-        at(now),
-    )
-    .await
-    .expect("bootstrap");
+    let mut h = bootstrap_at(&client, now).await;
     let k = |u: &str| DeviceKey {
         uuid: u.into(),
         gpu_instance: None,
@@ -1075,19 +1063,7 @@ async fn dcgm_canonical_names_and_a_rolling_upgrade_read_live() {
     assert!(close(n.utilization, 0.42) && close(n.peak, 0.42), "{n:#?}");
 
     // Start-up history: activity under the canonical ratio names is activity (0.42 >= 5 %).
-    let scheme = live::detect_scheme(&renamed_client, SchemeChoice::Auto, at(now))
-        .await
-        .expect("detect");
-    let h = live::bootstrap(
-        &renamed_client,
-        &scheme,
-        &window(),
-        history::DEFAULT_LOOKBACK,
-        0.9,
-        at(now),
-    )
-    .await
-    .expect("bootstrap");
+    let h = bootstrap_at(&renamed_client, now).await;
     let key = |u: &str| DeviceKey {
         uuid: u.into(),
         gpu_instance: None,

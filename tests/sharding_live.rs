@@ -17,7 +17,6 @@ use gpu_ledger_testkit::prometheus::Prometheus;
 use gpu_ledger_testkit::stack::metric_value;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use serde_json::Value;
 use support::{Grants, eventually, gpu_pod, tier_b};
 
 const NS: &str = "team-shards";
@@ -41,16 +40,10 @@ fn one_node_per_shard() -> (String, String) {
 
 /// The first sample's value of an instant query, when there is one.
 async fn query(prom: &Prometheus, q: &str) -> Option<f64> {
-    let v: Value = reqwest::Client::new()
-        .get(format!("{}/api/v1/query", prom.url()))
-        .query(&[("query", q)])
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    prom.query(q).await.ok()?.first()?["value"][1]
+        .as_str()?
+        .parse()
+        .ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,11 +104,18 @@ async fn two_shards_label_their_series_and_the_rules_add_them() {
         .map(|gl| format!("'{}'", gl.url().trim_start_matches("http://")))
         .collect::<Vec<_>>()
         .join(", ");
-    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/alerts/gpu-ledger.rules.yaml");
-    let prom = Prometheus::start(&format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {rules}\n\
-         scrape_configs:\n  - job_name: gpu-ledger\n    honor_labels: true\n    static_configs:\n      - targets: [{targets}]\n"
+    let rules = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/alerts/gpu-ledger.rules.yaml"
     ))
+    .expect("the shipped rules");
+    let prom = Prometheus::start_with_rules(
+        &format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: gpu-ledger\n    honor_labels: true\n    static_configs:\n      - targets: [{targets}]\n"
+        ),
+        &[("gpu-ledger.rules.yaml", &rules)],
+    )
     .await
     .unwrap_or_else(|e| {
         panic!("this test needs a real Prometheus (`apt-get install prometheus`): {e:#}")
