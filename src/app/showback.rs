@@ -885,7 +885,7 @@ pub fn prometheus_history(client: Arc<PromClient>) -> Arc<dyn HistorySource> {
 }
 
 #[cfg(test)]
-mod ksm_tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -910,5 +910,62 @@ mod ksm_tests {
             .map(|n| n.replace("\\\\", ""))
             .collect();
         assert_eq!(back, many, "every name once, in order");
+    }
+
+    /// An answer as Prometheus 2 gives it (a step at the range's start too, which is the next
+    /// query's window) yields only its own windows, each at the grid time it ends: a window at
+    /// a boundary between two queries counts once.
+    #[test]
+    fn an_answer_yields_its_own_windows_once_at_query_boundaries() {
+        let at = |s: &str| {
+            DateTime::parse_from_rfc3339(s)
+                .expect("time")
+                .with_timezone(&Utc)
+        };
+        // 10:02 .. 11:02 in 5-minute windows: subquery steps on multiples of 5 minutes, so
+        // the grid is shifted by 3 minutes (the offset).
+        let period = Period::new(
+            at("2026-11-01T10:02:00Z"),
+            at("2026-11-01T11:02:00Z"),
+            at("2026-12-01T00:00:00Z"),
+        )
+        .expect("period");
+        let grid = Grid::new(&period, chrono::Duration::minutes(5));
+        let shift = 180;
+        let until = period.until.timestamp();
+        // Two queries: windows 0..5 and 5..12. Each answer holds its windows and, as
+        // Prometheus 2 answers, the step at its range's start (window 5, then 12: before the
+        // period).
+        let answer = |windows: std::ops::Range<i64>| {
+            let values: Vec<String> = (windows.start..=windows.end)
+                .rev()
+                .map(|j| format!("[{},\"{}\"]", until - j * 300 + shift, 100 + j))
+                .collect();
+            let json = format!(
+                "[{{\"metric\":{{\"namespace\":\"team-a\"}},\"values\":[{}]}}]",
+                values.join(",")
+            );
+            serde_json::from_str::<Vec<MatrixRow<AllLabels>>>(&json).expect("rows")
+        };
+        let mut seen = Vec::new();
+        for windows in [0..5, 5..12] {
+            let rows = answer(windows.clone());
+            let a = StepAnswer {
+                windows,
+                rows: &rows,
+                grid: &grid,
+                shift,
+            };
+            for (labels, points) in a.series() {
+                assert_eq!(labels.get("namespace").map(String::as_str), Some("team-a"));
+                seen.extend(points);
+            }
+        }
+        seen.sort_by_key(|p| p.0);
+        let want: Vec<(i64, f64)> = (0..12)
+            .rev()
+            .map(|j| (until - j * 300, (100 + j) as f64))
+            .collect();
+        assert_eq!(seen, want, "every window once, at its grid end");
     }
 }

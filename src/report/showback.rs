@@ -319,14 +319,20 @@ impl<K: Ord> WindowSums<K> {
         let words = usize::try_from(self.grid.len().max(0))
             .unwrap_or(0)
             .div_ceil(64);
+        // A key gets a sum at its first point on the grid, as when every point was kept.
+        let grid = self.grid;
+        let mut on_grid = points
+            .into_iter()
+            .filter_map(|(t, v)| Some((grid.window_ending(t)?, v)))
+            .peekable();
+        if on_grid.peek().is_none() {
+            return;
+        }
         let (sum, seen) = self
             .sums
             .entry(key)
             .or_insert_with(|| (0.0, vec![0; words]));
-        for (t, v) in points {
-            let Some(j) = self.grid.window_ending(t) else {
-                continue;
-            };
+        for (j, v) in on_grid {
             // `window_ending` answers only windows of the grid: 0 <= j < len.
             let (word, bit) = (usize::try_from(j / 64).unwrap_or(usize::MAX), j % 64);
             let Some(w) = seen.get_mut(word) else {
@@ -1294,5 +1300,176 @@ mod tests {
         let csv = render_csv(&s);
         let line = csv.lines().nth(1).expect("row");
         assert!(line.starts_with("\"a,b\",\"a,b\",,,,"), "{csv}");
+    }
+
+    /// `integrate` before answers were folded: every point kept, a window answered twice
+    /// keeping its last value.
+    fn integrate_kept(grid: &Grid, points: &[(u8, i64, f64)]) -> BTreeMap<u8, f64> {
+        let mut by_window: BTreeMap<(u8, i64), f64> = BTreeMap::new();
+        for (k, t, v) in points {
+            if let Some(j) = grid.window_ending(*t) {
+                by_window.insert((*k, j), v * grid.share(j));
+            }
+        }
+        let mut out: BTreeMap<u8, f64> = BTreeMap::new();
+        for ((k, _), v) in by_window {
+            *out.entry(k).or_insert(0.0) += v;
+        }
+        out
+    }
+
+    /// The peaks before answers were folded: every (namespace, window end, GPUs) kept, summed
+    /// per group and window, then the largest.
+    #[allow(clippy::type_complexity)]
+    fn peaks_kept(
+        period: &Period,
+        held: &[(String, i64, f64)],
+        group_of: &dyn Fn(&str) -> String,
+    ) -> (
+        BTreeMap<String, f64>,
+        f64,
+        BTreeSet<String>,
+        BTreeSet<String>,
+        Vec<String>,
+    ) {
+        let mut sums: BTreeMap<(String, i64), f64> = BTreeMap::new();
+        let (mut unknown, mut namespaces, mut rejected) =
+            (BTreeSet::new(), BTreeSet::new(), Vec::new());
+        let (since, until) = (period.since.timestamp(), period.until.timestamp());
+        for (ns, t, v) in held {
+            if *t <= since || *t > until {
+                continue;
+            }
+            let g = group_of(ns);
+            if let Some(v) = checked(*v, MAX_GPUS) {
+                *sums.entry((g, *t)).or_insert(0.0) += v;
+            } else {
+                rejected.push(format!("GPUs held of {ns}: {v}"));
+                unknown.insert(g);
+            }
+            namespaces.insert(ns.clone());
+        }
+        let (mut by_group, mut per_t) = (BTreeMap::new(), BTreeMap::new());
+        for ((g, t), v) in &sums {
+            let p = by_group.entry(g.clone()).or_insert(0.0_f64);
+            *p = p.max(*v);
+            *per_t.entry(*t).or_insert(0.0) += v;
+        }
+        let total = per_t.values().copied().fold(0.0, f64::max);
+        (by_group, total, unknown, namespaces, rejected)
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-9 * a.abs().max(1.0)
+    }
+
+    proptest::proptest! {
+        /// Folding series by series equals summing every kept point: windows anywhere in the
+        /// period (the first one pro-rated), off the grid and before it, NaN and negative
+        /// values, a window answered twice (with the same value: an answer repeated).
+        #[test]
+        fn window_sums_equal_integrating_every_point(
+            raw in proptest::collection::vec(
+                (0_u8..4, -3_i64..40, 0_i64..3, proptest::prop_oneof![
+                    8 => 0.0_f64..1e6, 1 => proptest::strategy::Just(f64::NAN),
+                    1 => -10.0_f64..0.0,
+                ]),
+                0..200,
+            ),
+            repeat in 0_usize..20,
+        ) {
+            // 10:07:30 .. 12:00 in 15-minute windows: the first one is half inside.
+            let p = Period::new(
+                at("2026-11-01T10:07:30Z"),
+                at("2026-11-01T18:00:00Z"),
+                at("2026-12-01T00:00:00Z"),
+            ).expect("period");
+            let grid = Grid::new(&p, Duration::minutes(15));
+            let until = p.until.timestamp();
+            // Window j (or a second off it when `off` is 1; 2 is on the grid too).
+            let mut points: Vec<(u8, i64, f64)> = raw
+                .iter()
+                .map(|(k, j, off, v)| (*k, until - j * 900 - i64::from(*off == 1), *v))
+                .collect();
+            // One (key, window) at most once, as Prometheus answers, then `repeat` answered again.
+            let mut seen = BTreeSet::new();
+            points.retain(|(k, t, _)| seen.insert((*k, *t)));
+            let again: Vec<_> = points.iter().take(repeat).copied().collect();
+            points.extend(again);
+            let want = integrate_kept(&grid, &points);
+            let mut sums = WindowSums::new(&grid);
+            // Series by series, as the answers arrive: each key's points in runs.
+            for chunk in points.chunks(7) {
+                for k in 0..4_u8 {
+                    sums.add_series(k, chunk.iter().filter(|p| p.0 == k).map(|p| (p.1, p.2)));
+                }
+            }
+            let got = sums.finish();
+            proptest::prop_assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+            for (k, v) in &want {
+                proptest::prop_assert!(close(got[k], *v), "{}: {} != {}", k, got[k], v);
+            }
+        }
+
+        /// Peaks folded answer by answer (each answer whole windows, as `stepped` asks them)
+        /// equal the peaks of every kept point: per group, the total, unknown groups, the
+        /// namespaces listed and the rejected values.
+        #[test]
+        fn held_folded_per_answer_equals_the_peaks_of_every_point(
+            raw in proptest::collection::vec(
+                (0_usize..6, 0_i64..32, proptest::prop_oneof![
+                    8 => 0.0_f64..8.0, 1 => proptest::strategy::Just(f64::NAN),
+                    1 => proptest::strategy::Just(-1.0),
+                ]),
+                0..150,
+            ),
+            per_answer in 1_i64..12,
+        ) {
+            let p = Period::new(
+                at("2026-11-01T10:00:00Z"),
+                at("2026-11-01T18:00:00Z"),
+                at("2026-12-01T00:00:00Z"),
+            ).expect("period");
+            let grid = Grid::new(&p, Duration::minutes(15));
+            let until = p.until.timestamp();
+            let groups: BTreeMap<String, String> =
+                (0..5).map(|i| (format!("ns-{i}"), format!("team-{}", i % 2))).collect();
+            let grouping = Grouping::Label("team".into());
+            let group = |ns: &str| group_of(&grouping, &groups, ns);
+            // One value per namespace and window, as one answer of `across_replicas` gives.
+            let mut seen = BTreeSet::new();
+            let points: Vec<(String, i64, f64)> = raw
+                .iter()
+                .filter(|(n, j, _)| seen.insert((*n, *j)))
+                .map(|(n, j, v)| (format!("ns-{n}"), until - j * 900, *v))
+                .collect();
+            // The answers, newest windows first; within one, series by namespace.
+            let mut held = Held::default();
+            let mut in_order = Vec::new();
+            let mut first = 0;
+            while first < grid.len() {
+                let last = (first + per_answer).min(grid.len());
+                held.begin_answer(first..last);
+                for n in 0..6 {
+                    let ns = format!("ns-{n}");
+                    let series: Vec<(i64, f64)> = points
+                        .iter()
+                        .filter(|(s, t, _)| *s == ns
+                            && grid.window_ending(*t).is_some_and(|j| (first..last).contains(&j)))
+                        .map(|(_, t, v)| (*t, *v))
+                        .collect();
+                    in_order.extend(series.iter().map(|(t, v)| (ns.clone(), *t, *v)));
+                    held.add_series(&p, &grid, &ns, &group(&ns), series);
+                }
+                held.end_answer();
+                first = last;
+            }
+            let (by_group, total, unknown, namespaces, rejected) = peaks_kept(&p, &in_order, &group);
+            proptest::prop_assert_eq!(&held.by_group, &by_group);
+            proptest::prop_assert!(close(held.total, total), "{} != {}", held.total, total);
+            proptest::prop_assert_eq!(&held.unknown, &unknown);
+            proptest::prop_assert_eq!(&held.namespaces, &namespaces);
+            proptest::prop_assert_eq!(&held.rejected, &rejected);
+        }
     }
 }
