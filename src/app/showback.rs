@@ -534,6 +534,43 @@ fn one_cluster<'a>(
     Ok(())
 }
 
+/// Namespace → group for `grouping` (empty by namespace), from kube-state-metrics.
+async fn groups(
+    client: &PromClient,
+    period: &Period,
+    grouping: &Grouping,
+    resolution: chrono::Duration,
+    progress: &mut Progress,
+) -> Result<BTreeMap<String, String>, AppError> {
+    Ok(match grouping {
+        Grouping::Namespace => BTreeMap::new(),
+        Grouping::Label(key) => {
+            let g = groups_from_ksm(
+                client,
+                "kube_namespace_labels",
+                &ksm_label("label_", key),
+                period,
+                resolution,
+            )
+            .await?;
+            progress.answered("kube_namespace_labels");
+            g
+        }
+        Grouping::ProfileOwner => {
+            let g = groups_from_ksm(
+                client,
+                "kube_namespace_annotations",
+                &ksm_label("annotation_", "owner"),
+                period,
+                resolution,
+            )
+            .await?;
+            progress.answered("kube_namespace_annotations");
+            g
+        }
+    })
+}
+
 /// Reads everything the showback needs from Prometheus.
 async fn inputs(
     client: &PromClient,
@@ -634,33 +671,7 @@ async fn inputs(
         .collect();
     // The groups before the GPUs held: the peak is summed per group window by window as the
     // answers arrive, so each namespace's group must be known by then.
-    let groups = match grouping {
-        Grouping::Namespace => BTreeMap::new(),
-        Grouping::Label(key) => {
-            let g = groups_from_ksm(
-                client,
-                "kube_namespace_labels",
-                &ksm_label("label_", key),
-                period,
-                resolution,
-            )
-            .await?;
-            progress.answered("kube_namespace_labels");
-            g
-        }
-        Grouping::ProfileOwner => {
-            let g = groups_from_ksm(
-                client,
-                "kube_namespace_annotations",
-                &ksm_label("annotation_", "owner"),
-                period,
-                resolution,
-            )
-            .await?;
-            progress.answered("kube_namespace_annotations");
-            g
-        }
-    };
+    let groups = groups(client, period, grouping, resolution, &mut progress).await?;
     // The most each namespace held in each window (per shard, added: at most what it held at
     // once), summed per group and window into the peaks. The range leaves out the window's
     // first second: Prometheus 2 includes a sample at the range's start, which belongs to the
