@@ -542,6 +542,11 @@ async fn groups(
     resolution: chrono::Duration,
     progress: &mut Progress,
 ) -> Result<BTreeMap<String, String>, AppError> {
+    if *grouping != Grouping::Namespace {
+        // Counted among the later queries at the start; now this read's own.
+        progress.begin_read(1);
+        progress.plan(1);
+    }
     Ok(match grouping {
         Grouping::Namespace => BTreeMap::new(),
         Grouping::Label(key) => {
