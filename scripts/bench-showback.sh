@@ -11,7 +11,7 @@
 # phase (VmHWM from /proc, reset before each phase through /proc/PID/clear_refs).
 #
 #   scripts/bench-showback.sh [--namespaces 500] [--ksm-interval 30] [--counter-interval 300]
-#                             [--binary PATH] [--keep DIR] [--help]
+#                             [--binary PATH] [--keep DIR] [--max-rss-mib 64] [--help]
 #
 # Data: kube_namespace_labels every --ksm-interval seconds (30 s: kube-prometheus-stack's
 # default scrape interval, which its kube-state-metrics ServiceMonitor inherits), labels as that
@@ -21,6 +21,10 @@
 # replica) every --counter-interval seconds: 300 by default, not the chart's 30 s, because
 # promtool 2.42 re-reads its whole input for every 2-hour block it writes (a month at 30 s would
 # take half an hour to backfill); the script feeds it one block at a time.
+#
+# Exits 1 when gpu-ledger's median peak RSS in a showback phase is over --max-rss-mib (64: issue
+# 41's target; showback folds each answer as it arrives, so it stays near 50 MiB at 500
+# namespaces whatever the period).
 #
 # Needs prometheus and promtool (Debian's `prometheus` package), curl, awk, python3 (a free
 # port) and GNU time (/usr/bin/time). Takes about 10 minutes on 2 cores (backfill, then waiting
@@ -35,6 +39,7 @@ KSM_INTERVAL=30
 COUNTER_INTERVAL=300
 BIN=
 KEEP=
+MAX_RSS_MIB=64
 while [[ $# -gt 0 ]]; do
 	case $1 in
 	--namespaces) NAMESPACES=$2; shift ;;
@@ -42,12 +47,13 @@ while [[ $# -gt 0 ]]; do
 	--counter-interval) COUNTER_INTERVAL=$2; shift ;;
 	--binary) BIN=$2; shift ;;
 	--keep) KEEP=$2; shift ;;
+	--max-rss-mib) MAX_RSS_MIB=$2; shift ;;
 	-h | --help) usage; exit 0 ;;
 	*) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
 	shift
 done
-for n in "$NAMESPACES" "$KSM_INTERVAL" "$COUNTER_INTERVAL"; do
+for n in "$NAMESPACES" "$KSM_INTERVAL" "$COUNTER_INTERVAL" "$MAX_RSS_MIB"; do
 	[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "not a positive whole number: $n" >&2; exit 2; }
 done
 for tool in prometheus promtool curl awk python3; do
@@ -71,6 +77,7 @@ cleanup() {
 	[[ -n $KEEP ]] || rm -rf "$DIR"
 }
 trap cleanup EXIT
+rm -f "$DIR/over"
 
 # The newest month of 31 days that ended before the current month began.
 MONTH=
@@ -196,10 +203,12 @@ showback() {
 		rss+=("$m")
 		codes+=("$code")
 	done
+	local peak
+	peak=$(printf '%s\n' "${rss[@]}" | median | awk '{ printf "%.0f", $1 / 1024 }')
 	printf '%s s median (%s), gpu-ledger peak %s MiB, exit %s; Prometheus peak %s MiB\n' \
-		"$(printf '%s\n' "${times[@]}" | median)" "${times[*]}" \
-		"$(printf '%s\n' "${rss[@]}" | median | awk '{ printf "%.0f", $1 / 1024 }')" \
+		"$(printf '%s\n' "${times[@]}" | median)" "${times[*]}" "$peak" \
 		"${codes[*]}" "$(peak_mib)"
+	[[ $peak -le $MAX_RSS_MIB ]] || echo "OVER: gpu-ledger peak $peak MiB > --max-rss-mib $MAX_RSS_MIB" >"$DIR/over"
 }
 
 # The label query before issue 37 over the namespaces matching $1, evaluated at the month's end;
@@ -248,3 +257,8 @@ groups = {g["group"]: len(g["namespaces"]) for g in v["groups"]}
 print(f"== grouping: {len(groups)} teams, {sum(groups.values())} namespaces, status {v['status']}")
 EOF
 echo "== $(date -u +%FT%TZ) load: $(uptime | sed 's/.*load average: //'); rustc running now: $(pgrep -c rustc || true)"
+if [[ -e $DIR/over ]]; then
+	cat "$DIR/over" >&2
+	rm -f "$DIR/over"
+	exit 1
+fi

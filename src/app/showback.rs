@@ -14,10 +14,13 @@ use super::AppError;
 use crate::config::{Progress as ProgressChoice, ShowbackArgs, ShowbackOutput};
 use crate::export::history::{Fetch, HistorySource, Points, Raw, Span};
 use crate::report::showback::{
-    self, Grid, Grouping, Inputs, ModelSeconds, NO_VALUE, Period, Prices, ksm_label,
+    self, Grid, Grouping, Held, Inputs, ModelSeconds, NO_VALUE, Period, Prices, WindowSums,
+    group_of, ksm_label,
 };
+use crate::usage::prom::decode::{AllLabels, MatrixRow};
 use crate::usage::prom::queries::{CLUSTER_LABELS, clusters_of, duration};
 use crate::usage::prom::{PromClient, PromError, Sample};
+use crate::usage::series::Labels;
 
 /// Largest price file read.
 const MAX_PRICE_FILE_BYTES: u64 = 1 << 20;
@@ -35,12 +38,25 @@ fn label<'a>(s: &'a Sample, name: &str) -> &'a str {
 /// stays well inside the timeout and the progress moves.
 const WINDOWS_PER_QUERY: i64 = 2016;
 
+/// Most points (series × windows) asked for in one query, as far as the series already seen
+/// tell: an answer's body (about 27 bytes a point) and its decoded series (16 bytes a point)
+/// are held at once, so this bounds showback's memory at about 11 MB per answer, whatever
+/// the period and the number of namespaces.
+const POINTS_PER_QUERY: usize = 250_000;
+
+/// The series a read's first query is sized for before any answer said how many there are.
+const SERIES_GUESS: usize = 1_000;
+
 /// Counts the queries and, when asked, says each one on stderr as it is answered.
 struct Progress {
     show: bool,
     done: usize,
+    /// Queries still to come after the current read's, as far as known ([`Self::plan`]).
+    later: usize,
     total: usize,
     started: Instant,
+    /// Most series in any answer so far: sizes the next read's first query.
+    most_series: usize,
 }
 
 impl Progress {
@@ -53,13 +69,27 @@ impl Progress {
         Progress {
             show,
             done: 0,
+            later: total,
             total,
             started: Instant::now(),
+            most_series: 0,
         }
+    }
+
+    /// The current read expects `queries` more queries (with the one being answered): the
+    /// total shown becomes what is done, those, and the queries of later reads.
+    fn plan(&mut self, queries: usize) {
+        self.total = self.done.saturating_add(queries).saturating_add(self.later);
+    }
+
+    /// A read begins that was counted as `counted` queries of the later ones.
+    fn begin_read(&mut self, counted: usize) {
+        self.later = self.later.saturating_sub(counted);
     }
 
     fn answered(&mut self, what: &str) {
         self.done += 1;
+        self.total = self.total.max(self.done);
         if self.show {
             eprintln!(
                 "showback: [{}/{}] {what} ({:.1}s)",
@@ -71,20 +101,56 @@ impl Progress {
     }
 }
 
-/// One answer of a [`stepped`] query: labels, the Unix second its window ends, the value.
-type Stepped = Vec<(BTreeMap<String, String>, i64, f64)>;
+/// Windows per query for answers of `series` series: [`POINTS_PER_QUERY`] points, at least one
+/// window, at most [`WINDOWS_PER_QUERY`].
+fn windows_for(series: usize) -> i64 {
+    i64::try_from(POINTS_PER_QUERY / series.max(1))
+        .unwrap_or(WINDOWS_PER_QUERY)
+        .clamp(1, WINDOWS_PER_QUERY)
+}
+
+/// One answer of a [`stepped`] read: the grid's windows it holds (indexes, [`Grid::end`]) and
+/// its series, each with its labels once.
+struct StepAnswer<'a> {
+    windows: std::ops::Range<i64>,
+    rows: &'a [MatrixRow<AllLabels>],
+    grid: &'a Grid,
+    shift: i64,
+}
+
+impl StepAnswer<'_> {
+    /// Each series: its labels and its points as (Unix seconds its window ends, value), only
+    /// those of this answer's windows.
+    fn series(&self) -> impl Iterator<Item = (&Labels, impl Iterator<Item = (i64, f64)> + '_)> {
+        self.rows.iter().map(move |row| {
+            let points = row.points().filter_map(move |(t, v)| {
+                let end = (t.round() as i64).saturating_sub(self.shift);
+                // Prometheus 2 includes a step at the range's start, Prometheus 3 does not:
+                // keep only this query's windows.
+                self.grid
+                    .window_ending(end)
+                    .is_some_and(|j| self.windows.contains(&j))
+                    .then_some((end, v))
+            });
+            (row.labels(), points)
+        })
+    }
+}
 
 /// `inner` evaluated for every window of `grid` (`inner` is given the ` offset …` to put after
-/// its range selector), a week of windows per query. Subquery steps fall on multiples of the
-/// step since the epoch; the offset moves each window to end on the grid, at the period's end
-/// and whole steps before it.
+/// its range selector), each answer handed to `fold` as it arrives and then dropped: nothing of
+/// it is kept here. Each query asks for about [`POINTS_PER_QUERY`] points (series × windows, the
+/// series counted in the answers so far), at most [`WINDOWS_PER_QUERY`] windows. Subquery steps
+/// fall on multiples of the step since the epoch; the offset moves each window to end on the
+/// grid, at the period's end and whole steps before it.
 async fn stepped(
     client: &PromClient,
     grid: &Grid,
     inner: &dyn Fn(&str) -> String,
     what: &str,
     progress: &mut Progress,
-) -> Result<Stepped, PromError> {
+    fold: &mut dyn FnMut(&StepAnswer<'_>),
+) -> Result<(), PromError> {
     let step = grid.step_seconds();
     let shift = (step - grid.end(0).rem_euclid(step)).rem_euclid(step);
     let offset = if shift == 0 {
@@ -93,10 +159,11 @@ async fn stepped(
         format!(" offset {}", duration(chrono::Duration::seconds(shift)))
     };
     let expr = inner(&offset);
-    let mut out = Vec::new();
+    progress.begin_read(queries_per_read(grid));
+    let mut per_query = windows_for(progress.most_series.max(SERIES_GUESS));
     let mut first = 0;
     while first < grid.len() {
-        let last = (first + WINDOWS_PER_QUERY).min(grid.len());
+        let last = (first + per_query).min(grid.len());
         let at =
             DateTime::from_timestamp(grid.end(first) + shift, 0).unwrap_or(DateTime::UNIX_EPOCH);
         let q = format!(
@@ -104,17 +171,23 @@ async fn stepped(
             duration(chrono::Duration::seconds((last - first) * step)),
             duration(chrono::Duration::seconds(step))
         );
-        for s in client.instant_matrix(&q, at).await? {
-            let end = (s.time.round() as i64).saturating_sub(shift);
-            // Prometheus 2 includes a step at the range's start, Prometheus 3 does not: keep
-            // only this query's windows.
-            if grid
-                .window_ending(end)
-                .is_some_and(|j| (first..last).contains(&j))
-            {
-                out.push((s.labels, end, s.value));
-            }
-        }
+        let rows = client.instant_series(&q, at).await?;
+        fold(&StepAnswer {
+            windows: first..last,
+            rows: &rows,
+            grid,
+            shift,
+        });
+        progress.most_series = progress.most_series.max(rows.len());
+        per_query = windows_for(rows.len());
+        drop(rows);
+        let left = grid.len() - last;
+        progress.plan(
+            1 + usize::try_from(
+                left.div_euclid(per_query) + i64::from(left.rem_euclid(per_query) != 0),
+            )
+            .unwrap_or(0),
+        );
         let (from, to) = (grid.end(last - 1) - step, grid.end(first));
         progress.answered(&format!(
             "{what}, {} .. {}",
@@ -127,16 +200,16 @@ async fn stepped(
         ));
         first = last;
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Queries a [`stepped`] read makes over `grid`.
+/// Queries a [`stepped`] read is expected to make over `grid` before its answers say how many
+/// series it has (for the progress' total).
 fn queries_per_read(grid: &Grid) -> usize {
     let len = grid.len().max(1);
-    usize::try_from(
-        len.div_euclid(WINDOWS_PER_QUERY) + i64::from(len.rem_euclid(WINDOWS_PER_QUERY) != 0),
-    )
-    .unwrap_or(usize::MAX)
+    let per_query = windows_for(SERIES_GUESS);
+    usize::try_from(len.div_euclid(per_query) + i64::from(len.rem_euclid(per_query) != 0))
+        .unwrap_or(usize::MAX)
 }
 
 /// `inner` (an expression over one gpu-ledger family) combined across gpu-ledger's replicas
@@ -164,20 +237,22 @@ async fn gpu_seconds_by_namespace(
 ) -> Result<BTreeMap<String, f64>, PromError> {
     let sel = selector(counter, client);
     let window = duration(chrono::Duration::seconds(grid.step_seconds()));
-    let answer = stepped(
+    let mut sums = WindowSums::new(grid);
+    stepped(
         client,
         grid,
         &|off| across_replicas("namespace", &format!("increase({sel}[{window}]{off})")),
         counter,
         progress,
+        &mut |answer| {
+            for (labels, points) in answer.series() {
+                let namespace = labels.get("namespace").cloned().unwrap_or_default();
+                sums.add_series(namespace, points);
+            }
+        },
     )
     .await?;
-    Ok(showback::integrate(
-        grid,
-        answer
-            .into_iter()
-            .map(|(l, t, v)| (l.get("namespace").cloned().unwrap_or_default(), t, v)),
-    ))
+    Ok(sums.finish())
 }
 
 /// Namespace → group from kube-state-metrics' `metric` (`kube_namespace_labels` or
@@ -459,118 +534,20 @@ fn one_cluster<'a>(
     Ok(())
 }
 
-/// Reads everything the showback needs from Prometheus.
-async fn inputs(
+/// Namespace → group for `grouping` (empty by namespace), from kube-state-metrics.
+async fn groups(
     client: &PromClient,
     period: &Period,
     grouping: &Grouping,
     resolution: chrono::Duration,
-    progress: ProgressChoice,
-) -> Result<Inputs, AppError> {
-    let grid = Grid::new(period, resolution);
-    let per_read = queries_per_read(&grid);
-    let grouping_queries = usize::from(*grouping != Grouping::Namespace);
-    let mut progress = Progress::new(progress, 5 * per_read + grouping_queries);
-    let window = duration(chrono::Duration::seconds(grid.step_seconds()));
-    // A shard of gpu-ledger reported in a window when any of its series has a sample there:
-    // all its replicas' series together, so one of two HA replicas down is no gap; a shard
-    // silent between two reports is (`reported_by_every_shard`).
-    // `last_refresh_timestamp_seconds` is exported whenever gpu-ledger runs, GPUs or not. By
-    // cluster label too, to refuse several clusters before adding anything up.
-    let matchers = client.matchers().to_string();
-    let reported_by_cluster = stepped(
-        client,
-        &grid,
-        &|off| {
-            format!(
-                "group by ({}, {SHARD}) (count_over_time({{__name__=~\"gpu_ledger_last_refresh_timestamp_seconds|gpu_ledger_gpu_seconds_claimed_total\"{matchers}}}[{window}]{off}))",
-                CLUSTER_LABELS.join(", ")
-            )
-        },
-        "gpu-ledger reporting",
-        &mut progress,
-    )
-    .await
-    .map_err(AppError::Prometheus)?;
-    one_cluster("gpu-ledger", reported_by_cluster.iter().map(|(l, _, _)| l))?;
-    let mut per_shard: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
-    for (l, t, _) in &reported_by_cluster {
-        per_shard
-            .entry(l.get(SHARD).cloned().unwrap_or_default())
-            .or_default()
-            .insert(*t);
+    progress: &mut Progress,
+) -> Result<BTreeMap<String, String>, AppError> {
+    if *grouping != Grouping::Namespace {
+        // Counted among the later queries at the start; now this read's own.
+        progress.begin_read(1);
+        progress.plan(1);
     }
-    let reported = showback::reported_by_every_shard(&per_shard);
-    let claimed = gpu_seconds_by_namespace(
-        client,
-        &grid,
-        "gpu_ledger_gpu_seconds_claimed_total",
-        &mut progress,
-    )
-    .await
-    .map_err(AppError::Prometheus)?;
-    let idle = gpu_seconds_by_namespace(
-        client,
-        &grid,
-        "gpu_ledger_gpu_seconds_idle_total",
-        &mut progress,
-    )
-    .await
-    .map_err(AppError::Prometheus)?;
-    let sel = selector("gpu_ledger_gpu_seconds_by_model_total", client);
-    let by_model = stepped(
-        client,
-        &grid,
-        &|off| {
-            across_replicas(
-                "namespace, model, activity",
-                &format!("increase({sel}[{window}]{off})"),
-            )
-        },
-        "gpu_ledger_gpu_seconds_by_model_total",
-        &mut progress,
-    )
-    .await
-    .map_err(AppError::Prometheus)?;
-    let by_model = showback::integrate(
-        &grid,
-        by_model.into_iter().map(|(l, t, v)| {
-            let get = |k: &str| l.get(k).cloned().unwrap_or_default();
-            ((get("namespace"), get("model"), get("activity")), t, v)
-        }),
-    )
-    .into_iter()
-    .map(|((namespace, model, activity), seconds)| ModelSeconds {
-        namespace,
-        model,
-        activity,
-        seconds,
-    })
-    .collect();
-    // The most each namespace held in each window (per shard, added: at most what it held at
-    // once), summed per group in `report::showback`. The range leaves out the window's first
-    // second: Prometheus 2 includes a sample at the range's start, which belongs to the window
-    // before (a month's first window would show the previous month's last sample).
-    let sel = selector("gpu_ledger_namespace_gpus_claimed", client);
-    let held_range = duration(chrono::Duration::seconds((grid.step_seconds() - 1).max(1)));
-    let held = stepped(
-        client,
-        &grid,
-        &|off| {
-            across_replicas(
-                "namespace",
-                &format!("max_over_time({sel}[{held_range}]{off})"),
-            )
-        },
-        "gpu_ledger_namespace_gpus_claimed",
-        &mut progress,
-    )
-    .await
-    .map_err(AppError::Prometheus)?
-    .into_iter()
-    .map(|(l, t, v)| (l.get("namespace").cloned().unwrap_or_default(), t, v))
-    .collect();
-    let groups = match grouping {
+    Ok(match grouping {
         Grouping::Namespace => BTreeMap::new(),
         Grouping::Label(key) => {
             let g = groups_from_ksm(
@@ -596,7 +573,140 @@ async fn inputs(
             progress.answered("kube_namespace_annotations");
             g
         }
-    };
+    })
+}
+
+/// Reads everything the showback needs from Prometheus.
+async fn inputs(
+    client: &PromClient,
+    period: &Period,
+    grouping: &Grouping,
+    resolution: chrono::Duration,
+    progress: ProgressChoice,
+) -> Result<Inputs, AppError> {
+    let grid = Grid::new(period, resolution);
+    let per_read = queries_per_read(&grid);
+    let grouping_queries = usize::from(*grouping != Grouping::Namespace);
+    let mut progress = Progress::new(progress, 5 * per_read + grouping_queries);
+    let window = duration(chrono::Duration::seconds(grid.step_seconds()));
+    // A shard of gpu-ledger reported in a window when any of its series has a sample there:
+    // all its replicas' series together, so one of two HA replicas down is no gap; a shard
+    // silent between two reports is (`reported_by_every_shard`).
+    // `last_refresh_timestamp_seconds` is exported whenever gpu-ledger runs, GPUs or not. By
+    // cluster label too, to refuse several clusters before adding anything up.
+    let matchers = client.matchers().to_string();
+    // Windows each shard reported in, and the label sets seen (a handful: one per cluster and
+    // shard) for the cluster check.
+    let mut per_shard: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+    let mut reporting_labels: BTreeSet<Labels> = BTreeSet::new();
+    stepped(
+        client,
+        &grid,
+        &|off| {
+            format!(
+                "group by ({}, {SHARD}) (count_over_time({{__name__=~\"gpu_ledger_last_refresh_timestamp_seconds|gpu_ledger_gpu_seconds_claimed_total\"{matchers}}}[{window}]{off}))",
+                CLUSTER_LABELS.join(", ")
+            )
+        },
+        "gpu-ledger reporting",
+        &mut progress,
+        &mut |answer| {
+            for (labels, points) in answer.series() {
+                let windows = per_shard
+                    .entry(labels.get(SHARD).cloned().unwrap_or_default())
+                    .or_default();
+                windows.extend(points.map(|(t, _)| t));
+                if !reporting_labels.contains(labels) {
+                    reporting_labels.insert(labels.clone());
+                }
+            }
+        },
+    )
+    .await
+    .map_err(AppError::Prometheus)?;
+    one_cluster("gpu-ledger", reporting_labels.iter())?;
+    let reported = showback::reported_by_every_shard(&per_shard);
+    let claimed = gpu_seconds_by_namespace(
+        client,
+        &grid,
+        "gpu_ledger_gpu_seconds_claimed_total",
+        &mut progress,
+    )
+    .await
+    .map_err(AppError::Prometheus)?;
+    let idle = gpu_seconds_by_namespace(
+        client,
+        &grid,
+        "gpu_ledger_gpu_seconds_idle_total",
+        &mut progress,
+    )
+    .await
+    .map_err(AppError::Prometheus)?;
+    let sel = selector("gpu_ledger_gpu_seconds_by_model_total", client);
+    let mut by_model = WindowSums::new(&grid);
+    stepped(
+        client,
+        &grid,
+        &|off| {
+            across_replicas(
+                "namespace, model, activity",
+                &format!("increase({sel}[{window}]{off})"),
+            )
+        },
+        "gpu_ledger_gpu_seconds_by_model_total",
+        &mut progress,
+        &mut |answer| {
+            for (labels, points) in answer.series() {
+                let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+                by_model.add_series((get("namespace"), get("model"), get("activity")), points);
+            }
+        },
+    )
+    .await
+    .map_err(AppError::Prometheus)?;
+    let by_model = by_model
+        .finish()
+        .into_iter()
+        .map(|((namespace, model, activity), seconds)| ModelSeconds {
+            namespace,
+            model,
+            activity,
+            seconds,
+        })
+        .collect();
+    // The groups before the GPUs held: the peak is summed per group window by window as the
+    // answers arrive, so each namespace's group must be known by then.
+    let groups = groups(client, period, grouping, resolution, &mut progress).await?;
+    // The most each namespace held in each window (per shard, added: at most what it held at
+    // once), summed per group and window into the peaks. The range leaves out the window's
+    // first second: Prometheus 2 includes a sample at the range's start, which belongs to the
+    // window before (a month's first window would show the previous month's last sample).
+    let sel = selector("gpu_ledger_namespace_gpus_claimed", client);
+    let held_range = duration(chrono::Duration::seconds((grid.step_seconds() - 1).max(1)));
+    let mut held = Held::default();
+    stepped(
+        client,
+        &grid,
+        &|off| {
+            across_replicas(
+                "namespace",
+                &format!("max_over_time({sel}[{held_range}]{off})"),
+            )
+        },
+        "gpu_ledger_namespace_gpus_claimed",
+        &mut progress,
+        &mut |answer| {
+            held.begin_answer(answer.windows.clone());
+            for (labels, points) in answer.series() {
+                let namespace = labels.get("namespace").map_or("", String::as_str);
+                let group = group_of(grouping, &groups, namespace);
+                held.add_series(period, &grid, namespace, &group, points);
+            }
+            held.end_answer();
+        },
+    )
+    .await
+    .map_err(AppError::Prometheus)?;
     Ok(Inputs {
         claimed,
         idle,
@@ -791,7 +901,7 @@ pub fn prometheus_history(client: Arc<PromClient>) -> Arc<dyn HistorySource> {
 }
 
 #[cfg(test)]
-mod ksm_tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -816,5 +926,62 @@ mod ksm_tests {
             .map(|n| n.replace("\\\\", ""))
             .collect();
         assert_eq!(back, many, "every name once, in order");
+    }
+
+    /// An answer as Prometheus 2 gives it (a step at the range's start too, which is the next
+    /// query's window) yields only its own windows, each at the grid time it ends: a window at
+    /// a boundary between two queries counts once.
+    #[test]
+    fn an_answer_yields_its_own_windows_once_at_query_boundaries() {
+        let at = |s: &str| {
+            DateTime::parse_from_rfc3339(s)
+                .expect("time")
+                .with_timezone(&Utc)
+        };
+        // 10:02 .. 11:02 in 5-minute windows: subquery steps on multiples of 5 minutes, so
+        // the grid is shifted by 3 minutes (the offset).
+        let period = Period::new(
+            at("2026-11-01T10:02:00Z"),
+            at("2026-11-01T11:02:00Z"),
+            at("2026-12-01T00:00:00Z"),
+        )
+        .expect("period");
+        let grid = Grid::new(&period, chrono::Duration::minutes(5));
+        let shift = 180;
+        let until = period.until.timestamp();
+        // Two queries: windows 0..5 and 5..12. Each answer holds its windows and, as
+        // Prometheus 2 answers, the step at its range's start (window 5, then 12: before the
+        // period).
+        let answer = |windows: std::ops::Range<i64>| {
+            let values: Vec<String> = (windows.start..=windows.end)
+                .rev()
+                .map(|j| format!("[{},\"{}\"]", until - j * 300 + shift, 100 + j))
+                .collect();
+            let json = format!(
+                "[{{\"metric\":{{\"namespace\":\"team-a\"}},\"values\":[{}]}}]",
+                values.join(",")
+            );
+            serde_json::from_str::<Vec<MatrixRow<AllLabels>>>(&json).expect("rows")
+        };
+        let mut seen = Vec::new();
+        for windows in [0..5, 5..12] {
+            let rows = answer(windows.clone());
+            let a = StepAnswer {
+                windows,
+                rows: &rows,
+                grid: &grid,
+                shift,
+            };
+            for (labels, points) in a.series() {
+                assert_eq!(labels.get("namespace").map(String::as_str), Some("team-a"));
+                seen.extend(points);
+            }
+        }
+        seen.sort_by_key(|p| p.0);
+        let want: Vec<(i64, f64)> = (0..12)
+            .rev()
+            .map(|j| (until - j * 300, (100 + j) as f64))
+            .collect();
+        assert_eq!(seen, want, "every window once, at its grid end");
     }
 }

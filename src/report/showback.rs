@@ -293,25 +293,175 @@ impl Grid {
     }
 }
 
+/// Per key, the sum of its windows' values, each times its [`Grid::share`] of the period, folded
+/// series by series as Prometheus' answers arrive, so no point is kept: a month of 5-minute
+/// windows over 500 namespaces is millions of points (docs/benchmarks.md). Points off the grid
+/// are ignored; a window answered twice for one key counts once (the first answer: one bit per
+/// key and window remembers it). NaN, negative or infinite values carry into the sum, for
+/// [`compute`] to reject.
+#[derive(Debug, Clone)]
+pub struct WindowSums<K> {
+    grid: Grid,
+    /// Per key: the sum so far and the windows already counted (a bit per window).
+    sums: BTreeMap<K, (f64, Vec<u64>)>,
+}
+
+impl<K: Ord> WindowSums<K> {
+    pub fn new(grid: &Grid) -> Self {
+        WindowSums {
+            grid: *grid,
+            sums: BTreeMap::new(),
+        }
+    }
+
+    /// Adds one series of `key`: its points as (Unix seconds the window ends, value).
+    pub fn add_series(&mut self, key: K, points: impl IntoIterator<Item = (i64, f64)>) {
+        let words = usize::try_from(self.grid.len().max(0))
+            .unwrap_or(0)
+            .div_ceil(64);
+        // A key gets a sum at its first point on the grid, as when every point was kept.
+        let grid = self.grid;
+        let mut on_grid = points
+            .into_iter()
+            .filter_map(|(t, v)| Some((grid.window_ending(t)?, v)))
+            .peekable();
+        if on_grid.peek().is_none() {
+            return;
+        }
+        let (sum, seen) = self
+            .sums
+            .entry(key)
+            .or_insert_with(|| (0.0, vec![0; words]));
+        for (j, v) in on_grid {
+            // `window_ending` answers only windows of the grid: 0 <= j < len.
+            let (word, bit) = (usize::try_from(j / 64).unwrap_or(usize::MAX), j % 64);
+            let Some(w) = seen.get_mut(word) else {
+                continue;
+            };
+            if *w & (1 << bit) != 0 {
+                continue;
+            }
+            *w |= 1 << bit;
+            *sum += v * self.grid.share(j);
+        }
+    }
+
+    /// The sum per key.
+    pub fn finish(self) -> BTreeMap<K, f64> {
+        self.sums.into_iter().map(|(k, (v, _))| (k, v)).collect()
+    }
+}
+
 /// Sums per key the values of the grid's windows (`(key, Unix seconds the window ends, value)`),
-/// each times its [`Grid::share`] of the period. Points off the grid are ignored; a window
-/// answered twice for one key counts once. NaN, negative or infinite values carry into the sum,
-/// for [`compute`] to reject.
-pub fn integrate<K: Ord + Clone>(
+/// each times its [`Grid::share`] of the period, as [`WindowSums`] does.
+pub fn integrate<K: Ord>(
     grid: &Grid,
     points: impl IntoIterator<Item = (K, i64, f64)>,
 ) -> BTreeMap<K, f64> {
-    let mut by_window: BTreeMap<(K, i64), f64> = BTreeMap::new();
+    let mut sums = WindowSums::new(grid);
     for (k, t, v) in points {
-        if let Some(j) = grid.window_ending(t) {
-            by_window.insert((k, j), v * grid.share(j));
+        sums.add_series(k, [(t, v)]);
+    }
+    sums.finish()
+}
+
+/// The group a namespace's numbers go to: itself, or its label's (owner's) value from
+/// `groups`, [`NOT_SEEN`] when kube-state-metrics never reported it.
+pub fn group_of(grouping: &Grouping, groups: &BTreeMap<String, String>, ns: &str) -> String {
+    match grouping {
+        Grouping::Namespace => ns.to_string(),
+        _ => groups
+            .get(ns)
+            .cloned()
+            .unwrap_or_else(|| NOT_SEEN.to_string()),
+    }
+}
+
+/// The most each group (and the cluster) held at once: per window, the sum of the GPUs each
+/// group's namespaces held at most in it ([`Inputs::held`]), the largest over the windows.
+/// Folded one answer at a time ([`Held::begin_answer`], [`Held::add_series`],
+/// [`Held::end_answer`]): each answer holds whole windows that no other answer holds, so only
+/// one answer's windows are summed at once.
+#[derive(Debug, Clone, Default)]
+pub struct Held {
+    by_group: BTreeMap<String, f64>,
+    total: f64,
+    /// Groups with an untrusted value in some window: their peak is unknown.
+    unknown: BTreeSet<String>,
+    /// Namespaces that held anything in the period.
+    namespaces: BTreeSet<String>,
+    /// Untrusted values, as [`Showback::rejected_values`] lists them.
+    rejected: Vec<String>,
+    /// The windows (grid indexes) of the answer being folded.
+    windows: std::ops::Range<i64>,
+    /// Per group, the GPUs its namespaces held in each window of the answer being folded.
+    answer: BTreeMap<String, Vec<f64>>,
+}
+
+impl Held {
+    /// Starts an answer holding the grid's windows `windows` (indexes, see [`Grid::end`]).
+    pub fn begin_answer(&mut self, windows: std::ops::Range<i64>) {
+        self.windows = windows;
+        self.answer.clear();
+    }
+
+    /// Adds the most `namespace` (in `group`) held in each window: (Unix seconds the window
+    /// ends, GPUs). Points outside the period or the answer's windows are ignored.
+    pub fn add_series(
+        &mut self,
+        period: &Period,
+        grid: &Grid,
+        namespace: &str,
+        group: &str,
+        points: impl IntoIterator<Item = (i64, f64)>,
+    ) {
+        let (since, until) = (period.since.timestamp(), period.until.timestamp());
+        let len = usize::try_from(self.windows.end - self.windows.start).unwrap_or(0);
+        for (t, v) in points {
+            if t <= since || t > until {
+                continue;
+            }
+            let Some(at) = grid
+                .window_ending(t)
+                .filter(|j| self.windows.contains(j))
+                .and_then(|j| usize::try_from(j - self.windows.start).ok())
+            else {
+                continue;
+            };
+            if let Some(v) = checked(v, MAX_GPUS) {
+                let sums = match self.answer.get_mut(group) {
+                    Some(s) => s,
+                    None => self
+                        .answer
+                        .entry(group.to_string())
+                        .or_insert(vec![0.0; len]),
+                };
+                if let Some(s) = sums.get_mut(at) {
+                    *s += v;
+                }
+            } else {
+                self.rejected.push(format!("GPUs held of {namespace}: {v}"));
+                self.unknown.insert(group.to_string());
+            }
+            if !self.namespaces.contains(namespace) {
+                self.namespaces.insert(namespace.to_string());
+            }
         }
     }
-    let mut out: BTreeMap<K, f64> = BTreeMap::new();
-    for ((k, _), v) in by_window {
-        *out.entry(k).or_insert(0.0) += v;
+
+    /// Folds the answer's per-window sums into the peaks.
+    pub fn end_answer(&mut self) {
+        let len = usize::try_from(self.windows.end - self.windows.start).unwrap_or(0);
+        let mut total = vec![0.0; len];
+        for (g, sums) in std::mem::take(&mut self.answer) {
+            let peak = self.by_group.entry(g).or_insert(0.0);
+            for (t, v) in total.iter_mut().zip(&sums) {
+                *peak = peak.max(*v);
+                *t += v;
+            }
+        }
+        self.total = total.into_iter().fold(self.total, f64::max);
     }
-    out
 }
 
 /// What Prometheus answered, decoded (values as given: checked here).
@@ -323,8 +473,9 @@ pub struct Inputs {
     pub idle: BTreeMap<String, f64>,
     /// `increase()` of `gpu_ledger_gpu_seconds_by_model_total`.
     pub by_model: Vec<ModelSeconds>,
-    /// (namespace, Unix seconds, GPUs held): the most each namespace held in each step.
-    pub held: Vec<(String, i64, f64)>,
+    /// The most each group held at once, from the most each namespace held in each window
+    /// (folded with [`group_of`] of the same grouping).
+    pub held: Held,
     /// Unix seconds at which the [`Grid`]'s windows end in which some replica of gpu-ledger
     /// had a sample (any replica: one of two HA replicas down leaves no gap), and every shard
     /// did ([`reported_by_every_shard`]).
@@ -477,55 +628,6 @@ struct Ns {
     cost: Option<f64>,
 }
 
-/// The most each group (and the cluster) held at once.
-struct Peaks {
-    by_group: BTreeMap<String, f64>,
-    total: f64,
-    /// Groups with an untrusted value in some step: their peak is unknown.
-    unknown: BTreeSet<String>,
-    /// Namespaces that held anything in the period.
-    namespaces: BTreeSet<String>,
-}
-
-/// Sums each group's namespaces per step of `inputs.held` inside the period and takes the
-/// largest sum.
-fn peaks(
-    period: &Period,
-    inputs: &Inputs,
-    group_of: &dyn Fn(&str) -> String,
-    rejected: &mut Vec<String>,
-) -> Peaks {
-    let mut held: BTreeMap<(String, i64), f64> = BTreeMap::new();
-    let mut out = Peaks {
-        by_group: BTreeMap::new(),
-        total: 0.0,
-        unknown: BTreeSet::new(),
-        namespaces: BTreeSet::new(),
-    };
-    let (since, until) = (period.since.timestamp(), period.until.timestamp());
-    for (ns, t, v) in &inputs.held {
-        if *t <= since || *t > until {
-            continue;
-        }
-        let g = group_of(ns);
-        if let Some(v) = checked(*v, MAX_GPUS) {
-            *held.entry((g, *t)).or_insert(0.0) += v;
-        } else {
-            rejected.push(format!("GPUs held of {ns}: {v}"));
-            out.unknown.insert(g);
-        }
-        out.namespaces.insert(ns.clone());
-    }
-    let mut total_held: BTreeMap<i64, f64> = BTreeMap::new();
-    for ((g, t), v) in &held {
-        let p = out.by_group.entry(g.clone()).or_insert(0.0);
-        *p = p.max(*v);
-        *total_held.entry(*t).or_insert(0.0) += v;
-    }
-    out.total = total_held.values().copied().fold(0.0, f64::max);
-    out
-}
-
 /// Computes the showback of `inputs` over `period`; below `min_coverage` (0..1) it is partial.
 pub fn compute(
     period: &Period,
@@ -590,17 +692,9 @@ pub fn compute(
             }
         }
     }
-    let group_of = |ns: &str| -> String {
-        match grouping {
-            Grouping::Namespace => ns.to_string(),
-            _ => inputs
-                .groups
-                .get(ns)
-                .cloned()
-                .unwrap_or_else(|| NOT_SEEN.to_string()),
-        }
-    };
-    let peaks = peaks(period, inputs, &group_of, &mut rejected);
+    let group_of = |ns: &str| group_of(grouping, &inputs.groups, ns);
+    let peaks = &inputs.held;
+    rejected.extend(peaks.rejected.iter().cloned());
     for ns in &peaks.namespaces {
         per_ns.entry(ns.clone()).or_default();
     }
@@ -1206,5 +1300,176 @@ mod tests {
         let csv = render_csv(&s);
         let line = csv.lines().nth(1).expect("row");
         assert!(line.starts_with("\"a,b\",\"a,b\",,,,"), "{csv}");
+    }
+
+    /// `integrate` before answers were folded: every point kept, a window answered twice
+    /// keeping its last value.
+    fn integrate_kept(grid: &Grid, points: &[(u8, i64, f64)]) -> BTreeMap<u8, f64> {
+        let mut by_window: BTreeMap<(u8, i64), f64> = BTreeMap::new();
+        for (k, t, v) in points {
+            if let Some(j) = grid.window_ending(*t) {
+                by_window.insert((*k, j), v * grid.share(j));
+            }
+        }
+        let mut out: BTreeMap<u8, f64> = BTreeMap::new();
+        for ((k, _), v) in by_window {
+            *out.entry(k).or_insert(0.0) += v;
+        }
+        out
+    }
+
+    /// The peaks before answers were folded: every (namespace, window end, GPUs) kept, summed
+    /// per group and window, then the largest.
+    #[allow(clippy::type_complexity)]
+    fn peaks_kept(
+        period: &Period,
+        held: &[(String, i64, f64)],
+        group_of: &dyn Fn(&str) -> String,
+    ) -> (
+        BTreeMap<String, f64>,
+        f64,
+        BTreeSet<String>,
+        BTreeSet<String>,
+        Vec<String>,
+    ) {
+        let mut sums: BTreeMap<(String, i64), f64> = BTreeMap::new();
+        let (mut unknown, mut namespaces, mut rejected) =
+            (BTreeSet::new(), BTreeSet::new(), Vec::new());
+        let (since, until) = (period.since.timestamp(), period.until.timestamp());
+        for (ns, t, v) in held {
+            if *t <= since || *t > until {
+                continue;
+            }
+            let g = group_of(ns);
+            if let Some(v) = checked(*v, MAX_GPUS) {
+                *sums.entry((g, *t)).or_insert(0.0) += v;
+            } else {
+                rejected.push(format!("GPUs held of {ns}: {v}"));
+                unknown.insert(g);
+            }
+            namespaces.insert(ns.clone());
+        }
+        let (mut by_group, mut per_t) = (BTreeMap::new(), BTreeMap::new());
+        for ((g, t), v) in &sums {
+            let p = by_group.entry(g.clone()).or_insert(0.0_f64);
+            *p = p.max(*v);
+            *per_t.entry(*t).or_insert(0.0) += v;
+        }
+        let total = per_t.values().copied().fold(0.0, f64::max);
+        (by_group, total, unknown, namespaces, rejected)
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-9 * a.abs().max(1.0)
+    }
+
+    proptest::proptest! {
+        /// Folding series by series equals summing every kept point: windows anywhere in the
+        /// period (the first one pro-rated), off the grid and before it, NaN and negative
+        /// values, a window answered twice (with the same value: an answer repeated).
+        #[test]
+        fn window_sums_equal_integrating_every_point(
+            raw in proptest::collection::vec(
+                (0_u8..4, -3_i64..40, 0_i64..3, proptest::prop_oneof![
+                    8 => 0.0_f64..1e6, 1 => proptest::strategy::Just(f64::NAN),
+                    1 => -10.0_f64..0.0,
+                ]),
+                0..200,
+            ),
+            repeat in 0_usize..20,
+        ) {
+            // 10:07:30 .. 12:00 in 15-minute windows: the first one is half inside.
+            let p = Period::new(
+                at("2026-11-01T10:07:30Z"),
+                at("2026-11-01T18:00:00Z"),
+                at("2026-12-01T00:00:00Z"),
+            ).expect("period");
+            let grid = Grid::new(&p, Duration::minutes(15));
+            let until = p.until.timestamp();
+            // Window j (or a second off it when `off` is 1; 2 is on the grid too).
+            let mut points: Vec<(u8, i64, f64)> = raw
+                .iter()
+                .map(|(k, j, off, v)| (*k, until - j * 900 - i64::from(*off == 1), *v))
+                .collect();
+            // One (key, window) at most once, as Prometheus answers, then `repeat` answered again.
+            let mut seen = BTreeSet::new();
+            points.retain(|(k, t, _)| seen.insert((*k, *t)));
+            let again: Vec<_> = points.iter().take(repeat).copied().collect();
+            points.extend(again);
+            let want = integrate_kept(&grid, &points);
+            let mut sums = WindowSums::new(&grid);
+            // Series by series, as the answers arrive: each key's points in runs.
+            for chunk in points.chunks(7) {
+                for k in 0..4_u8 {
+                    sums.add_series(k, chunk.iter().filter(|p| p.0 == k).map(|p| (p.1, p.2)));
+                }
+            }
+            let got = sums.finish();
+            proptest::prop_assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+            for (k, v) in &want {
+                proptest::prop_assert!(close(got[k], *v), "{}: {} != {}", k, got[k], v);
+            }
+        }
+
+        /// Peaks folded answer by answer (each answer whole windows, as `stepped` asks them)
+        /// equal the peaks of every kept point: per group, the total, unknown groups, the
+        /// namespaces listed and the rejected values.
+        #[test]
+        fn held_folded_per_answer_equals_the_peaks_of_every_point(
+            raw in proptest::collection::vec(
+                (0_usize..6, 0_i64..32, proptest::prop_oneof![
+                    8 => 0.0_f64..8.0, 1 => proptest::strategy::Just(f64::NAN),
+                    1 => proptest::strategy::Just(-1.0),
+                ]),
+                0..150,
+            ),
+            per_answer in 1_i64..12,
+        ) {
+            let p = Period::new(
+                at("2026-11-01T10:00:00Z"),
+                at("2026-11-01T18:00:00Z"),
+                at("2026-12-01T00:00:00Z"),
+            ).expect("period");
+            let grid = Grid::new(&p, Duration::minutes(15));
+            let until = p.until.timestamp();
+            let groups: BTreeMap<String, String> =
+                (0..5).map(|i| (format!("ns-{i}"), format!("team-{}", i % 2))).collect();
+            let grouping = Grouping::Label("team".into());
+            let group = |ns: &str| group_of(&grouping, &groups, ns);
+            // One value per namespace and window, as one answer of `across_replicas` gives.
+            let mut seen = BTreeSet::new();
+            let points: Vec<(String, i64, f64)> = raw
+                .iter()
+                .filter(|(n, j, _)| seen.insert((*n, *j)))
+                .map(|(n, j, v)| (format!("ns-{n}"), until - j * 900, *v))
+                .collect();
+            // The answers, newest windows first; within one, series by namespace.
+            let mut held = Held::default();
+            let mut in_order = Vec::new();
+            let mut first = 0;
+            while first < grid.len() {
+                let last = (first + per_answer).min(grid.len());
+                held.begin_answer(first..last);
+                for n in 0..6 {
+                    let ns = format!("ns-{n}");
+                    let series: Vec<(i64, f64)> = points
+                        .iter()
+                        .filter(|(s, t, _)| *s == ns
+                            && grid.window_ending(*t).is_some_and(|j| (first..last).contains(&j)))
+                        .map(|(_, t, v)| (*t, *v))
+                        .collect();
+                    in_order.extend(series.iter().map(|(t, v)| (ns.clone(), *t, *v)));
+                    held.add_series(&p, &grid, &ns, &group(&ns), series);
+                }
+                held.end_answer();
+                first = last;
+            }
+            let (by_group, total, unknown, namespaces, rejected) = peaks_kept(&p, &in_order, &group);
+            proptest::prop_assert_eq!(&held.by_group, &by_group);
+            proptest::prop_assert!(close(held.total, total), "{} != {}", held.total, total);
+            proptest::prop_assert_eq!(&held.unknown, &unknown);
+            proptest::prop_assert_eq!(&held.namespaces, &namespaces);
+            proptest::prop_assert_eq!(&held.rejected, &rejected);
+        }
     }
 }

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 
 use super::PromError;
 use super::decode::{
-    ApiResponse, MAX_ANSWER_BYTES, MatrixRow, QueryData, Sample, Warnings, WindowAnswer,
+    AllLabels, ApiResponse, MAX_ANSWER_BYTES, MatrixRow, QueryData, Sample, Warnings, WindowAnswer,
     WindowData, WindowSeries,
 };
 use super::queries::{Selector, range_selector};
@@ -429,6 +429,21 @@ impl PromClient {
             .complete()?
             .into_rows()?;
         Ok(rows.into_iter().flat_map(MatrixRow::into_samples).collect())
+    }
+
+    /// As [`Self::instant_matrix`], each series once: its labels and its points
+    /// ([`MatrixRow::labels`], [`MatrixRow::points`]), for callers that fold many points per
+    /// series (showback reads millions) and must not hold a label map per point.
+    pub async fn instant_series(
+        &self,
+        query: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Vec<MatrixRow<AllLabels>>, PromError> {
+        let token = self.token()?;
+        self.query_data::<QueryData>(token.as_deref(), query, at, None)
+            .await?
+            .complete()?
+            .into_rows()
     }
 
     /// Raw samples of `fields` over `(at - range, at]`, with their own timestamps: one instant

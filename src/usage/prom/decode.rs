@@ -943,6 +943,16 @@ fn bad_value(v: &str) -> PromError {
 }
 
 impl MatrixRow<AllLabels> {
+    /// The series' labels, every one as answered (held once for all its points).
+    pub fn labels(&self) -> &Labels {
+        &self.metric.0
+    }
+
+    /// The series' points: (Unix seconds, value).
+    pub fn points(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
+        self.values.iter().map(|(t, v)| (*t, v.0))
+    }
+
     /// Every point as a [`Sample`] (Unix seconds), every label kept as answered: a subquery's
     /// series need no metric name.
     pub fn into_samples(self) -> impl Iterator<Item = Sample> {
