@@ -390,8 +390,11 @@ pub struct Held {
     unknown: BTreeSet<String>,
     /// Namespaces that held anything in the period.
     namespaces: BTreeSet<String>,
-    /// Untrusted values, as [`Showback::rejected_values`] lists them.
+    /// Untrusted values, as [`Showback::rejected_values`] lists them: the first
+    /// [`MAX_REJECTED_LISTED`].
     rejected: Vec<String>,
+    /// Untrusted values beyond those listed (a NaN in every window of a month is thousands).
+    rejected_more: usize,
     /// The windows (grid indexes) of the answer being folded.
     windows: std::ops::Range<i64>,
     /// Per group, the GPUs its namespaces held in each window of the answer being folded.
@@ -440,7 +443,11 @@ impl Held {
                     *s += v;
                 }
             } else {
-                self.rejected.push(format!("GPUs held of {namespace}: {v}"));
+                if self.rejected.len() < MAX_REJECTED_LISTED {
+                    self.rejected.push(format!("GPUs held of {namespace}: {v}"));
+                } else {
+                    self.rejected_more = self.rejected_more.saturating_add(1);
+                }
                 self.unknown.insert(group.to_string());
             }
             if !self.namespaces.contains(namespace) {
@@ -554,6 +561,12 @@ pub struct Showback {
     /// Values Prometheus answered that cannot be true, shown as unknown.
     pub rejected_values: Vec<String>,
 }
+
+/// Most untrusted values listed one by one in [`Showback::rejected_values`]; the rest are
+/// counted in its last entry, so a value that is wrong in every window of a month (a NaN held
+/// 8,928 times per namespace at 5-minute steps) cannot grow the list, the JSON or the table
+/// without bound.
+pub const MAX_REJECTED_LISTED: usize = 100;
 
 /// A value from Prometheus when it is finite, not negative and at most `max`.
 fn checked(v: f64, max: f64) -> Option<f64> {
@@ -763,8 +776,19 @@ pub fn compute(
         gaps,
         resolution_seconds: grid.step_seconds(),
         unpriced_models: unpriced.into_iter().collect(),
-        rejected_values: rejected,
+        rejected_values: capped(rejected, peaks.rejected_more),
     })
+}
+
+/// The first [`MAX_REJECTED_LISTED`] of `rejected`, and one entry counting the rest (`more`
+/// were left out before they reached the list).
+fn capped(mut rejected: Vec<String>, more: usize) -> Vec<String> {
+    let more = more.saturating_add(rejected.len().saturating_sub(MAX_REJECTED_LISTED));
+    rejected.truncate(MAX_REJECTED_LISTED);
+    if more > 0 {
+        rejected.push(format!("… and {more} more values that cannot be true"));
+    }
+    rejected
 }
 
 /// The status and the share of `period` outside `gaps`.
@@ -1285,6 +1309,42 @@ mod tests {
         assert_eq!(s.rejected_values.len(), 2, "{:?}", s.rejected_values);
         let table = render_table(&s, false);
         assert!(table.contains("claimed GPU-seconds of b: NaN"), "{table}");
+    }
+
+    /// A NaN held in every window (3 namespaces × 288 windows of a day) and 150 NaN claims:
+    /// the first 100 listed, one entry counting the rest, all still unknown.
+    #[test]
+    fn rejected_values_are_listed_up_to_a_bound_and_the_rest_counted() {
+        let p = period();
+        let grid = Grid::new(&p, Duration::minutes(5));
+        let mut held = Held::default();
+        held.begin_answer(0..grid.len());
+        for n in 0..3 {
+            let ns = format!("ns-{n}");
+            let points: Vec<(i64, f64)> =
+                (0..grid.len()).map(|j| (grid.end(j), f64::NAN)).collect();
+            held.add_series(&p, &grid, &ns, &ns, points);
+        }
+        held.end_answer();
+        let inputs = Inputs {
+            claimed: (0..150).map(|i| (format!("c-{i}"), f64::NAN)).collect(),
+            held,
+            resolution: Duration::minutes(5),
+            ..Inputs::default()
+        };
+        let s =
+            compute(&p, &Grouping::Namespace, &Prices::default(), &inputs, 0.95).expect("compute");
+        assert_eq!(s.rejected_values.len(), MAX_REJECTED_LISTED + 1);
+        let last = s.rejected_values.last().expect("the count");
+        let more = 150 + 3 * grid.len() - MAX_REJECTED_LISTED as i64;
+        assert_eq!(
+            last,
+            &format!("… and {more} more values that cannot be true"),
+            "{:?}",
+            &s.rejected_values[..3]
+        );
+        assert_eq!(s.total.gpu_hours_claimed, None);
+        assert_eq!(s.total.peak_gpus, None);
     }
 
     #[test]
