@@ -1336,7 +1336,8 @@ mod tests {
             compute(&p, &Grouping::Namespace, &Prices::default(), &inputs, 0.95).expect("compute");
         assert_eq!(s.rejected_values.len(), MAX_REJECTED_LISTED + 1);
         let last = s.rejected_values.last().expect("the count");
-        let more = 150 + 3 * grid.len() - MAX_REJECTED_LISTED as i64;
+        let more =
+            150 + 3 * usize::try_from(grid.len()).expect("a day's windows") - MAX_REJECTED_LISTED;
         assert_eq!(
             last,
             &format!("… and {more} more values that cannot be true"),
