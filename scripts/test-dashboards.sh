@@ -70,39 +70,20 @@ CHECK="node scripts/dashboards/check-dashboard.mjs"
 if $CHECK dashboards/gpu-ledger.json; then ok "dashboard type-checks against @grafana/schema"; else fail "dashboard does not type-check"; fi
 
 TMP=$(mktemp -d)
-PROM_PID=
+declare -A PROM_PID=() PROM_URL=()
 cleanup() {
-  if [ -n "$PROM_PID" ]; then kill "$PROM_PID" 2>/dev/null; wait "$PROM_PID" 2>/dev/null; fi
+  local pid
+  for pid in "${PROM_PID[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-
-# Negative tests: each broken copy must be rejected.
-broken() {  # name jq-filter
-  jq "$2" dashboards/gpu-ledger.json > "$TMP/broken-$1.json"
-  if $CHECK "$TMP/broken-$1.json" >"$TMP/broken-$1.log" 2>&1; then
-    fail "broken dashboard '$1' was accepted"
-  else
-    ok "broken dashboard '$1' rejected: $(grep -m1 -E 'error TS|^  - ' "$TMP/broken-$1.log" | sed 's/.*dashboard.ts//' | cut -c1-110)"
-  fi
-}
-broken schemaVersion-string '.schemaVersion = "39"'
-broken unknown-top-level-key '.panelz = []'
-broken gridPos-string '.panels[0].gridPos.w = "wide"'
-broken legend-enum '(.panels[] | select(.type=="timeseries") | .options.legend.placement) |= "sideways"'
-broken table-unknown-option '(.panels[] | select(.type=="table") | .options.showHeaders) = true'
-broken threshold-mode '.panels[0].fieldConfig.defaults.thresholds.mode = "relative-ish"'
-broken no-description 'del(.panels[3].description)'
-broken no-node-variable '.templating.list |= map(select(.name != "node"))'
-echo '{"title": "x", "panels": [' > "$TMP/broken-json.json"
-if $CHECK "$TMP/broken-json.json" >/dev/null 2>&1; then fail "invalid JSON accepted"; else ok "invalid JSON rejected"; fi
 
 # ---- 3. queries against a real Prometheus, under both label schemes ----------------------
 # exported: dcgm-exporter scraped without honor_labels (kube-prometheus-stack's default
 # ServiceMonitor), no cluster label. plain: with honor_labels, and a `cluster` label on every
 # series as in a store shared by several clusters. Each run gets its own Prometheus and TSDB.
 NOW=$(date +%s)
-run_scheme() {  # scheme [synth args...]
+start_scheme() {  # scheme [synth args...]: backfill, start its Prometheus (in the background)
   local scheme=$1; shift
   local dir="$TMP/$scheme"
   mkdir -p "$dir"
@@ -124,14 +105,21 @@ YML
   "$PROMETHEUS" --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
     --storage.tsdb.retention.time=100y --web.listen-address="127.0.0.1:$port" \
     >"$dir/prometheus.log" 2>&1 &
-  PROM_PID=$!
+  PROM_PID[$scheme]=$!
   for _ in $(seq 1 120); do
     if curl -fsS "$url/-/ready" >/dev/null 2>&1; then ready=1; break; fi
-    kill -0 "$PROM_PID" 2>/dev/null || break
+    kill -0 "${PROM_PID[$scheme]}" 2>/dev/null || break
     sleep 0.5
   done
   if [ -z "$ready" ]; then tail -20 "$dir/prometheus.log"; fail "[$scheme] prometheus did not become ready on $url"; return; fi
-  ok "[$scheme] prometheus ready on $url (pid $PROM_PID)"
+  ok "[$scheme] prometheus ready on $url (pid ${PROM_PID[$scheme]})"
+  PROM_URL[$scheme]=$url
+}
+
+check_scheme() {  # scheme [synth args...]: every panel query against its Prometheus
+  local scheme=$1; shift
+  local dir="$TMP/$scheme" url=${PROM_URL[$scheme]:-}
+  [ -n "$url" ] || return 0
   # wait until the recording rules have been evaluated at least once
   for _ in $(seq 1 150); do
     # the accounting group runs every minute, first at an offset of up to a minute
@@ -163,8 +151,35 @@ YML
   qp=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' <<<"$q_line")
   qf=$(sed -n 's/^dashboard-queries: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' <<<"$q_line")
   passed=$((passed + ${qp:-0})); failed=$((failed + ${qf:-0}))
-  kill "$PROM_PID" 2>/dev/null; wait "$PROM_PID" 2>/dev/null; PROM_PID=
+  kill "${PROM_PID[$scheme]}" 2>/dev/null; wait "${PROM_PID[$scheme]}" 2>/dev/null; unset "PROM_PID[$scheme]"
 }
-run_scheme exported
-run_scheme plain --cluster lab-east
+
+# Both Prometheus instances start now and evaluate the rules (the accounting group first runs
+# up to a minute after start) while the dashboard's negative tests run below.
+start_scheme exported
+start_scheme plain --cluster lab-east
+
+# Negative tests: each broken copy must be rejected.
+broken() {  # name jq-filter
+  jq "$2" dashboards/gpu-ledger.json > "$TMP/broken-$1.json"
+  if $CHECK "$TMP/broken-$1.json" >"$TMP/broken-$1.log" 2>&1; then
+    fail "broken dashboard '$1' was accepted"
+  else
+    ok "broken dashboard '$1' rejected: $(grep -m1 -E 'error TS|^  - ' "$TMP/broken-$1.log" | sed 's/.*dashboard.ts//' | cut -c1-110)"
+  fi
+}
+broken schemaVersion-string '.schemaVersion = "39"'
+broken unknown-top-level-key '.panelz = []'
+broken gridPos-string '.panels[0].gridPos.w = "wide"'
+broken legend-enum '(.panels[] | select(.type=="timeseries") | .options.legend.placement) |= "sideways"'
+broken table-unknown-option '(.panels[] | select(.type=="table") | .options.showHeaders) = true'
+broken threshold-mode '.panels[0].fieldConfig.defaults.thresholds.mode = "relative-ish"'
+broken no-description 'del(.panels[3].description)'
+broken no-node-variable '.templating.list |= map(select(.name != "node"))'
+echo '{"title": "x", "panels": [' > "$TMP/broken-json.json"
+if $CHECK "$TMP/broken-json.json" >/dev/null 2>&1; then fail "invalid JSON accepted"; else ok "invalid JSON rejected"; fi
+
+# ---- the queries, once each Prometheus has evaluated its rules -------------------------------
+check_scheme exported
+check_scheme plain --cluster lab-east
 finish

@@ -287,6 +287,11 @@ pub struct ServeArgs {
     /// How often to query Prometheus and rebuild the ledger.
     #[arg(long, env = "GPU_LEDGER_REFRESH_INTERVAL", default_value = "30s", value_parser = positive_duration, help_heading = "Server")]
     pub refresh_interval: chrono::Duration,
+    /// How often to count the GPUs with DCGM series but none of the fields read
+    /// (`gpu_ledger_dcgm_devices_fields_missing`): one Prometheus query, at a refresh at most this
+    /// often, since the count changes when an exporter is upgraded, not between refreshes.
+    #[arg(long, env = "GPU_LEDGER_DCGM_FIELDS_CHECK_INTERVAL", default_value = "1m", value_parser = positive_duration, help_heading = "Server")]
+    pub dcgm_fields_check_interval: chrono::Duration,
     /// This replica's shard (0-based); it owns nodes whose name hashes to it, and their pods.
     #[arg(
         long,

@@ -260,6 +260,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
             health: health.clone(),
             cancel: tasks.cancel.clone(),
             fields_checked: None,
+            fields_every: args
+                .dcgm_fields_check_interval
+                .to_std()
+                .unwrap_or(Duration::from_secs(60)),
         }),
     );
 
@@ -376,11 +380,11 @@ struct RefreshLoop {
     cancel: CancellationToken,
     /// When the field-coverage count last ran, and what it found ([`count_fields_missing`]).
     fields_checked: Option<(Instant, u64)>,
+    /// How often the field-coverage count runs (`--dcgm-fields-check-interval`): it changes when
+    /// an exporter is upgraded, not from one refresh to the next, so it need not cost Prometheus
+    /// a query every refresh.
+    fields_every: Duration,
 }
-
-/// How often the field-coverage count runs: it changes when an exporter is upgraded, not from
-/// one refresh to the next, so it need not cost Prometheus a query every refresh.
-const FIELDS_MISSING_EVERY: Duration = Duration::from_secs(60);
 
 /// Every `every` (first as soon as the watches have synced): verify notebook ownership, query
 /// usage, record health, publish the result to the hub. Each step is bounded.
@@ -425,7 +429,7 @@ async fn refresh_loop(mut r: RefreshLoop) {
             .await
             .ok();
         if r.fields_checked
-            .is_none_or(|(at, _)| at.elapsed() >= FIELDS_MISSING_EVERY)
+            .is_none_or(|(at, _)| at.elapsed() >= r.fields_every)
         {
             count_fields_missing(&mut r, &scope).await;
         }
