@@ -442,9 +442,11 @@ fn plausible_newest(series: &[Series], sentinel_ms: i64, window: Duration) -> Op
     Some(limit)
 }
 
-/// Median spacing between consecutive samples of the utilisation series; `None` without history.
+/// The dump's sample interval: the (lower) median over the utilisation series of each one's own
+/// spacing ([`series::own_interval_ms`], the rule the reduction applies per device), for the
+/// devices whose own samples cannot show theirs; `None` without history.
 fn infer_interval(series: &[Series]) -> Option<Duration> {
-    let mut gaps: Vec<i64> = series
+    let mut per_series: Vec<i64> = series
         .iter()
         .filter(|s| {
             matches!(
@@ -452,18 +454,15 @@ fn infer_interval(series: &[Series]) -> Option<Duration> {
                 Some(fields::GR_ENGINE_ACTIVE | fields::GPU_UTIL)
             )
         })
-        .flat_map(|s| {
-            s.samples
-                .windows(2)
-                .filter_map(|w| w[1].0.checked_sub(w[0].0))
-        })
-        .filter(|gap| *gap > 0)
+        .filter_map(|s| series::own_interval_ms(&s.samples, i64::MIN, i64::MAX))
         .collect();
-    if gaps.is_empty() {
+    if per_series.is_empty() {
         return None;
     }
-    gaps.sort_unstable();
-    Some(Duration::milliseconds(gaps[gaps.len() / 2]))
+    let mid = (per_series.len() - 1) / 2;
+    Some(Duration::milliseconds(
+        *per_series.select_nth_unstable(mid).1,
+    ))
 }
 
 #[cfg(test)]
