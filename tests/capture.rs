@@ -40,13 +40,7 @@ const TIMINGS: [&str; 8] = [
 ];
 
 fn gpu_ledger() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            c.env_remove(k);
-        }
-    }
-    c
+    support::gpu_ledger_command()
 }
 
 /// When the first DCGM sample naming `namespace/pod` was taken (ms), from a capture's dump.

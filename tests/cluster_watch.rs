@@ -418,12 +418,7 @@ async fn tier_a_serve_finds_kubeflow_installed_after_start_up() {
     cp.add_gpu_node("gpu-1", 1, &[]).await.expect("node");
     let port = gpu_ledger_testkit::util::free_port().expect("port");
     let url = format!("http://127.0.0.1:{port}");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = support::gpu_ledger_command();
     cmd.env(
         "KUBECONFIG",
         cp.kubeconfig_path("admin").expect("kubeconfig"),

@@ -661,12 +661,7 @@ async fn spawn_serve(cp: &ControlPlane, name: &str) -> (ChildGuard, String) {
 /// [`spawn_serve`] as token user `user`.
 async fn spawn_serve_as(cp: &ControlPlane, name: &str, user: &str) -> (ChildGuard, String) {
     let port = gpu_ledger_testkit::util::free_port().expect("port");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = support::gpu_ledger_command();
     cmd.arg("serve")
         .arg(format!("--listen=127.0.0.1:{port}"))
         .arg("--refresh-interval=1s")

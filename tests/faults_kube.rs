@@ -551,16 +551,11 @@ fn spawn_serve_with(
     kubeconfig: Option<&Path>,
     env: &[(&str, &str)],
 ) -> ChildGuard {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    let mut cmd = support::gpu_ledger_command();
     let kubeconfig = kubeconfig.map_or_else(
         || cp.kubeconfig_path("gpu-ledger").expect("kubeconfig"),
         Path::to_path_buf,
     );
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            cmd.env_remove(k);
-        }
-    }
     cmd.arg("serve")
         .arg(format!("--listen=127.0.0.1:{port}"))
         .arg("--refresh-interval=1s")

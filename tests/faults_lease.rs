@@ -19,7 +19,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -257,12 +256,7 @@ fn spawn_serve(
     pod: &str,
     env: &[(&str, &str)],
 ) -> ChildGuard {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = support::gpu_ledger_command();
     cmd.arg("serve")
         .arg(format!("--listen=127.0.0.1:{port}"))
         .args([

@@ -27,7 +27,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use gpu_ledger_testkit::process::ChildGuard;
@@ -163,12 +162,7 @@ fn config(jobs: &[String]) -> String {
 
 /// `gpu-ledger serve` as token user `gpu-ledger` on `port`, reading `prometheus`.
 fn serve(cp: &ControlPlane, port: u16, prometheus: &str) -> ChildGuard {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = support::gpu_ledger_command();
     cmd.env(
         "KUBECONFIG",
         cp.kubeconfig_path("gpu-ledger").expect("kubeconfig"),

@@ -567,12 +567,7 @@ fn serve(
     args: &[&str],
 ) -> Result<(ChildGuard, String)> {
     let port = gpu_ledger_testkit::util::free_port()?;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = support::gpu_ledger_command();
     cmd.env("KUBECONFIG", kubeconfig)
         .env(
             "GPU_LEDGER_LOG",

@@ -24,6 +24,18 @@ pub enum Grants {
     Culling,
 }
 
+/// The `gpu-ledger` binary as a command whose environment cannot configure it: every
+/// `GPU_LEDGER_*` variable of the test's own environment removed.
+pub fn gpu_ledger_command() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
 /// testkit's tier-B [`Stack`] with `nodes`, the shipped RBAC granted to the token user
 /// `gpu-ledger` as `grants` says: the set-up the tier-B tests share.
 pub async fn tier_b(nodes: &[GpuNode], grants: Grants) -> Stack {
