@@ -8,6 +8,8 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod support;
+
 fn gpu_ledger() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpu-ledger"))
 }
@@ -278,17 +280,7 @@ fn report_says_what_to_do_with_exact_commands() {
     );
     assert!(!todo.contains(force), "{todo}");
     // Its node unreachable (Ready Unknown): both remedies hold, neither conditional.
-    let dir = tempfile::tempdir().expect("tmp");
-    for f in [
-        "pods.json",
-        "nodes.json",
-        "notebooks.json",
-        "quotas.json",
-        "statefulsets.json",
-        "dcgm.prom",
-    ] {
-        std::fs::copy(std::path::Path::new(&homelab()).join(f), dir.path().join(f)).expect("copy");
-    }
+    let dir = support::homelab_copy();
     let nodes = dir.path().join("nodes.json");
     let mut doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&nodes).expect("nodes")).expect("json");
@@ -386,16 +378,8 @@ fn wide_output_adds_devices_attribution_and_memory() {
 
 /// The homelab dumps with a one-sample DCGM file: the report warns (no history).
 fn homelab_without_history() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tmp");
-    for f in [
-        "pods.json",
-        "nodes.json",
-        "notebooks.json",
-        "quotas.json",
-        "statefulsets.json",
-    ] {
-        std::fs::copy(format!("{}/{f}", homelab()), dir.path().join(f)).expect("copy dump");
-    }
+    // Every dump of the homelab; its dcgm.prom is replaced below.
+    let dir = support::homelab_copy();
     std::fs::write(
         dir.path().join("dcgm.prom"),
         "DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-3f6c1a2e-9d41-4b7a-8e2f-51c0a9d7b311\",Hostname=\"lab-1\",pod=\"alice-nb-0\",namespace=\"team-ml\"} 0\n",

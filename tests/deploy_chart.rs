@@ -105,6 +105,28 @@ fn helm_template(sets: &[&str]) -> Result<String> {
     helm_template_ns("gpu-ledger", NS, sets)
 }
 
+/// `kubectl kustomize` of the base with `deploy/kustomize/components/<component>`, as objects.
+/// Kustomize refuses absolute paths: the tree is copied and an overlay using the component added.
+fn kustomize_base_with_component(component: &str) -> Result<Vec<Value>> {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("deploy-chart-kustomize-{component}"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let mut c = Command::new("cp");
+    c.arg("-r").arg(root().join("deploy/kustomize")).arg(&tmp);
+    run_ok(c, None)?;
+    let overlay = tmp.join(format!("overlays/test-{component}"));
+    std::fs::create_dir_all(&overlay)?;
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../base\ncomponents:\n  - ../../components/{component}\n"
+        ),
+    )?;
+    let mut c = Command::new(bin("kubectl"));
+    c.arg("kustomize").arg(&overlay);
+    docs(&run_ok(c, None)?.0)
+}
+
 fn kustomize(dir: &str) -> Result<String> {
     let mut c = Command::new(bin("kubectl"));
     c.current_dir(root()).args(["kustomize", dir]);
@@ -1058,21 +1080,7 @@ fn notebook_admission_policy_renders_where_it_can_apply() -> Result<()> {
 /// The kustomize NetworkPolicy component renders the chart's NetworkPolicy (default values).
 #[test]
 fn kustomize_networkpolicy_component_matches_the_chart() -> Result<()> {
-    // Kustomize refuses absolute paths: copy the tree and add an overlay using the component.
-    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("deploy-chart-kustomize-np");
-    let _ = std::fs::remove_dir_all(&tmp);
-    let mut c = Command::new("cp");
-    c.arg("-r").arg(root().join("deploy/kustomize")).arg(&tmp);
-    run_ok(c, None)?;
-    let overlay = tmp.join("overlays/test-networkpolicy");
-    std::fs::create_dir_all(&overlay)?;
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../base\ncomponents:\n  - ../../components/networkpolicy\n",
-    )?;
-    let mut c = Command::new(bin("kubectl"));
-    c.arg("kustomize").arg(&overlay);
-    let k = docs(&run_ok(c, None)?.0)?;
+    let k = kustomize_base_with_component("networkpolicy")?;
     let np = find(&k, "NetworkPolicy", "gpu-ledger")?;
     assert_eq!(np["metadata"]["namespace"], NS);
     let h = docs(&helm_template(&["networkPolicy.enabled=true"])?)?;
@@ -2037,21 +2045,7 @@ fn kueue_config_map_role_where_kueue_is_served() -> Result<()> {
         args(find(&objs, "Deployment", "gpu-ledger")?).contains(&"--kueue-config-map=".to_string())
     );
     // The kustomize component grants the same, in kueue-system.
-    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("deploy-chart-kustomize-kueue");
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
-    let mut c = Command::new("cp");
-    c.arg("-r").arg(root().join("deploy/kustomize")).arg(&tmp);
-    run_ok(c, None)?;
-    let overlay = tmp.join("kustomize/overlays/kueue");
-    std::fs::create_dir_all(&overlay)?;
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../base\ncomponents:\n  - ../../components/kueue\n",
-    )?;
-    let mut c = Command::new(bin("kubectl"));
-    c.arg("kustomize").arg(&overlay);
-    let k = docs(&run_ok(c, None)?.0)?;
+    let k = kustomize_base_with_component("kueue")?;
     let role = find(&k, "Role", "gpu-ledger-kueue-config")?;
     assert_eq!(role["metadata"]["namespace"], "kueue-system");
     assert_eq!(rule_set(role), triples(KUEUE_CONFIG_RULES));
