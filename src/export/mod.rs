@@ -10,7 +10,9 @@ use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
 };
 
-pub use collector::{LedgerCollector, SharedSnapshot, Snapshot};
+pub use collector::{LedgerCollector, SharedSnapshot};
+
+use crate::ledger::accounting::Snapshot;
 
 /// Label every series of a sharded replica carries: its shard's index (docs/metrics.md).
 pub const SHARD_LABEL: &str = "shard";

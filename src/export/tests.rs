@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::*;
+use crate::ledger::accounting::UNKNOWN_MODEL;
 use crate::ledger::{Attribution, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState};
 
 fn t() -> DateTime<Utc> {
@@ -153,7 +154,7 @@ fn counters_accumulate_gpu_seconds_by_model_and_activity() {
         "GPU equivalents, unknown apart from busy: {unknown}"
     );
     assert_eq!(
-        get(collector::UNKNOWN_MODEL, "busy"),
+        get(UNKNOWN_MODEL, "busy"),
         Some(30.0),
         "a node without a product label"
     );

@@ -5,6 +5,7 @@
 //! of only some namespaces ([`ClaimsScope::Namespaces`]) prove no device unclaimed and no node's
 //! free capacity.
 
+pub mod accounting;
 mod attribution;
 pub mod capacity;
 pub mod claims;
@@ -13,6 +14,7 @@ pub mod kueue;
 pub mod names;
 pub mod quota;
 pub mod reclaim;
+pub mod showback;
 pub mod usage;
 
 use std::collections::BTreeMap;
