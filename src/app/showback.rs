@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use super::AppError;
+use super::clients::prometheus_client;
+use super::error::AppError;
 use crate::config::{Progress as ProgressChoice, ShowbackArgs, ShowbackOutput};
 use crate::export::history::{Fetch, HistorySource, Points, Raw, Span};
 use crate::ledger::showback::{
@@ -773,7 +774,7 @@ pub async fn showback(args: ShowbackArgs) -> Result<(), AppError> {
         args.resolution.num_seconds() + i64::from(args.resolution.subsec_nanos() != 0),
     );
     let resolution = asked.max(min_step);
-    let client = super::prometheus_client(&args.prometheus)?.ok_or_else(|| {
+    let client = prometheus_client(&args.prometheus)?.ok_or_else(|| {
         AppError::Config("showback reads gpu-ledger's counters: set --prometheus-url".into())
     })?;
     let inputs = inputs(&client, &period, &grouping, resolution, args.progress).await?;
