@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Ledger;
+use super::model::Ledger;
 
 /// The ledger plus the accounting counters accumulated so far: what `/metrics` renders and the
 /// culler reads.
