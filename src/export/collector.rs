@@ -13,6 +13,9 @@ use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricT
 use crate::ledger::accounting::Snapshot;
 use crate::ledger::{Ledger, PodState};
 
+/// Label every series of a sharded replica carries: its shard's index (docs/metrics.md).
+pub const SHARD_LABEL: &str = "shard";
+
 /// Shared handle to the published snapshot.
 pub type SharedSnapshot = Arc<ArcSwap<Snapshot>>;
 
@@ -392,7 +395,7 @@ pub fn text_blocks(snapshot: &Snapshot) -> Vec<(&'static str, String)> {
             .collect(),
         constant: snapshot
             .shard
-            .map(|s| format!("{}=\"{s}\"", super::SHARD_LABEL))
+            .map(|s| format!("{SHARD_LABEL}=\"{s}\""))
             .unwrap_or_default(),
     };
     emit(snapshot, &mut out);

@@ -13,7 +13,7 @@ fn hours_cell(v: Option<f64>) -> String {
 
 /// "6h", "1d2h", "45m".
 fn length(seconds: i64) -> String {
-    super::humanise_seconds(seconds)
+    super::cells::humanise_seconds(seconds)
 }
 
 /// The aligned table: one row per group, then the total, then the period, coverage and gaps.
@@ -37,8 +37,9 @@ pub fn render_table(s: &Showback, priced: bool) -> String {
             hours_cell(r.gpu_hours_busy),
             hours_cell(r.gpu_hours_idle),
             hours_cell(r.gpu_hours_unknown),
-            r.idle_share.map_or_else(|| "?".into(), super::percent),
-            r.peak_gpus.map_or_else(|| "?".into(), super::gpus),
+            r.idle_share
+                .map_or_else(|| "?".into(), super::cells::percent),
+            r.peak_gpus.map_or_else(|| "?".into(), super::cells::gpus),
         ];
         if priced {
             c.push(r.cost.map_or_else(|| "?".into(), |v| format!("{v:.2}")));
