@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use gpu_ledger::export::{LedgerCollector, Snapshot};
+use gpu_ledger::export::LedgerCollector;
+use gpu_ledger::ledger::accounting::Snapshot;
 use gpu_ledger::ledger::claims::{Claims, NodeInfo, PodClaim, PodPhase};
 use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
 use gpu_ledger::ledger::{self, Policy};

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::ledger::claims::{ResourceNames, SliceTable};
 use crate::ledger::{ClaimsScope, Policy};
+use crate::telemetry::LogFormat;
 use crate::usage::scheme::SchemeChoice;
 
 /// `0.1.0 (abc1234)`: the crate version and the git revision it was built from (`build.rs`).
@@ -58,12 +59,6 @@ pub struct Cli {
     pub log: String,
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Plain,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 use gpu_ledger::app;
-use gpu_ledger::config::{Cli, Command, LogFormat};
-use gpu_ledger::telemetry;
+use gpu_ledger::config::{Cli, Command};
+use gpu_ledger::telemetry::{self, LogFormat};
 
 /// mimalloc instead of glibc malloc: each refresh decodes megabytes of Prometheus answers and
 /// frees them again; glibc's per-thread arenas kept most of that resident. The image sets

@@ -5,7 +5,13 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+/// How log lines are written on stderr (`--log-format`: plain lines, coloured on a terminal, or
+/// one JSON object per line). No doc comment on the variants: clap would print them in `--help`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
+}
 
 /// Whether stderr may carry ANSI colour: a terminal, and `NO_COLOR` unset or empty.
 pub fn colour_allowed() -> bool {

@@ -16,8 +16,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use gpu_ledger::export::collector::Snapshot;
 use gpu_ledger::export::render_snapshot;
+use gpu_ledger::ledger::accounting::Snapshot;
 use gpu_ledger::ledger::{
     Attribution, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState, UnclaimedBusy,
 };

@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use chrono::Utc;
-use gpu_ledger::export::Snapshot;
 use gpu_ledger::export::history::HistoryState;
 use gpu_ledger::export::server::{self, AppState, Probes};
 use gpu_ledger::export::tls;
 use gpu_ledger::ledger::Ledger;
+use gpu_ledger::ledger::accounting::Snapshot;
 use gpu_ledger::usage::prom::{PromClient, PromConfig};
 use gpu_ledger_testkit::Prometheus;
 use gpu_ledger_testkit::chromium::Browser;

@@ -9,21 +9,23 @@
 //! * `capture.json`: when, from where, and what was written (for the reader of a bug report).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, Utc};
 use tracing::info;
 
+use super::capture_error::CaptureError;
+use super::clients::{kube_client, prometheus_client};
+use super::error::AppError;
 use super::offline::DCGM_FILE;
-use super::{AppError, kube_client, prometheus_client};
 use crate::claims::capture::{RawLists, list_raw};
 use crate::config::CaptureArgs;
 use crate::ledger::claims::ResourceNames;
 use crate::usage::dump::KEEP;
 use crate::usage::exposition;
-use crate::usage::prom::{PromClient, PromError};
+use crate::usage::prom::PromClient;
 use crate::usage::series::{Labels, Series};
 
 /// Metadata file next to the dumps (not read by `report`).
@@ -32,28 +34,6 @@ pub const META_FILE: &str = "capture.json";
 const CHUNK: Duration = Duration::hours(1);
 /// Bound on listing every resource (several list calls).
 const LIST_TIMEOUT: StdDuration = StdDuration::from_secs(120);
-
-/// Why a capture failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CaptureError {
-    #[error("capture: listing the cluster")]
-    List(#[source] crate::claims::list::ListError),
-    #[error("capture: listing the cluster took longer than {0:?}")]
-    ListTimeout(StdDuration),
-    #[error("capture: DCGM history from prometheus ({from} to {to})")]
-    Prometheus {
-        from: DateTime<Utc>,
-        to: DateTime<Utc>,
-        #[source]
-        source: PromError,
-    },
-    #[error("capture: writing {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
 
 fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> CaptureError + '_ {
     move |source| CaptureError::Write {

@@ -14,7 +14,8 @@ use tracing::{info, warn};
 
 use super::tasks::Beat;
 use crate::claims::watch::Stores;
-use crate::export::{SelfMetrics, Snapshot, server};
+use crate::export::{SelfMetrics, server};
+use crate::ledger::accounting::Snapshot;
 use crate::ledger::usage::Usage;
 use crate::ledger::{self, Ledger, Policy};
 use crate::test_hooks;

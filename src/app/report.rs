@@ -8,13 +8,16 @@ use std::io::Write;
 
 use chrono::{DateTime, Utc};
 
+use super::clients::{kube_client, prom_client, prometheus_client};
+use super::error::AppError;
 use super::offline::{self, OfflineInput};
-use super::{AppError, cull_policy, kube_client, live_settings, prom_client};
+use super::settings::{cull_policy, live_settings};
 use crate::claims;
 use crate::config::{Output, ReportArgs};
 use crate::cull::plan::Plan;
 use crate::cull::render::{CullJson, plan_metrics};
-use crate::export::{self, Snapshot};
+use crate::export;
+use crate::ledger::accounting::Snapshot;
 use crate::ledger::usage::Usage;
 use crate::ledger::{self, Ledger, Policy};
 use crate::report::{self, html};
@@ -267,7 +270,7 @@ async fn discovered_prometheus(
     prometheus.prometheus_url = Some(proxy.url.clone());
     // The proxy adds them to what it forwards; it passes on no header of the request.
     prometheus.prometheus_header.clear();
-    let prom = super::prometheus_client(&prometheus)?
+    let prom = prometheus_client(&prometheus)?
         .ok_or_else(|| AppError::Config("the discovered Prometheus gave no client".into()))?;
     Ok((prom, proxy))
 }

@@ -30,17 +30,18 @@ use tokio::sync::watch as channel;
 use tokio_util::sync::CancellationToken;
 use tracing::{Span, error, info, info_span, warn};
 
+use super::clients::{KUBE_CONNECT_TIMEOUT, KUBE_READ_TIMEOUT, kube_config, prom_client};
+use super::error::AppError;
 use super::hub::{CullInput, HUB_STALL_BOUND, Health, Hub, Refreshed, hub_loop};
+use super::settings::{cull_config, live_settings};
 use super::tasks::{Beat, Tasks, spawn_signal_handler};
-use super::{
-    AppError, KUBE_CONNECT_TIMEOUT, KUBE_READ_TIMEOUT, cull_config, live_settings, prom_client,
-};
 use crate::claims::watch::{self, Stores};
 use crate::config::ServeArgs;
 use crate::cull::actuator::RecheckError;
 use crate::cull::plan::{Action, CullPolicy};
 use crate::cull::{self, Culler};
-use crate::export::{SelfMetrics, Snapshot, auth, server, tls};
+use crate::export::{SelfMetrics, auth, server, tls};
+use crate::ledger::accounting::Snapshot;
 use crate::ledger::usage::Usage;
 use crate::ledger::{self, Ledger, Policy};
 use crate::test_hooks;
@@ -63,7 +64,7 @@ async fn kube_clients(
     args: &crate::config::KubeArgs,
     identity: &str,
 ) -> Result<(Client, Client), AppError> {
-    let mut config = super::kube_config(args).await?;
+    let mut config = kube_config(args).await?;
     config.connect_timeout = Some(KUBE_CONNECT_TIMEOUT);
     let agent = format!("gpu-ledger/{} ({identity})", env!("CARGO_PKG_VERSION"));
     if let Ok(v) = axum::http::HeaderValue::from_str(&agent) {

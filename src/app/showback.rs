@@ -10,13 +10,15 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use super::AppError;
+use super::clients::prometheus_client;
+use super::error::AppError;
 use crate::config::{Progress as ProgressChoice, ShowbackArgs, ShowbackOutput};
 use crate::export::history::{Fetch, HistorySource, Points, Raw, Span};
-use crate::report::showback::{
+use crate::ledger::showback::{
     self, Grid, Grouping, Held, Inputs, ModelSeconds, NO_VALUE, Period, Prices, WindowSums,
     group_of, ksm_label,
 };
+use crate::report::showback as render;
 use crate::usage::prom::decode::{AllLabels, MatrixRow};
 use crate::usage::prom::queries::{CLUSTER_LABELS, clusters_of, duration};
 use crate::usage::prom::{PromClient, PromError, Sample};
@@ -772,7 +774,7 @@ pub async fn showback(args: ShowbackArgs) -> Result<(), AppError> {
         args.resolution.num_seconds() + i64::from(args.resolution.subsec_nanos() != 0),
     );
     let resolution = asked.max(min_step);
-    let client = super::prometheus_client(&args.prometheus)?.ok_or_else(|| {
+    let client = prometheus_client(&args.prometheus)?.ok_or_else(|| {
         AppError::Config("showback reads gpu-ledger's counters: set --prometheus-url".into())
     })?;
     let inputs = inputs(&client, &period, &grouping, resolution, args.progress).await?;
@@ -792,9 +794,9 @@ pub async fn showback(args: ShowbackArgs) -> Result<(), AppError> {
         );
     }
     let text = match args.output {
-        ShowbackOutput::Table => showback::render_table(&result, !prices.is_empty()),
-        ShowbackOutput::Csv => showback::render_csv(&result),
-        ShowbackOutput::Json => showback::render_json(&result)
+        ShowbackOutput::Table => render::render_table(&result, !prices.is_empty()),
+        ShowbackOutput::Csv => render::render_csv(&result),
+        ShowbackOutput::Json => render::render_json(&result)
             .map_err(|e| AppError::Config(format!("encoding the showback as JSON: {e}")))?,
     };
     if let Some(path) = &args.output_file {
@@ -809,7 +811,7 @@ pub async fn showback(args: ShowbackArgs) -> Result<(), AppError> {
         }
     }
     // Written, and marked, but a CronJob must not take it for the month's bill.
-    match showback::warning(&result) {
+    match render::warning(&result) {
         Some(w) => Err(AppError::Partial(w)),
         None => Ok(()),
     }

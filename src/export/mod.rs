@@ -10,10 +10,9 @@ use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
 };
 
-pub use collector::{LedgerCollector, SharedSnapshot, Snapshot};
+pub use collector::{LedgerCollector, SHARD_LABEL, SharedSnapshot};
 
-/// Label every series of a sharded replica carries: its shard's index (docs/metrics.md).
-pub const SHARD_LABEL: &str = "shard";
+use crate::ledger::accounting::Snapshot;
 
 /// The shard a replica labels its series with: `Some(shard)` when `--total-shards` > 1, `None`
 /// for a single shard (no label: unsharded series and dashboards stay as they were).

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::*;
+use crate::ledger::accounting::UNKNOWN_MODEL;
 use crate::ledger::{Attribution, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState};
 
 fn t() -> DateTime<Utc> {
@@ -107,12 +108,60 @@ fn hostile_label_values_are_escaped() {
         text.contains(r#"pod="evil\"} 1\ninjected_metric 666\\""#),
         "{text}"
     );
-    let parsed = crate::usage::exposition::parse(&text, &["gpu_ledger_pod_gpus"], t());
-    assert_eq!(parsed.skipped_lines, 0);
+    let samples: Vec<(String, BTreeMap<String, String>)> = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| sample(l).unwrap_or_else(|| panic!("not a sample line: {l:?}\n{text}")))
+        .collect();
+    let (_, labels) = samples
+        .iter()
+        .find(|(name, _)| name == "gpu_ledger_pod_gpus")
+        .expect("a gpu_ledger_pod_gpus sample");
     assert_eq!(
-        parsed.series[0].labels.get("pod").map(String::as_str),
+        labels.get("pod").map(String::as_str),
         Some("evil\"} 1\ninjected_metric 666\\")
     );
+}
+
+/// One sample line of the text format, `name{k="v",…} value` or `name value`: the name and the
+/// label values unescaped (`\\`, `\"`, `\n`); `None` when the line is not a well-formed sample.
+/// Local on purpose: export may not read with `usage`'s parser (tests/hostile_input.rs checks
+/// the round trip through it, and promtool, from outside).
+fn sample(line: &str) -> Option<(String, BTreeMap<String, String>)> {
+    let mut labels = BTreeMap::new();
+    let Some(open) = line.find('{') else {
+        let (name, value) = line.split_once(' ')?;
+        value.parse::<f64>().ok()?;
+        return Some((name.to_string(), labels));
+    };
+    let mut rest = &line[open + 1..];
+    loop {
+        if let Some(after) = rest.strip_prefix('}') {
+            rest = after;
+            break;
+        }
+        let eq = rest.find("=\"")?;
+        let key = rest[..eq].to_string();
+        let mut value = String::new();
+        let mut chars = rest[eq + 2..].char_indices();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    c @ ('\\' | '"') => value.push(c),
+                    _ => return None,
+                },
+                '"' => break eq + 2 + i + 1,
+                c => value.push(c),
+            }
+        };
+        labels.insert(key, value);
+        rest = &rest[end..];
+        rest = rest.strip_prefix(',').unwrap_or(rest);
+    }
+    rest.strip_prefix(' ')?.parse::<f64>().ok()?;
+    Some((line[..open].to_string(), labels))
 }
 
 #[test]
@@ -153,7 +202,7 @@ fn counters_accumulate_gpu_seconds_by_model_and_activity() {
         "GPU equivalents, unknown apart from busy: {unknown}"
     );
     assert_eq!(
-        get(collector::UNKNOWN_MODEL, "busy"),
+        get(UNKNOWN_MODEL, "busy"),
         Some(30.0),
         "a node without a product label"
     );

@@ -5,41 +5,12 @@ use chrono::{DateTime, Utc};
 // faster than SipHash on short keys; maps here are rebuilt on every ledger build.
 use foldhash::HashMap;
 use foldhash::fast::RandomState;
-use serde::Serialize;
 use smallvec::SmallVec;
 
 use super::claims::{Claims, GpuResourceKind, PodClaim, PodPhase};
 use super::dra::{DraJoin, Held};
+use super::model::{Attribution, PodRow, Policy, UnclaimedBusy, seconds};
 use super::usage::{DeviceUsage, OwnWindow, Usage, Workload};
-use super::{PodRow, Policy, UnclaimedBusy, seconds};
-
-/// How confidently a pod's utilisation is known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Attribution {
-    /// Whole GPUs whose series name only this pod.
-    Exclusive,
-    /// MIG GPU instances whose series name this pod.
-    Mig,
-    /// A time-sliced or otherwise shared device: device-wide values are not this pod's own.
-    Shared,
-    /// The pod holds GPUs but no series names it: unknown, never idle.
-    Unattributed,
-    /// Pending: holds no device yet.
-    None,
-}
-
-impl Attribution {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Exclusive => "exclusive",
-            Self::Mig => "mig",
-            Self::Shared => "shared",
-            Self::Unattributed => "unattributed",
-            Self::None => "none",
-        }
-    }
-}
 
 /// Where pods and devices are: real node names, and the DaemonSet pods (dcgm-exporter runs as
 /// one) by name and by IP, to resolve a device's node from the exporter that reported it.

@@ -31,11 +31,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use foldhash::{HashMap, HashMapExt};
-use serde::Serialize;
 
 use super::claims::{Claims, DRA_RESOURCE_PREFIX, PodClaim, ResourceClaimInfo, ResourceNames};
 use super::kueue::{OWNER_LABELS, WorkloadInfo};
-use super::{Ledger, PodRow};
+use super::model::{Ledger, PodRow};
+pub use super::model::{QueueRow, QuotaRow, UnquotaedClaim};
 
 /// Suffix of a ResourceQuota key that limits the devices of one DRA DeviceClass
 /// (`<class>.deviceclass.resource.k8s.io/devices`, Kubernetes "Resource Quotas", DRA).
@@ -46,66 +46,6 @@ pub fn device_class_of_quota_key(key: &str) -> Option<&str> {
     let k = key.strip_prefix("requests.").unwrap_or(key);
     k.strip_suffix(DEVICE_CLASS_QUOTA_SUFFIX)
         .filter(|class| !class.is_empty())
-}
-
-/// One namespace's quota on one GPU resource, against its evidence.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct QuotaRow {
-    pub namespace: String,
-    /// The resource the quota key names: `nvidia.com/gpu`, a MIG or shared name, or
-    /// `<class>.deviceclass.resource.k8s.io/devices`.
-    pub resource: String,
-    /// Tightest hard limit over the quotas naming it, in the resource's units.
-    pub hard: u64,
-    /// The apiserver's `status.used` for the key of that limit; `None` until the quota
-    /// controller has written it (or when unreadable).
-    pub used: Option<u64>,
-    /// GPU equivalents held on the resource by pods proven busy; `None` without utilisation.
-    pub busy: Option<f64>,
-    /// GPU equivalents held on the resource by pods proven idle; `None` without utilisation.
-    pub idle: Option<f64>,
-}
-
-/// One ClusterQueue's quota of one flavor and GPU resource, against its evidence.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct QueueRow {
-    pub cluster_queue: String,
-    pub cohort: Option<String>,
-    pub flavor: String,
-    pub resource: String,
-    /// `nominalQuota`, units.
-    pub nominal: Option<u64>,
-    /// `borrowingLimit`; `None` = absent (no limit) or unreadable.
-    pub borrowing_limit: Option<u64>,
-    /// `lendingLimit`; `None` = absent (no limit) or unreadable.
-    pub lending_limit: Option<u64>,
-    /// Kueue's `status.flavorsUsage` total for the flavor and resource, units; `None` when the
-    /// status says nothing yet.
-    pub admitted: Option<u64>,
-    /// GPU equivalents held by the admitted workloads' pods proven busy.
-    pub busy: Option<f64>,
-    /// GPU equivalents held by the admitted workloads' pods proven idle ("idle quota").
-    pub idle: Option<f64>,
-    /// Workloads of the ClusterQueue (through its LocalQueues) asking for a GPU, neither
-    /// admitted nor finished (the same on every row of the queue).
-    pub pending_workloads: u64,
-    /// Age of the oldest of them, seconds since its creation; `None` without one.
-    pub oldest_pending_seconds: Option<f64>,
-    /// Pending GPU workloads here while another ClusterQueue of the cohort holds admitted GPUs
-    /// of this resource proven idle.
-    pub starved_while_lender_idle: bool,
-    /// Those ClusterQueues, sorted.
-    pub idle_lenders: Vec<String>,
-}
-
-/// A DRA claim for a GPU that no quota names.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct UnquotaedClaim {
-    pub namespace: String,
-    pub claim: String,
-    /// The GPU DeviceClasses its requests name (sorted); empty when only its allocation shows
-    /// a GPU (a request that names a driver directly).
-    pub device_classes: Vec<String>,
 }
 
 /// What the quota rows are built from.

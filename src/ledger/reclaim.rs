@@ -13,73 +13,13 @@ use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 
 use super::claims::{
     Claims, NodeInfo, NodeOp, NodeRequirement, NodeSelectorTerm, Placement, PodClaim, Taint,
     Toleration,
 };
-use super::{Attribution, ClaimsScope, PodRow, PodState};
-
-/// A pod by name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct PodRef {
-    pub namespace: String,
-    pub pod: String,
-}
-
-/// A proven-idle notebook pod whose stop would free its GPUs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Stop {
-    pub namespace: String,
-    pub pod: String,
-    pub notebook: String,
-    pub idle_seconds: f64,
-}
-
-/// One node where the pending pod would fit, and what it takes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ReclaimOption {
-    pub node: String,
-    /// Idle notebooks to stop (fewest that make room; empty when none is needed).
-    pub by_stopping: Vec<Stop>,
-    /// Stuck Terminating pods whose force delete the option counts on (never done by us).
-    pub stuck_holders: Vec<PodRef>,
-}
-
-/// The planner's answer for one pending GPU pod.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Reclaim {
-    pub pending: PodRef,
-    /// The pod's request in GPU equivalents.
-    pub gpus: f64,
-    /// Cheapest first: free already, then stuck holders only, then the fewest stops, then the
-    /// longest idle; ties by node name.
-    pub options: Vec<ReclaimOption>,
-    /// Why no node would take the pod even with every idle holder stopped; `None` when some would.
-    pub fits_nowhere: Option<String>,
-}
-
-impl Reclaim {
-    /// Whether the pod waits for a GPU that reclaiming would give it: it fits nowhere as things
-    /// are, and somewhere once stuck holders go or idle notebooks stop.
-    pub fn reclaimable(&self) -> bool {
-        self.options.first().is_some_and(|o| !o.is_free())
-    }
-}
-
-impl ReclaimOption {
-    /// Fits as things are.
-    pub fn is_free(&self) -> bool {
-        self.by_stopping.is_empty() && self.stuck_holders.is_empty()
-    }
-
-    /// The stops make room on their own: some are needed and no stuck holder's force delete
-    /// (which gpu-ledger never does) is counted on. The only options culling can complete.
-    pub fn by_stops_alone(&self) -> bool {
-        !self.by_stopping.is_empty() && self.stuck_holders.is_empty()
-    }
-}
+use super::model::{Attribution, ClaimsScope, PodRow, PodState};
+pub use super::model::{PodRef, Reclaim, ReclaimOption, Stop};
 
 /// Most holders on one node searched exhaustively for a fewest-stops set when the pod asks for
 /// several resource names (a greedy pick is exact for one name).

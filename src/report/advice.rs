@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::{gpu_count, gpus, humanise_seconds, idle_for, notebook_stopped};
+use super::cells::{gpu_count, gpus, humanise_seconds, idle_for, notebook_stopped};
 use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain, snooze_command};
-use crate::ledger::{NamespaceRow, PodRow, PodState};
+use crate::ledger::reclaim::ReclaimOption;
+use crate::ledger::{Ledger, NamespaceRow, PodRow, PodState};
 
 /// Annotation Kubeflow's notebook controller reads to scale a notebook to zero.
 const STOP_ANNOTATION: &str = crate::ledger::claims::STOP_ANNOTATION;
@@ -239,6 +240,44 @@ pub fn namespace_hint(ns: &NamespaceRow, pods: &[PodRow]) -> Option<Hint> {
         commands,
         note: (!named).then_some(NO_COMMAND),
     })
+}
+
+/// What one reclaim option takes, for people: "free now", "force delete stuck team-ml/bob-nb-0"
+/// (or "clear finalizers of stuck …" when finalizers hold it: [`stuck_remedy`]),
+/// "stop notebook team-ml/alice-nb (idle ≥2h0m)", joined with "; ". The idle time reads as the
+/// pod's IDLE FOR cell (`≥` when it reaches back to the start of the history).
+pub fn reclaim_takes(o: &ReclaimOption, ledger: &Ledger) -> String {
+    if o.is_free() {
+        return "free now".into();
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for s in &o.stuck_holders {
+        let row = ledger
+            .pods
+            .iter()
+            .find(|p| p.namespace == s.namespace && p.pod == s.pod);
+        parts.push(format!(
+            "{} stuck {}/{}",
+            stuck_remedy(row),
+            s.namespace,
+            s.pod
+        ));
+    }
+    for s in &o.by_stopping {
+        let bounded = ledger
+            .pods
+            .iter()
+            .find(|p| p.namespace == s.namespace && p.pod == s.pod)
+            .is_some_and(|p| p.evidence.idle_bounded_by_history);
+        parts.push(format!(
+            "stop notebook {}/{} (idle {}{})",
+            s.namespace,
+            s.notebook,
+            if bounded { "≥" } else { "" },
+            humanise_seconds(s.idle_seconds as i64)
+        ));
+    }
+    parts.join("; ")
 }
 
 #[cfg(test)]

@@ -19,8 +19,8 @@ use serde::Deserialize;
 use crate::ledger::{Ledger, NodeRow, PodRow};
 
 use super::advice::{self, Hint};
+use super::cells::{Summary, gpus, idle_for, note, percent, queue_cells, quota_cells};
 use super::table::quota_cell;
-use super::{Summary, gpus, idle_for, note, percent};
 
 const CSS: &str = include_str!("page/page.css");
 const SCRIPT: &str = include_str!("page/page.js");
@@ -578,7 +578,7 @@ fn reclaim_table(h: &mut String, ledger: &Ledger, view: &View) {
                 escape(&pending),
                 gpus(r.gpus),
                 escape(&o.node),
-                escape(&super::reclaim_takes(o, ledger))
+                escape(&advice::reclaim_takes(o, ledger))
             );
         }
     }
@@ -601,7 +601,7 @@ fn quotas_tables(h: &mut String, ledger: &Ledger, view: &View) {
         .filter(|q| view.namespace().is_none_or(|v| q.namespace == v))
     {
         any = true;
-        cells_row(h, &super::quota_cells(q), 2..6);
+        cells_row(h, &quota_cells(q), 2..6);
     }
     let _ = writeln!(
         h,
@@ -610,7 +610,7 @@ fn quotas_tables(h: &mut String, ledger: &Ledger, view: &View) {
     );
     h.push_str("<table id=\"queues\">\n<thead><tr><th>ClusterQueue</th><th>Cohort</th><th>Flavor</th><th>Resource</th><th class=\"num\">Nominal</th><th class=\"num\">Borrow limit</th><th class=\"num\">Lend limit</th><th class=\"num\">Admitted</th><th class=\"num\">Busy</th><th class=\"num\">Idle</th><th class=\"num\">Pending</th><th class=\"num\">Oldest</th><th>Cohort view</th></tr></thead>\n<tbody>\n");
     for r in &ledger.queues {
-        cells_row(h, &super::queue_cells(r), 4..12);
+        cells_row(h, &queue_cells(r), 4..12);
     }
     let _ = writeln!(
         h,

@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use crate::ledger::{Ledger, PodRow};
 
 use super::advice::{self, Hint};
-use super::{Summary, gpus, idle_for, note, percent};
+use super::cells::{Summary, gpus, has_quotas, idle_for, note, percent, queue_cells, quota_cells};
 
 /// Pretty JSON of the ledger: the contract documented in `docs/report-json.md`.
 pub fn render_json(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
@@ -74,7 +74,7 @@ fn render_scoped(
         writeln!(out)?;
         reclaim_section(ledger, out)?;
     }
-    if super::has_quotas(ledger) {
+    if has_quotas(ledger) {
         writeln!(out)?;
         quotas_section(ledger, out)?;
     }
@@ -228,7 +228,7 @@ fn reclaim_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
             } else {
                 (String::new(), String::new())
             };
-            t.row(vec![p, g, o.node.clone(), super::reclaim_takes(o, ledger)]);
+            t.row(vec![p, g, o.node.clone(), advice::reclaim_takes(o, ledger)]);
         }
     }
     t.write(out)
@@ -248,7 +248,7 @@ fn quotas_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
             ("IDLE", Align::Right),
         ]);
         for q in &ledger.quotas {
-            t.row(super::quota_cells(q).to_vec());
+            t.row(quota_cells(q).to_vec());
         }
         t.write(out)?;
     }
@@ -269,7 +269,7 @@ fn quotas_section(ledger: &Ledger, out: &mut impl Write) -> io::Result<()> {
             ("COHORT VIEW", Align::Left),
         ]);
         for r in &ledger.queues {
-            t.row(super::queue_cells(r).to_vec());
+            t.row(queue_cells(r).to_vec());
         }
         t.write(out)?;
     }

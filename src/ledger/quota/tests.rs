@@ -12,7 +12,7 @@ use crate::ledger::kueue::{
     Admission, ClusterQueueInfo, DeviceClassMapping, FlavorQuota, FlavorUsage, KueueInputs,
     LocalQueueInfo, PodSetAssignment, PodSetInfo, WorkloadOwner, WorkloadRefs,
 };
-use crate::ledger::{PodRow, PodState};
+use crate::ledger::model::{PodRow, PodState};
 
 fn now() -> DateTime<Utc> {
     DateTime::parse_from_rfc3339("2026-03-01T12:00:00Z")

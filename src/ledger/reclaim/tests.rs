@@ -4,8 +4,8 @@ use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 
 use super::*;
-use crate::ledger::Evidence;
 use crate::ledger::claims::{NodeInfo, NotebookInfo, PodPhase};
+use crate::ledger::model::Evidence;
 
 fn now() -> DateTime<Utc> {
     DateTime::parse_from_rfc3339("2026-03-01T12:00:00Z")

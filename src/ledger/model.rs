@@ -1,0 +1,496 @@
+//! The ledger's rows: what `build` returns (pods, nodes, namespaces, unclaimed busy devices,
+//! reclaim plans, quota and queue rows) and the policy it is built under. Data only: every file
+//! of the ledger reads them from here, and `build` (in `mod.rs`) fills them in.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+
+use super::claims::{NotebookInfo, OwnerRef, ResourceNames, SliceTable, shard_of};
+use super::usage::DeviceKey;
+
+/// Knobs that change what the ledger concludes.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub names: ResourceNames,
+    /// Compute slices per GPU product (MIG profile `<g>g` = g / slices).
+    pub slices: SliceTable,
+    /// Utilisation (0..1) below which a device counts as idle.
+    pub idle_threshold: f64,
+    /// Share of the window the samples must prove (at their own interval) to call anything idle.
+    pub min_coverage: f64,
+    /// Samples older than this are not fresh.
+    pub max_staleness: Duration,
+    /// A terminating pod is stuck this long past its deletion deadline.
+    pub stuck_after: Duration,
+    /// Whether the claims show every pod of their nodes.
+    pub claims_scope: ClaimsScope,
+}
+
+/// Which pods the claims can show: what the ledger may conclude from a device or a node that no
+/// visible claim accounts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimsScope {
+    /// Every pod bound to the nodes in the claims (all namespaces; a shard's nodes and their
+    /// pods): a busy device no claim owns is unclaimed, a node's free count is known.
+    #[default]
+    Complete,
+    /// Only the pods of some namespaces (`--namespaces`): a pod of another namespace may hold
+    /// any device or node capacity, so no device is reported unclaimed busy and node free is
+    /// unknown.
+    Namespaces,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            names: ResourceNames::default(),
+            slices: SliceTable::default(),
+            idle_threshold: 0.05,
+            min_coverage: 0.9,
+            max_staleness: Duration::minutes(2),
+            stuck_after: Duration::minutes(5),
+            claims_scope: ClaimsScope::Complete,
+        }
+    }
+}
+
+/// Where a GPU pod is in its life, as far as holding a GPU goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodState {
+    /// Not bound to a node: demand, holds nothing.
+    Pending,
+    /// Bound, not terminal, not being deleted: holds its GPUs.
+    Running,
+    /// Deletion requested, not terminal: still holds its GPUs.
+    Terminating,
+}
+
+impl PodState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Terminating => "terminating",
+        }
+    }
+
+    /// Whether the pod holds its GPUs on its node (what the scheduler counts).
+    pub fn holds(self) -> bool {
+        matches!(self, Self::Running | Self::Terminating)
+    }
+}
+
+/// The controller of a pod, for the owner-info metric and the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Owner {
+    pub kind: String,
+    pub name: String,
+}
+
+impl Owner {
+    pub(super) fn of(o: &OwnerRef) -> Self {
+        Owner {
+            kind: o.kind.clone(),
+            name: o.name.clone(),
+        }
+    }
+}
+
+/// Everything culling needs to judge a pod, kept out of the JSON contract except
+/// `idle_bounded_by_history` (flattened into the pod's JSON object).
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Evidence {
+    #[serde(skip)]
+    pub uid: String,
+    /// The notebook this pod belongs to, and whether pod → StatefulSet → Notebook (uid) was verified.
+    /// In the JSON only as `notebook_stopped`: the notebook carries `kubeflow-resource-stopped`.
+    #[serde(rename = "notebook_stopped", serialize_with = "notebook_stopped")]
+    pub notebook: Option<(NotebookInfo, bool)>,
+    #[serde(skip)]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(skip)]
+    pub ready_since: Option<DateTime<Utc>>,
+    /// Lowest window coverage over the pod's devices.
+    #[serde(skip)]
+    pub coverage: Option<f64>,
+    /// Oldest of the devices' newest samples (all devices are at least this fresh).
+    #[serde(skip)]
+    pub newest_sample_at: Option<DateTime<Utc>>,
+    /// Highest utilisation over the pod's devices in the window.
+    #[serde(skip)]
+    pub peak: Option<f64>,
+    /// Since when the pod's GPUs are proven idle (start, last activity or coverage start).
+    #[serde(skip)]
+    pub idle_since: Option<DateTime<Utc>>,
+    /// Devices found for the pod versus devices its claim implies.
+    #[serde(skip)]
+    pub devices_found: usize,
+    #[serde(skip)]
+    pub devices_expected: usize,
+    /// Whether the pod's GPUs are time-sliced on its node (a shared resource or replicas > 1).
+    #[serde(skip)]
+    pub time_sliced: bool,
+    /// True when `idle_since` is the start of the sample history available (the idleness may
+    /// go back further, unseen), not a last activity or the pod's start: `idle_seconds` is then
+    /// a lower bound (the report prints `≥2h0m`).
+    pub idle_bounded_by_history: bool,
+}
+
+/// `notebook_stopped` of the JSON: whether the pod's notebook is stopped (false without one).
+#[allow(clippy::ref_option)] // serde's serialize_with hands the field by reference
+fn notebook_stopped<S: serde::Serializer>(
+    notebook: &Option<(NotebookInfo, bool)>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_bool(
+        notebook
+            .as_ref()
+            .is_some_and(|(nb, _)| nb.stopped.is_some()),
+    )
+}
+
+/// One GPU pod.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodRow {
+    pub namespace: String,
+    pub pod: String,
+    pub node: Option<String>,
+    pub state: PodState,
+    /// Claim in physical GPU equivalents.
+    pub gpus: f64,
+    pub resources: BTreeMap<String, u64>,
+    /// Physical GPU equivalents per resource of `resources` (the metrics' `resource` label).
+    #[serde(skip)]
+    pub gpus_by_resource: Vec<(String, f64)>,
+    pub attribution: Attribution,
+    pub utilization: Option<f64>,
+    pub memory_used_bytes: Option<f64>,
+    pub idle: Option<bool>,
+    pub idle_seconds: Option<f64>,
+    pub terminating_seconds: Option<f64>,
+    pub stuck: bool,
+    pub pending_seconds: Option<f64>,
+    pub notebook: Option<String>,
+    pub owner: Option<Owner>,
+    /// The devices attributed to the pod.
+    pub devices: Vec<DeviceKey>,
+    /// Why the scheduler has not placed a pending pod.
+    pub pending_reason: Option<String>,
+    /// `metadata.finalizers` (bounded): they keep a deleted pod's object (and its GPUs, for
+    /// the scheduler) until removed, whatever its node does; a force delete does not remove them.
+    pub finalizers: Vec<String>,
+    /// Whether the pod's node is Ready: `false` also when its Ready condition is `Unknown`
+    /// (unreachable); `None` when not bound, the node is not known or reports no Ready condition.
+    pub node_ready: Option<bool>,
+    #[serde(flatten)]
+    pub evidence: Evidence,
+}
+
+impl PodRow {
+    /// A pending pod that holds nothing and has no evidence: the base rows are built from
+    /// outside `build` (tests, benchmarks), naming only what they set:
+    /// `PodRow { gpus: 1.0, ..PodRow::new("team-a", "nb-0") }`.
+    pub fn new(namespace: impl Into<String>, pod: impl Into<String>) -> Self {
+        PodRow {
+            namespace: namespace.into(),
+            pod: pod.into(),
+            node: None,
+            state: PodState::Pending,
+            gpus: 0.0,
+            resources: BTreeMap::new(),
+            gpus_by_resource: Vec::new(),
+            attribution: Attribution::None,
+            utilization: None,
+            memory_used_bytes: None,
+            idle: None,
+            idle_seconds: None,
+            terminating_seconds: None,
+            stuck: false,
+            pending_seconds: None,
+            notebook: None,
+            owner: None,
+            devices: Vec::new(),
+            pending_reason: None,
+            finalizers: Vec::new(),
+            node_ready: None,
+            evidence: Evidence::default(),
+        }
+    }
+}
+
+/// GPU capacity of one node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeRow {
+    pub node: String,
+    pub gpus_allocatable: f64,
+    pub gpus_claimed: f64,
+    /// Allocatable minus claimed; `None` when the claims do not show every pod on the node
+    /// ([`ClaimsScope::Namespaces`]).
+    pub gpus_free: Option<f64>,
+    /// GPUs the node has (GFD labels, or DCGM where the node advertises none) that its
+    /// allocatable does not offer: the device plugin is down, a card fell off the bus, ….
+    pub gpus_unschedulable: f64,
+    /// The node's GPU model (GFD's `nvidia.com/gpu.product`), for the per-model accounting
+    /// counter; `None` without the label. Not part of the report JSON.
+    #[serde(skip)]
+    pub model: Option<String>,
+}
+
+/// GPU claims of one namespace.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NamespaceRow {
+    pub namespace: String,
+    /// Held by running and terminating pods.
+    pub gpus_claimed: f64,
+    /// Held by pods proven idle.
+    pub gpus_idle: f64,
+    /// Requested by pending pods (demand, not inside `gpus_claimed`).
+    pub gpus_pending: f64,
+    /// Tightest GPU hard limit in GPU equivalents; `None` when no quota names a GPU resource.
+    pub gpu_quota: Option<f64>,
+    /// Hard limits per quota key that names a GPU resource.
+    pub gpu_quota_keys: BTreeMap<String, u64>,
+}
+
+/// A device above the idle threshold that no claim on its node could own.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UnclaimedBusy {
+    /// The node the device is on, when it can be resolved to a real node (see
+    /// attribution's `Locator`); never a name that is not a node.
+    pub node: Option<String>,
+    pub uuid: String,
+    pub gpu_instance: Option<String>,
+    pub utilization: f64,
+}
+
+/// The join at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ledger {
+    pub generated_at: DateTime<Utc>,
+    pub pods: Vec<PodRow>,
+    pub nodes: Vec<NodeRow>,
+    pub namespaces: Vec<NamespaceRow>,
+    pub unclaimed_busy: Vec<UnclaimedBusy>,
+    /// Whether utilisation came from a working source.
+    pub usage_available: bool,
+    /// For each pending GPU pod, where it would fit and what that takes (`reclaim`); empty
+    /// when the claims show only some namespaces (no node's free capacity is known then).
+    pub reclaim: Vec<Reclaim>,
+    /// Per namespace and GPU resource a ResourceQuota names: hard, used, busy, idle (`quota`).
+    pub quotas: Vec<QuotaRow>,
+    /// Per Kueue ClusterQueue, flavor and GPU resource (`quota`); empty without Kueue.
+    pub queues: Vec<QueueRow>,
+    /// DRA GPU claims that no quota names (`quota`).
+    pub dra_claims_unquotaed: Vec<UnquotaedClaim>,
+    /// Whether Kueue (`kueue.x-k8s.io/v1beta2`) is served and read.
+    pub kueue_available: bool,
+}
+
+impl Ledger {
+    /// An empty ledger (before the first refresh).
+    pub fn empty(now: DateTime<Utc>) -> Self {
+        Ledger {
+            generated_at: now,
+            pods: Vec::new(),
+            nodes: Vec::new(),
+            namespaces: Vec::new(),
+            unclaimed_busy: Vec::new(),
+            usage_available: false,
+            reclaim: Vec::new(),
+            quotas: Vec::new(),
+            queues: Vec::new(),
+            dra_claims_unquotaed: Vec::new(),
+            kueue_available: false,
+        }
+    }
+}
+
+impl Ledger {
+    /// Keeps only the rows a shard owns that the claims filter cannot: Prometheus returns every
+    /// node's devices to every shard, so a busy device on another shard's node would look
+    /// unclaimed here. Devices without a node go to shard 0.
+    pub fn retain_shard(&mut self, shard: u32, total: u32) {
+        if total <= 1 {
+            return;
+        }
+        // A shard sees only its own nodes (and shard 0 every pending pod): where a pending pod
+        // would fit is not known to any one shard.
+        self.reclaim.clear();
+        // Quotas and queues are cluster-wide: shard 0 exports their limits and usage, no shard
+        // can prove what all their pods do (busy / idle unknown, so no queue is proven starved).
+        if shard == 0 {
+            for q in &mut self.quotas {
+                (q.busy, q.idle) = (None, None);
+            }
+            for r in &mut self.queues {
+                (r.busy, r.idle) = (None, None);
+                r.starved_while_lender_idle = false;
+                r.idle_lenders.clear();
+            }
+        } else {
+            self.quotas.clear();
+            self.queues.clear();
+            self.dra_claims_unquotaed.clear();
+        }
+        self.unclaimed_busy.retain(|d| {
+            let owner = d.node.as_deref().map_or(0, |n| shard_of(n, total));
+            owner == shard
+        });
+    }
+}
+
+/// A duration in seconds, to the millisecond.
+pub(super) fn seconds(d: Duration) -> f64 {
+    d.num_milliseconds() as f64 / 1000.0
+}
+
+/// How confidently a pod's utilisation is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attribution {
+    /// Whole GPUs whose series name only this pod.
+    Exclusive,
+    /// MIG GPU instances whose series name this pod.
+    Mig,
+    /// A time-sliced or otherwise shared device: device-wide values are not this pod's own.
+    Shared,
+    /// The pod holds GPUs but no series names it: unknown, never idle.
+    Unattributed,
+    /// Pending: holds no device yet.
+    None,
+}
+
+impl Attribution {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::Mig => "mig",
+            Self::Shared => "shared",
+            Self::Unattributed => "unattributed",
+            Self::None => "none",
+        }
+    }
+}
+
+/// One namespace's quota on one GPU resource, against its evidence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuotaRow {
+    pub namespace: String,
+    /// The resource the quota key names: `nvidia.com/gpu`, a MIG or shared name, or
+    /// `<class>.deviceclass.resource.k8s.io/devices`.
+    pub resource: String,
+    /// Tightest hard limit over the quotas naming it, in the resource's units.
+    pub hard: u64,
+    /// The apiserver's `status.used` for the key of that limit; `None` until the quota
+    /// controller has written it (or when unreadable).
+    pub used: Option<u64>,
+    /// GPU equivalents held on the resource by pods proven busy; `None` without utilisation.
+    pub busy: Option<f64>,
+    /// GPU equivalents held on the resource by pods proven idle; `None` without utilisation.
+    pub idle: Option<f64>,
+}
+
+/// One ClusterQueue's quota of one flavor and GPU resource, against its evidence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueRow {
+    pub cluster_queue: String,
+    pub cohort: Option<String>,
+    pub flavor: String,
+    pub resource: String,
+    /// `nominalQuota`, units.
+    pub nominal: Option<u64>,
+    /// `borrowingLimit`; `None` = absent (no limit) or unreadable.
+    pub borrowing_limit: Option<u64>,
+    /// `lendingLimit`; `None` = absent (no limit) or unreadable.
+    pub lending_limit: Option<u64>,
+    /// Kueue's `status.flavorsUsage` total for the flavor and resource, units; `None` when the
+    /// status says nothing yet.
+    pub admitted: Option<u64>,
+    /// GPU equivalents held by the admitted workloads' pods proven busy.
+    pub busy: Option<f64>,
+    /// GPU equivalents held by the admitted workloads' pods proven idle ("idle quota").
+    pub idle: Option<f64>,
+    /// Workloads of the ClusterQueue (through its LocalQueues) asking for a GPU, neither
+    /// admitted nor finished (the same on every row of the queue).
+    pub pending_workloads: u64,
+    /// Age of the oldest of them, seconds since its creation; `None` without one.
+    pub oldest_pending_seconds: Option<f64>,
+    /// Pending GPU workloads here while another ClusterQueue of the cohort holds admitted GPUs
+    /// of this resource proven idle.
+    pub starved_while_lender_idle: bool,
+    /// Those ClusterQueues, sorted.
+    pub idle_lenders: Vec<String>,
+}
+
+/// A DRA claim for a GPU that no quota names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UnquotaedClaim {
+    pub namespace: String,
+    pub claim: String,
+    /// The GPU DeviceClasses its requests name (sorted); empty when only its allocation shows
+    /// a GPU (a request that names a driver directly).
+    pub device_classes: Vec<String>,
+}
+
+/// A pod by name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub pod: String,
+}
+
+/// A proven-idle notebook pod whose stop would free its GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stop {
+    pub namespace: String,
+    pub pod: String,
+    pub notebook: String,
+    pub idle_seconds: f64,
+}
+
+/// One node where the pending pod would fit, and what it takes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReclaimOption {
+    pub node: String,
+    /// Idle notebooks to stop (fewest that make room; empty when none is needed).
+    pub by_stopping: Vec<Stop>,
+    /// Stuck Terminating pods whose force delete the option counts on (never done by us).
+    pub stuck_holders: Vec<PodRef>,
+}
+
+/// The planner's answer for one pending GPU pod.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reclaim {
+    pub pending: PodRef,
+    /// The pod's request in GPU equivalents.
+    pub gpus: f64,
+    /// Cheapest first: free already, then stuck holders only, then the fewest stops, then the
+    /// longest idle; ties by node name.
+    pub options: Vec<ReclaimOption>,
+    /// Why no node would take the pod even with every idle holder stopped; `None` when some would.
+    pub fits_nowhere: Option<String>,
+}
+
+impl Reclaim {
+    /// Whether the pod waits for a GPU that reclaiming would give it: it fits nowhere as things
+    /// are, and somewhere once stuck holders go or idle notebooks stop.
+    pub fn reclaimable(&self) -> bool {
+        self.options.first().is_some_and(|o| !o.is_free())
+    }
+}
+
+impl ReclaimOption {
+    /// Fits as things are.
+    pub fn is_free(&self) -> bool {
+        self.by_stopping.is_empty() && self.stuck_holders.is_empty()
+    }
+
+    /// The stops make room on their own: some are needed and no stuck holder's force delete
+    /// (which gpu-ledger never does) is counted on. The only options culling can complete.
+    pub fn by_stops_alone(&self) -> bool {
+        !self.by_stopping.is_empty() && self.stuck_holders.is_empty()
+    }
+}
