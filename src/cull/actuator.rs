@@ -23,9 +23,8 @@ use serde_json::json;
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
-use super::CullMode;
 use super::lease::{API_TIMEOUT, Leadership};
-use super::plan::{Action, CullPolicy, Notice, rfc3339};
+use super::plan::{Action, CullMode, CullPolicy, Notice, rfc3339};
 use crate::ledger::claims::{
     CULL_OPT_OUT_ANNOTATION, NotebookInfo, STOP_ANNOTATION, STOP_NOTICE_REASON_ANNOTATION,
     STOP_REASON_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION,

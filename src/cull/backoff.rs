@@ -1,5 +1,5 @@
-//! Per-notebook backoff after a failed stop, kept by the [`Culler`](super::Culler) and handed to
-//! the pure [`plan_with`](super::plan::plan_with) as data.
+//! Per-notebook backoff after a failed stop, kept by the culler and handed to the pure plan
+//! (`plan::plan_with`) as data.
 //!
 //! Without it a stop that keeps failing (a 403 from RBAC or an admission webhook on some
 //! notebooks, a recheck that keeps disagreeing) would be retried first every cycle — it is the

@@ -6,12 +6,60 @@
 //! (the culler's [`Backoff`], given as data). A fleet-wide circuit breaker can veto all actions.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
 
 use chrono::{DateTime, Duration, Utc};
 
 use super::backoff::Backoff;
 use super::demand::{self, CullWhen};
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
+
+/// Whether culling acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum CullMode {
+    /// Plan, log and export only (the default).
+    #[default]
+    Off,
+    /// Also re-check, publish `IdleGPUWouldStop` Events, optionally a server-side dry-run patch.
+    DryRun,
+    /// Stop idle notebooks.
+    On,
+}
+
+impl CullMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::DryRun => "dry-run",
+            Self::On => "on",
+        }
+    }
+}
+
+impl fmt::Display for CullMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CullMode {
+    type Err = ModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "false" => Ok(Self::Off),
+            "dry-run" | "dryrun" | "dry_run" => Ok(Self::DryRun),
+            "on" | "true" => Ok(Self::On),
+            _ => Err(ModeError(s.to_string())),
+        }
+    }
+}
+
+/// A `--cull` value that is none of the modes.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid cull mode {0:?} (expected off, dry-run or on)")]
+pub struct ModeError(pub String);
 
 /// Knobs of the culling policy. Every duration is inclusive ("at least").
 #[derive(Debug, Clone, PartialEq)]
