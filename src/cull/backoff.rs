@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Duration, Utc};
 
+use super::registry::owner;
 use crate::ledger::Ledger;
 
 /// Longest a notebook is held back after its last failed stop.
@@ -98,7 +99,7 @@ impl Backoff {
             .pods
             .iter()
             .filter_map(|row| {
-                let (nb, _) = row.evidence.notebook.as_ref()?;
+                let (nb, _) = owner(row)?;
                 Some((row.namespace.as_str(), nb.name.as_str(), nb.uid.as_str()))
             })
             .collect();

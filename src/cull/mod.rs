@@ -12,8 +12,11 @@ pub mod demand;
 pub mod hold_back;
 pub mod lease;
 pub mod metrics;
+pub mod notebook;
 pub mod plan;
+pub mod registry;
 pub mod render;
+pub mod target;
 pub mod webhook;
 
 use std::collections::BTreeMap;
@@ -40,7 +43,9 @@ pub use plan::{
     Action, CancelReason, CircuitReason, CullMode, CullPolicy, ModeError, Notice, Plan, Skip,
     SkipReason, plan, plan_with,
 };
+pub use registry::TARGETS;
 pub use render::render_plan;
+pub use target::{Identity, RbacRule, Target, TargetInfo, TargetRef};
 
 /// Culling setup errors.
 #[derive(Debug, thiserror::Error)]
@@ -510,7 +515,8 @@ impl Culler {
             if let Some(actuator) = &self.actuator
                 && self.leadership.is_leader()
             {
-                let target = actuator::NotebookRef {
+                let target = actuator.target();
+                let object = TargetRef {
                     namespace: t.namespace.clone(),
                     name: t.notebook.clone(),
                     uid: t.notebook_uid.clone(),
@@ -520,13 +526,14 @@ impl Culler {
                     reason: actuator::REASON_STOP_STUCK,
                     action: "Stop",
                     note: format!(
-                        "Pod {} is stuck terminating after gpu-ledger stopped the notebook; its GPU is not free.",
-                        t.pod
+                        "Pod {} is stuck terminating after gpu-ledger stopped the {}; its GPU is not free.",
+                        t.pod,
+                        target.identity().noun
                     ),
                 };
                 if let Err(e) = actuator::bounded(
                     "publish event",
-                    actuator.api().publish_event(&target, &event),
+                    actuator.api().publish_event(target, &object, &event),
                 )
                 .await
                 {

@@ -13,6 +13,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::backoff::Backoff;
 use super::demand::{self, CullWhen};
+use super::registry::owner;
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
 
 /// Whether culling acts.
@@ -526,7 +527,7 @@ pub fn rfc3339(t: DateTime<Utc>) -> String {
 /// The notice a pod's notebook is under, if it is current: it was due after the pod started
 /// running (a notice left from before a restart, or from before our own stop, is stale).
 pub fn current_notice(row: &PodRow) -> Option<DateTime<Utc>> {
-    let (nb, _) = row.evidence.notebook.as_ref()?;
+    let (nb, _) = owner(row)?;
     let at = nb.stop_scheduled_at?;
     let started = row.evidence.started_at.max(row.evidence.ready_since);
     let stale = nb.last_stopped_by_us.is_some_and(|s| s >= at) || started.is_some_and(|s| s >= at);
@@ -572,7 +573,7 @@ pub struct Plan {
 ///
 /// Rule order matters only for the reported reason; a candidate must pass every rule.
 pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<(), SkipReason> {
-    let Some((nb, verified)) = &row.evidence.notebook else {
+    let Some((nb, verified)) = owner(row) else {
         return Err(SkipReason::NotNotebook);
     };
     if !verified {
@@ -745,7 +746,7 @@ pub fn plan_with(
         match judge(row, policy, now) {
             Ok(()) => candidates.push(row),
             Err(reason) => {
-                if let Some((nb, _)) = &row.evidence.notebook {
+                if let Some((nb, _)) = owner(row) {
                     not_all_idle.insert((row.namespace.as_str(), nb.uid.as_str()));
                 }
                 if notice_on {
@@ -758,7 +759,7 @@ pub fn plan_with(
     // A notebook is idle only when every pod of it is (a second idle pod of one notebook is
     // held back by the per-namespace cap below: one stop per notebook).
     candidates.retain(|row| {
-        let busy_sibling = row.evidence.notebook.as_ref().is_some_and(|(nb, _)| {
+        let busy_sibling = owner(row).is_some_and(|(nb, _)| {
             not_all_idle.contains(&(row.namespace.as_str(), nb.uid.as_str()))
         });
         if busy_sibling {
@@ -809,7 +810,7 @@ pub fn plan_with(
     let stop_value = now.format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let mut per_namespace: BTreeMap<&str, usize> = BTreeMap::new();
     for row in candidates {
-        let Some((nb, _)) = &row.evidence.notebook else {
+        let Some((nb, _)) = owner(row) else {
             continue;
         };
         // Notice first: a candidate without a current notice is given one (not while the
@@ -904,11 +905,9 @@ fn cancel_notice(
     noticed: &mut BTreeSet<(String, String)>,
     notices: &mut Vec<Notice>,
 ) {
-    let (Some(why), Some((nb, _)), Some(stop_at)) = (
-        CancelReason::of(reason),
-        &row.evidence.notebook,
-        current_notice(row),
-    ) else {
+    let (Some(why), Some((nb, _)), Some(stop_at)) =
+        (CancelReason::of(reason), owner(row), current_notice(row))
+    else {
         return;
     };
     if noticed.insert((row.namespace.clone(), nb.uid.clone())) {
@@ -928,10 +927,7 @@ fn skip(row: &PodRow, reason: SkipReason) -> Skip {
     Skip {
         namespace: row.namespace.clone(),
         pod: row.pod.clone(),
-        notebook: row
-            .evidence
-            .notebook
-            .as_ref()
+        notebook: owner(row)
             .map(|(nb, _)| nb.name.clone())
             .or_else(|| row.notebook.clone()),
         reason,
