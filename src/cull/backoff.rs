@@ -27,7 +27,7 @@ const MAX_DOUBLINGS: u32 = 20;
 /// One notebook's failed stops.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// The Notebook uid that failed: a notebook re-created under the same name starts afresh.
+    /// The owner object's uid that failed: a notebook re-created under the same name starts afresh.
     pub uid: String,
     /// Failed stops in a row.
     pub failures: u32,
@@ -51,7 +51,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// Whether Notebook `namespace/name` with `uid` sits out the cycle at `now`.
+    /// Whether owner object `namespace/name` with `uid` sits out the cycle at `now`.
     pub fn holds(&self, namespace: &str, name: &str, uid: &str, now: DateTime<Utc>) -> bool {
         self.entries
             .get(&(namespace.to_string(), name.to_string()))

@@ -170,13 +170,15 @@ fn seconds(d: Duration) -> f64 {
 /// Why a GPU pod is not (or not now) stopped. A bounded set: safe as a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SkipReason {
-    /// The pod does not belong to a Kubeflow Notebook.
+    /// The pod belongs to no culling target (no owner object of a registered kind).
     NotNotebook,
-    /// pod → `StatefulSet` → Notebook uid could not be verified.
+    /// The pod → owner object chain (for a notebook: pod → `StatefulSet` → uid) could not be
+    /// verified.
     UnverifiedOwner,
-    /// The Notebook has a deletionTimestamp.
+    /// The owner object has a deletionTimestamp.
     Deleting,
-    /// `kubeflow-resource-stopped` is present (any value, including the ODH lock).
+    /// The owner object is stopped: its stop marker is present (any value, including the ODH
+    /// lock on a notebook).
     AlreadyStopped,
     /// A culling annotation is present but not understood (a snooze that is not RFC 3339 with
     /// a zone, a `gpu-ledger.io/cull` value other than `"true"`/`"false"`, a malformed
@@ -336,12 +338,12 @@ impl std::fmt::Display for CircuitReason {
 /// A side effect the actuator should perform.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// Stop a notebook by adding `kubeflow-resource-stopped`.
+    /// Stop the owner object (a notebook: by adding its stop annotation; see `cull::Target`).
     Stop {
         namespace: String,
         notebook: String,
         notebook_uid: String,
-        /// The Notebook resourceVersion the plan evaluated.
+        /// The owner object's resourceVersion the plan evaluated.
         resource_version: String,
         pod: String,
         pod_uid: String,
@@ -682,7 +684,7 @@ pub fn circuit(ledger: &Ledger, policy: &CullPolicy) -> Option<CircuitReason> {
 /// whatever the order of `ledger.pods`.
 ///
 /// A notebook is a candidate only when ALL hold (see [`judge`]): its pod is verified as the
-/// Notebook's; the Notebook is not deleting, not stopped (any value), not opted out, not in an
+/// owner object's; the owner is not deleting, not stopped (any value), not opted out, not in an
 /// excluded namespace, not snoozed; the pod is Running + Ready for at least `min_runtime` since
 /// the later of start/Ready, and we did not stop the notebook within `min_runtime`; every GPU is
 /// attributed `exclusive` or `mig`; coverage is full and fresh; and it is idle for at least
