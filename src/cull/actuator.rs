@@ -857,18 +857,17 @@ impl KubeCullApi {
     ) -> Result<Api<DynamicObject>, kube::Error> {
         let id = target.identity();
         let mut resources = self.resources.lock().await;
-        let ar = match resources.get(&(id.group, id.kind)) {
-            Some(ar) => ar.clone(),
-            None => {
-                let ar = target.discover(&self.client).await?.ok_or_else(|| {
-                    kube::Error::Discovery(kube::error::DiscoveryError::MissingResource(format!(
-                        "{} {}",
-                        id.group, id.kind
-                    )))
-                })?;
-                resources.insert((id.group, id.kind), ar.clone());
-                ar
-            }
+        let ar = if let Some(ar) = resources.get(&(id.group, id.kind)) {
+            ar.clone()
+        } else {
+            let ar = target.discover(&self.client).await?.ok_or_else(|| {
+                kube::Error::Discovery(kube::error::DiscoveryError::MissingResource(format!(
+                    "{} {}",
+                    id.group, id.kind
+                )))
+            })?;
+            resources.insert((id.group, id.kind), ar.clone());
+            ar
         };
         Ok(Api::namespaced_with(self.client.clone(), namespace, &ar))
     }
