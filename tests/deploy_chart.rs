@@ -922,6 +922,40 @@ fn kustomize_base_and_culling_overlay_render() -> Result<()> {
     Ok(())
 }
 
+/// Every registered culling target's RBAC (`cull::Target::rbac`) is granted by the culling
+/// ClusterRole of the chart (culling on) and of the kustomize culling overlay: a new target is
+/// one file implementing the seam plus its RBAC here, and this test names the rule it forgot.
+#[test]
+fn culling_roles_grant_every_targets_rbac() -> Result<()> {
+    ensure!(
+        !gpu_ledger::cull::TARGETS.is_empty(),
+        "no culling target registered"
+    );
+    let chart = docs(&helm_template(&["culling.mode=on"])?)?;
+    let overlay = docs(&kustomize("deploy/kustomize/overlays/culling")?)?;
+    for (source, objs) in [("chart", &chart), ("kustomize overlay", &overlay)] {
+        let granted = rule_set(find(objs, "ClusterRole", "gpu-ledger-culler")?);
+        for target in gpu_ledger::cull::TARGETS {
+            for rule in target.rbac() {
+                ensure!(!rule.verbs.is_empty(), "{rule:?} names no verb");
+                for verb in rule.verbs {
+                    let needed = (
+                        rule.api_group.to_string(),
+                        rule.resource.to_string(),
+                        (*verb).to_string(),
+                    );
+                    ensure!(
+                        granted.contains(&needed),
+                        "{source}: the culling role does not grant culling target {} its {needed:?}; it grants {granted:?}",
+                        target.identity().kind
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// TLS and API authentication: flags, mounts, HTTPS probes and scrape, the review RBAC.
 #[test]
 fn helm_template_tls_and_api_auth() -> Result<()> {

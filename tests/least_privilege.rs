@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use gpu_ledger::cull::actuator::{notice_patch, stop_patch};
+use gpu_ledger::cull::notebook::Notebook as NotebookTarget;
 use gpu_ledger::cull::plan::{Action, CancelReason, Notice};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::process::run_ok;
@@ -208,6 +209,7 @@ fn the_stop_patch(nb: &DynamicObject) -> Value {
         for_pending: None,
     };
     stop_patch(
+        &NotebookTarget,
         &action,
         nb.metadata.resource_version.as_deref().unwrap_or_default(),
     )
@@ -244,7 +246,7 @@ async fn the_notices_pass(
     for notice in [schedule, cancel] {
         let fresh = notebooks(admin, &ns).get(&name).await?;
         let rv = fresh.metadata.resource_version.clone().unwrap_or_default();
-        merge_patch(sa, &name, &notice_patch(&notice, &rv))
+        merge_patch(sa, &name, &notice_patch(&NotebookTarget, &notice, &rv))
             .await
             .with_context(|| {
                 format!("gpu-ledger's {} notice must pass the policy", notice.kind())

@@ -1,16 +1,17 @@
 //! The actuator: performs a plan's [`Action`]s against the API, leader-only, and returns
 //! [`Outcome`]s as data.
 //!
-//! Right before each stop it re-GETs the Notebook and re-checks it, asks the caller to re-check
-//! the usage evidence, then sends ONE JSON merge patch carrying the re-read `resourceVersion` as
-//! a precondition. It never removes annotations, never touches `notebooks.kubeflow.org/*`, never
-//! Updates, scales or deletes anything.
+//! Right before each stop it re-GETs the target object (a [`Target`]) and re-checks it, asks the
+//! caller to re-check the usage evidence, then sends ONE JSON merge patch carrying the re-read
+//! `resourceVersion` as a precondition. It never removes annotations other than its own notice,
+//! never Updates, scales or deletes anything.
 //!
 //! Every API call is bounded by [`API_TIMEOUT`], the evidence re-check by [`RECHECK_TIMEOUT`], and
 //! leadership is asked again immediately before every write (the patch and the Event): a replica
 //! whose claim ran out while it was re-checking does not write.
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -20,16 +21,15 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::json;
-use tokio::sync::OnceCell;
+use tokio::sync::Mutex;
 use tracing::{info, warn};
 
-use super::CullMode;
 use super::lease::{API_TIMEOUT, Leadership};
-use super::plan::{Action, CullPolicy, Notice, rfc3339};
+use super::plan::{Action, CullMode, CullPolicy, Notice, rfc3339};
+use super::registry;
+use super::target::{Target, TargetInfo, TargetRef};
 use crate::ledger::claims::{
-    CULL_OPT_OUT_ANNOTATION, NotebookInfo, STOP_ANNOTATION, STOP_NOTICE_REASON_ANNOTATION,
-    STOP_REASON_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION,
-    STOPPED_BY_ANNOTATION,
+    CULL_OPT_OUT_ANNOTATION, STOP_REASON_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION,
 };
 use crate::ledger::names::snooze_command;
 
@@ -39,7 +39,7 @@ pub const MANAGER: &str = "gpu-ledger";
 pub const REASON_STOPPED: &str = "IdleGPUStopped";
 /// Event reason of a dry-run stop.
 pub const REASON_WOULD_STOP: &str = "IdleGPUWouldStop";
-/// Warning Event reason when a stopped notebook's pod is stuck terminating.
+/// Warning Event reason when a stopped target's pod is stuck terminating.
 pub const REASON_STOP_STUCK: &str = "IdleGPUStopStuck";
 /// Warning Event reason of a notice before a stop (`--cull-notice`).
 pub const REASON_STOP_SCHEDULED: &str = "GpuIdleStopScheduled";
@@ -51,9 +51,9 @@ pub const REASON_STOP_CANCELLED: &str = "GpuIdleStopCancelled";
 pub enum NoticeResult {
     /// The annotation was written (schedule) or removed (cancel).
     Written,
-    /// The Notebook changed since it was read (HTTP 409); re-planned next cycle.
+    /// The target changed since it was read (HTTP 409); re-planned next cycle.
     Conflict,
-    /// The fresh Notebook no longer agrees (replaced, stopped, opted out, already noticed, …).
+    /// The fresh target no longer agrees (replaced, stopped, opted out, already noticed, …).
     Changed,
     /// An API error; nothing was written.
     Error,
@@ -98,9 +98,9 @@ pub struct NoticeOutcome {
 pub enum StopResult {
     /// The stop annotation was written.
     Stopped,
-    /// The Notebook changed since it was read (HTTP 409); re-planned next cycle.
+    /// The target changed since it was read (HTTP 409); re-planned next cycle.
     Conflict,
-    /// The re-check failed: the Notebook or the evidence changed (or the Notebook is gone).
+    /// The re-check failed: the target or the evidence changed (or the target is gone).
     Changed,
     /// An API or evidence error; nothing was written.
     Error,
@@ -151,9 +151,9 @@ pub const RECHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
     #[error("{0} timed out after {API_TIMEOUT:?}")]
-    Timeout(&'static str),
+    Timeout(Cow<'static, str>),
     #[error("{0}")]
-    Api(&'static str, #[source] kube::Error),
+    Api(Cow<'static, str>, #[source] kube::Error),
 }
 
 impl CallError {
@@ -166,26 +166,26 @@ impl CallError {
     }
 }
 
-/// Runs one API call within [`API_TIMEOUT`].
+/// Runs one API call within [`API_TIMEOUT`]; `what` names it in the error (`get notebook`).
 pub async fn bounded<T>(
-    what: &'static str,
+    what: impl Into<Cow<'static, str>>,
     call: BoxFuture<'_, Result<T, kube::Error>>,
 ) -> Result<T, CallError> {
     match tokio::time::timeout(API_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(CallError::Api(what, e)),
-        Err(_) => Err(CallError::Timeout(what)),
+        Ok(Err(e)) => Err(CallError::Api(what.into(), e)),
+        Err(_) => Err(CallError::Timeout(what.into())),
     }
 }
 
-/// The outcome of a failed Notebook patch, in the result type of the write (stop or notice):
-/// a 409 is a conflict (re-planned next cycle), a 404 a notebook that is gone, anything else an
-/// error with its cause chain.
-fn patch_failure<R>(e: &CallError, conflict: R, gone: R, error: R) -> (R, String) {
+/// The outcome of a failed patch of a target (a `noun`), in the result type of the write (stop
+/// or notice): a 409 is a conflict (re-planned next cycle), a 404 an object that is gone,
+/// anything else an error with its cause chain.
+fn patch_failure<R>(e: &CallError, noun: &str, conflict: R, gone: R, error: R) -> (R, String) {
     if e.status().is_some_and(kube::core::Status::is_conflict) {
-        (conflict, "notebook changed (409)".into())
+        (conflict, format!("{noun} changed (409)"))
     } else if e.status().is_some_and(kube::core::Status::is_not_found) {
-        (gone, "notebook is gone".into())
+        (gone, format!("{noun} is gone"))
     } else {
         (error, chain(e))
     }
@@ -224,15 +224,7 @@ where
     }
 }
 
-/// The object an Event is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NotebookRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-/// An Event to publish on a Notebook.
+/// An Event to publish on a target object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventSpec {
     pub warning: bool,
@@ -244,23 +236,27 @@ pub struct EventSpec {
 
 /// The API calls culling makes; the real one is [`KubeCullApi`], tests use a fake.
 pub trait CullApi: Send + Sync {
-    /// GET the Notebook, projected; `None` when it is gone.
-    fn get_notebook<'a>(
+    /// GET an object of a target kind, projected; `None` when it is gone.
+    fn get<'a>(
         &'a self,
+        target: &'a dyn Target,
         namespace: &'a str,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<NotebookInfo>, kube::Error>>;
-    /// ONE JSON merge patch on the Notebook (`dry_run` sends `dryRun=All`).
-    fn patch_notebook<'a>(
+    ) -> BoxFuture<'a, Result<Option<TargetInfo>, kube::Error>>;
+    /// ONE JSON merge patch on an object of a target kind (`dry_run` sends `dryRun=All`).
+    fn patch<'a>(
         &'a self,
+        target: &'a dyn Target,
         namespace: &'a str,
         name: &'a str,
         body: &'a serde_json::Value,
         dry_run: bool,
     ) -> BoxFuture<'a, Result<(), kube::Error>>;
+    /// An Event about `object`, of kind `target`.
     fn publish_event<'a>(
         &'a self,
-        target: &'a NotebookRef,
+        target: &'a dyn Target,
+        object: &'a TargetRef,
         event: &'a EventSpec,
     ) -> BoxFuture<'a, Result<(), kube::Error>>;
     /// Value of key `cull` in the kill-switch `ConfigMap`; `None` when the map or key is absent.
@@ -276,28 +272,52 @@ pub trait CullApi: Send + Sync {
     ) -> BoxFuture<'a, Result<BTreeSet<String>, kube::Error>>;
 }
 
-/// The merge-patch body of a stop: our stop value plus our own audit annotations, with the
-/// evaluated `resourceVersion` as precondition. Only adds keys; never removes any.
-pub fn stop_patch(action: &Action, resource_version: &str) -> serde_json::Value {
+/// The merge-patch body of a stop: the target's stop fields plus our own audit annotations,
+/// with the evaluated `resourceVersion` as precondition. Only adds keys; never removes any.
+pub fn stop_patch(
+    target: &dyn Target,
+    action: &Action,
+    resource_version: &str,
+) -> serde_json::Value {
     let Action::Stop { stop_value, .. } = action;
-    json!({
+    let mut body = json!({
         "metadata": {
             "resourceVersion": resource_version,
             "annotations": {
-                STOP_ANNOTATION: stop_value,
                 STOPPED_BY_ANNOTATION: MANAGER,
                 STOPPED_AT_ANNOTATION: stop_value,
                 STOP_REASON_ANNOTATION: action.reason_text(),
             }
         }
-    })
+    });
+    merge_into(&mut body, target.stop_fields(stop_value));
+    body
 }
 
-/// Re-checks a freshly read Notebook against the action: same object, still not stopped, not
-/// deleting, no culling annotation that is not understood, not opted out, not snoozed, not
-/// within the restart grace. The error says which check failed.
+/// Merges `part` into `body` as JSON merge patches compose: objects key by key, anything else
+/// replaced.
+fn merge_into(body: &mut serde_json::Value, part: serde_json::Value) {
+    match (body, part) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                match b.get_mut(&k) {
+                    Some(slot) => merge_into(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, part) => *slot = part,
+    }
+}
+
+/// Re-checks a freshly read target object against the action: same object, still not stopped,
+/// not deleting, no culling annotation that is not understood, not opted out, not snoozed, not
+/// within the restart grace, and the target's own checks. The error says which check failed.
 pub fn verify_fresh(
-    nb: &NotebookInfo,
+    target: &dyn Target,
+    nb: &TargetInfo,
     action: &Action,
     restart_grace: Duration,
     now: DateTime<Utc>,
@@ -306,14 +326,15 @@ pub fn verify_fresh(
         min_runtime: restart_grace,
         ..CullPolicy::default()
     };
-    verify_fresh_with(nb, action, &policy, now)
+    verify_fresh_with(target, nb, action, &policy, now)
 }
 
 /// [`verify_fresh`] under a policy: the restart grace is `min_runtime`, a snooze counts as
 /// [`CullPolicy::snooze_holds`] says, and with a notice the stop must be under one that has run
 /// out (a notice removed or moved since the plan holds the stop back).
 pub fn verify_fresh_with(
-    nb: &NotebookInfo,
+    target: &dyn Target,
+    nb: &TargetInfo,
     action: &Action,
     policy: &CullPolicy,
     now: DateTime<Utc>,
@@ -323,7 +344,7 @@ pub fn verify_fresh_with(
         idle_seconds,
         ..
     } = action;
-    verify_notebook(nb, notebook_uid, Some(*idle_seconds), policy, now)?;
+    verify_target(target, nb, notebook_uid, Some(*idle_seconds), policy, now)?;
     if policy.notice > Duration::zero() {
         match nb.stop_scheduled_at {
             Some(t) if t <= now => {}
@@ -334,52 +355,57 @@ pub fn verify_fresh_with(
     Ok(())
 }
 
-/// The checks a fresh Notebook must pass before any culling write about it.
-fn verify_notebook(
-    nb: &NotebookInfo,
-    notebook_uid: &str,
+/// The checks a fresh target object must pass before any culling write about it.
+fn verify_target(
+    target: &dyn Target,
+    nb: &TargetInfo,
+    uid: &str,
     idle_seconds: Option<f64>,
     policy: &CullPolicy,
     now: DateTime<Utc>,
 ) -> Result<(), String> {
     let restart_grace = policy.min_runtime;
-    if nb.uid != notebook_uid {
-        return Err("notebook was replaced (uid changed)".into());
+    let noun = target.identity().noun;
+    if nb.uid != uid {
+        return Err(format!("{noun} was replaced (uid changed)"));
     }
     if nb.stopped.is_some() {
-        return Err("notebook is already stopped".into());
+        return Err(format!("{noun} is already stopped"));
     }
     if nb.deleting {
-        return Err("notebook is being deleted".into());
+        return Err(format!("{noun} is being deleted"));
     }
     // A malformed snooze reads as no snooze: it must hold the stop back, not let it through.
     if !nb.invalid_annotations.is_empty() {
         return Err(format!(
-            "notebook has annotations that are not understood: {}",
+            "{noun} has annotations that are not understood: {}",
             nb.invalid_annotations.join(", ")
         ));
     }
     if nb.cull_opt_out {
-        return Err("notebook opted out".into());
+        return Err(format!("{noun} opted out"));
     }
     if policy.snooze_holds(nb.snooze_until, idle_seconds, now) {
-        return Err("notebook is snoozed".into());
+        return Err(format!("{noun} is snoozed"));
     }
     if nb
         .last_stopped_by_us
         .is_some_and(|t| now - t < restart_grace)
     {
-        return Err("notebook was restarted after our stop (restart grace)".into());
+        return Err(format!(
+            "{noun} was restarted after our stop (restart grace)"
+        ));
     }
-    Ok(())
+    target.verify_fresh(nb)
 }
 
-fn event_note(action: &Action, dry_run: bool) -> String {
+fn event_note(target: &dyn Target, action: &Action, dry_run: bool) -> String {
     let Action::Stop { pod, .. } = action;
     let verb = if dry_run { "Would stop" } else { "Stopped" };
     format!(
-        "{verb} by gpu-ledger: {} (pod {pod}). Restart from the notebooks UI; opt out with annotation gpu-ledger.io/cull=false.",
-        action.reason_text()
+        "{verb} by gpu-ledger: {} (pod {pod}). {}; opt out with annotation {CULL_OPT_OUT_ANNOTATION}=false.",
+        action.reason_text(),
+        target.restart_hint()
     )
 }
 
@@ -387,11 +413,13 @@ fn event_note(action: &Action, dry_run: bool) -> String {
 #[derive(Clone)]
 pub struct Actuator {
     api: Arc<dyn CullApi>,
+    /// The kind of object the actions stop.
+    target: &'static dyn Target,
     /// In dry-run mode, also send the patch with `dryRun=All` to prove RBAC and webhooks.
     pub server_dry_run: bool,
-    /// Restart grace re-checked on the fresh Notebook (the policy's `min_runtime`).
+    /// Restart grace re-checked on the fresh object (the policy's `min_runtime`).
     pub restart_grace: Duration,
-    /// The rules re-checked on the fresh Notebook besides the restart grace: the notice and the
+    /// The rules re-checked on the fresh object besides the restart grace: the notice and the
     /// snooze bound (default: none).
     pub policy: CullPolicy,
 }
@@ -400,6 +428,7 @@ impl Actuator {
     pub fn new(api: Arc<dyn CullApi>, server_dry_run: bool, restart_grace: Duration) -> Self {
         Actuator {
             api,
+            target: registry::DEFAULT,
             server_dry_run,
             restart_grace,
             policy: CullPolicy::default(),
@@ -422,6 +451,11 @@ impl Actuator {
 
     pub fn api(&self) -> &Arc<dyn CullApi> {
         &self.api
+    }
+
+    /// The kind of object this actuator stops.
+    pub fn target(&self) -> &'static dyn Target {
+        self.target
     }
 
     /// Executes `actions` in order. `mode` must be `DryRun` or `On` (`Off` returns nothing).
@@ -476,13 +510,19 @@ impl Actuator {
             notebook_uid,
             ..
         } = action;
-        let fresh = match bounded("get notebook", self.api.get_notebook(namespace, notebook)).await
+        let noun = self.target.identity().noun;
+        let fresh = match bounded(
+            format!("get {noun}"),
+            self.api.get(self.target, namespace, notebook),
+        )
+        .await
         {
             Ok(Some(nb)) => nb,
-            Ok(None) => return (StopResult::Changed, "notebook is gone".into()),
+            Ok(None) => return (StopResult::Changed, format!("{noun} is gone")),
             Err(e) => return (StopResult::Error, chain(&e)),
         };
-        if let Err(why) = verify_fresh_with(&fresh, action, &self.fresh_policy(), now) {
+        if let Err(why) = verify_fresh_with(self.target, &fresh, action, &self.fresh_policy(), now)
+        {
             return (StopResult::Changed, why);
         }
         match tokio::time::timeout(RECHECK_TIMEOUT, recheck.recheck(action)).await {
@@ -515,19 +555,21 @@ impl Actuator {
                     "leadership ran out before the patch".into(),
                 );
             }
-            let mut body = stop_patch(action, &fresh.resource_version);
+            let mut body = stop_patch(self.target, action, &fresh.resource_version);
             if fresh.stop_scheduled_at.is_some() {
                 // The notice is spent: a stale one must not skip the next notice after a restart.
-                clear_notice(&mut body);
+                clear_notice(self.target, &mut body);
             }
             if let Err(e) = bounded(
-                "patch notebook",
-                self.api.patch_notebook(namespace, notebook, &body, dry_run),
+                format!("patch {noun}"),
+                self.api
+                    .patch(self.target, namespace, notebook, &body, dry_run),
             )
             .await
             {
                 return patch_failure(
                     &e,
+                    noun,
                     StopResult::Conflict,
                     StopResult::Changed,
                     StopResult::Error,
@@ -550,7 +592,7 @@ impl Actuator {
                 "leadership ran out before the event".into(),
             );
         }
-        let target = NotebookRef {
+        let object = TargetRef {
             namespace: namespace.clone(),
             name: notebook.clone(),
             uid: notebook_uid.clone(),
@@ -563,47 +605,58 @@ impl Actuator {
                 REASON_STOPPED
             },
             action: "Stop",
-            note: event_note(action, dry_run),
+            note: event_note(self.target, action, dry_run),
         };
-        if let Err(e) = bounded("publish event", self.api.publish_event(&target, &event)).await {
+        if let Err(e) = bounded(
+            "publish event",
+            self.api.publish_event(self.target, &object, &event),
+        )
+        .await
+        {
             warn!(%namespace, %notebook, error = &e as &dyn std::error::Error, "cannot publish event");
         }
         (result, String::new())
     }
 }
 
-/// Adds the removal of our notice annotations (JSON merge patch `null`) to a patch body.
-fn clear_notice(body: &mut serde_json::Value) {
+/// Adds the removal of the target's notice annotations (JSON merge patch `null`) to a patch
+/// body.
+fn clear_notice(target: &dyn Target, body: &mut serde_json::Value) {
+    let keys = target.notice_keys();
     if let Some(ann) = body
         .pointer_mut("/metadata/annotations")
         .and_then(serde_json::Value::as_object_mut)
     {
-        ann.insert(STOP_SCHEDULED_AT_ANNOTATION.into(), serde_json::Value::Null);
-        ann.insert(
-            STOP_NOTICE_REASON_ANNOTATION.into(),
-            serde_json::Value::Null,
-        );
+        ann.insert(keys.due_at.into(), serde_json::Value::Null);
+        ann.insert(keys.reason.into(), serde_json::Value::Null);
     }
 }
 
 /// The merge-patch body of a notice: schedule writes the due time and the evidence, cancel
 /// removes both; with the re-read `resourceVersion` as precondition. Touches nothing else.
-pub fn notice_patch(notice: &Notice, resource_version: &str) -> serde_json::Value {
-    let annotations = match notice {
-        Notice::Schedule { stop_at, .. } => json!({
-            STOP_SCHEDULED_AT_ANNOTATION: rfc3339(*stop_at),
-            STOP_NOTICE_REASON_ANNOTATION: notice.reason_text(),
-        }),
-        Notice::Cancel { .. } => json!({
-            STOP_SCHEDULED_AT_ANNOTATION: null,
-            STOP_NOTICE_REASON_ANNOTATION: null,
-        }),
-    };
+pub fn notice_patch(
+    target: &dyn Target,
+    notice: &Notice,
+    resource_version: &str,
+) -> serde_json::Value {
+    let keys = target.notice_keys();
+    let mut annotations = serde_json::Map::new();
+    match notice {
+        Notice::Schedule { stop_at, .. } => {
+            annotations.insert(keys.due_at.into(), rfc3339(*stop_at).into());
+            annotations.insert(keys.reason.into(), notice.reason_text().into());
+        }
+        Notice::Cancel { .. } => {
+            annotations.insert(keys.due_at.into(), serde_json::Value::Null);
+            annotations.insert(keys.reason.into(), serde_json::Value::Null);
+        }
+    }
     json!({"metadata": {"resourceVersion": resource_version, "annotations": annotations}})
 }
 
 /// The Event of a notice: what happens when, and how to snooze or opt out (exact commands).
-pub fn notice_event(notice: &Notice) -> EventSpec {
+pub fn notice_event(target: &dyn Target, notice: &Notice) -> EventSpec {
+    let noun = target.identity().noun;
     match notice {
         Notice::Schedule {
             namespace,
@@ -616,7 +669,7 @@ pub fn notice_event(notice: &Notice) -> EventSpec {
             let until = rfc3339(*stop_at + Duration::days(1));
             let how = match snooze_command(namespace, notebook, &until) {
                 Some(cmd) => format!(
-                    " Snooze: {cmd}. Opt out: kubectl annotate notebook -n {namespace} -- {notebook} {CULL_OPT_OUT_ANNOTATION}=false."
+                    " Snooze: {cmd}. Opt out: kubectl annotate {noun} -n {namespace} -- {notebook} {CULL_OPT_OUT_ANNOTATION}=false."
                 ),
                 None => String::new(),
             };
@@ -625,7 +678,7 @@ pub fn notice_event(notice: &Notice) -> EventSpec {
                 reason: REASON_STOP_SCHEDULED,
                 action: "ScheduleStop",
                 note: format!(
-                    "gpu-ledger will stop this notebook at {at} unless it is used or snoozed: {} (pod {pod}).{how}",
+                    "gpu-ledger will stop this {noun} at {at} unless it is used or snoozed: {} (pod {pod}).{how}",
                     notice.reason_text()
                 ),
             }
@@ -645,7 +698,7 @@ pub fn notice_event(notice: &Notice) -> EventSpec {
 
 impl Actuator {
     /// Writes (or, in dry-run, only reports) `notices` in order, leader-only like a stop: re-GET
-    /// the Notebook, check it still agrees, ask leadership, ONE merge patch with the re-read
+    /// the target object, check it still agrees, ask leadership, ONE merge patch with the re-read
     /// `resourceVersion`, ask leadership again, the Event.
     pub async fn notify(
         &self,
@@ -686,14 +739,20 @@ impl Actuator {
         leadership: &dyn Leadership,
     ) -> (NoticeResult, String) {
         let (namespace, notebook, notebook_uid) = notice.target();
-        let fresh = match bounded("get notebook", self.api.get_notebook(namespace, notebook)).await
+        let noun = self.target.identity().noun;
+        let fresh = match bounded(
+            format!("get {noun}"),
+            self.api.get(self.target, namespace, notebook),
+        )
+        .await
         {
             Ok(Some(nb)) => nb,
-            Ok(None) => return (NoticeResult::Changed, "notebook is gone".into()),
+            Ok(None) => return (NoticeResult::Changed, format!("{noun} is gone")),
             Err(e) => return (NoticeResult::Error, chain(&e)),
         };
         let agrees = match notice {
-            Notice::Schedule { idle_seconds, .. } => verify_notebook(
+            Notice::Schedule { idle_seconds, .. } => verify_target(
+                self.target,
                 &fresh,
                 notebook_uid,
                 Some(*idle_seconds),
@@ -705,7 +764,7 @@ impl Actuator {
                 None => Ok(()),
             }),
             Notice::Cancel { .. } if fresh.uid != notebook_uid => {
-                Err("notebook was replaced (uid changed)".to_string())
+                Err(format!("{noun} was replaced (uid changed)"))
             }
             Notice::Cancel { .. } if fresh.stop_scheduled_at.is_none() => {
                 Err("the notice is already gone".to_string())
@@ -725,15 +784,17 @@ impl Actuator {
                 "leadership ran out before the patch".into(),
             );
         }
-        let body = notice_patch(notice, &fresh.resource_version);
+        let body = notice_patch(self.target, notice, &fresh.resource_version);
         if let Err(e) = bounded(
-            "patch notebook",
-            self.api.patch_notebook(namespace, notebook, &body, false),
+            format!("patch {noun}"),
+            self.api
+                .patch(self.target, namespace, notebook, &body, false),
         )
         .await
         {
             return patch_failure(
                 &e,
+                noun,
                 NoticeResult::Conflict,
                 NoticeResult::Changed,
                 NoticeResult::Error,
@@ -746,13 +807,18 @@ impl Actuator {
                 "event not published: leadership ran out".into(),
             );
         }
-        let target = NotebookRef {
+        let object = TargetRef {
             namespace: namespace.to_string(),
             name: notebook.to_string(),
             uid: notebook_uid.to_string(),
         };
-        let event = notice_event(notice);
-        if let Err(e) = bounded("publish event", self.api.publish_event(&target, &event)).await {
+        let event = notice_event(self.target, notice);
+        if let Err(e) = bounded(
+            "publish event",
+            self.api.publish_event(self.target, &object, &event),
+        )
+        .await
+        {
             warn!(%namespace, %notebook, error = &e as &dyn std::error::Error, "cannot publish event");
         }
         (NoticeResult::Written, String::new())
@@ -761,12 +827,14 @@ impl Actuator {
 
 // === impl KubeCullApi ===
 
-/// [`CullApi`] on a live cluster: Notebook (`kubeflow.org` v1, else v1beta1, discovered once),
-/// `events.k8s.io/v1` Events through a [`Recorder`], `ConfigMaps` and `Namespaces`.
+/// [`CullApi`] on a live cluster: target objects through their discovered resource (each kind
+/// discovered once), `events.k8s.io/v1` Events through a [`Recorder`], `ConfigMaps` and
+/// `Namespaces`.
 pub struct KubeCullApi {
     client: kube::Client,
     recorder: Recorder,
-    notebook: OnceCell<ApiResource>,
+    /// The served resource of each target kind, by (group, kind), once discovered.
+    resources: Mutex<BTreeMap<(&'static str, &'static str), ApiResource>>,
 }
 
 impl KubeCullApi {
@@ -778,66 +846,82 @@ impl KubeCullApi {
         KubeCullApi {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            notebook: OnceCell::new(),
+            resources: Mutex::new(BTreeMap::new()),
         }
     }
 
-    async fn notebooks(&self, namespace: &str) -> Result<Api<DynamicObject>, kube::Error> {
-        let ar = self
-            .notebook
-            .get_or_try_init(|| async {
-                crate::k8s::notebook_resource(&self.client)
-                    .await?
-                    .ok_or_else(|| {
-                        kube::Error::Discovery(kube::error::DiscoveryError::MissingResource(
-                            "kubeflow.org Notebook".to_string(),
-                        ))
-                    })
-            })
-            .await?;
-        Ok(Api::namespaced_with(self.client.clone(), namespace, ar))
+    async fn objects(
+        &self,
+        target: &dyn Target,
+        namespace: &str,
+    ) -> Result<Api<DynamicObject>, kube::Error> {
+        let id = target.identity();
+        let mut resources = self.resources.lock().await;
+        let ar = if let Some(ar) = resources.get(&(id.group, id.kind)) {
+            ar.clone()
+        } else {
+            let ar = target.discover(&self.client).await?.ok_or_else(|| {
+                kube::Error::Discovery(kube::error::DiscoveryError::MissingResource(format!(
+                    "{} {}",
+                    id.group, id.kind
+                )))
+            })?;
+            resources.insert((id.group, id.kind), ar.clone());
+            ar
+        };
+        Ok(Api::namespaced_with(self.client.clone(), namespace, &ar))
     }
 
-    fn notebook_reference(&self, target: &NotebookRef) -> ObjectReference {
-        let api_version = self.notebook.get().map_or_else(
-            || "kubeflow.org/v1".to_string(),
-            |ar| ar.api_version.clone(),
-        );
+    /// The Event's object: its discovered API version, else the target's first.
+    async fn reference(&self, target: &dyn Target, object: &TargetRef) -> ObjectReference {
+        let id = target.identity();
+        let discovered = self
+            .resources
+            .lock()
+            .await
+            .get(&(id.group, id.kind))
+            .map(|ar| ar.api_version.clone());
+        let api_version = discovered.unwrap_or_else(|| {
+            format!(
+                "{}/{}",
+                id.group,
+                id.versions.first().copied().unwrap_or("v1")
+            )
+        });
         ObjectReference {
             api_version: Some(api_version),
-            kind: Some("Notebook".into()),
-            name: Some(target.name.clone()),
-            namespace: Some(target.namespace.clone()),
-            uid: Some(target.uid.clone()),
+            kind: Some(id.kind.into()),
+            name: Some(object.name.clone()),
+            namespace: Some(object.namespace.clone()),
+            uid: Some(object.uid.clone()),
             ..ObjectReference::default()
         }
     }
 }
 
 impl CullApi for KubeCullApi {
-    fn get_notebook<'a>(
+    fn get<'a>(
         &'a self,
+        target: &'a dyn Target,
         namespace: &'a str,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<NotebookInfo>, kube::Error>> {
+    ) -> BoxFuture<'a, Result<Option<TargetInfo>, kube::Error>> {
         Box::pin(async move {
-            let api = self.notebooks(namespace).await?;
-            Ok(api
-                .get_opt(name)
-                .await?
-                .map(|o| crate::k8s::notebook(&o.metadata)))
+            let api = self.objects(target, namespace).await?;
+            Ok(api.get_opt(name).await?.map(|o| target.project(&o)))
         })
     }
 
-    fn patch_notebook<'a>(
+    fn patch<'a>(
         &'a self,
+        target: &'a dyn Target,
         namespace: &'a str,
         name: &'a str,
         body: &'a serde_json::Value,
         dry_run: bool,
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
         Box::pin(async move {
-            let api = self.notebooks(namespace).await?;
+            let api = self.objects(target, namespace).await?;
             let mut pp = PatchParams {
                 field_manager: Some(MANAGER.to_string()),
                 ..PatchParams::default()
@@ -851,7 +935,8 @@ impl CullApi for KubeCullApi {
 
     fn publish_event<'a>(
         &'a self,
-        target: &'a NotebookRef,
+        target: &'a dyn Target,
+        object: &'a TargetRef,
         event: &'a EventSpec,
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
         Box::pin(async move {
@@ -866,9 +951,8 @@ impl CullApi for KubeCullApi {
                 action: event.action.to_string(),
                 secondary: None,
             };
-            self.recorder
-                .publish(&ev, &self.notebook_reference(target))
-                .await
+            let reference = self.reference(target, object).await;
+            self.recorder.publish(&ev, &reference).await
         })
     }
 

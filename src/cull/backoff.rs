@@ -1,5 +1,5 @@
-//! Per-notebook backoff after a failed stop, kept by the [`Culler`](super::Culler) and handed to
-//! the pure [`plan_with`](super::plan::plan_with) as data.
+//! Per-notebook backoff after a failed stop, kept by the culler and handed to the pure plan
+//! (`plan::plan_with`) as data.
 //!
 //! Without it a stop that keeps failing (a 403 from RBAC or an admission webhook on some
 //! notebooks, a recheck that keeps disagreeing) would be retried first every cycle — it is the
@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Duration, Utc};
 
+use super::registry::owner;
 use crate::ledger::Ledger;
 
 /// Longest a notebook is held back after its last failed stop.
@@ -26,7 +27,7 @@ const MAX_DOUBLINGS: u32 = 20;
 /// One notebook's failed stops.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// The Notebook uid that failed: a notebook re-created under the same name starts afresh.
+    /// The owner object's uid that failed: a notebook re-created under the same name starts afresh.
     pub uid: String,
     /// Failed stops in a row.
     pub failures: u32,
@@ -50,7 +51,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// Whether Notebook `namespace/name` with `uid` sits out the cycle at `now`.
+    /// Whether owner object `namespace/name` with `uid` sits out the cycle at `now`.
     pub fn holds(&self, namespace: &str, name: &str, uid: &str, now: DateTime<Utc>) -> bool {
         self.entries
             .get(&(namespace.to_string(), name.to_string()))
@@ -98,7 +99,7 @@ impl Backoff {
             .pods
             .iter()
             .filter_map(|row| {
-                let (nb, _) = row.evidence.notebook.as_ref()?;
+                let (nb, _) = owner(row)?;
                 Some((row.namespace.as_str(), nb.name.as_str(), nb.uid.as_str()))
             })
             .collect();

@@ -8,7 +8,7 @@ use crate::ledger::reclaim::Reclaim;
 /// When culling may stop an idle notebook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CullWhen {
-    /// Whenever it is idle long enough (the rules of [`super::plan::judge`]).
+    /// Whenever it is idle long enough (the rules of the plan's `judge`).
     #[default]
     Idle,
     /// Only when a pending pod would fit by stopping it.

@@ -42,7 +42,7 @@ use tracing::{info, warn};
 
 use crate::k8s::to_chrono;
 
-/// Bound of every culling API call (Lease GET/PUT, kill switch, Notebook GET/PATCH, Event POST,
+/// Bound of every culling API call (Lease GET/PUT, kill switch, target GET/PATCH, Event POST,
 /// namespace list). It must stay below `lease duration − renew deadline` (5 s for the default
 /// 15 s Lease) so that a write a leader starts lands before a successor may take over.
 pub const API_TIMEOUT: StdDuration = StdDuration::from_secs(4);

@@ -6,8 +6,8 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-use super::HoldBack;
 use super::actuator::{NoticeResult, StopResult};
+use super::hold_back::HoldBack;
 use super::lease::{Leadership, LeaseError};
 use super::plan::{CircuitReason, Plan, SkipReason};
 
@@ -228,7 +228,7 @@ mod tests {
     #[test]
     fn registers_exactly_the_documented_families() {
         let registry = Registry::new();
-        let leadership = Arc::new(super::super::StaticLeadership::new(true));
+        let leadership = Arc::new(crate::cull::lease::StaticLeadership::new(true));
         let m = CullMetrics::register(&registry, leadership.clone()).expect("register");
         m.observe_stop(StopResult::DryRun);
         m.time_to_free.observe(42.0);

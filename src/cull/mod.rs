@@ -9,15 +9,17 @@
 pub mod actuator;
 pub mod backoff;
 pub mod demand;
+pub mod hold_back;
 pub mod lease;
 pub mod metrics;
+pub mod notebook;
 pub mod plan;
+pub mod registry;
 pub mod render;
+pub mod target;
 pub mod webhook;
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
@@ -34,125 +36,26 @@ pub use actuator::{
 };
 pub use backoff::Backoff;
 pub use demand::CullWhen;
+pub use hold_back::{HoldBack, KILL_SWITCH_VALUES, kill_switch_engaged};
 pub use lease::{API_TIMEOUT, Leadership, StaticLeadership};
 pub use metrics::CullMetrics;
 pub use plan::{
-    Action, CancelReason, CircuitReason, CullPolicy, Notice, Plan, Skip, SkipReason, plan,
-    plan_with,
+    Action, CancelReason, CircuitReason, CullMode, CullPolicy, ModeError, Notice, Plan, Skip,
+    SkipReason, plan, plan_with,
 };
+pub use registry::TARGETS;
 pub use render::render_plan;
-
-/// Whether culling acts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
-pub enum CullMode {
-    /// Plan, log and export only (the default).
-    #[default]
-    Off,
-    /// Also re-check, publish `IdleGPUWouldStop` Events, optionally a server-side dry-run patch.
-    DryRun,
-    /// Stop idle notebooks.
-    On,
-}
-
-impl CullMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Off => "off",
-            Self::DryRun => "dry-run",
-            Self::On => "on",
-        }
-    }
-}
-
-impl fmt::Display for CullMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for CullMode {
-    type Err = CullError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "off" | "false" => Ok(Self::Off),
-            "dry-run" | "dryrun" | "dry_run" => Ok(Self::DryRun),
-            "on" | "true" => Ok(Self::On),
-            _ => Err(CullError::Mode(s.to_string())),
-        }
-    }
-}
+pub use target::{Identity, RbacRule, Target, TargetInfo, TargetRef};
 
 /// Culling setup errors.
 #[derive(Debug, thiserror::Error)]
 pub enum CullError {
-    #[error("invalid cull mode {0:?} (expected off, dry-run or on)")]
-    Mode(String),
     #[error("registering culling metrics")]
     Metrics(#[source] prometheus::Error),
     #[error("invalid culling lease: {0}")]
     Lease(String),
     #[error("notice webhook")]
     Webhook(#[source] webhook::WebhookError),
-}
-
-/// Why the leader's cycle did not act although it wanted to (the `reason` label of
-/// `gpu_ledger_cull_held_back`). A bounded set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum HoldBack {
-    /// The kill switch says `cull: off`.
-    KillSwitch,
-    /// The kill switch holds a value other than `off` or `on`: fail closed.
-    KillSwitchInvalid,
-    /// The kill switch could not be read (API error or timeout).
-    KillSwitchUnreadable,
-    /// `--cull-namespace-selector` could not be resolved.
-    SelectorUnresolved,
-    /// No Kubernetes client (offline use).
-    NoClient,
-}
-
-impl HoldBack {
-    pub const ALL: [HoldBack; 5] = [
-        Self::KillSwitch,
-        Self::KillSwitchInvalid,
-        Self::KillSwitchUnreadable,
-        Self::SelectorUnresolved,
-        Self::NoClient,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::KillSwitch => "kill_switch",
-            Self::KillSwitchInvalid => "kill_switch_invalid",
-            Self::KillSwitchUnreadable => "kill_switch_unreadable",
-            Self::SelectorUnresolved => "namespace_selector_unresolved",
-            Self::NoClient => "no_client",
-        }
-    }
-}
-
-impl fmt::Display for HoldBack {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The accepted values of the kill switch's `cull` key.
-pub const KILL_SWITCH_VALUES: [&str; 2] = ["off", "on"];
-
-/// Reads the kill switch's `cull` value strictly: exactly `off` stops culling, exactly `on` (or
-/// no ConfigMap, or no `cull` key: `None`) lets it act. Surrounding whitespace (a trailing newline
-/// from `--from-file`) is ignored; case is not (`Off` is refused). Anything else — `false`, `0`,
-/// `disabled`, a typo — is an error, and the caller holds culling back (fail closed).
-pub fn kill_switch_engaged(value: Option<&str>) -> Result<bool, String> {
-    match value.map(str::trim) {
-        None | Some("on") => Ok(false),
-        Some("off") => Ok(true),
-        Some(other) => Err(format!(
-            "kill switch value {other:?} is neither \"off\" nor \"on\""
-        )),
-    }
 }
 
 /// Everything culling needs; the app maps its flags onto it.
@@ -612,7 +515,8 @@ impl Culler {
             if let Some(actuator) = &self.actuator
                 && self.leadership.is_leader()
             {
-                let target = actuator::NotebookRef {
+                let target = actuator.target();
+                let object = TargetRef {
                     namespace: t.namespace.clone(),
                     name: t.notebook.clone(),
                     uid: t.notebook_uid.clone(),
@@ -622,13 +526,14 @@ impl Culler {
                     reason: actuator::REASON_STOP_STUCK,
                     action: "Stop",
                     note: format!(
-                        "Pod {} is stuck terminating after gpu-ledger stopped the notebook; its GPU is not free.",
-                        t.pod
+                        "Pod {} is stuck terminating after gpu-ledger stopped the {}; its GPU is not free.",
+                        t.pod,
+                        target.identity().noun
                     ),
                 };
                 if let Err(e) = actuator::bounded(
                     "publish event",
-                    actuator.api().publish_event(&target, &event),
+                    actuator.api().publish_event(target, &object, &event),
                 )
                 .await
                 {

@@ -6,12 +6,61 @@
 //! (the culler's [`Backoff`], given as data). A fleet-wide circuit breaker can veto all actions.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
 
 use chrono::{DateTime, Duration, Utc};
 
 use super::backoff::Backoff;
 use super::demand::{self, CullWhen};
+use super::registry::owner;
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
+
+/// Whether culling acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum CullMode {
+    /// Plan, log and export only (the default).
+    #[default]
+    Off,
+    /// Also re-check, publish `IdleGPUWouldStop` Events, optionally a server-side dry-run patch.
+    DryRun,
+    /// Stop idle notebooks.
+    On,
+}
+
+impl CullMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::DryRun => "dry-run",
+            Self::On => "on",
+        }
+    }
+}
+
+impl fmt::Display for CullMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CullMode {
+    type Err = ModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "false" => Ok(Self::Off),
+            "dry-run" | "dryrun" | "dry_run" => Ok(Self::DryRun),
+            "on" | "true" => Ok(Self::On),
+            _ => Err(ModeError(s.to_string())),
+        }
+    }
+}
+
+/// A `--cull` value that is none of the modes.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid cull mode {0:?} (expected off, dry-run or on)")]
+pub struct ModeError(pub String);
 
 /// Knobs of the culling policy. Every duration is inclusive ("at least").
 #[derive(Debug, Clone, PartialEq)]
@@ -121,13 +170,15 @@ fn seconds(d: Duration) -> f64 {
 /// Why a GPU pod is not (or not now) stopped. A bounded set: safe as a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SkipReason {
-    /// The pod does not belong to a Kubeflow Notebook.
+    /// The pod belongs to no culling target (no owner object of a registered kind).
     NotNotebook,
-    /// pod → `StatefulSet` → Notebook uid could not be verified.
+    /// The pod → owner object chain (for a notebook: pod → `StatefulSet` → uid) could not be
+    /// verified.
     UnverifiedOwner,
-    /// The Notebook has a deletionTimestamp.
+    /// The owner object has a deletionTimestamp.
     Deleting,
-    /// `kubeflow-resource-stopped` is present (any value, including the ODH lock).
+    /// The owner object is stopped: its stop marker is present (any value, including the ODH
+    /// lock on a notebook).
     AlreadyStopped,
     /// A culling annotation is present but not understood (a snooze that is not RFC 3339 with
     /// a zone, a `gpu-ledger.io/cull` value other than `"true"`/`"false"`, a malformed
@@ -287,12 +338,12 @@ impl std::fmt::Display for CircuitReason {
 /// A side effect the actuator should perform.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// Stop a notebook by adding `kubeflow-resource-stopped`.
+    /// Stop the owner object (a notebook: by adding its stop annotation; see `cull::Target`).
     Stop {
         namespace: String,
         notebook: String,
         notebook_uid: String,
-        /// The Notebook resourceVersion the plan evaluated.
+        /// The owner object's resourceVersion the plan evaluated.
         resource_version: String,
         pod: String,
         pod_uid: String,
@@ -478,7 +529,7 @@ pub fn rfc3339(t: DateTime<Utc>) -> String {
 /// The notice a pod's notebook is under, if it is current: it was due after the pod started
 /// running (a notice left from before a restart, or from before our own stop, is stale).
 pub fn current_notice(row: &PodRow) -> Option<DateTime<Utc>> {
-    let (nb, _) = row.evidence.notebook.as_ref()?;
+    let (nb, _) = owner(row)?;
     let at = nb.stop_scheduled_at?;
     let started = row.evidence.started_at.max(row.evidence.ready_since);
     let stale = nb.last_stopped_by_us.is_some_and(|s| s >= at) || started.is_some_and(|s| s >= at);
@@ -524,7 +575,7 @@ pub struct Plan {
 ///
 /// Rule order matters only for the reported reason; a candidate must pass every rule.
 pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<(), SkipReason> {
-    let Some((nb, verified)) = &row.evidence.notebook else {
+    let Some((nb, verified)) = owner(row) else {
         return Err(SkipReason::NotNotebook);
     };
     if !verified {
@@ -633,7 +684,7 @@ pub fn circuit(ledger: &Ledger, policy: &CullPolicy) -> Option<CircuitReason> {
 /// whatever the order of `ledger.pods`.
 ///
 /// A notebook is a candidate only when ALL hold (see [`judge`]): its pod is verified as the
-/// Notebook's; the Notebook is not deleting, not stopped (any value), not opted out, not in an
+/// owner object's; the owner is not deleting, not stopped (any value), not opted out, not in an
 /// excluded namespace, not snoozed; the pod is Running + Ready for at least `min_runtime` since
 /// the later of start/Ready, and we did not stop the notebook within `min_runtime`; every GPU is
 /// attributed `exclusive` or `mig`; coverage is full and fresh; and it is idle for at least
@@ -697,7 +748,7 @@ pub fn plan_with(
         match judge(row, policy, now) {
             Ok(()) => candidates.push(row),
             Err(reason) => {
-                if let Some((nb, _)) = &row.evidence.notebook {
+                if let Some((nb, _)) = owner(row) {
                     not_all_idle.insert((row.namespace.as_str(), nb.uid.as_str()));
                 }
                 if notice_on {
@@ -710,7 +761,7 @@ pub fn plan_with(
     // A notebook is idle only when every pod of it is (a second idle pod of one notebook is
     // held back by the per-namespace cap below: one stop per notebook).
     candidates.retain(|row| {
-        let busy_sibling = row.evidence.notebook.as_ref().is_some_and(|(nb, _)| {
+        let busy_sibling = owner(row).is_some_and(|(nb, _)| {
             not_all_idle.contains(&(row.namespace.as_str(), nb.uid.as_str()))
         });
         if busy_sibling {
@@ -761,7 +812,7 @@ pub fn plan_with(
     let stop_value = now.format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let mut per_namespace: BTreeMap<&str, usize> = BTreeMap::new();
     for row in candidates {
-        let Some((nb, _)) = &row.evidence.notebook else {
+        let Some((nb, _)) = owner(row) else {
             continue;
         };
         // Notice first: a candidate without a current notice is given one (not while the
@@ -856,11 +907,9 @@ fn cancel_notice(
     noticed: &mut BTreeSet<(String, String)>,
     notices: &mut Vec<Notice>,
 ) {
-    let (Some(why), Some((nb, _)), Some(stop_at)) = (
-        CancelReason::of(reason),
-        &row.evidence.notebook,
-        current_notice(row),
-    ) else {
+    let (Some(why), Some((nb, _)), Some(stop_at)) =
+        (CancelReason::of(reason), owner(row), current_notice(row))
+    else {
         return;
     };
     if noticed.insert((row.namespace.clone(), nb.uid.clone())) {
@@ -880,10 +929,7 @@ fn skip(row: &PodRow, reason: SkipReason) -> Skip {
     Skip {
         namespace: row.namespace.clone(),
         pod: row.pod.clone(),
-        notebook: row
-            .evidence
-            .notebook
-            .as_ref()
+        notebook: owner(row)
             .map(|(nb, _)| nb.name.clone())
             .or_else(|| row.notebook.clone()),
         reason,

@@ -45,7 +45,7 @@ pub struct WouldStop {
     pub pod: String,
     pub idle_seconds: f64,
     pub peak_utilization: Option<f64>,
-    /// The value `kubeflow-resource-stopped` would be set to.
+    /// The stop time the target's stop marker would be set to.
     pub stop_value: String,
     pub reason: String,
 }

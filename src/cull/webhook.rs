@@ -20,6 +20,7 @@ use tracing::{debug, warn};
 
 use super::actuator::notice_event;
 use super::plan::{Notice, rfc3339};
+use super::registry;
 
 /// Bound of one POST (connect, send, answer).
 pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -62,7 +63,10 @@ pub enum WebhookError {
 /// The body of one notice in `format`, as of `now` (the cycle's time).
 pub fn payload(notice: &Notice, format: WebhookFormat, now: DateTime<Utc>) -> Value {
     let (namespace, notebook, _) = notice.target();
-    let event = notice_event(notice);
+    // Notices do not name a kind yet: they are about the one target culling acts on.
+    let target = registry::DEFAULT;
+    let event = notice_event(target, notice);
+    let kind = target.identity().kind;
     match format {
         WebhookFormat::Alertmanager => {
             // Alertmanager's webhook_config body, version 4 (prometheus.io/docs/alerting/latest/
@@ -83,7 +87,7 @@ pub fn payload(notice: &Notice, format: WebhookFormat, now: DateTime<Utc>) -> Va
                 "severity": "warning",
             });
             let annotations = json!({
-                "summary": format!("Notebook {namespace}/{notebook} stops at {} unless it is used or snoozed", rfc3339(*stop_at)),
+                "summary": format!("{kind} {namespace}/{notebook} stops at {} unless it is used or snoozed", rfc3339(*stop_at)),
                 "description": event.note,
                 "stop_at": rfc3339(*stop_at),
             });

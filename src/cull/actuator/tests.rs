@@ -8,18 +8,20 @@ use kube::core::Status;
 
 use super::*;
 use crate::cull::lease::StaticLeadership;
+use crate::cull::notebook::Notebook;
+use crate::ledger::claims::{NotebookInfo, STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION};
 
 /// Records every call; notebooks live in a map and patches apply as merge patches.
 pub(crate) struct FakeApi {
     pub notebooks: Mutex<BTreeMap<(String, String), NotebookInfo>>,
     pub patches: Mutex<Vec<(String, String, serde_json::Value, bool)>>,
-    pub events: Mutex<Vec<(NotebookRef, EventSpec)>>,
+    pub events: Mutex<Vec<(TargetRef, EventSpec)>>,
     /// HTTP status the next patch fails with.
     pub patch_status: Mutex<Option<u16>>,
     pub kill: Mutex<Result<Option<String>, u16>>,
     pub selected: Mutex<Result<BTreeSet<String>, u16>>,
     pub gets: Mutex<usize>,
-    /// Calls that never answer (a hung API server), by name: `get_notebook`, `kill_switch`, ...
+    /// Calls that never answer (a hung API server), by name: `get`, `patch`, `kill_switch`, ...
     pub hang: Mutex<BTreeSet<&'static str>>,
     /// Notebook names whose every patch is refused with 403 (RBAC `resourceNames`).
     pub forbidden: Mutex<BTreeSet<String>>,
@@ -84,11 +86,12 @@ impl FakeApi {
 }
 
 impl CullApi for FakeApi {
-    fn get_notebook<'a>(
+    fn get<'a>(
         &'a self,
+        _target: &'a dyn Target,
         namespace: &'a str,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<NotebookInfo>, kube::Error>> {
+    ) -> BoxFuture<'a, Result<Option<TargetInfo>, kube::Error>> {
         *self.gets.lock().expect("lock") += 1;
         let nb = self
             .notebooks
@@ -97,13 +100,14 @@ impl CullApi for FakeApi {
             .get(&(namespace.to_string(), name.to_string()))
             .cloned();
         Box::pin(async move {
-            self.maybe_hang("get_notebook").await;
+            self.maybe_hang("get").await;
             Ok(nb)
         })
     }
 
-    fn patch_notebook<'a>(
+    fn patch<'a>(
         &'a self,
+        _target: &'a dyn Target,
         namespace: &'a str,
         name: &'a str,
         body: &'a serde_json::Value,
@@ -117,7 +121,7 @@ impl CullApi for FakeApi {
                 .then_some(403)
         });
         Box::pin(async move {
-            self.maybe_hang("patch_notebook").await;
+            self.maybe_hang("patch").await;
             if let Some(code) = status {
                 return Err(api_error(code));
             }
@@ -148,13 +152,14 @@ impl CullApi for FakeApi {
 
     fn publish_event<'a>(
         &'a self,
-        target: &'a NotebookRef,
+        _target: &'a dyn Target,
+        object: &'a TargetRef,
         event: &'a EventSpec,
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
         self.events
             .lock()
             .expect("lock")
-            .push((target.clone(), event.clone()));
+            .push((object.clone(), event.clone()));
         Box::pin(async { Ok(()) })
     }
 
@@ -242,7 +247,7 @@ async fn run(
 
 #[test]
 fn patch_body_is_exactly_the_documented_merge_patch() {
-    let body = stop_patch(&stop_action(), "43");
+    let body = stop_patch(&Notebook, &stop_action(), "43");
     let expected = json!({"metadata":{"resourceVersion":"43","annotations":{
         "kubeflow-resource-stopped":"2026-01-31T12:00:00Z",
         "gpu-ledger.io/stopped-by":"gpu-ledger",
@@ -401,7 +406,7 @@ async fn fresh_notebook_with_an_annotation_not_understood_is_not_stopped() {
         );
         assert_eq!(api.patch_count(), 0, "{key}");
         assert!(api.event_reasons().is_empty(), "{key}");
-        assert!(verify_fresh(&nb, &stop_action(), Duration::hours(1), now()).is_err());
+        assert!(verify_fresh(&Notebook, &nb, &stop_action(), Duration::hours(1), now()).is_err());
     }
 }
 
@@ -455,7 +460,7 @@ async fn leadership_is_asked_right_before_the_write() {
 
 #[tokio::test(start_paused = true)]
 async fn hung_api_calls_time_out_and_write_nothing() {
-    for call in ["get_notebook", "patch_notebook"] {
+    for call in ["get", "patch"] {
         let api = Arc::new(FakeApi::with_notebook(notebook()));
         api.hang.lock().expect("lock").insert(call);
         let started = tokio::time::Instant::now();
@@ -491,7 +496,7 @@ async fn a_hung_recheck_is_bounded() {
 
 #[test]
 fn errors_are_reported_with_their_cause_once() {
-    let e = CallError::Api("get notebook", api_error(500));
+    let e = CallError::Api("get notebook".into(), api_error(500));
     let text = chain(&e);
     assert!(text.starts_with("get notebook: ApiError: "), "{text}");
     assert_eq!(text.matches("fake: InternalError").count(), 1, "{text}");

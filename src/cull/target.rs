@@ -1,0 +1,110 @@
+//! The culling target seam: what culling needs to know about one kind of object it stops.
+//!
+//! A Kubeflow Notebook is the first target (`cull/notebook.rs`); a KubeRay RayCluster
+//! (`spec.suspend`) or a Notebooks 2.0 Workspace (`spec.paused`) would be one more file
+//! implementing [`Target`], listed in the registry (`cull/registry.rs`), plus its RBAC in the
+//! chart and the kustomize overlay (a test checks the Roles grant every target's
+//! [`Target::rbac`]). Plan, actuator, backoff, metrics, render, webhook and lease speak of a
+//! target only through this trait and [`TargetInfo`].
+
+use futures::future::BoxFuture;
+use kube::api::{ApiResource, DynamicObject};
+
+use crate::ledger::PodRow;
+use crate::ledger::claims::{STOP_NOTICE_REASON_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION};
+
+/// A target object reduced to what culling reads: identity, `resourceVersion`, whether it is
+/// stopped (any value of its stop marker), deleting, and gpu-ledger's own annotations (opt-out,
+/// snooze, last stop, notice). The ledger projects every owner object into this one shape; it
+/// is named `NotebookInfo` there after its first kind.
+pub use crate::ledger::claims::NotebookInfo as TargetInfo;
+
+/// Who a target kind is on the API and to its users.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The API kind, e.g. `Notebook` (names the object an Event is about).
+    pub kind: &'static str,
+    /// The API group, e.g. `kubeflow.org`.
+    pub group: &'static str,
+    /// The versions culling prefers, in order; the first names the object in an Event until the
+    /// served version has been discovered.
+    pub versions: &'static [&'static str],
+    /// The resource (plural), as RBAC names it, e.g. `notebooks`.
+    pub plural: &'static str,
+    /// What users call one, in outcome details and Event notes, e.g. `notebook` (also the
+    /// `kubectl` resource name).
+    pub noun: &'static str,
+}
+
+/// One RBAC rule a target needs of the culling Role: `verbs` on `resource` of `api_group`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RbacRule {
+    pub api_group: &'static str,
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+}
+
+/// The annotations a notice (`--cull-notice`) writes on a target: when the stop is due and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoticeKeys {
+    pub due_at: &'static str,
+    pub reason: &'static str,
+}
+
+/// gpu-ledger's own notice annotations, the same on every kind.
+pub const NOTICE_KEYS: NoticeKeys = NoticeKeys {
+    due_at: STOP_SCHEDULED_AT_ANNOTATION,
+    reason: STOP_NOTICE_REASON_ANNOTATION,
+};
+
+/// One kind of object culling stops. Implementations are stateless and `'static` (listed in
+/// the registry); the API calls go through `CullApi`, which hands the target to it.
+pub trait Target: Send + Sync {
+    /// Kind, group, versions, plural and the users' word for it.
+    fn identity(&self) -> &'static Identity;
+
+    /// How a ledger pod row names its owner object of this kind: the owner's projection and
+    /// whether the pod → owner chain was verified; `None` when the pod is not owned by one.
+    fn owner<'r>(&self, row: &'r PodRow) -> Option<(&'r TargetInfo, bool)>;
+
+    /// How to stop it: the kind's own part of the stop's JSON merge patch (`stop_value` is the
+    /// stop time, RFC 3339). The actuator adds gpu-ledger's audit annotations and the
+    /// `resourceVersion` precondition; the part must only add keys, never remove any.
+    fn stop_fields(&self, stop_value: &str) -> serde_json::Value;
+
+    /// How to notice it: the annotations a notice writes and a cancel removes.
+    fn notice_keys(&self) -> NoticeKeys {
+        NOTICE_KEYS
+    }
+
+    /// Checks of a freshly read object before any write, beyond those every kind gets (same
+    /// uid, not stopped, not deleting, annotations understood, not opted out, not snoozed,
+    /// restart grace). The error says which check failed.
+    fn verify_fresh(&self, _fresh: &TargetInfo) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// How to read it: the served API resource (`Ok(None)` when the cluster serves none).
+    fn discover<'a>(
+        &'a self,
+        client: &'a kube::Client,
+    ) -> BoxFuture<'a, Result<Option<ApiResource>, kube::Error>>;
+
+    /// How to read it: a GET's object projected into [`TargetInfo`].
+    fn project(&self, object: &DynamicObject) -> TargetInfo;
+
+    /// The RBAC rules culling needs on this kind (granted by the chart's and the kustomize
+    /// overlay's culling Role).
+    fn rbac(&self) -> &'static [RbacRule];
+
+    /// How its user restarts it after a stop (ends the stop Event's note's first sentence).
+    fn restart_hint(&self) -> &'static str;
+}
+
+/// A target object an Event is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
