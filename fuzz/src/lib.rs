@@ -122,7 +122,7 @@ fn comparable(series: &[Series]) -> Comparable {
 /// Prometheus HTTP API answer: decoding and sample conversion never panic; a decoded vector keeps
 /// one sample per element; sample values as Prometheus prints them round-trip.
 pub fn prom_response(data: &[u8]) {
-    if let Ok(r) = serde_json::from_slice::<ApiResponse>(data)
+    if let Ok(r) = serde_json::from_slice::<ApiResponse<prom::QueryData>>(data)
         && let Some(d) = r.data
     {
         let expected = match &d {
@@ -137,7 +137,7 @@ pub fn prom_response(data: &[u8]) {
     }
     // The window's decoder (labels cut while decoding) agrees with the full decoder followed by
     // the cut: same answers accepted, same series.
-    let full = serde_json::from_slice::<ApiResponse>(data)
+    let full = serde_json::from_slice::<ApiResponse<prom::QueryData>>(data)
         .ok()
         .and_then(|r| r.data)
         .map(|d| d.into_series().map(|s| comparable(&read_labels_only(s))));

@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::LabelScheme;
 use super::exposition;
 use super::fields;
 use super::prom::{Selector, clusters_of};
+use super::scheme::LabelScheme;
 use super::scheme::SchemeChoice;
 use super::series::{self, Series};
 use crate::ledger::usage::{Usage, Window};

@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::LabelScheme;
 use super::prom::{FIELD_LABEL, STAT_LABEL, Sample};
+use super::scheme::LabelScheme;
 use crate::ledger::usage::{DeviceKey, DeviceUsage, Window};
 
 /// Default lookback of the start-up query.

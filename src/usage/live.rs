@@ -31,13 +31,13 @@ use tracing::{Instrument, info, info_span, warn};
 
 use std::collections::HashMap;
 
-use super::LabelScheme;
 use super::exposition::plausible_sample_ms;
 use super::fields;
 use super::history::History;
 use super::prom::client::AnswerBody;
 use super::prom::decode::WindowSeries;
 use super::prom::{PromClient, PromError, QueryStats, queries};
+use super::scheme::LabelScheme;
 use super::scheme::{READ_LABELS, SchemeChoice};
 use super::series::{self, Labels, Series};
 use crate::ledger::usage::{DeviceUsage, Usage, Window};

@@ -33,8 +33,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::LabelScheme;
 use super::fields;
+use super::scheme::LabelScheme;
 use crate::ledger::usage::{DeviceKey, DeviceUsage, OwnWindow, Signal, Window, Workload};
 
 /// Label name → value (empty values are dropped at parse time).

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use super::PromError;
+use super::bounds::MAX_ANSWER_BYTES;
 use super::decode::{
-    AllLabels, ApiResponse, MAX_ANSWER_BYTES, MatrixRow, QueryData, Sample, Warnings, WindowAnswer,
-    WindowData, WindowSeries,
+    AllLabels, MatrixRow, QueryData, Sample, WindowAnswer, WindowData, WindowSeries,
 };
+use super::envelope::{ApiResponse, Warnings};
+use super::error::PromError;
 use super::queries::{Selector, range_selector};
 use crate::usage::series::Series;
 
@@ -570,6 +571,27 @@ impl PromClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warnings_make_an_answer_partial() {
+        let answered = Answered {
+            value: (),
+            warnings: Warnings {
+                count: 10,
+                kept: vec!["0: www".into()],
+            },
+        };
+        assert!(answered.is_partial());
+        let err = answered.complete().expect_err("partial");
+        assert_eq!(err.kind(), "partial");
+        assert!(err.to_string().contains("10 warnings"), "{err}");
+        let complete = Answered {
+            value: (),
+            warnings: Warnings::default(),
+        };
+        assert!(!complete.is_partial());
+        assert!(complete.complete().is_ok());
+    }
 
     #[test]
     fn headers_are_validated_and_authorization_is_refused() {

@@ -1,5 +1,5 @@
 //! Decoding of Prometheus' query answers, bounded before anything is copied out of the body
-//! (see [`super`] for the bounds): the envelope, vector and scalar answers, and ONE matrix
+//! (see [`super::bounds`]): vector and scalar answers, and ONE matrix
 //! decoder ([`MatrixRow`]) for every range-vector and subquery answer, holding either every
 //! label ([`AllLabels`]: `capture`, subqueries) or only those the reduction reads
 //! ([`ReadLabels`]: the sample window). The live refresh decodes its answer as a
@@ -12,138 +12,11 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::PromError;
+use super::bounds::{MAX_LABEL_BYTES, MAX_LABELS_PER_SERIES, MAX_SERIES, OVER_BOUND};
+use super::error::PromError;
 use crate::usage::fields;
 use crate::usage::scheme::READ_LABELS;
 use crate::usage::series::{Labels, Series};
-
-/// Largest answer accepted (bytes). 4,000 GPUs × 3 fields × 10 minutes of samples with full label
-/// sets is about 15 MB; an answer 20 times that size is a misconfiguration (or a hostile
-/// endpoint), not telemetry.
-pub const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
-
-/// Longest label name or value accepted (bytes). Kubernetes names are at most 253 bytes, label
-/// values 63, GPU UUIDs 40, driver versions and model names a few dozen: a longer one is not
-/// telemetry, and one 200 MiB value took `serve` to a 1.84 GB peak (issue 22). A value over it
-/// refuses the whole answer (not the series): answers are already all or nothing for a bad
-/// sample value, and a dropped series would silently hide a device.
-pub const MAX_LABEL_BYTES: usize = 4096;
-
-/// Most labels on one series. dcgm-exporter writes about 15, service discovery adds a handful;
-/// Mimir refuses to ingest more than 30 by default.
-pub const MAX_LABELS_PER_SERIES: usize = 256;
-
-/// Most series (or vector samples) in one answer. The largest cluster Kubernetes supports (5,000
-/// nodes) of 8-GPU nodes split into 7 MIG instances each has 280,000 devices: 840,000 series
-/// for the three fields read. Every series is held for the window, so more would not fit
-/// anyway; a shared Thanos answering for many clusters wants `--prometheus-selector`.
-pub const MAX_SERIES: usize = 1_000_000;
-
-/// Warnings kept per answer for the log (all are counted), and the bytes kept of each one and
-/// of an error message.
-const KEPT_WARNINGS: usize = 4;
-const MAX_MESSAGE_BYTES: usize = 512;
-
-/// Marks a decoding error as a bound being exceeded ([`PromError::TooLarge`]).
-pub(super) const OVER_BOUND: &str = "answer over gpu-ledger's bounds";
-
-/// `/api/v1/query` envelope; `data` decodes as `D` ([`QueryData`], or [`WindowData`] for the
-/// window's range-vector answers).
-/// Strings of the envelope (`status`, `errorType`, `error`, each warning) are cut to
-/// [`MAX_MESSAGE_BYTES`].
-#[derive(Debug, Clone, Deserialize)]
-pub struct ApiResponse<D = QueryData> {
-    #[serde(deserialize_with = "truncated")]
-    pub status: String,
-    #[serde(default = "none")]
-    pub data: Option<D>,
-    #[serde(default, rename = "errorType", deserialize_with = "truncated_opt")]
-    pub error_type: Option<String>,
-    #[serde(default, deserialize_with = "truncated_opt")]
-    pub error: Option<String>,
-    #[serde(default)]
-    pub warnings: Warnings,
-}
-
-/// The `warnings` of an answer: how many, and the first few, truncated.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Warnings {
-    pub count: usize,
-    /// At most [`KEPT_WARNINGS`], each at most [`MAX_MESSAGE_BYTES`].
-    pub kept: Vec<String>,
-}
-
-impl Warnings {
-    /// The first warning (truncated), or "" when there is none.
-    pub fn first(&self) -> &str {
-        self.kept.first().map_or("", String::as_str)
-    }
-}
-
-impl<'de> Deserialize<'de> for Warnings {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = Warnings;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a list of warning strings")
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Warnings, E> {
-                Ok(Warnings::default())
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Warnings, A::Error> {
-                let mut w = Warnings::default();
-                while let Some(Truncated(text)) = seq.next_element()? {
-                    w.count = w.count.saturating_add(1);
-                    if w.kept.len() < KEPT_WARNINGS {
-                        w.kept.push(text);
-                    }
-                }
-                Ok(w)
-            }
-        }
-        d.deserialize_any(Visit)
-    }
-}
-
-/// A string cut to [`MAX_MESSAGE_BYTES`] (at a character boundary) before it is copied.
-struct Truncated(String);
-
-impl<'de> Deserialize<'de> for Truncated {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl serde::de::Visitor<'_> for Visit {
-            type Value = Truncated;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Truncated, E> {
-                Ok(Truncated(truncate(v, MAX_MESSAGE_BYTES).to_string()))
-            }
-        }
-        d.deserialize_str(Visit)
-    }
-}
-
-/// The longest prefix of `s` of at most `max` bytes that ends at a character boundary.
-fn truncate(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-fn truncated<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    Truncated::deserialize(d).map(|t| t.0)
-}
-
-fn truncated_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    Option::<Truncated>::deserialize(d).map(|t| t.map(|t| t.0))
-}
 
 fn over_bound<E: serde::de::Error>(what: std::fmt::Arguments<'_>) -> E {
     E::custom(format_args!("{OVER_BOUND}: {what}"))
@@ -417,10 +290,6 @@ pub struct MatrixRow<L> {
     #[serde(default)]
     metric: L,
     values: Vec<(f64, PromValue)>,
-}
-
-fn none<D>() -> Option<D> {
-    None
 }
 
 /// The labels a [`MatrixRow`] holds.
@@ -1042,7 +911,7 @@ fn secs_to_ms(s: f64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::prom::Answered;
+    use crate::usage::prom::envelope::ApiResponse;
 
     #[test]
     fn decodes_answers() {
@@ -1050,19 +919,19 @@ mod tests {
             {"metric":{"UUID":"GPU-a","stat":"last"},"value":[1700000000.123,"NaN"]},
             {"metric":{},"value":[1700000000,"+Inf"]},
             {"metric":{"a":"b"},"value":[1700000000,"-0"]}]}}"#;
-        let r: ApiResponse = serde_json::from_str(body).expect("decodes");
+        let r: ApiResponse<QueryData> = serde_json::from_str(body).expect("decodes");
         let s = r.data.expect("data").into_samples().expect("samples");
         assert!(s[0].value.is_nan());
         assert!((s[0].time - 1_700_000_000.123).abs() < 1e-6);
         assert!(s[1].value.is_infinite() && s[1].value > 0.0);
         assert!(s[2].value.abs() < f64::EPSILON);
-        let r: ApiResponse = serde_json::from_str(
+        let r: ApiResponse<QueryData> = serde_json::from_str(
             r#"{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}"#,
         )
         .expect("scalar");
         let v = r.data.expect("data").into_samples().expect("samples")[0].value;
         assert!((v - 2.0).abs() < f64::EPSILON);
-        let r: ApiResponse = serde_json::from_str(
+        let r: ApiResponse<QueryData> = serde_json::from_str(
             r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#,
         )
         .expect("error");
@@ -1082,7 +951,7 @@ mod tests {
     fn the_window_decoder_keeps_only_read_labels_and_agrees_with_the_full_one() {
         let r: ApiResponse<WindowData> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
         let window = r.data.expect("data").into_series().expect("series");
-        let r: ApiResponse = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
+        let r: ApiResponse<QueryData> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
         let mut full = r.data.expect("data").into_series().expect("series");
         assert!(
             full[0].labels.contains_key("pci_bus_id"),
@@ -1137,7 +1006,7 @@ mod tests {
         Result<Vec<Series>, PromError>,
         Result<Vec<Series>, PromError>,
     ) {
-        let full = serde_json::from_str::<ApiResponse>(body)
+        let full = serde_json::from_str::<ApiResponse<QueryData>>(body)
             .map_err(PromError::decoding)
             .and_then(|r| r.data.expect("data").into_series());
         let window = serde_json::from_str::<ApiResponse<WindowData>>(body)
@@ -1371,7 +1240,7 @@ mod tests {
         let (full_in_order, window_in_order) = both(WINDOW_ANSWER);
         assert_eq!(format!("{full:?}"), format!("{full_in_order:?}"));
         assert_eq!(format!("{window:?}"), format!("{window_in_order:?}"));
-        let r: ApiResponse = serde_json::from_str(
+        let r: ApiResponse<QueryData> = serde_json::from_str(
             r#"{"status":"success","data":{"result":[1,"2"],"resultType":"scalar"}}"#,
         )
         .expect("scalar");
@@ -1400,44 +1269,5 @@ mod tests {
             let (full, window) = both(bad);
             assert!(full.is_err() && window.is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn warnings_are_counted_kept_truncated_and_make_an_answer_partial() {
-        let long = "w".repeat(10_000);
-        let warnings: Vec<String> = (0..10).map(|i| format!("{i}: {long}")).collect();
-        let body = format!(
-            r#"{{"status":"success","warnings":{},"data":{{"resultType":"vector","result":[]}}}}"#,
-            serde_json::to_string(&warnings).expect("json")
-        );
-        let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
-        assert_eq!(r.warnings.count, 10);
-        assert_eq!(r.warnings.kept.len(), KEPT_WARNINGS);
-        assert!(r.warnings.kept.iter().all(|w| w.len() == MAX_MESSAGE_BYTES));
-        assert!(r.warnings.first().starts_with("0: www"));
-        let answered = Answered {
-            value: (),
-            warnings: r.warnings,
-        };
-        assert!(answered.is_partial());
-        let err = answered.complete().expect_err("partial");
-        assert_eq!(err.kind(), "partial");
-        assert!(err.to_string().contains("10 warnings"), "{err}");
-        // Absent, null or empty: complete.
-        for w in ["", r#""warnings":null,"#, r#""warnings":[],"#] {
-            let body = format!(
-                r#"{{"status":"success",{w}"data":{{"resultType":"vector","result":[]}}}}"#
-            );
-            let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
-            assert_eq!(r.warnings.count, 0, "{body}");
-        }
-        // A multi-byte character is never cut in half; error texts are cut the same way.
-        assert_eq!(truncate("aé", 2), "a");
-        let body = format!(
-            r#"{{"status":"error","errorType":"bad_data","error":"{}"}}"#,
-            "é".repeat(1000)
-        );
-        let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
-        assert_eq!(r.error.expect("error").len(), MAX_MESSAGE_BYTES);
     }
 }
