@@ -1,8 +1,8 @@
 //! The one reduction of raw DCGM samples to per-device usage over a window.
 //!
 //! Every path feeds it the same thing — series of raw samples with their own timestamps: the
-//! live service (samples fetched from Prometheus with [`super::prom::PromClient::window_series`]
-//! and kept for the window), the offline report (an exposition dump), and the pre-stop re-check.
+//! live service (samples fetched from Prometheus with `prom::PromClient::window`, decoded by
+//! `prom::decode::window` and kept for the window), the offline report (an exposition dump), and the pre-stop re-check.
 //! So live and offline conclusions cannot drift apart.
 //!
 //! Evidence rules: a sample counts only when it is a possible reading (finite, not a DCGM blank
@@ -142,6 +142,19 @@ where
         .into_iter()
         .map(|(key, dev)| reduce_device(key, &dev, scheme, window, now_ms))
         .collect()
+}
+
+/// Renames every series of a dump to its field's internal name and converts its samples to the
+/// field's internal unit ([`fields::convert_samples`]; series of other names are left as they
+/// are), as the window decoder does for every live read (`prom::decode::window`): the offline
+/// report then reads legacy and DCGM 4.7 names alike. `capture` keeps the names it was answered
+/// with.
+pub fn to_internal_fields(series: &mut [Series]) {
+    for s in series {
+        if let Some(field) = fields::convert_samples(&s.name, &mut s.samples) {
+            field.clone_into(&mut s.name);
+        }
+    }
 }
 
 /// Splits per-process series (pod-labelled with `pod_uid` beside a pod-less device series) from

@@ -1,10 +1,10 @@
-//! Decoding of Prometheus' query answers, bounded before anything is copied out of the body
-//! (see [`super::bounds`]): vector and scalar answers, and ONE matrix
-//! decoder ([`MatrixRow`]) for every range-vector and subquery answer, holding either every
-//! label ([`AllLabels`]: `capture`, subqueries) or only those the reduction reads
-//! ([`ReadLabels`]: the sample window). The live refresh decodes its answer as a
-//! [`WindowAnswer`] instead: the same bounds, label values borrowed from the body, samples in
-//! one buffer, so a series the window already holds costs no allocation.
+//! Decoding of Prometheus' query answers' `data`, bounded before anything is copied out of the
+//! body (see [`super::bounds`]); the client has read the envelope ([`super::envelope`]). Two
+//! decoders: [`window`] for every read of the sample window (the refresh, the pre-stop re-check,
+//! scheme detection: [`WindowAnswer`], the read labels only, their values borrowed from the body,
+//! samples in one buffer, so a series the window already holds costs no allocation), and
+//! [`query_data`] for everything else (vector and scalar answers, subqueries, `capture`'s
+//! range-vector read: every label kept). Both refuse the same answers.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -233,25 +233,17 @@ fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult<'de>>(
     d.deserialize_map(Visit(std::marker::PhantomData))
 }
 
-/// `data` of a query answer; a matrix series keeps the labels `L` holds ([`AllLabels`] or
-/// [`ReadLabels`]). Values are strings (`"0.5"`, `"NaN"`, `"+Inf"`); times float seconds.
+/// `data` of a query answer, every label of a series kept. Values are strings (`"0.5"`, `"NaN"`,
+/// `"+Inf"`); times float seconds.
 #[derive(Debug, Clone)]
-pub enum QueryData<L = AllLabels> {
+pub enum QueryData {
     Vector(Vec<RawVectorSample>),
     Scalar((f64, String)),
     String((f64, String)),
-    Matrix(Vec<MatrixRow<L>>),
+    Matrix(Vec<MatrixRow>),
 }
 
-/// `data` of a range-vector answer as the sample window reads it: each series keeps only
-/// `__name__` and the labels the reduction reads ([`READ_LABELS`]); every other label, and each
-/// sample's value string, is decoded without an allocation. A profile of the live refresh put a
-/// quarter of its CPU in building full label maps that the window then cut down
-/// (docs/benchmarks.md). The decoder and its bounds are [`QueryData`]'s: both refuse the same
-/// answers.
-pub type WindowData = QueryData<ReadLabels>;
-
-impl<'de, L: RowLabels> FromResult<'de> for QueryData<L> {
+impl<'de> FromResult<'de> for QueryData {
     type Early = Box<serde_json::value::RawValue>;
     fn from_early(kind: ResultType, raw: Self::Early) -> Result<Self, serde_json::Error> {
         result_from_text(kind, raw.get())
@@ -267,7 +259,7 @@ impl<'de, L: RowLabels> FromResult<'de> for QueryData<L> {
     }
 }
 
-impl<'de, L: RowLabels> Deserialize<'de> for QueryData<L> {
+impl<'de> Deserialize<'de> for QueryData {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         data_in_order(d)
     }
@@ -282,53 +274,13 @@ pub struct RawVectorSample {
     pub value: (f64, String),
 }
 
-/// One series of a matrix answer: the labels `L` keeps, each sample's value parsed as it is
-/// read ([`parse_value`]; a bad one fails the answer).
+/// One series of a matrix answer (a subquery's, or `capture`'s range-vector read): every label,
+/// each sample's value parsed as it is read ([`parse_value`]; a bad one fails the answer).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(bound(deserialize = "L: RowLabels"))]
-pub struct MatrixRow<L> {
-    #[serde(default)]
-    metric: L,
+pub struct MatrixRow {
+    #[serde(default, deserialize_with = "bounded_labels")]
+    metric: Labels,
     values: Vec<(f64, PromValue)>,
-}
-
-/// The labels a [`MatrixRow`] holds.
-pub trait RowLabels: Default + for<'de> Deserialize<'de> {
-    /// The labels held, without empty values (Prometheus treats an empty label as absent).
-    fn into_labels(self) -> Labels;
-}
-
-/// Every label of a series, each name and value bounded.
-#[derive(Debug, Clone, Default)]
-pub struct AllLabels(Labels);
-
-impl<'de> Deserialize<'de> for AllLabels {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        bounded_labels(d).map(AllLabels)
-    }
-}
-
-impl RowLabels for AllLabels {
-    fn into_labels(self) -> Labels {
-        let mut labels = self.0;
-        labels.retain(|_, v| !v.is_empty());
-        labels
-    }
-}
-
-/// The labels of a series that the window keeps: `__name__` and [`READ_LABELS`], non-empty.
-#[derive(Debug, Clone, Default)]
-pub struct ReadLabels(Labels);
-
-impl<'de> Deserialize<'de> for ReadLabels {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let read = WindowLabels::deserialize(d)?;
-        let mut labels = read.to_labels();
-        if let Some(name) = read.name {
-            labels.insert(NAME_LABEL.to_string(), name.into_owned());
-        }
-        Ok(ReadLabels(labels))
-    }
 }
 
 /// A label name, resolved to its static spelling when the window keeps it (no allocation).
@@ -435,7 +387,7 @@ const INLINE_LABELS: usize = 10;
 
 /// The labels of a series that the window keeps, as decoded from the body: `__name__` and the
 /// non-empty [`READ_LABELS`], values borrowed where the JSON text allows, in name order (the
-/// order of a [`Labels`] map). The decoder behind both [`ReadLabels`] and [`WindowAnswer`].
+/// order of a [`Labels`] map), for [`WindowAnswer`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WindowLabels<'de> {
     name: Option<Cow<'de, str>>,
@@ -513,12 +465,13 @@ impl<'de> Deserialize<'de> for WindowLabels<'de> {
     }
 }
 
-/// `data` of a range-vector answer as the live refresh decodes it: the bounds and the
-/// accepted answers of [`WindowData`], but each series' labels ([`WindowLabels`]) borrowed from
-/// the body and every sample in one buffer, so decoding a series allocates nothing unless its
-/// labels are escaped or more than [`INLINE_LABELS`]. A profile at 4,000 GPUs put a quarter of
-/// the service's CPU in building owned label maps for series the window already held
-/// (docs/benchmarks.md, "Performance round 3").
+/// `data` of a range-vector answer as every window read decodes it (the refresh, the pre-stop
+/// re-check, scheme detection): each series keeps only `__name__` and the labels the reduction
+/// reads ([`READ_LABELS`]), their values borrowed from the body, and every sample goes into one
+/// buffer, so decoding a series allocates nothing unless its labels are escaped or more than
+/// [`INLINE_LABELS`]. The bounds and the accepted answers are [`QueryData`]'s: both refuse the
+/// same answers. A profile at 4,000 GPUs put a quarter of the service's CPU in building owned
+/// label maps for series the window already held (docs/benchmarks.md, "Performance round 3").
 #[derive(Debug, Clone)]
 pub struct WindowAnswer<'de> {
     /// `None` for an answer that is not a matrix (decoded and bounded, then refused by
@@ -621,7 +574,8 @@ impl<'de> WindowSeries<'de> {
         }
     }
 
-    /// The series as owned [`Series`] (what [`QueryData::into_series`] gives for [`WindowData`]).
+    /// The series as owned [`Series`]: [`QueryData::into_series`] with only the read labels kept
+    /// and the fields renamed.
     pub fn into_series(self) -> Vec<Series> {
         self.iter()
             .map(|r| Series {
@@ -644,8 +598,8 @@ impl<'de> FromResult<'de> for WindowAnswer<'de> {
                 .deserialize_seq(WindowSeriesVisit)
                 .map(|s| WindowAnswer { matrix: Some(s) });
         }
-        // Decoded (and bounded) as the owned decoders do, to refuse the same answers.
-        <QueryData<ReadLabels> as FromResult<'de>>::result(kind, d)?;
+        // Decoded (and bounded) as the owned decoder does, to refuse the same answers.
+        <QueryData as FromResult<'de>>::result(kind, d)?;
         Ok(WindowAnswer { matrix: None })
     }
 }
@@ -780,12 +734,6 @@ impl<'de> serde::de::Visitor<'de> for ValuesSeed<'_> {
     }
 }
 
-impl RowLabels for ReadLabels {
-    fn into_labels(self) -> Labels {
-        self.0
-    }
-}
-
 const NAME_LABEL: &str = "__name__";
 
 /// A decoded instant-query sample.
@@ -811,10 +759,10 @@ fn bad_value(v: &str) -> PromError {
     PromError::Unexpected(format!("bad sample value {v:?}"))
 }
 
-impl MatrixRow<AllLabels> {
+impl MatrixRow {
     /// The series' labels, every one as answered (held once for all its points).
     pub fn labels(&self) -> &Labels {
-        &self.metric.0
+        &self.metric
     }
 
     /// The series' points: (Unix seconds, value).
@@ -825,7 +773,7 @@ impl MatrixRow<AllLabels> {
     /// Every point as a [`Sample`] (Unix seconds), every label kept as answered: a subquery's
     /// series need no metric name.
     pub fn into_samples(self) -> impl Iterator<Item = Sample> {
-        let labels = self.metric.0;
+        let labels = self.metric;
         self.values.into_iter().map(move |(time, v)| Sample {
             labels: labels.clone(),
             time,
@@ -834,9 +782,9 @@ impl MatrixRow<AllLabels> {
     }
 }
 
-impl<L: RowLabels> QueryData<L> {
+impl QueryData {
     /// The series of a matrix answer; any other answer type is an error.
-    pub fn into_rows(self) -> Result<Vec<MatrixRow<L>>, PromError> {
+    pub fn into_rows(self) -> Result<Vec<MatrixRow>, PromError> {
         let Self::Matrix(rows) = self else {
             return Err(PromError::Unexpected(
                 "expected a matrix answer to a range-vector selector".into(),
@@ -845,13 +793,15 @@ impl<L: RowLabels> QueryData<L> {
         Ok(rows)
     }
 
-    /// A matrix answer as [`Series`]: named by `__name__` (taken out of the labels), the labels
-    /// `L` keeps without empty values, times in milliseconds.
+    /// A matrix answer as [`Series`]: named by `__name__` (taken out of the labels) as answered,
+    /// every label without empty values (Prometheus treats an empty label as absent), times in
+    /// milliseconds.
     pub fn into_series(self) -> Result<Vec<Series>, PromError> {
         self.into_rows()?
             .into_iter()
             .map(|row| {
-                let mut labels = row.metric.into_labels();
+                let mut labels = row.metric;
+                labels.retain(|_, v| !v.is_empty());
                 let name = labels.remove(NAME_LABEL).ok_or_else(|| {
                     PromError::Unexpected("matrix series without __name__".into())
                 })?;
@@ -891,17 +841,32 @@ impl<L: RowLabels> QueryData<L> {
     }
 }
 
-/// Renames every series of a window read to its field's internal name and converts its samples
-/// to the field's internal unit ([`fields::convert_samples`]; series of other names are left as
-/// they are), as [`WindowAnswer::into_matrix`] does for the live refresh: the scheme detection,
-/// the pre-stop re-check and the offline dump then read legacy and DCGM 4.7 names alike.
-/// `capture` keeps the names it was answered with.
-pub fn to_internal_fields(series: &mut [Series]) {
-    for s in series {
-        if let Some(field) = fields::convert_samples(&s.name, &mut s.samples) {
-            field.clone_into(&mut s.name);
-        }
+/// The `data` of an answer's body decoded as `D` (which may borrow from the body). The client
+/// has read the envelope already ([`super::client::PromClient`]: status, warnings, `data`
+/// present); here only `data` is decoded, in one pass that refuses an answer over a bound before
+/// copying the offending part out of the body.
+fn data_of<'de, D: Deserialize<'de>>(body: &'de [u8]) -> Result<D, PromError> {
+    #[derive(Deserialize)]
+    struct Data<D> {
+        data: Option<D>,
     }
+    serde_json::from_slice::<Data<D>>(body)
+        .map_err(PromError::decoding)?
+        .data
+        .ok_or_else(|| PromError::Unexpected("success without data".into()))
+}
+
+/// An answer's `data`, every label kept: vector and scalar answers, subqueries, `capture`'s
+/// range-vector read.
+pub fn query_data(body: &[u8]) -> Result<QueryData, PromError> {
+    data_of(body)
+}
+
+/// The series of an answer to the window's range-vector selector, as every window read decodes
+/// it ([`WindowAnswer`]: read labels only, borrowed from `body`; fields renamed to their
+/// internal names); another answer type, or a series without `__name__`, is an error.
+pub fn window(body: &[u8]) -> Result<WindowSeries<'_>, PromError> {
+    data_of::<WindowAnswer<'_>>(body)?.into_matrix()
 }
 
 fn secs_to_ms(s: f64) -> i64 {
@@ -949,8 +914,9 @@ mod tests {
 
     #[test]
     fn the_window_decoder_keeps_only_read_labels_and_agrees_with_the_full_one() {
-        let r: ApiResponse<WindowData> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
-        let window = r.data.expect("data").into_series().expect("series");
+        let window = window(WINDOW_ANSWER.as_bytes())
+            .expect("decodes")
+            .into_series();
         let r: ApiResponse<QueryData> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
         let mut full = r.data.expect("data").into_series().expect("series");
         assert!(
@@ -981,59 +947,34 @@ mod tests {
     #[test]
     fn the_window_decoder_rejects_what_the_full_one_rejects() {
         let bad_value = WINDOW_ANSWER.replace(r#""42""#, r#""4x2""#);
-        let err = serde_json::from_str::<ApiResponse<WindowData>>(&bad_value)
-            .expect_err("bad value")
-            .to_string();
+        let err = window(bad_value.as_bytes()).expect_err("bad value");
+        let err = crate::telemetry::error_chain(&err);
         assert!(err.contains(r#"bad sample value "4x2""#), "{err}");
         let nameless = WINDOW_ANSWER.replace(r#""__name__":"DCGM_FI_DEV_GPU_UTIL","#, "");
-        let r: ApiResponse<WindowData> = serde_json::from_str(&nameless).expect("decodes");
-        let err = r.data.expect("data").into_series().expect_err("no name");
+        let err = window(nameless.as_bytes()).expect_err("no name");
         assert!(err.to_string().contains("without __name__"), "{err}");
         let vector = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
-        let r: ApiResponse<WindowData> = serde_json::from_str(vector).expect("decodes");
-        let err = r
-            .data
-            .expect("data")
-            .into_series()
-            .expect_err("not a matrix");
+        let err = window(vector.as_bytes()).expect_err("not a matrix");
         assert!(err.to_string().contains("expected a matrix"), "{err}");
     }
 
-    /// Decodes `body` with both label policies as `query_data` does (the same error classification).
+    /// Decodes `body` with every label kept ([`query_data`], as `capture` reads it) and as every
+    /// window read does ([`window`]: read labels only, borrowed from the body).
     fn both(
         body: &str,
     ) -> (
         Result<Vec<Series>, PromError>,
         Result<Vec<Series>, PromError>,
     ) {
-        let full = serde_json::from_str::<ApiResponse<QueryData>>(body)
-            .map_err(PromError::decoding)
-            .and_then(|r| r.data.expect("data").into_series());
-        let window = serde_json::from_str::<ApiResponse<WindowData>>(body)
-            .map_err(PromError::decoding)
-            .and_then(|r| r.data.expect("data").into_series());
-        // The live refresh's decoder, borrowing from the body, agrees with the window's.
-        let borrowed = serde_json::from_str::<ApiResponse<WindowAnswer>>(body)
-            .map_err(PromError::decoding)
-            .and_then(|r| r.data.expect("data").into_matrix())
-            .map(WindowSeries::into_series);
-        match (&window, &borrowed) {
-            (Ok(w), Ok(b)) => assert_eq!(format!("{w:?}"), format!("{b:?}"), "{body}"),
-            (Err(w), Err(b)) => assert_eq!(
-                crate::telemetry::error_chain(w),
-                crate::telemetry::error_chain(b),
-                "{body}"
-            ),
-            (w, b) => panic!("window {w:?}, borrowed {b:?}"),
-        }
+        let full = query_data(body.as_bytes()).and_then(QueryData::into_series);
+        let window = window(body.as_bytes()).map(WindowSeries::into_series);
         (full, window)
     }
 
     /// The kept label values of the (first) series of `body`, as the live refresh decodes them,
     /// and whether each is borrowed from the body.
     fn borrowed_values(body: &str) -> Vec<(String, bool)> {
-        let r: ApiResponse<WindowAnswer> = serde_json::from_str(body).expect("decodes");
-        let m = r.data.expect("data").into_matrix().expect("matrix");
+        let m = window(body.as_bytes()).expect("matrix");
         m.rows[0]
             .labels
             .kept
@@ -1052,12 +993,13 @@ mod tests {
             .expect("json")
             .to_string();
         assert_eq!(borrowed_values(&sorted), values);
-        let (_, window) = both(WINDOW_ANSWER);
-        let r: ApiResponse<WindowAnswer> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
-        let m = r.data.expect("data").into_matrix().expect("matrix");
+        let (full, _) = both(WINDOW_ANSWER);
+        let mut full = full.expect("series");
+        Arc::make_mut(&mut full[0].labels).retain(|k, _| READ_LABELS.contains(&k.as_str()));
+        let m = window(WINDOW_ANSWER.as_bytes()).expect("matrix");
         let row = m.iter().next().expect("one series");
         assert_eq!(row.name, "DCGM_FI_DEV_GPU_UTIL");
-        assert_eq!(row.labels.to_labels(), *window.expect("series")[0].labels);
+        assert_eq!(row.labels.to_labels(), *full[0].labels);
         assert_eq!(row.samples[0], (1_700_000_000_000, 42.0));
     }
 

@@ -1,12 +1,16 @@
-//! Live Prometheus: the HTTP client ([`client`]), the bounded decoding of its answers
-//! ([`decode`]: one matrix decoder for every range-vector and subquery answer) and the `PromQL`
-//! it sends ([`queries`]: selectors, the window's range-vector selector, the start-up history).
+//! Live Prometheus: the HTTP client ([`client`]: requests, the answer's envelope and its
+//! warnings), the bounded decoding of an answer's `data` ([`decode`]: one window decoder for every
+//! read of the sample window, one decoder keeping every label for the rest), the `PromQL` it sends
+//! ([`queries`]: selectors, the window's range-vector selector, the start-up history), the
+//! bounds ([`bounds`]), the envelope ([`envelope`]) and the error ([`error`]). This file only
+//! declares and re-exports for callers outside `prom`.
 //!
 //! A refresh asks one question whatever the number of pods or devices: the raw samples of the
-//! DCGM fields gpu-ledger reads since the previous refresh ([`PromClient::window_series`], a
+//! DCGM fields gpu-ledger reads since the previous refresh ([`PromClient::window`], a
 //! range-vector selector: Prometheus only reads chunks, it evaluates nothing per step). The
-//! samples are reduced by the same [`super::series::reduce`] as an offline dump, so live and
-//! offline conclusions cannot differ. The one-off start-up history query
+//! pre-stop re-check and scheme detection ask the same question and decode it the same way
+//! ([`decode::window`]). The samples are reduced by the same `usage::series::reduce` as an
+//! offline dump, so live and offline conclusions cannot differ. The one-off start-up history query
 //! ([`queries::bootstrap_query`]) is the only aggregating query.
 //!
 //! Answers are untrusted: their size is bounded ([`MAX_ANSWER_BYTES`]), and so is what decoding
@@ -26,7 +30,7 @@ pub mod queries;
 
 pub use bounds::{MAX_ANSWER_BYTES, MAX_LABEL_BYTES, MAX_LABELS_PER_SERIES, MAX_SERIES};
 pub use client::{Answered, Header, PromClient, PromConfig, QueryStats};
-pub use decode::{QueryData, Sample, WindowData, parse_value};
+pub use decode::{QueryData, Sample, parse_value};
 pub use envelope::{ApiResponse, Warnings};
 pub use error::PromError;
 pub use queries::{
