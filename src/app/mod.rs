@@ -7,6 +7,7 @@ mod capture;
 mod hub;
 pub mod offline;
 pub mod page;
+mod recheck;
 mod report;
 mod serve;
 mod showback;
