@@ -1,18 +1,27 @@
 //! The pre-stop re-check: right before the culler writes a stop, the pod's evidence is judged
-//! again from fresh claims and a fresh Prometheus read, with the history of the refresh being
-//! acted on. Anything short of "still a candidate" cancels the stop.
+//! again through the refresh's own path, with the history of the refresh being acted on: the
+//! same window read, decoder and reduction (`usage::live::fetch_window_in`, over the devices the
+//! refresh asks for, [`query_scope`]), then the hub's ledger rule on the claims as the watches
+//! hold them now (`hub::rebuild_from_claims`), then `cull::plan::still_a_stop`. Anything short
+//! of "still a candidate" cancels the stop.
+//!
+//! The whole ledger is rebuilt, not just the pod's part: with `--cull-when=demand` the verdict
+//! reads every pending pod and every node (the reclaim planner), and even without it the pod's
+//! attribution and the time-sliced rule read its node's other pods and the exporter pods, so a
+//! narrower build would be a second ledger rule to keep equal to the first.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use chrono::Utc;
 
+use super::hub::rebuild_from_claims;
 use crate::claims::watch::Stores;
 use crate::cull;
 use crate::cull::actuator::RecheckError;
 use crate::cull::plan::{Action, CullPolicy};
+use crate::ledger::Policy;
 use crate::ledger::usage::Usage;
-use crate::ledger::{self, Policy};
 use crate::usage::history::History;
 use crate::usage::live::{LiveSettings, Scope};
 use crate::usage::prom::PromClient;
@@ -50,9 +59,9 @@ impl RecheckContext {
     }
 }
 
-/// Re-checks a planned stop right before acting: fresh claims from the stores, a fresh
-/// Prometheus query, the same history, the same rules. Anything short of "still a candidate"
-/// cancels the stop.
+/// Re-checks a planned stop right before acting: a fresh Prometheus read, fresh claims from the
+/// stores, the same history, the refresh's and the hub's rules. Anything short of "still a
+/// candidate" cancels the stop.
 pub(super) struct Rechecker<'a> {
     ctx: &'a RecheckContext,
     history: Option<Arc<History>>,
@@ -70,10 +79,7 @@ impl Rechecker<'_> {
             self.ctx.policy.clone(),
             self.ctx.cull_policy.clone(),
         );
-        let claims = self
-            .ctx
-            .stores
-            .claims_for(self.ctx.shard.0, self.ctx.shard.1);
+        let (stores, shard) = (self.ctx.stores.clone(), self.ctx.shard);
         let scope = query_scope(
             &self.ctx.stores,
             self.ctx.shard,
@@ -94,16 +100,12 @@ impl Rechecker<'_> {
                 now,
             )
             .await?;
-            let ledger = ledger::build(
-                &claims,
-                &Usage {
-                    devices,
-                    available: true,
-                    partial: false,
-                },
-                now,
-                &policy,
-            );
+            let usage = Usage {
+                devices,
+                available: true,
+                partial: false,
+            };
+            let ledger = rebuild_from_claims(&stores, &usage, &policy, shard);
             Ok(cull::plan::still_a_stop(
                 &ledger,
                 &cull_policy,

@@ -6,8 +6,8 @@
 //! usage refresh ──▶ latest ───┘   (own task)           └─▶ culler (own task, watch channel)
 //! ```
 //!
-//! The hub loop is `hub.rs`, the supervisor `tasks.rs`; this file wires them, runs the refresh
-//! and the culling loops and re-checks a stop before it is made.
+//! The hub loop is `hub.rs`, the supervisor `tasks.rs`, the re-check before a stop `recheck.rs`;
+//! this file wires them and runs the refresh and the culling loops.
 //!
 //! Every task is supervised — the hub, the refresh, the culler, the HTTP server, each claims
 //! watch and the culling Lease election: one that ends (or panics) before shutdown cancels the

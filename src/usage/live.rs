@@ -1,6 +1,11 @@
 //! The live usage source: raw DCGM samples from Prometheus, kept for the window, reduced by the
 //! same [`series::reduce`] as an offline dump, and folded into the idle history.
 //!
+//! Every window read goes one way: the refresh, the pre-stop re-check ([`fetch_window_in`]) and
+//! scheme detection send the same selector ([`PromClient::window`]) and decode its answer with
+//! the same decoder ([`decode::window`]); the refresh and the re-check then keep and reduce it
+//! alike ([`read_window`], [`reduce_window`]), the re-check on an empty window.
+//!
 //! The first refresh reads the whole window; every later one reads only the samples since the
 //! previous refresh (plus two sample intervals of overlap for ingestion lag, at the longest
 //! interval the held samples show and at least `--scrape-interval`; samples already held are
