@@ -14,7 +14,7 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use gpu_ledger::usage::fields;
 use gpu_ledger::usage::live::SampleWindow;
-use gpu_ledger::usage::prom::{ApiResponse, decode};
+use gpu_ledger::usage::prom::{ApiResponse, QueryData, decode};
 use serde::de::IgnoredAny;
 
 /// The allocator the `gpu-ledger` binary ships with (src/main.rs): decoding and absorbing
@@ -95,7 +95,7 @@ fn refresh(window: &mut SampleWindow, body: &[u8], keep_after: i64) {
 fn refresh_owned(window: &mut SampleWindow, body: &[u8], keep_after: i64) {
     envelope(body);
     let fresh = decode::query_data(body)
-        .and_then(|d| d.into_series())
+        .and_then(QueryData::into_series)
         .expect("a matrix answer");
     window.absorb(fresh, keep_after);
 }

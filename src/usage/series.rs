@@ -509,7 +509,6 @@ fn reduce_device(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::exposition;
 
     const T0: i64 = 1_700_000_000_000;
 
@@ -596,18 +595,6 @@ mod tests {
         )];
         let d = reduce(&s, &LabelScheme::default(), &window(), now());
         assert_eq!(d[0].utilization, None);
-    }
-
-    #[test]
-    fn mig_instances_are_separate_devices() {
-        let text = "DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"2\",Hostname=\"h\",pod=\"a\",namespace=\"ns\"} 0.8\n\
-DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"9\",Hostname=\"h\"} 0\n";
-        let p = exposition::parse(text, &[fields::GR_ENGINE_ACTIVE], now());
-        let d = reduce(&p.series, &LabelScheme::default(), &window(), now());
-        assert_eq!(d.len(), 2);
-        assert_eq!(d[0].key.gpu_instance.as_deref(), Some("2"));
-        assert_eq!(d[0].mig_profile.as_deref(), Some("3g.40gb"));
-        assert_eq!(d[1].workloads.len(), 0);
     }
 
     #[test]
@@ -737,59 +724,6 @@ DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=
             n.coverage
         );
         assert_eq!(n.peak, Some(0.0));
-    }
-
-    #[test]
-    fn a_pod_named_only_by_framebuffer_series_holds_the_device() {
-        // MIG without profiling metrics: no utilisation field, FB_USED names the pod.
-        let text = "DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"7\",Hostname=\"h\",pod=\"nb-0\",namespace=\"ns\"} 4096\n\
-DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"7\",Hostname=\"h\",pod=\"nb-0\",namespace=\"ns\"} 5632\n";
-        let p = exposition::parse(text, &[fields::FB_USED], now());
-        let d = reduce(&p.series, &LabelScheme::default(), &window(), now());
-        assert_eq!(d.len(), 1);
-        assert_eq!(
-            d[0].workloads,
-            vec![Workload {
-                namespace: "ns".into(),
-                pod: "nb-0".into()
-            }]
-        );
-        assert_eq!(d[0].signal, None);
-        assert_eq!(d[0].utilization, None);
-        assert_eq!(d[0].memory_used_bytes, Some(4096.0 * MIB));
-    }
-
-    #[test]
-    fn legacy_and_lowercase_spellings_reduce_like_the_current_ones() {
-        let text = "dcgm_fi_prof_gr_engine_active{gpu=\"0\",uuid=\"GPU-l\",gpu_i_id=\"3\",gpu_i_profile=\"3g.40gb\",modelname=\"NVIDIA A100-SXM4-80GB\",pod_name=\"w-0\",pod_namespace=\"ml\",container_name=\"main\",pod=\"dcgm-exporter-abcde\",namespace=\"gpu-operator\"} 0.5\n";
-        let keep: Vec<&str> = fields::all_spellings().collect();
-        let p = exposition::parse(text, &keep, now());
-        let scheme = LabelScheme::detect(
-            crate::usage::scheme::SchemeChoice::Auto,
-            p.series
-                .iter()
-                .flat_map(|s| s.labels.keys().map(String::as_str)),
-        );
-        let d = reduce(&p.series, &scheme, &window(), now());
-        assert_eq!(d.len(), 1);
-        assert_eq!(d[0].key.gpu_instance.as_deref(), Some("3"));
-        assert_eq!(d[0].mig_profile.as_deref(), Some("3g.40gb"));
-        assert_eq!(d[0].model.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
-        assert_eq!(d[0].utilization, Some(0.5));
-        assert_eq!(
-            d[0].workloads,
-            vec![Workload {
-                namespace: "ml".into(),
-                pod: "w-0".into()
-            }]
-        );
-        assert_eq!(
-            d[0].exporter,
-            Some(Workload {
-                namespace: "gpu-operator".into(),
-                pod: "dcgm-exporter-abcde".into()
-            })
-        );
     }
 
     #[test]

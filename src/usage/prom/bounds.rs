@@ -23,5 +23,5 @@ pub const MAX_LABELS_PER_SERIES: usize = 256;
 /// anyway; a shared Thanos answering for many clusters wants `--prometheus-selector`.
 pub const MAX_SERIES: usize = 1_000_000;
 
-/// Marks a decoding error as a bound being exceeded ([`super::error::PromError::TooLarge`]).
+/// Marks a decoding error as a bound being exceeded (`PromError::TooLarge`).
 pub const OVER_BOUND: &str = "answer over gpu-ledger's bounds";
