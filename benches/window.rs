@@ -2,9 +2,11 @@
 //! series): decoding Prometheus' answer to the window's range-vector selector and folding it
 //! into the held sample window (`SampleWindow`). The first refresh reads the whole window
 //! (40 samples a series) into an empty window; a steady one reads the last 3 samples of every
-//! series, all of them already held; the steady refresh is also timed through the owned path
-//! (`WindowData` and `SampleWindow::absorb`) for comparison. Figures are recorded in
-//! docs/benchmarks.md.
+//! series, all of them already held. A refresh reads the answer's envelope as the client does
+//! (`data` skipped, warnings kept), then decodes `data` with the one window decoder
+//! (`decode::window`). The steady refresh is also timed through an owned path (`decode::query_data`,
+//! every label decoded into owned maps, and `SampleWindow::absorb`) for comparison. Figures are
+//! recorded in docs/benchmarks.md.
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -12,8 +14,8 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use gpu_ledger::usage::fields;
 use gpu_ledger::usage::live::SampleWindow;
-use gpu_ledger::usage::prom::decode::WindowAnswer;
-use gpu_ledger::usage::prom::{ApiResponse, WindowData};
+use gpu_ledger::usage::prom::{ApiResponse, QueryData, decode};
+use serde::de::IgnoredAny;
 
 /// The allocator the `gpu-ledger` binary ships with (src/main.rs): decoding and absorbing
 /// allocate per series, so the allocator is part of what is measured.
@@ -75,24 +77,25 @@ fn answer(samples: i64, newest_ms: i64) -> Vec<u8> {
     body.into_bytes()
 }
 
-/// One refresh: the body decoded borrowing from it, then folded into the window.
+/// The answer's envelope as the client reads it before handing the body on (`data` skipped).
+fn envelope(body: &[u8]) {
+    let r: ApiResponse<IgnoredAny> = serde_json::from_slice(body).expect("an envelope");
+    assert_eq!(r.warnings.count, 0);
+}
+
+/// One refresh: the envelope read, the body decoded borrowing from it, then folded into the
+/// window.
 fn refresh(window: &mut SampleWindow, body: &[u8], keep_after: i64) {
-    let r: ApiResponse<WindowAnswer> = serde_json::from_slice(body).expect("decodes");
-    let fresh = r
-        .data
-        .expect("data")
-        .into_matrix()
-        .expect("a matrix answer");
+    envelope(body);
+    let fresh = decode::window(body).expect("a matrix answer");
     window.absorb_answer(&fresh, keep_after);
 }
 
-/// One refresh as before issue 28's lever: owned label maps decoded, then found in the window.
+/// One refresh through owned label maps (every label decoded, then cut and found in the window).
 fn refresh_owned(window: &mut SampleWindow, body: &[u8], keep_after: i64) {
-    let r: ApiResponse<WindowData> = serde_json::from_slice(body).expect("decodes");
-    let fresh = r
-        .data
-        .expect("data")
-        .into_series()
+    envelope(body);
+    let fresh = decode::query_data(body)
+        .and_then(QueryData::into_series)
         .expect("a matrix answer");
     window.absorb(fresh, keep_after);
 }

@@ -16,7 +16,7 @@ use gpu_ledger::ledger::claims::ResourceNames;
 use gpu_ledger::usage::exposition;
 use gpu_ledger::usage::fields;
 use gpu_ledger::usage::prom::{self, ApiResponse};
-use gpu_ledger::usage::series::{Labels, Series};
+use gpu_ledger::usage::series::{self, Labels, Series};
 
 /// Metric names the exposition target keeps (the DCGM fields plus short names a fuzzer finds).
 const KEEP: &[&str] = &[
@@ -122,7 +122,7 @@ fn comparable(series: &[Series]) -> Comparable {
 /// Prometheus HTTP API answer: decoding and sample conversion never panic; a decoded vector keeps
 /// one sample per element; sample values as Prometheus prints them round-trip.
 pub fn prom_response(data: &[u8]) {
-    if let Ok(r) = serde_json::from_slice::<ApiResponse>(data)
+    if let Ok(r) = serde_json::from_slice::<ApiResponse<prom::QueryData>>(data)
         && let Some(d) = r.data
     {
         let expected = match &d {
@@ -135,30 +135,27 @@ pub fn prom_response(data: &[u8]) {
             assert_eq!(got, expected);
         }
     }
-    // The window's decoder (labels cut while decoding) agrees with the full decoder followed by
-    // the cut: same answers accepted, same series.
-    let full = serde_json::from_slice::<ApiResponse>(data)
-        .ok()
-        .and_then(|r| r.data)
-        .map(|d| d.into_series().map(|s| comparable(&read_labels_only(s))));
-    let window = serde_json::from_slice::<ApiResponse<prom::WindowData>>(data)
-        .ok()
-        .and_then(|r| r.data)
-        .map(|d| d.into_series().map(|s| comparable(&s)));
-    if let (Some(Ok(full)), Some(window)) = (&full, &window) {
-        assert_eq!(Some(full), window.as_ref().ok(), "window decode differs");
+    // The window decoder (labels cut while decoding, values borrowed from the body) agrees with
+    // the full decoder followed by the cut: an answer the full one reads, it reads alike, with
+    // the same series; both refuse an answer over a bound alike.
+    let full = prom::decode::query_data(data).and_then(prom::QueryData::into_series);
+    let window = prom::decode::window(data).map(|m| comparable(&m.into_series()));
+    match &full {
+        Ok(full) => {
+            let mut cut = read_labels_only(full.clone());
+            series::to_internal_fields(&mut cut);
+            assert_eq!(
+                Some(&comparable(&cut)),
+                window.as_ref().ok(),
+                "window decode differs"
+            );
+        }
+        Err(e) => assert_eq!(
+            Some(e.kind()),
+            window.as_ref().err().map(prom::PromError::kind),
+            "the window decoder refuses what the full one refuses"
+        ),
     }
-    // The live refresh's decoder (label values borrowed from the body) accepts and refuses the
-    // same answers as the window's, with the same series.
-    let borrowed = serde_json::from_slice::<ApiResponse<prom::decode::WindowAnswer>>(data)
-        .ok()
-        .and_then(|r| r.data)
-        .map(|d| d.into_matrix().map(|m| comparable(&m.into_series())));
-    let kind = |r: &Option<Result<Comparable, prom::PromError>>| {
-        r.as_ref()
-            .map(|r| r.as_ref().map_err(prom::PromError::kind).cloned())
-    };
-    assert_eq!(kind(&window), kind(&borrowed), "borrowed decode differs");
     if let Ok(s) = std::str::from_utf8(data) {
         let _ = prom::parse_value(s);
     }

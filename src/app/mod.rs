@@ -13,6 +13,7 @@ mod error;
 mod hub;
 pub mod offline;
 pub mod page;
+mod recheck;
 mod report;
 mod serve;
 mod settings;

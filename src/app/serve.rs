@@ -6,8 +6,8 @@
 //! usage refresh ──▶ latest ───┘   (own task)           └─▶ culler (own task, watch channel)
 //! ```
 //!
-//! The hub loop is `hub.rs`, the supervisor `tasks.rs`; this file wires them, runs the refresh
-//! and the culling loops and re-checks a stop before it is made.
+//! The hub loop is `hub.rs`, the supervisor `tasks.rs`, the re-check before a stop `recheck.rs`;
+//! this file wires them and runs the refresh and the culling loops.
 //!
 //! Every task is supervised — the hub, the refresh, the culler, the HTTP server, each claims
 //! watch and the culling Lease election: one that ends (or panics) before shutdown cancels the
@@ -17,7 +17,6 @@
 //! making progress, `/readyz` also while a claims watch stays broken (then
 //! `gpu_ledger_source_up{source="kubernetes"}` is 0 and culling is held back).
 
-use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,20 +32,18 @@ use tracing::{Span, error, info, info_span, warn};
 use super::clients::{KUBE_CONNECT_TIMEOUT, KUBE_READ_TIMEOUT, kube_config, prom_client};
 use super::error::AppError;
 use super::hub::{CullInput, HUB_STALL_BOUND, Health, Hub, Refreshed, hub_loop};
+use super::recheck::{RecheckContext, query_scope};
 use super::settings::{cull_config, live_settings};
 use super::tasks::{Beat, Tasks, spawn_signal_handler};
 use crate::claims::watch::{self, Stores};
 use crate::config::ServeArgs;
-use crate::cull::actuator::RecheckError;
-use crate::cull::plan::{Action, CullPolicy};
-use crate::cull::{self, Culler};
+use crate::cull::Culler;
+use crate::cull::plan::Action;
 use crate::export::{SelfMetrics, auth, server, tls};
+use crate::ledger::Ledger;
 use crate::ledger::accounting::Snapshot;
-use crate::ledger::usage::Usage;
-use crate::ledger::{self, Ledger, Policy};
 use crate::test_hooks;
-use crate::usage::history::History;
-use crate::usage::live::{Fetched, LiveSettings, LiveUsage, Scope};
+use crate::usage::live::{Fetched, LiveUsage, Scope};
 use crate::usage::prom::{PromClient, PromError};
 
 /// Bound of the notebook-ownership step of a refresh (StatefulSet GETs, each bounded too).
@@ -494,18 +491,6 @@ async fn count_fields_missing(r: &mut RefreshLoop, scope: &Scope) {
     }
 }
 
-/// The devices this replica asks Prometheus for: all of them unsharded (or without a scope
-/// label), else those whose `label` names one of the shard's nodes or exporter pods.
-fn query_scope(stores: &Stores, (shard, total): (u32, u32), label: Option<&str>) -> Scope {
-    match label {
-        Some(label) if total > 1 => Scope::Named {
-            label: label.to_string(),
-            values: stores.shard_hostnames(shard, total),
-        },
-        _ => Scope::All,
-    }
-}
-
 /// Health of one refresh: Prometheus up, its duration, when it happened (`None`: it timed out).
 /// The kubernetes source's health is the watches' (set by the hub).
 fn record_refresh(metrics: &SelfMetrics, fetched: Option<&Fetched>, started: Instant) {
@@ -556,84 +541,6 @@ fn record_refresh(metrics: &SelfMetrics, fetched: Option<&Fetched>, started: Ins
         took_ms = started.elapsed().as_millis() as u64,
         "refreshed"
     );
-}
-
-/// What a pre-stop re-check needs besides the history of the refresh being acted on.
-struct RecheckContext {
-    client: Option<Arc<PromClient>>,
-    settings: LiveSettings,
-    stores: Stores,
-    policy: Policy,
-    cull_policy: CullPolicy,
-    shard: (u32, u32),
-    scope_label: Option<String>,
-}
-
-impl RecheckContext {
-    fn with_history(&self, history: Option<Arc<History>>) -> Rechecker<'_> {
-        Rechecker { ctx: self, history }
-    }
-}
-
-/// Re-checks a planned stop right before acting: fresh claims from the stores, a fresh
-/// Prometheus query, the same history, the same rules. Anything short of "still a candidate"
-/// cancels the stop.
-struct Rechecker<'a> {
-    ctx: &'a RecheckContext,
-    history: Option<Arc<History>>,
-}
-
-impl Rechecker<'_> {
-    fn run(&mut self, action: &Action) -> impl Future<Output = Result<bool, RecheckError>> + use<> {
-        let client = self.ctx.client.clone();
-        let mut history = self.history.as_deref().cloned();
-        let (settings, policy, cull_policy) = (
-            self.ctx.settings,
-            self.ctx.policy.clone(),
-            self.ctx.cull_policy.clone(),
-        );
-        let claims = self
-            .ctx
-            .stores
-            .claims_for(self.ctx.shard.0, self.ctx.shard.1);
-        let scope = query_scope(
-            &self.ctx.stores,
-            self.ctx.shard,
-            self.ctx.scope_label.as_deref(),
-        );
-        let Action::Stop { pod_uid, .. } = action;
-        let pod_uid = pod_uid.clone();
-        async move {
-            let Some(client) = client else {
-                return Ok(false);
-            };
-            let now = Utc::now();
-            let devices = crate::usage::live::fetch_window_in(
-                &client,
-                &settings,
-                &scope,
-                history.as_mut(),
-                now,
-            )
-            .await?;
-            let ledger = ledger::build(
-                &claims,
-                &Usage {
-                    devices,
-                    available: true,
-                    partial: false,
-                },
-                now,
-                &policy,
-            );
-            Ok(cull::plan::still_a_stop(
-                &ledger,
-                &cull_policy,
-                now,
-                &pod_uid,
-            ))
-        }
-    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use crate::ledger::showback::{
     group_of, ksm_label,
 };
 use crate::report::showback as render;
-use crate::usage::prom::decode::{AllLabels, MatrixRow};
+use crate::usage::prom::decode::MatrixRow;
 use crate::usage::prom::queries::{CLUSTER_LABELS, clusters_of, duration};
 use crate::usage::prom::{PromClient, PromError, Sample};
 use crate::usage::series::Labels;
@@ -115,7 +115,7 @@ fn windows_for(series: usize) -> i64 {
 /// its series, each with its labels once.
 struct StepAnswer<'a> {
     windows: std::ops::Range<i64>,
-    rows: &'a [MatrixRow<AllLabels>],
+    rows: &'a [MatrixRow],
     grid: &'a Grid,
     shift: i64,
 }
@@ -963,7 +963,7 @@ mod tests {
                 "[{{\"metric\":{{\"namespace\":\"team-a\"}},\"values\":[{}]}}]",
                 values.join(",")
             );
-            serde_json::from_str::<Vec<MatrixRow<AllLabels>>>(&json).expect("rows")
+            serde_json::from_str::<Vec<MatrixRow>>(&json).expect("rows")
         };
         let mut seen = Vec::new();
         for windows in [0..5, 5..12] {

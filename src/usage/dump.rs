@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::LabelScheme;
 use super::exposition;
 use super::fields;
 use super::prom::{Selector, clusters_of};
+use super::scheme::LabelScheme;
 use super::scheme::SchemeChoice;
 use super::series::{self, Series};
 use crate::ledger::usage::{Usage, Window};
@@ -156,7 +156,7 @@ pub fn load(
     let mut parsed = read_bounded(path, settings.max_bytes, sentinel)?;
     // One device under a legacy name in one part of the dump and a DCGM 4.7 name in another (a
     // rolling exporter upgrade) reduces as one.
-    super::prom::decode::to_internal_fields(&mut parsed.series);
+    series::to_internal_fields(&mut parsed.series);
     narrow_to_one_cluster(path, &mut parsed.series, settings.selector.as_ref())?;
     let file = display_name(path);
     let mut warnings = Vec::new();

@@ -569,10 +569,89 @@ fn format_value(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::usage::{Window, Workload};
+    use crate::usage::fields;
+    use crate::usage::scheme::{LabelScheme, SchemeChoice};
+    use crate::usage::series::{MIB, reduce};
     use proptest::prelude::*;
 
     fn t0() -> DateTime<Utc> {
         DateTime::from_timestamp(1_700_000_000, 0).expect("valid")
+    }
+
+    /// The window the reduction tests below read a parsed exposition over.
+    fn reduced_window() -> Window {
+        Window {
+            length: chrono::Duration::minutes(10),
+            interval: chrono::Duration::seconds(30),
+            idle_threshold: 0.05,
+            max_staleness: chrono::Duration::minutes(2),
+        }
+    }
+
+    #[test]
+    fn mig_instances_are_separate_devices() {
+        let text = "DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"2\",Hostname=\"h\",pod=\"a\",namespace=\"ns\"} 0.8\n\
+DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"9\",Hostname=\"h\"} 0\n";
+        let p = parse(text, &[fields::GR_ENGINE_ACTIVE], t0());
+        let d = reduce(&p.series, &LabelScheme::default(), &reduced_window(), t0());
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].key.gpu_instance.as_deref(), Some("2"));
+        assert_eq!(d[0].mig_profile.as_deref(), Some("3g.40gb"));
+        assert_eq!(d[1].workloads.len(), 0);
+    }
+
+    #[test]
+    fn a_pod_named_only_by_framebuffer_series_holds_the_device() {
+        // MIG without profiling metrics: no utilisation field, FB_USED names the pod.
+        let text = "DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"7\",Hostname=\"h\",pod=\"nb-0\",namespace=\"ns\"} 4096\n\
+DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"7\",Hostname=\"h\",pod=\"nb-0\",namespace=\"ns\"} 5632\n";
+        let p = parse(text, &[fields::FB_USED], t0());
+        let d = reduce(&p.series, &LabelScheme::default(), &reduced_window(), t0());
+        assert_eq!(d.len(), 1);
+        assert_eq!(
+            d[0].workloads,
+            vec![Workload {
+                namespace: "ns".into(),
+                pod: "nb-0".into()
+            }]
+        );
+        assert_eq!(d[0].signal, None);
+        assert_eq!(d[0].utilization, None);
+        assert_eq!(d[0].memory_used_bytes, Some(4096.0 * MIB));
+    }
+
+    #[test]
+    fn legacy_and_lowercase_spellings_reduce_like_the_current_ones() {
+        let text = "dcgm_fi_prof_gr_engine_active{gpu=\"0\",uuid=\"GPU-l\",gpu_i_id=\"3\",gpu_i_profile=\"3g.40gb\",modelname=\"NVIDIA A100-SXM4-80GB\",pod_name=\"w-0\",pod_namespace=\"ml\",container_name=\"main\",pod=\"dcgm-exporter-abcde\",namespace=\"gpu-operator\"} 0.5\n";
+        let keep: Vec<&str> = fields::all_spellings().collect();
+        let p = parse(text, &keep, t0());
+        let scheme = LabelScheme::detect(
+            SchemeChoice::Auto,
+            p.series
+                .iter()
+                .flat_map(|s| s.labels.keys().map(String::as_str)),
+        );
+        let d = reduce(&p.series, &scheme, &reduced_window(), t0());
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].key.gpu_instance.as_deref(), Some("3"));
+        assert_eq!(d[0].mig_profile.as_deref(), Some("3g.40gb"));
+        assert_eq!(d[0].model.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
+        assert_eq!(d[0].utilization, Some(0.5));
+        assert_eq!(
+            d[0].workloads,
+            vec![Workload {
+                namespace: "ml".into(),
+                pod: "w-0".into()
+            }]
+        );
+        assert_eq!(
+            d[0].exporter,
+            Some(Workload {
+                namespace: "gpu-operator".into(),
+                pod: "dcgm-exporter-abcde".into()
+            })
+        );
     }
 
     #[test]

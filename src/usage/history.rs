@@ -1,7 +1,7 @@
 //! Idle history kept across refreshes, and rebuilt at bounded cost after a restart.
 //!
 //! A refresh only sees its window (minutes); "idle since" and "covered since" need hours. At
-//! start-up the live source ([`super::live::bootstrap`], the bootstrap's one home) asks
+//! start-up the live source (`live::bootstrap`, the bootstrap's one home) asks
 //! Prometheus once over the lookback, in buckets (one query, 8 s at 4,000 GPUs with half an hour
 //! of data, more with a full lookback; times err late by up to one bucket, never early), builds
 //! the history from the answer here ([`History::from_bootstrap_rows`], pure), runs it beside the
@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::LabelScheme;
 use super::prom::{FIELD_LABEL, STAT_LABEL, Sample};
+use super::scheme::LabelScheme;
 use crate::ledger::usage::{DeviceKey, DeviceUsage, Window};
 
 /// Default lookback of the start-up query.

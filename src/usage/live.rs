@@ -1,6 +1,11 @@
 //! The live usage source: raw DCGM samples from Prometheus, kept for the window, reduced by the
 //! same [`series::reduce`] as an offline dump, and folded into the idle history.
 //!
+//! Every window read goes one way: the refresh, the pre-stop re-check ([`fetch_window_in`]) and
+//! scheme detection send the same selector ([`PromClient::window`]) and decode its answer with
+//! the same decoder ([`decode::window`]); the refresh and the re-check then keep and reduce it
+//! alike ([`read_window`], [`reduce_window`]), the re-check on an empty window.
+//!
 //! The first refresh reads the whole window; every later one reads only the samples since the
 //! previous refresh (plus two sample intervals of overlap for ingestion lag, at the longest
 //! interval the held samples show and at least `--scrape-interval`; samples already held are
@@ -31,14 +36,12 @@ use tracing::{Instrument, info, info_span, warn};
 
 use std::collections::HashMap;
 
-use super::LabelScheme;
 use super::exposition::plausible_sample_ms;
 use super::fields;
 use super::history::History;
-use super::prom::client::AnswerBody;
-use super::prom::decode::WindowSeries;
-use super::prom::{PromClient, PromError, QueryStats, queries};
-use super::scheme::{READ_LABELS, SchemeChoice};
+use super::prom::decode::{self, WindowSeries};
+use super::prom::{Answered, PromClient, PromError, QueryStats, queries};
+use super::scheme::{LabelScheme, READ_LABELS, SchemeChoice};
 use super::series::{self, Labels, Series};
 use crate::ledger::usage::{DeviceUsage, Usage, Window};
 
@@ -73,17 +76,8 @@ pub struct Rejected {
     pub impossible: u64,
 }
 
-/// Drops the samples of `fresh` stamped after `now_ms` or at an impossible time, and counts them.
-fn reject_implausible(fresh: &mut [Series], now_ms: i64) -> Rejected {
-    let mut rejected = Rejected::default();
-    for s in fresh {
-        s.samples.retain(|(t, _)| rejected.plausible(*t, now_ms));
-    }
-    rejected
-}
-
-/// [`reject_implausible`] for a window answer decoded borrowing from its body (the live
-/// refresh's, [`SampleWindow::absorb_answer`]).
+/// Drops the samples of a window answer stamped after `now_ms` or at an impossible time, and
+/// counts them.
 pub fn reject_implausible_answer(fresh: &mut WindowSeries<'_>, now_ms: i64) -> Rejected {
     let mut rejected = Rejected::default();
     fresh.retain_samples(|t| rejected.plausible(t, now_ms));
@@ -314,20 +308,20 @@ async fn detect_scheme_in(
         return Ok(LabelScheme::of(choice));
     }
     // Label names only: a partial answer names the scheme as well as a complete one.
-    let recent = client
-        .window_series_in(
+    let answer = client
+        .window(
             &scope.matcher(),
             &field_names(),
             chrono::Duration::minutes(5),
             now,
         )
-        .await?
-        .value;
+        .await?;
+    let recent = decode::window(answer.value.bytes())?;
     Ok(LabelScheme::detect(
         choice,
         recent
             .iter()
-            .flat_map(|s| s.labels.keys().map(String::as_str)),
+            .flat_map(|s| s.labels.iter().map(|(name, _)| name)),
     ))
 }
 
@@ -343,7 +337,9 @@ pub async fn fetch_window(
     fetch_window_in(client, settings, &Scope::All, history, now).await
 }
 
-/// As [`fetch_window`], for the devices of `scope` only (a shard's re-check).
+/// As [`fetch_window`], for the devices of `scope` only (a shard's re-check): the refresh's
+/// path on an empty window ([`read_window`], then [`reduce_window`]), so the re-check reads,
+/// keeps and reduces what a refresh would.
 pub async fn fetch_window_in(
     client: &PromClient,
     settings: &LiveSettings,
@@ -355,24 +351,61 @@ pub async fn fetch_window_in(
     if scope.is_empty() {
         return Ok(Vec::new());
     }
-    let mut fresh = client
-        .window_series_in(&scope.matcher(), &field_names(), window.length, now)
+    let mut held = SampleWindow::default();
+    read_window(client, scope, &window, window.length, now, &mut held)
         .await?
         .complete()?;
-    // Nothing is held here, but the re-check reads what a refresh would: the same samples.
-    reject_implausible(&mut fresh, now.timestamp_millis());
-    one_cluster(fresh.iter().map(|s| &*s.labels))?;
-    let scheme = LabelScheme::detect(
-        settings.scheme,
-        fresh
-            .iter()
-            .flat_map(|s| s.labels.keys().map(String::as_str)),
-    );
-    let mut devices = series::reduce(&fresh, &scheme, &window, now);
+    let mut devices = reduce_window(&held, settings, now)?;
     if let Some(h) = history {
         h.merge(&mut devices, &window, settings.min_coverage, now);
     }
     Ok(devices)
+}
+
+/// One read of the window's selector narrowed by `scope`, over `range` at `now`, folded into
+/// `held`: the answer decoded by the one window decoder ([`decode::window`], label values
+/// borrowed from the body), its implausible samples dropped ([`reject_implausible_answer`]),
+/// the rest absorbed ([`SampleWindow::absorb_answer`]; samples older than the window forgotten).
+/// What was dropped, with the answer's warnings (a partial answer is absorbed all the same).
+async fn read_window(
+    client: &PromClient,
+    scope: &Scope,
+    window: &Window,
+    range: chrono::Duration,
+    now: DateTime<Utc>,
+    held: &mut SampleWindow,
+) -> Result<Answered<Rejected>, PromError> {
+    let answer = client
+        .window(&scope.matcher(), &field_names(), range, now)
+        .await?;
+    let mut fresh = decode::window(answer.value.bytes())?;
+    let rejected = reject_implausible_answer(&mut fresh, now.timestamp_millis());
+    let keep_after = now
+        .timestamp_millis()
+        .saturating_sub(window.length.num_milliseconds());
+    held.absorb_answer(&fresh, keep_after);
+    Ok(Answered {
+        value: rejected,
+        warnings: answer.warnings,
+    })
+}
+
+/// The devices `held` shows at `now`: refused when its series come from several clusters
+/// ([`one_cluster`]), else reduced by [`series::reduce`] under the label scheme they show (or
+/// the configured one).
+fn reduce_window(
+    held: &SampleWindow,
+    settings: &LiveSettings,
+    now: DateTime<Utc>,
+) -> Result<Vec<DeviceUsage>, PromError> {
+    one_cluster(held.label_sets())?;
+    let scheme = LabelScheme::detect(settings.scheme, held.label_names());
+    Ok(series::reduce(
+        held.series(),
+        &scheme,
+        &settings.window,
+        now,
+    ))
 }
 
 /// Refuses series of several clusters (a shared Thanos, Mimir or VictoriaMetrics without
@@ -537,33 +570,6 @@ impl LiveUsage {
         self.scope = scope;
     }
 
-    /// Decodes a window answer borrowing its labels from `body` and folds its samples into the
-    /// window (an owned label map only for a series not held yet); whether the answer was
-    /// partial, and the samples dropped as implausible.
-    fn absorb_body(
-        &mut self,
-        client: &PromClient,
-        body: &AnswerBody,
-        now: DateTime<Utc>,
-    ) -> Result<(bool, Rejected), PromError> {
-        let answer = client.decode_window(body)?;
-        let partial = answer.is_partial();
-        let mut fresh = answer.value;
-        let rejected = reject_implausible_answer(&mut fresh, now.timestamp_millis());
-        if rejected != Rejected::default() {
-            warn!(
-                future = rejected.future,
-                impossible = rejected.impossible,
-                "ignored prometheus samples stamped after the query time or at an impossible time"
-            );
-        }
-        let keep_after = now
-            .timestamp_millis()
-            .saturating_sub(self.settings.window.length.num_milliseconds());
-        self.samples.absorb_answer(&fresh, keep_after);
-        Ok((partial, rejected))
-    }
-
     /// Says once when a named scope finds no series: the label names neither the nodes nor the
     /// exporter pods (`--shard-query-scope` then needs another label, or `none`).
     fn warn_if_scope_unmatched(&mut self) {
@@ -710,32 +716,39 @@ impl LiveUsage {
             };
         }
         let started = std::time::Instant::now();
-        let answer = match client
-            .window_body(&self.scope.matcher(), &field_names(), range, now)
-            .await
-        {
-            Ok(body) => self.absorb_body(&client, &body, now),
-            Err(e) => Err(e),
-        };
+        let answer =
+            read_window(&client, &self.scope, &window, range, now, &mut self.samples).await;
         let stats = QueryStats {
             queries: 1,
             duration: started.elapsed(),
             warnings: client.take_warnings(),
         };
         match answer {
-            Ok((partial, rejected)) => {
-                self.warn_if_scope_unmatched();
-                if let Err(e) = one_cluster(self.samples.label_sets()) {
-                    // Nothing of a mixed answer is kept: the next refresh reads the window anew.
-                    self.samples = SampleWindow::default();
-                    self.fetched_at = None;
-                    return Fetched {
-                        usage: Usage::default(),
-                        stats,
-                        error: Some(e),
-                        rejected,
-                    };
+            Ok(answer) => {
+                let (partial, rejected) = (answer.is_partial(), answer.value);
+                if rejected != Rejected::default() {
+                    warn!(
+                        future = rejected.future,
+                        impossible = rejected.impossible,
+                        "ignored prometheus samples stamped after the query time or at an impossible time"
+                    );
                 }
+                self.warn_if_scope_unmatched();
+                let mut devices = match reduce_window(&self.samples, &self.settings, now) {
+                    Ok(devices) => devices,
+                    Err(e) => {
+                        // Nothing of a mixed answer is kept: the next refresh reads the window
+                        // anew.
+                        self.samples = SampleWindow::default();
+                        self.fetched_at = None;
+                        return Fetched {
+                            usage: Usage::default(),
+                            stats,
+                            error: Some(e),
+                            rejected,
+                        };
+                    }
+                };
                 if one_shot {
                     self.history = Some(
                         bootstrap_history(
@@ -747,8 +760,6 @@ impl LiveUsage {
                         .await,
                     );
                 }
-                let scheme = LabelScheme::detect(self.settings.scheme, self.samples.label_names());
-                let mut devices = series::reduce(self.samples.series(), &scheme, &window, now);
                 if partial {
                     self.samples = SampleWindow::default();
                     self.fetched_at = None;
@@ -820,14 +831,7 @@ mod tests {
 
     /// `body` decoded as the live refresh decodes it, borrowing from it.
     fn decoded(body: &str) -> WindowSeries<'_> {
-        serde_json::from_str::<
-            crate::usage::prom::ApiResponse<crate::usage::prom::decode::WindowAnswer>,
-        >(body)
-        .expect("decodes")
-        .data
-        .expect("data")
-        .into_matrix()
-        .expect("a matrix")
+        decode::window(body.as_bytes()).expect("a matrix")
     }
 
     #[test]
@@ -1051,7 +1055,6 @@ mod tests {
             ),
         ]);
         let mut fresh = decoded(&body);
-        let owned = fresh.clone().into_series();
         let rejected = reject_implausible_answer(&mut fresh, T_MS);
         assert_eq!(
             rejected,
@@ -1060,8 +1063,10 @@ mod tests {
                 impossible: 1
             }
         );
-        let mut expected = owned;
-        assert_eq!(reject_implausible(&mut expected, T_MS), rejected);
+        let expected = vec![
+            series(fields::GPU_UTIL, &labels, &[(T_MS, 2.0)]),
+            series(fields::FB_USED, &labels, &[(T_MS - 1, 4.0)]),
+        ];
         assert_eq!(fresh.into_series(), expected);
     }
 

@@ -1,8 +1,8 @@
 //! The one reduction of raw DCGM samples to per-device usage over a window.
 //!
 //! Every path feeds it the same thing — series of raw samples with their own timestamps: the
-//! live service (samples fetched from Prometheus with [`super::prom::PromClient::window_series`]
-//! and kept for the window), the offline report (an exposition dump), and the pre-stop re-check.
+//! live service (samples fetched from Prometheus with `prom::PromClient::window`, decoded by
+//! `prom::decode::window` and kept for the window), the offline report (an exposition dump), and the pre-stop re-check.
 //! So live and offline conclusions cannot drift apart.
 //!
 //! Evidence rules: a sample counts only when it is a possible reading (finite, not a DCGM blank
@@ -33,8 +33,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::LabelScheme;
 use super::fields;
+use super::scheme::LabelScheme;
 use crate::ledger::usage::{DeviceKey, DeviceUsage, OwnWindow, Signal, Window, Workload};
 
 /// Label name → value (empty values are dropped at parse time).
@@ -142,6 +142,19 @@ where
         .into_iter()
         .map(|(key, dev)| reduce_device(key, &dev, scheme, window, now_ms))
         .collect()
+}
+
+/// Renames every series of a dump to its field's internal name and converts its samples to the
+/// field's internal unit ([`fields::convert_samples`]; series of other names are left as they
+/// are), as the window decoder does for every live read (`prom::decode::window`): the offline
+/// report then reads legacy and DCGM 4.7 names alike. `capture` keeps the names it was answered
+/// with.
+pub fn to_internal_fields(series: &mut [Series]) {
+    for s in series {
+        if let Some(field) = fields::convert_samples(&s.name, &mut s.samples) {
+            field.clone_into(&mut s.name);
+        }
+    }
 }
 
 /// Splits per-process series (pod-labelled with `pod_uid` beside a pod-less device series) from
@@ -496,7 +509,6 @@ fn reduce_device(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::exposition;
 
     const T0: i64 = 1_700_000_000_000;
 
@@ -583,18 +595,6 @@ mod tests {
         )];
         let d = reduce(&s, &LabelScheme::default(), &window(), now());
         assert_eq!(d[0].utilization, None);
-    }
-
-    #[test]
-    fn mig_instances_are_separate_devices() {
-        let text = "DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"2\",Hostname=\"h\",pod=\"a\",namespace=\"ns\"} 0.8\n\
-DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"9\",Hostname=\"h\"} 0\n";
-        let p = exposition::parse(text, &[fields::GR_ENGINE_ACTIVE], now());
-        let d = reduce(&p.series, &LabelScheme::default(), &window(), now());
-        assert_eq!(d.len(), 2);
-        assert_eq!(d[0].key.gpu_instance.as_deref(), Some("2"));
-        assert_eq!(d[0].mig_profile.as_deref(), Some("3g.40gb"));
-        assert_eq!(d[1].workloads.len(), 0);
     }
 
     #[test]
@@ -724,59 +724,6 @@ DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=
             n.coverage
         );
         assert_eq!(n.peak, Some(0.0));
-    }
-
-    #[test]
-    fn a_pod_named_only_by_framebuffer_series_holds_the_device() {
-        // MIG without profiling metrics: no utilisation field, FB_USED names the pod.
-        let text = "DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"7\",Hostname=\"h\",pod=\"nb-0\",namespace=\"ns\"} 4096\n\
-DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-m\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"7\",Hostname=\"h\",pod=\"nb-0\",namespace=\"ns\"} 5632\n";
-        let p = exposition::parse(text, &[fields::FB_USED], now());
-        let d = reduce(&p.series, &LabelScheme::default(), &window(), now());
-        assert_eq!(d.len(), 1);
-        assert_eq!(
-            d[0].workloads,
-            vec![Workload {
-                namespace: "ns".into(),
-                pod: "nb-0".into()
-            }]
-        );
-        assert_eq!(d[0].signal, None);
-        assert_eq!(d[0].utilization, None);
-        assert_eq!(d[0].memory_used_bytes, Some(4096.0 * MIB));
-    }
-
-    #[test]
-    fn legacy_and_lowercase_spellings_reduce_like_the_current_ones() {
-        let text = "dcgm_fi_prof_gr_engine_active{gpu=\"0\",uuid=\"GPU-l\",gpu_i_id=\"3\",gpu_i_profile=\"3g.40gb\",modelname=\"NVIDIA A100-SXM4-80GB\",pod_name=\"w-0\",pod_namespace=\"ml\",container_name=\"main\",pod=\"dcgm-exporter-abcde\",namespace=\"gpu-operator\"} 0.5\n";
-        let keep: Vec<&str> = fields::all_spellings().collect();
-        let p = exposition::parse(text, &keep, now());
-        let scheme = LabelScheme::detect(
-            crate::usage::scheme::SchemeChoice::Auto,
-            p.series
-                .iter()
-                .flat_map(|s| s.labels.keys().map(String::as_str)),
-        );
-        let d = reduce(&p.series, &scheme, &window(), now());
-        assert_eq!(d.len(), 1);
-        assert_eq!(d[0].key.gpu_instance.as_deref(), Some("3"));
-        assert_eq!(d[0].mig_profile.as_deref(), Some("3g.40gb"));
-        assert_eq!(d[0].model.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
-        assert_eq!(d[0].utilization, Some(0.5));
-        assert_eq!(
-            d[0].workloads,
-            vec![Workload {
-                namespace: "ml".into(),
-                pod: "w-0".into()
-            }]
-        );
-        assert_eq!(
-            d[0].exporter,
-            Some(Workload {
-                namespace: "gpu-operator".into(),
-                pod: "dcgm-exporter-abcde".into()
-            })
-        );
     }
 
     #[test]

@@ -1,17 +1,20 @@
 //! The Prometheus HTTP client: connection settings, the one POST of `/api/v1/query` every
-//! question goes through (body bounded, warnings counted), and the questions gpu-ledger asks.
+//! question goes through (body bounded, envelope checked, warnings counted and returned with the
+//! body), and the questions gpu-ledger asks. It decodes no answer's `data` itself: that is
+//! [`super::decode`]'s, whose functions the typed questions here call and the live source calls
+//! on the window's answer ([`PromClient::window`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use serde::de::IgnoredAny;
 
-use super::PromError;
-use super::decode::{
-    AllLabels, ApiResponse, MAX_ANSWER_BYTES, MatrixRow, QueryData, Sample, Warnings, WindowAnswer,
-    WindowData, WindowSeries,
-};
+use super::bounds::MAX_ANSWER_BYTES;
+use super::decode::{self, MatrixRow, Sample};
+use super::envelope::{ApiResponse, Warnings};
+use super::error::PromError;
 use super::queries::{Selector, range_selector};
 use crate::usage::series::Series;
 
@@ -92,7 +95,7 @@ pub struct QueryStats {
     pub warnings: u64,
 }
 
-/// A decoded answer and the warnings Prometheus attached to it.
+/// An answer (its body, or what was decoded from it) and the warnings Prometheus attached to it.
 #[derive(Debug)]
 pub struct Answered<T> {
     pub value: T,
@@ -113,16 +116,10 @@ impl<T> Answered<T> {
         }
         Ok(self.value)
     }
-
-    fn map<U>(self, f: impl FnOnce(T) -> Result<U, PromError>) -> Result<Answered<U>, PromError> {
-        Ok(Answered {
-            value: f(self.value)?,
-            warnings: self.warnings,
-        })
-    }
 }
 
-/// An answer's body as read, before decoding (decoders may borrow from it).
+/// An answer's body as read, its envelope checked ([`PromClient::window`]); the decoders of
+/// [`super::decode`] read its `data`, borrowing from it.
 #[derive(Debug)]
 pub struct AnswerBody {
     status: u16,
@@ -138,6 +135,11 @@ const MAX_CONTENT_TYPE_CHARS: usize = 80;
 const MAX_BODY_EXCERPT_CHARS: usize = 60;
 
 impl AnswerBody {
+    /// The body's bytes, for [`super::decode`].
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// "content type text/html, body starts \"<!DOCTYPE html> <html>…\"": control characters
     /// and runs of whitespace become one space, the text is cut and quoted with escapes.
     fn describe(&self) -> String {
@@ -280,28 +282,25 @@ impl PromClient {
         at: DateTime<Utc>,
         timeout: Option<Duration>,
     ) -> Result<Vec<Sample>, PromError> {
-        self.query_data::<QueryData>(token, query, at, timeout)
-            .await?
-            .complete()?
-            .into_samples()
+        let body = self.ask(token, query, at, timeout).await?.complete()?;
+        decode::query_data(&body.bytes)?.into_samples()
     }
 
-    /// One instant query (POST form `query`, `time`), its answer's `data` and warnings (counted
-    /// and logged here). The body is read up to [`MAX_ANSWER_BYTES`] and decoded in one pass
-    /// that refuses an answer over a bound before copying the offending part out of the body.
-    async fn query_data<D: serde::de::DeserializeOwned>(
+    /// One instant query (POST form `query`, `time`): its body, read up to [`MAX_ANSWER_BYTES`],
+    /// with its envelope checked and its warnings (counted and logged here, [`Self::envelope`]).
+    async fn ask(
         &self,
         token: Option<&str>,
         query: &str,
         at: DateTime<Utc>,
         timeout: Option<Duration>,
-    ) -> Result<Answered<D>, PromError> {
+    ) -> Result<Answered<AnswerBody>, PromError> {
         let body = self.answer_body(token, query, at, timeout).await?;
-        self.decode(&body)
+        self.envelope(body)
     }
 
     /// The body of an answer to one instant query (POST form `query`, `time`), read up to
-    /// [`MAX_ANSWER_BYTES`]; [`Self::decode`] reads it.
+    /// [`MAX_ANSWER_BYTES`]; [`Self::envelope`] reads it.
     async fn answer_body(
         &self,
         token: Option<&str>,
@@ -355,14 +354,11 @@ impl PromClient {
         })
     }
 
-    /// An answer's `data` decoded as `D` (which may borrow from `body`), and its warnings
-    /// (counted and logged here); an error status or an unsuccessful answer is an error. One
-    /// pass that refuses an answer over a bound before copying the offending part out.
-    fn decode<'de, D: serde::Deserialize<'de>>(
-        &self,
-        body: &'de AnswerBody,
-    ) -> Result<Answered<D>, PromError> {
-        let parsed: Result<ApiResponse<D>, _> = serde_json::from_slice(&body.bytes);
+    /// An answer's envelope: an error status, an unsuccessful answer or one without `data` is an
+    /// error; its warnings are counted and logged here, and returned with the body. `data` is
+    /// skipped unread (no copy, no allocation): the caller decodes it with [`super::decode`].
+    fn envelope(&self, body: AnswerBody) -> Result<Answered<AnswerBody>, PromError> {
+        let parsed: Result<ApiResponse<IgnoredAny>, _> = serde_json::from_slice(&body.bytes);
         if !(200..300).contains(&body.status) {
             return Err(match parsed {
                 Ok(r) => PromError::Status {
@@ -404,11 +400,11 @@ impl PromClient {
                 "prometheus answered partially; nothing in this answer is proof of idleness"
             );
         }
-        let value = r
-            .data
-            .ok_or_else(|| PromError::Unexpected("success without data".into()))?;
+        if r.data.is_none() {
+            return Err(PromError::Unexpected("success without data".into()));
+        }
         Ok(Answered {
-            value,
+            value: body,
             warnings: r.warnings,
         })
     }
@@ -422,12 +418,7 @@ impl PromClient {
         query: &str,
         at: DateTime<Utc>,
     ) -> Result<Vec<Sample>, PromError> {
-        let token = self.token()?;
-        let rows = self
-            .query_data::<QueryData>(token.as_deref(), query, at, None)
-            .await?
-            .complete()?
-            .into_rows()?;
+        let rows = self.instant_series(query, at).await?;
         Ok(rows.into_iter().flat_map(MatrixRow::into_samples).collect())
     }
 
@@ -438,12 +429,13 @@ impl PromClient {
         &self,
         query: &str,
         at: DateTime<Utc>,
-    ) -> Result<Vec<MatrixRow<AllLabels>>, PromError> {
+    ) -> Result<Vec<MatrixRow>, PromError> {
         let token = self.token()?;
-        self.query_data::<QueryData>(token.as_deref(), query, at, None)
+        let body = self
+            .ask(token.as_deref(), query, at, None)
             .await?
-            .complete()?
-            .into_rows()
+            .complete()?;
+        decode::query_data(&body.bytes)?.into_rows()
     }
 
     /// Raw samples of `fields` over `(at - range, at]`, with their own timestamps: one instant
@@ -458,41 +450,13 @@ impl PromClient {
         range: chrono::Duration,
         at: DateTime<Utc>,
     ) -> Result<Vec<Series>, PromError> {
-        self.raw_samples::<QueryData>("", fields, range, at)
+        let token = self.token()?;
+        let query = self.window_selector("", fields, range);
+        let body = self
+            .ask(token.as_deref(), &query, at, None)
             .await?
-            .complete()?
-            .into_series()
-    }
-
-    /// As [`Self::range_series`], keeping only the labels the reduction reads ([`WindowData`]):
-    /// for everything that reduces (the sample window, scheme detection, the pre-stop re-check).
-    /// `capture` uses [`Self::range_series`], which keeps them all. A partial answer is
-    /// returned with its warnings: busy samples in it are still evidence.
-    pub async fn window_series(
-        &self,
-        fields: &[&str],
-        range: chrono::Duration,
-        at: DateTime<Utc>,
-    ) -> Result<Answered<Vec<Series>>, PromError> {
-        self.window_series_in("", fields, range, at).await
-    }
-
-    /// As [`Self::window_series`], narrowed by `scope` (`,`-prefixed matchers, e.g. a shard's
-    /// [`super::queries::scope_matcher`]; empty: every device).
-    pub async fn window_series_in(
-        &self,
-        scope: &str,
-        fields: &[&str],
-        range: chrono::Duration,
-        at: DateTime<Utc>,
-    ) -> Result<Answered<Vec<Series>>, PromError> {
-        self.raw_samples::<WindowData>(scope, fields, range, at)
-            .await?
-            .map(|data| {
-                let mut series = data.into_series()?;
-                super::decode::to_internal_fields(&mut series);
-                Ok(series)
-            })
+            .complete()?;
+        decode::query_data(&body.bytes)?.into_series()
     }
 
     /// The devices with DCGM series but none under a name gpu-ledger reads, among those of
@@ -523,53 +487,55 @@ impl PromClient {
         Ok(value.round() as u64)
     }
 
-    /// The body of the answer to the window's selector narrowed by `scope` (as
-    /// [`Self::window_series_in`]), for the live refresh to decode with
-    /// [`Self::decode_window`], borrowing label values from it.
-    pub async fn window_body(
+    /// The answer to the window's selector narrowed by `scope` (`,`-prefixed matchers, e.g. a
+    /// shard's [`super::queries::scope_matcher`]; empty: every device): raw samples of `fields`
+    /// over `(at - range, at]`, with their own timestamps, one instant query of a range-vector
+    /// selector (`{__name__=~"A|B"}[range]`), the cheapest question Prometheus answers (no
+    /// evaluation per step). Every window read asks it (the refresh, the pre-stop re-check,
+    /// scheme detection) and decodes it with [`decode::window`]. A partial answer is returned
+    /// with its warnings: busy samples in it are still evidence.
+    pub async fn window(
         &self,
         scope: &str,
         fields: &[&str],
         range: chrono::Duration,
         at: DateTime<Utc>,
-    ) -> Result<AnswerBody, PromError> {
+    ) -> Result<Answered<AnswerBody>, PromError> {
         let token = self.token()?;
         let query = self.window_selector(scope, fields, range);
-        self.answer_body(token.as_deref(), &query, at, None).await
+        self.ask(token.as_deref(), &query, at, None).await
     }
 
     /// `{__name__=~"<fields>",<matchers><scope>}[range]`: the one selector every window read sends.
     fn window_selector(&self, scope: &str, fields: &[&str], range: chrono::Duration) -> String {
         range_selector(fields, &format!("{}{scope}", self.matchers), range)
     }
-
-    /// The series of a [`Self::window_body`], labels borrowed from it ([`WindowAnswer`]); a
-    /// partial answer is returned with its warnings, as by [`Self::window_series`].
-    pub fn decode_window<'de>(
-        &self,
-        body: &'de AnswerBody,
-    ) -> Result<Answered<WindowSeries<'de>>, PromError> {
-        self.decode::<WindowAnswer<'de>>(body)?
-            .map(WindowAnswer::into_matrix)
-    }
-
-    /// The answer to `{__name__=~"<fields>",<matchers><scope>}[range]` at `at`, decoded as `D`.
-    async fn raw_samples<D: serde::de::DeserializeOwned>(
-        &self,
-        scope: &str,
-        fields: &[&str],
-        range: chrono::Duration,
-        at: DateTime<Utc>,
-    ) -> Result<Answered<D>, PromError> {
-        let token = self.token()?;
-        let query = self.window_selector(scope, fields, range);
-        self.query_data(token.as_deref(), &query, at, None).await
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warnings_make_an_answer_partial() {
+        let answered = Answered {
+            value: (),
+            warnings: Warnings {
+                count: 10,
+                kept: vec!["0: www".into()],
+            },
+        };
+        assert!(answered.is_partial());
+        let err = answered.complete().expect_err("partial");
+        assert_eq!(err.kind(), "partial");
+        assert!(err.to_string().contains("10 warnings"), "{err}");
+        let complete = Answered {
+            value: (),
+            warnings: Warnings::default(),
+        };
+        assert!(!complete.is_partial());
+        assert!(complete.complete().is_ok());
+    }
 
     #[test]
     fn headers_are_validated_and_authorization_is_refused() {

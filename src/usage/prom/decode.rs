@@ -1,10 +1,10 @@
-//! Decoding of Prometheus' query answers, bounded before anything is copied out of the body
-//! (see [`super`] for the bounds): the envelope, vector and scalar answers, and ONE matrix
-//! decoder ([`MatrixRow`]) for every range-vector and subquery answer, holding either every
-//! label ([`AllLabels`]: `capture`, subqueries) or only those the reduction reads
-//! ([`ReadLabels`]: the sample window). The live refresh decodes its answer as a
-//! [`WindowAnswer`] instead: the same bounds, label values borrowed from the body, samples in
-//! one buffer, so a series the window already holds costs no allocation.
+//! Decoding of Prometheus' query answers' `data`, bounded before anything is copied out of the
+//! body (see [`super::bounds`]); the client has read the envelope ([`super::envelope`]). Two
+//! decoders: [`window`] for every read of the sample window (the refresh, the pre-stop re-check,
+//! scheme detection: [`WindowAnswer`], the read labels only, their values borrowed from the body,
+//! samples in one buffer, so a series the window already holds costs no allocation), and
+//! [`query_data`] for everything else (vector and scalar answers, subqueries, `capture`'s
+//! range-vector read: every label kept). Both refuse the same answers.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -12,138 +12,11 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::PromError;
+use super::bounds::{MAX_LABEL_BYTES, MAX_LABELS_PER_SERIES, MAX_SERIES, OVER_BOUND};
+use super::error::PromError;
 use crate::usage::fields;
 use crate::usage::scheme::READ_LABELS;
 use crate::usage::series::{Labels, Series};
-
-/// Largest answer accepted (bytes). 4,000 GPUs × 3 fields × 10 minutes of samples with full label
-/// sets is about 15 MB; an answer 20 times that size is a misconfiguration (or a hostile
-/// endpoint), not telemetry.
-pub const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
-
-/// Longest label name or value accepted (bytes). Kubernetes names are at most 253 bytes, label
-/// values 63, GPU UUIDs 40, driver versions and model names a few dozen: a longer one is not
-/// telemetry, and one 200 MiB value took `serve` to a 1.84 GB peak (issue 22). A value over it
-/// refuses the whole answer (not the series): answers are already all or nothing for a bad
-/// sample value, and a dropped series would silently hide a device.
-pub const MAX_LABEL_BYTES: usize = 4096;
-
-/// Most labels on one series. dcgm-exporter writes about 15, service discovery adds a handful;
-/// Mimir refuses to ingest more than 30 by default.
-pub const MAX_LABELS_PER_SERIES: usize = 256;
-
-/// Most series (or vector samples) in one answer. The largest cluster Kubernetes supports (5,000
-/// nodes) of 8-GPU nodes split into 7 MIG instances each has 280,000 devices: 840,000 series
-/// for the three fields read. Every series is held for the window, so more would not fit
-/// anyway; a shared Thanos answering for many clusters wants `--prometheus-selector`.
-pub const MAX_SERIES: usize = 1_000_000;
-
-/// Warnings kept per answer for the log (all are counted), and the bytes kept of each one and
-/// of an error message.
-const KEPT_WARNINGS: usize = 4;
-const MAX_MESSAGE_BYTES: usize = 512;
-
-/// Marks a decoding error as a bound being exceeded ([`PromError::TooLarge`]).
-pub(super) const OVER_BOUND: &str = "answer over gpu-ledger's bounds";
-
-/// `/api/v1/query` envelope; `data` decodes as `D` ([`QueryData`], or [`WindowData`] for the
-/// window's range-vector answers).
-/// Strings of the envelope (`status`, `errorType`, `error`, each warning) are cut to
-/// [`MAX_MESSAGE_BYTES`].
-#[derive(Debug, Clone, Deserialize)]
-pub struct ApiResponse<D = QueryData> {
-    #[serde(deserialize_with = "truncated")]
-    pub status: String,
-    #[serde(default = "none")]
-    pub data: Option<D>,
-    #[serde(default, rename = "errorType", deserialize_with = "truncated_opt")]
-    pub error_type: Option<String>,
-    #[serde(default, deserialize_with = "truncated_opt")]
-    pub error: Option<String>,
-    #[serde(default)]
-    pub warnings: Warnings,
-}
-
-/// The `warnings` of an answer: how many, and the first few, truncated.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Warnings {
-    pub count: usize,
-    /// At most [`KEPT_WARNINGS`], each at most [`MAX_MESSAGE_BYTES`].
-    pub kept: Vec<String>,
-}
-
-impl Warnings {
-    /// The first warning (truncated), or "" when there is none.
-    pub fn first(&self) -> &str {
-        self.kept.first().map_or("", String::as_str)
-    }
-}
-
-impl<'de> Deserialize<'de> for Warnings {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = Warnings;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a list of warning strings")
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Warnings, E> {
-                Ok(Warnings::default())
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Warnings, A::Error> {
-                let mut w = Warnings::default();
-                while let Some(Truncated(text)) = seq.next_element()? {
-                    w.count = w.count.saturating_add(1);
-                    if w.kept.len() < KEPT_WARNINGS {
-                        w.kept.push(text);
-                    }
-                }
-                Ok(w)
-            }
-        }
-        d.deserialize_any(Visit)
-    }
-}
-
-/// A string cut to [`MAX_MESSAGE_BYTES`] (at a character boundary) before it is copied.
-struct Truncated(String);
-
-impl<'de> Deserialize<'de> for Truncated {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl serde::de::Visitor<'_> for Visit {
-            type Value = Truncated;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Truncated, E> {
-                Ok(Truncated(truncate(v, MAX_MESSAGE_BYTES).to_string()))
-            }
-        }
-        d.deserialize_str(Visit)
-    }
-}
-
-/// The longest prefix of `s` of at most `max` bytes that ends at a character boundary.
-fn truncate(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-fn truncated<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    Truncated::deserialize(d).map(|t| t.0)
-}
-
-fn truncated_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    Option::<Truncated>::deserialize(d).map(|t| t.map(|t| t.0))
-}
 
 fn over_bound<E: serde::de::Error>(what: std::fmt::Arguments<'_>) -> E {
     E::custom(format_args!("{OVER_BOUND}: {what}"))
@@ -360,25 +233,17 @@ fn data_in_order<'de, D: serde::Deserializer<'de>, T: FromResult<'de>>(
     d.deserialize_map(Visit(std::marker::PhantomData))
 }
 
-/// `data` of a query answer; a matrix series keeps the labels `L` holds ([`AllLabels`] or
-/// [`ReadLabels`]). Values are strings (`"0.5"`, `"NaN"`, `"+Inf"`); times float seconds.
+/// `data` of a query answer, every label of a series kept. Values are strings (`"0.5"`, `"NaN"`,
+/// `"+Inf"`); times float seconds.
 #[derive(Debug, Clone)]
-pub enum QueryData<L = AllLabels> {
+pub enum QueryData {
     Vector(Vec<RawVectorSample>),
     Scalar((f64, String)),
     String((f64, String)),
-    Matrix(Vec<MatrixRow<L>>),
+    Matrix(Vec<MatrixRow>),
 }
 
-/// `data` of a range-vector answer as the sample window reads it: each series keeps only
-/// `__name__` and the labels the reduction reads ([`READ_LABELS`]); every other label, and each
-/// sample's value string, is decoded without an allocation. A profile of the live refresh put a
-/// quarter of its CPU in building full label maps that the window then cut down
-/// (docs/benchmarks.md). The decoder and its bounds are [`QueryData`]'s: both refuse the same
-/// answers.
-pub type WindowData = QueryData<ReadLabels>;
-
-impl<'de, L: RowLabels> FromResult<'de> for QueryData<L> {
+impl<'de> FromResult<'de> for QueryData {
     type Early = Box<serde_json::value::RawValue>;
     fn from_early(kind: ResultType, raw: Self::Early) -> Result<Self, serde_json::Error> {
         result_from_text(kind, raw.get())
@@ -394,7 +259,7 @@ impl<'de, L: RowLabels> FromResult<'de> for QueryData<L> {
     }
 }
 
-impl<'de, L: RowLabels> Deserialize<'de> for QueryData<L> {
+impl<'de> Deserialize<'de> for QueryData {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         data_in_order(d)
     }
@@ -409,57 +274,13 @@ pub struct RawVectorSample {
     pub value: (f64, String),
 }
 
-/// One series of a matrix answer: the labels `L` keeps, each sample's value parsed as it is
-/// read ([`parse_value`]; a bad one fails the answer).
+/// One series of a matrix answer (a subquery's, or `capture`'s range-vector read): every label,
+/// each sample's value parsed as it is read ([`parse_value`]; a bad one fails the answer).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(bound(deserialize = "L: RowLabels"))]
-pub struct MatrixRow<L> {
-    #[serde(default)]
-    metric: L,
+pub struct MatrixRow {
+    #[serde(default, deserialize_with = "bounded_labels")]
+    metric: Labels,
     values: Vec<(f64, PromValue)>,
-}
-
-fn none<D>() -> Option<D> {
-    None
-}
-
-/// The labels a [`MatrixRow`] holds.
-pub trait RowLabels: Default + for<'de> Deserialize<'de> {
-    /// The labels held, without empty values (Prometheus treats an empty label as absent).
-    fn into_labels(self) -> Labels;
-}
-
-/// Every label of a series, each name and value bounded.
-#[derive(Debug, Clone, Default)]
-pub struct AllLabels(Labels);
-
-impl<'de> Deserialize<'de> for AllLabels {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        bounded_labels(d).map(AllLabels)
-    }
-}
-
-impl RowLabels for AllLabels {
-    fn into_labels(self) -> Labels {
-        let mut labels = self.0;
-        labels.retain(|_, v| !v.is_empty());
-        labels
-    }
-}
-
-/// The labels of a series that the window keeps: `__name__` and [`READ_LABELS`], non-empty.
-#[derive(Debug, Clone, Default)]
-pub struct ReadLabels(Labels);
-
-impl<'de> Deserialize<'de> for ReadLabels {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let read = WindowLabels::deserialize(d)?;
-        let mut labels = read.to_labels();
-        if let Some(name) = read.name {
-            labels.insert(NAME_LABEL.to_string(), name.into_owned());
-        }
-        Ok(ReadLabels(labels))
-    }
 }
 
 /// A label name, resolved to its static spelling when the window keeps it (no allocation).
@@ -566,7 +387,7 @@ const INLINE_LABELS: usize = 10;
 
 /// The labels of a series that the window keeps, as decoded from the body: `__name__` and the
 /// non-empty [`READ_LABELS`], values borrowed where the JSON text allows, in name order (the
-/// order of a [`Labels`] map). The decoder behind both [`ReadLabels`] and [`WindowAnswer`].
+/// order of a [`Labels`] map), for [`WindowAnswer`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WindowLabels<'de> {
     name: Option<Cow<'de, str>>,
@@ -644,12 +465,13 @@ impl<'de> Deserialize<'de> for WindowLabels<'de> {
     }
 }
 
-/// `data` of a range-vector answer as the live refresh decodes it: the bounds and the
-/// accepted answers of [`WindowData`], but each series' labels ([`WindowLabels`]) borrowed from
-/// the body and every sample in one buffer, so decoding a series allocates nothing unless its
-/// labels are escaped or more than [`INLINE_LABELS`]. A profile at 4,000 GPUs put a quarter of
-/// the service's CPU in building owned label maps for series the window already held
-/// (docs/benchmarks.md, "Performance round 3").
+/// `data` of a range-vector answer as every window read decodes it (the refresh, the pre-stop
+/// re-check, scheme detection): each series keeps only `__name__` and the labels the reduction
+/// reads ([`READ_LABELS`]), their values borrowed from the body, and every sample goes into one
+/// buffer, so decoding a series allocates nothing unless its labels are escaped or more than
+/// [`INLINE_LABELS`]. The bounds and the accepted answers are [`QueryData`]'s: both refuse the
+/// same answers. A profile at 4,000 GPUs put a quarter of the service's CPU in building owned
+/// label maps for series the window already held (docs/benchmarks.md, "Performance round 3").
 #[derive(Debug, Clone)]
 pub struct WindowAnswer<'de> {
     /// `None` for an answer that is not a matrix (decoded and bounded, then refused by
@@ -752,7 +574,8 @@ impl<'de> WindowSeries<'de> {
         }
     }
 
-    /// The series as owned [`Series`] (what [`QueryData::into_series`] gives for [`WindowData`]).
+    /// The series as owned [`Series`]: [`QueryData::into_series`] with only the read labels kept
+    /// and the fields renamed.
     pub fn into_series(self) -> Vec<Series> {
         self.iter()
             .map(|r| Series {
@@ -775,8 +598,8 @@ impl<'de> FromResult<'de> for WindowAnswer<'de> {
                 .deserialize_seq(WindowSeriesVisit)
                 .map(|s| WindowAnswer { matrix: Some(s) });
         }
-        // Decoded (and bounded) as the owned decoders do, to refuse the same answers.
-        <QueryData<ReadLabels> as FromResult<'de>>::result(kind, d)?;
+        // Decoded (and bounded) as the owned decoder does, to refuse the same answers.
+        <QueryData as FromResult<'de>>::result(kind, d)?;
         Ok(WindowAnswer { matrix: None })
     }
 }
@@ -911,12 +734,6 @@ impl<'de> serde::de::Visitor<'de> for ValuesSeed<'_> {
     }
 }
 
-impl RowLabels for ReadLabels {
-    fn into_labels(self) -> Labels {
-        self.0
-    }
-}
-
 const NAME_LABEL: &str = "__name__";
 
 /// A decoded instant-query sample.
@@ -942,10 +759,10 @@ fn bad_value(v: &str) -> PromError {
     PromError::Unexpected(format!("bad sample value {v:?}"))
 }
 
-impl MatrixRow<AllLabels> {
+impl MatrixRow {
     /// The series' labels, every one as answered (held once for all its points).
     pub fn labels(&self) -> &Labels {
-        &self.metric.0
+        &self.metric
     }
 
     /// The series' points: (Unix seconds, value).
@@ -956,7 +773,7 @@ impl MatrixRow<AllLabels> {
     /// Every point as a [`Sample`] (Unix seconds), every label kept as answered: a subquery's
     /// series need no metric name.
     pub fn into_samples(self) -> impl Iterator<Item = Sample> {
-        let labels = self.metric.0;
+        let labels = self.metric;
         self.values.into_iter().map(move |(time, v)| Sample {
             labels: labels.clone(),
             time,
@@ -965,9 +782,9 @@ impl MatrixRow<AllLabels> {
     }
 }
 
-impl<L: RowLabels> QueryData<L> {
+impl QueryData {
     /// The series of a matrix answer; any other answer type is an error.
-    pub fn into_rows(self) -> Result<Vec<MatrixRow<L>>, PromError> {
+    pub fn into_rows(self) -> Result<Vec<MatrixRow>, PromError> {
         let Self::Matrix(rows) = self else {
             return Err(PromError::Unexpected(
                 "expected a matrix answer to a range-vector selector".into(),
@@ -976,13 +793,15 @@ impl<L: RowLabels> QueryData<L> {
         Ok(rows)
     }
 
-    /// A matrix answer as [`Series`]: named by `__name__` (taken out of the labels), the labels
-    /// `L` keeps without empty values, times in milliseconds.
+    /// A matrix answer as [`Series`]: named by `__name__` (taken out of the labels) as answered,
+    /// every label without empty values (Prometheus treats an empty label as absent), times in
+    /// milliseconds.
     pub fn into_series(self) -> Result<Vec<Series>, PromError> {
         self.into_rows()?
             .into_iter()
             .map(|row| {
-                let mut labels = row.metric.into_labels();
+                let mut labels = row.metric;
+                labels.retain(|_, v| !v.is_empty());
                 let name = labels.remove(NAME_LABEL).ok_or_else(|| {
                     PromError::Unexpected("matrix series without __name__".into())
                 })?;
@@ -1022,17 +841,32 @@ impl<L: RowLabels> QueryData<L> {
     }
 }
 
-/// Renames every series of a window read to its field's internal name and converts its samples
-/// to the field's internal unit ([`fields::convert_samples`]; series of other names are left as
-/// they are), as [`WindowAnswer::into_matrix`] does for the live refresh: the scheme detection,
-/// the pre-stop re-check and the offline dump then read legacy and DCGM 4.7 names alike.
-/// `capture` keeps the names it was answered with.
-pub fn to_internal_fields(series: &mut [Series]) {
-    for s in series {
-        if let Some(field) = fields::convert_samples(&s.name, &mut s.samples) {
-            field.clone_into(&mut s.name);
-        }
+/// The `data` of an answer's body decoded as `D` (which may borrow from the body). The client
+/// has read the envelope already (`PromClient`: status, warnings, `data`
+/// present); here only `data` is decoded, in one pass that refuses an answer over a bound before
+/// copying the offending part out of the body.
+fn data_of<'de, D: Deserialize<'de>>(body: &'de [u8]) -> Result<D, PromError> {
+    #[derive(Deserialize)]
+    struct Data<D> {
+        data: Option<D>,
     }
+    serde_json::from_slice::<Data<D>>(body)
+        .map_err(PromError::decoding)?
+        .data
+        .ok_or_else(|| PromError::Unexpected("success without data".into()))
+}
+
+/// An answer's `data`, every label kept: vector and scalar answers, subqueries, `capture`'s
+/// range-vector read.
+pub fn query_data(body: &[u8]) -> Result<QueryData, PromError> {
+    data_of(body)
+}
+
+/// The series of an answer to the window's range-vector selector, as every window read decodes
+/// it ([`WindowAnswer`]: read labels only, borrowed from `body`; fields renamed to their
+/// internal names); another answer type, or a series without `__name__`, is an error.
+pub fn window(body: &[u8]) -> Result<WindowSeries<'_>, PromError> {
+    data_of::<WindowAnswer<'_>>(body)?.into_matrix()
 }
 
 fn secs_to_ms(s: f64) -> i64 {
@@ -1042,7 +876,7 @@ fn secs_to_ms(s: f64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::prom::Answered;
+    use crate::usage::prom::envelope::ApiResponse;
 
     #[test]
     fn decodes_answers() {
@@ -1050,19 +884,19 @@ mod tests {
             {"metric":{"UUID":"GPU-a","stat":"last"},"value":[1700000000.123,"NaN"]},
             {"metric":{},"value":[1700000000,"+Inf"]},
             {"metric":{"a":"b"},"value":[1700000000,"-0"]}]}}"#;
-        let r: ApiResponse = serde_json::from_str(body).expect("decodes");
+        let r: ApiResponse<QueryData> = serde_json::from_str(body).expect("decodes");
         let s = r.data.expect("data").into_samples().expect("samples");
         assert!(s[0].value.is_nan());
         assert!((s[0].time - 1_700_000_000.123).abs() < 1e-6);
         assert!(s[1].value.is_infinite() && s[1].value > 0.0);
         assert!(s[2].value.abs() < f64::EPSILON);
-        let r: ApiResponse = serde_json::from_str(
+        let r: ApiResponse<QueryData> = serde_json::from_str(
             r#"{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}"#,
         )
         .expect("scalar");
         let v = r.data.expect("data").into_samples().expect("samples")[0].value;
         assert!((v - 2.0).abs() < f64::EPSILON);
-        let r: ApiResponse = serde_json::from_str(
+        let r: ApiResponse<QueryData> = serde_json::from_str(
             r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#,
         )
         .expect("error");
@@ -1080,9 +914,10 @@ mod tests {
 
     #[test]
     fn the_window_decoder_keeps_only_read_labels_and_agrees_with_the_full_one() {
-        let r: ApiResponse<WindowData> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
-        let window = r.data.expect("data").into_series().expect("series");
-        let r: ApiResponse = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
+        let window = window(WINDOW_ANSWER.as_bytes())
+            .expect("decodes")
+            .into_series();
+        let r: ApiResponse<QueryData> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
         let mut full = r.data.expect("data").into_series().expect("series");
         assert!(
             full[0].labels.contains_key("pci_bus_id"),
@@ -1112,59 +947,34 @@ mod tests {
     #[test]
     fn the_window_decoder_rejects_what_the_full_one_rejects() {
         let bad_value = WINDOW_ANSWER.replace(r#""42""#, r#""4x2""#);
-        let err = serde_json::from_str::<ApiResponse<WindowData>>(&bad_value)
-            .expect_err("bad value")
-            .to_string();
+        let err = window(bad_value.as_bytes()).expect_err("bad value");
+        let err = crate::telemetry::error_chain(&err);
         assert!(err.contains(r#"bad sample value "4x2""#), "{err}");
         let nameless = WINDOW_ANSWER.replace(r#""__name__":"DCGM_FI_DEV_GPU_UTIL","#, "");
-        let r: ApiResponse<WindowData> = serde_json::from_str(&nameless).expect("decodes");
-        let err = r.data.expect("data").into_series().expect_err("no name");
+        let err = window(nameless.as_bytes()).expect_err("no name");
         assert!(err.to_string().contains("without __name__"), "{err}");
         let vector = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
-        let r: ApiResponse<WindowData> = serde_json::from_str(vector).expect("decodes");
-        let err = r
-            .data
-            .expect("data")
-            .into_series()
-            .expect_err("not a matrix");
+        let err = window(vector.as_bytes()).expect_err("not a matrix");
         assert!(err.to_string().contains("expected a matrix"), "{err}");
     }
 
-    /// Decodes `body` with both label policies as `query_data` does (the same error classification).
+    /// Decodes `body` with every label kept ([`query_data`], as `capture` reads it) and as every
+    /// window read does ([`window`]: read labels only, borrowed from the body).
     fn both(
         body: &str,
     ) -> (
         Result<Vec<Series>, PromError>,
         Result<Vec<Series>, PromError>,
     ) {
-        let full = serde_json::from_str::<ApiResponse>(body)
-            .map_err(PromError::decoding)
-            .and_then(|r| r.data.expect("data").into_series());
-        let window = serde_json::from_str::<ApiResponse<WindowData>>(body)
-            .map_err(PromError::decoding)
-            .and_then(|r| r.data.expect("data").into_series());
-        // The live refresh's decoder, borrowing from the body, agrees with the window's.
-        let borrowed = serde_json::from_str::<ApiResponse<WindowAnswer>>(body)
-            .map_err(PromError::decoding)
-            .and_then(|r| r.data.expect("data").into_matrix())
-            .map(WindowSeries::into_series);
-        match (&window, &borrowed) {
-            (Ok(w), Ok(b)) => assert_eq!(format!("{w:?}"), format!("{b:?}"), "{body}"),
-            (Err(w), Err(b)) => assert_eq!(
-                crate::telemetry::error_chain(w),
-                crate::telemetry::error_chain(b),
-                "{body}"
-            ),
-            (w, b) => panic!("window {w:?}, borrowed {b:?}"),
-        }
+        let full = query_data(body.as_bytes()).and_then(QueryData::into_series);
+        let window = window(body.as_bytes()).map(WindowSeries::into_series);
         (full, window)
     }
 
     /// The kept label values of the (first) series of `body`, as the live refresh decodes them,
     /// and whether each is borrowed from the body.
     fn borrowed_values(body: &str) -> Vec<(String, bool)> {
-        let r: ApiResponse<WindowAnswer> = serde_json::from_str(body).expect("decodes");
-        let m = r.data.expect("data").into_matrix().expect("matrix");
+        let m = window(body.as_bytes()).expect("matrix");
         m.rows[0]
             .labels
             .kept
@@ -1183,12 +993,13 @@ mod tests {
             .expect("json")
             .to_string();
         assert_eq!(borrowed_values(&sorted), values);
-        let (_, window) = both(WINDOW_ANSWER);
-        let r: ApiResponse<WindowAnswer> = serde_json::from_str(WINDOW_ANSWER).expect("decodes");
-        let m = r.data.expect("data").into_matrix().expect("matrix");
+        let (full, _) = both(WINDOW_ANSWER);
+        let mut full = full.expect("series");
+        Arc::make_mut(&mut full[0].labels).retain(|k, _| READ_LABELS.contains(&k.as_str()));
+        let m = window(WINDOW_ANSWER.as_bytes()).expect("matrix");
         let row = m.iter().next().expect("one series");
         assert_eq!(row.name, "DCGM_FI_DEV_GPU_UTIL");
-        assert_eq!(row.labels.to_labels(), *window.expect("series")[0].labels);
+        assert_eq!(row.labels.to_labels(), *full[0].labels);
         assert_eq!(row.samples[0], (1_700_000_000_000, 42.0));
     }
 
@@ -1371,7 +1182,7 @@ mod tests {
         let (full_in_order, window_in_order) = both(WINDOW_ANSWER);
         assert_eq!(format!("{full:?}"), format!("{full_in_order:?}"));
         assert_eq!(format!("{window:?}"), format!("{window_in_order:?}"));
-        let r: ApiResponse = serde_json::from_str(
+        let r: ApiResponse<QueryData> = serde_json::from_str(
             r#"{"status":"success","data":{"result":[1,"2"],"resultType":"scalar"}}"#,
         )
         .expect("scalar");
@@ -1400,44 +1211,5 @@ mod tests {
             let (full, window) = both(bad);
             assert!(full.is_err() && window.is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn warnings_are_counted_kept_truncated_and_make_an_answer_partial() {
-        let long = "w".repeat(10_000);
-        let warnings: Vec<String> = (0..10).map(|i| format!("{i}: {long}")).collect();
-        let body = format!(
-            r#"{{"status":"success","warnings":{},"data":{{"resultType":"vector","result":[]}}}}"#,
-            serde_json::to_string(&warnings).expect("json")
-        );
-        let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
-        assert_eq!(r.warnings.count, 10);
-        assert_eq!(r.warnings.kept.len(), KEPT_WARNINGS);
-        assert!(r.warnings.kept.iter().all(|w| w.len() == MAX_MESSAGE_BYTES));
-        assert!(r.warnings.first().starts_with("0: www"));
-        let answered = Answered {
-            value: (),
-            warnings: r.warnings,
-        };
-        assert!(answered.is_partial());
-        let err = answered.complete().expect_err("partial");
-        assert_eq!(err.kind(), "partial");
-        assert!(err.to_string().contains("10 warnings"), "{err}");
-        // Absent, null or empty: complete.
-        for w in ["", r#""warnings":null,"#, r#""warnings":[],"#] {
-            let body = format!(
-                r#"{{"status":"success",{w}"data":{{"resultType":"vector","result":[]}}}}"#
-            );
-            let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
-            assert_eq!(r.warnings.count, 0, "{body}");
-        }
-        // A multi-byte character is never cut in half; error texts are cut the same way.
-        assert_eq!(truncate("aé", 2), "a");
-        let body = format!(
-            r#"{{"status":"error","errorType":"bad_data","error":"{}"}}"#,
-            "é".repeat(1000)
-        );
-        let r: ApiResponse = serde_json::from_str(&body).expect("decodes");
-        assert_eq!(r.error.expect("error").len(), MAX_MESSAGE_BYTES);
     }
 }

@@ -3,8 +3,8 @@
 //! range-vector selector and the start-up history (bootstrap) query.
 
 use crate::ledger::usage::Window;
-use crate::usage::LabelScheme;
 use crate::usage::fields;
+use crate::usage::scheme::LabelScheme;
 
 /// Label added by `label_replace` to tell statistics apart in one answer.
 pub const STAT_LABEL: &str = "stat";
