@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod demand;
 pub mod lease;
 pub mod metrics;
+mod notebook_builder;
 pub mod plan;
 pub mod render;
 pub mod webhook;

@@ -7,12 +7,14 @@
 
 mod attribution;
 pub mod capacity;
+mod claim_builder;
 pub mod claims;
 mod dra;
 pub mod kueue;
 pub mod names;
 pub mod quota;
 pub mod reclaim;
+mod row_builder;
 pub mod usage;
 
 use std::collections::BTreeMap;
