@@ -230,16 +230,13 @@ fn strip(text: &str) -> String {
                 end = Some(i + 3);
             }
         }
-        match end {
-            Some(j) => {
-                let j = j.min(c.len());
-                out.extend(c[i..j].iter().map(|&ch| blank(ch)));
-                i = j;
-            }
-            None => {
-                out.push(c[i]);
-                i += 1;
-            }
+        if let Some(j) = end {
+            let j = j.min(c.len());
+            out.extend(c[i..j].iter().map(|&ch| blank(ch)));
+            i = j;
+        } else {
+            out.push(c[i]);
+            i += 1;
         }
     }
     out
@@ -490,10 +487,10 @@ fn circles(root: &str, tree: &Tree) -> Vec<String> {
     let mut edges = BTreeMap::new();
     for (file, text) in tree {
         for (line, path) in mentions(root, file, text) {
-            if let Some(target) = file_of(root, &files, &path) {
-                if target != file {
-                    edges.entry((file.as_str(), target)).or_insert(line);
-                }
+            if let Some(target) = file_of(root, &files, &path)
+                && target != file
+            {
+                edges.entry((file.as_str(), target)).or_insert(line);
             }
         }
     }
