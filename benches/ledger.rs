@@ -12,7 +12,7 @@ use chrono::{DateTime, Duration, Utc};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gpu_ledger::export::LedgerCollector;
 use gpu_ledger::ledger::accounting::Snapshot;
-use gpu_ledger::ledger::claims::{Claims, NodeInfo, PodClaim, PodPhase};
+use gpu_ledger::ledger::claims::{Claims, NodeInfo, PodClaim};
 use gpu_ledger::ledger::usage::{DeviceKey, DeviceUsage, Signal, Usage, Workload};
 use gpu_ledger::ledger::{self, Policy};
 
@@ -46,24 +46,13 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
             let ns = format!("team-{}", (n * 8 + g) % 200);
             let pod = format!("job-{n:05}-{g}");
             claims.pods.push(Arc::new(PodClaim {
-                namespace: ns.clone(),
-                name: pod.clone(),
-                uid: format!("uid-{n}-{g}"),
-                node: Some(node.clone()),
-                phase: PodPhase::Running,
-                created_at: Some(now() - Duration::hours(5)),
                 started_at: Some(now() - Duration::hours(5)),
                 ready_since: Some(now() - Duration::hours(5)),
-                deletion: None,
-                resources: BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
-                controller: None,
-                unschedulable_message: None,
-                labels: BTreeMap::new(),
-                resource_claims: Vec::new(),
-                placement: gpu_ledger::ledger::claims::Placement::default(),
-                scheduling_gates: Vec::new(),
-                finalizers: Vec::new(),
-                workload_refs: gpu_ledger::ledger::kueue::WorkloadRefs::default(),
+                ..PodClaim::new(ns.clone(), pod.clone())
+                    .with_uid(format!("uid-{n}-{g}"))
+                    .running_on(node.clone())
+                    .created(now() - Duration::hours(5))
+                    .claiming("nvidia.com/gpu", 1)
             }));
             let util = if g % 3 == 0 { 0.0 } else { 0.7 };
             devices.push(DeviceUsage {

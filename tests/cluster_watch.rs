@@ -54,13 +54,8 @@ fn notebook_ar() -> ApiResource {
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tier_a_watches_follow_objects_with_least_privilege() {
-    let cp = ControlPlane::start(Tier::A)
-        .await
-        .expect("tier A control plane");
-    let admin = cp.client("admin").await.expect("admin");
+    let (cp, admin) = support::tier_a_watching("team-ml").await;
     cp.install_notebook_crd().await.expect("notebook CRD");
-    grant_shipped_read_only(&admin).await;
-    namespace(&admin, "team-ml", &[]).await;
     cp.add_node(&GpuNode::new("gpu-1", 2)).await.expect("node");
 
     let (stores, cancel, tracker) = start_watches(&cp).await;
@@ -411,10 +406,7 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
 /// notebook (discovery ran once at start-up before: it never did), and the note is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tier_a_serve_finds_kubeflow_installed_after_start_up() {
-    let cp = ControlPlane::start(Tier::A)
-        .await
-        .expect("tier A control plane");
-    let admin = cp.client("admin").await.expect("admin");
+    let (cp, admin) = support::tier_a().await;
     cp.add_gpu_node("gpu-1", 1, &[]).await.expect("node");
     let port = gpu_ledger_testkit::util::free_port().expect("port");
     let url = format!("http://127.0.0.1:{port}");

@@ -18,11 +18,8 @@ mod support;
 use std::time::Duration;
 
 use gpu_ledger_testkit::GpuNode;
-use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, Notebook, STOP_ANNOTATION, metric_value, notebook_resource,
-};
-use kube::api::{Api, DynamicObject};
-use support::{CULLING_RBAC, eventually};
+use gpu_ledger_testkit::stack::{GpuLedgerProcess, Notebook, metric_value};
+use support::{CULLING_RBAC, eventually, notebook_stopped};
 
 /// Sorts before [`ALLOWED_NS`]: on equal idle time the plan still picks the forbidden one first.
 const FORBIDDEN_NS: &str = "cull-a";
@@ -36,16 +33,6 @@ const WAIT: Duration = Duration::from_secs(120);
 
 async fn metric(gl: &GpuLedgerProcess, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
     metric_value(&gl.metrics_text().await.ok()?, family, labels)
-}
-
-async fn stopped(admin: &kube::Client, ns: &str, name: &str) -> bool {
-    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, &notebook_resource());
-    api.get(name)
-        .await
-        .expect("get notebook")
-        .metadata
-        .annotations
-        .is_some_and(|a| a.contains_key(STOP_ANNOTATION))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,7 +86,7 @@ async fn a_forbidden_notebook_backs_off_and_the_allowed_one_is_stopped() {
             .then_some(())
     })
     .await;
-    assert!(!stopped(&admin, FORBIDDEN_NS, "forbidden-nb").await);
+    assert!(!notebook_stopped(&admin, FORBIDDEN_NS, "forbidden-nb").await);
 
     let allowed = Notebook::new(ALLOWED_NS, "allowed-nb").node("n2");
     stack.create_notebook(&allowed).await.expect("notebook");
@@ -111,13 +98,13 @@ async fn a_forbidden_notebook_backs_off_and_the_allowed_one_is_stopped() {
     // Within a few cycles of becoming a candidate, allowed-nb gets the one slot of a cycle in
     // which forbidden-nb sits out.
     eventually("allowed-nb stopped", WAIT, || async {
-        stopped(&admin, ALLOWED_NS, "allowed-nb")
+        notebook_stopped(&admin, ALLOWED_NS, "allowed-nb")
             .await
             .then_some(())
     })
     .await;
     assert!(
-        !stopped(&admin, FORBIDDEN_NS, "forbidden-nb").await,
+        !notebook_stopped(&admin, FORBIDDEN_NS, "forbidden-nb").await,
         "RBAC refuses forbidden-nb's stop"
     );
     let backoff_skips = metric(&gl, "gpu_ledger_cull_skips_total", &[("reason", "backoff")])

@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use anyhow::{Context, Result, bail, ensure};
+use gpu_ledger_testkit::ControlPlane;
 use gpu_ledger_testkit::process::run;
-use gpu_ledger_testkit::{ControlPlane, Tier};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
@@ -1630,7 +1630,7 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
         ],
     )?;
 
-    let cp = ControlPlane::start(Tier::A).await?;
+    let (cp, _admin) = support::tier_a().await;
     install_fixture_crds(&cp).await?;
     for ns in [NS, on_ns, "gl-shard", "gl-ns"] {
         create_restricted_namespace(&cp, ns)?;
@@ -1736,7 +1736,7 @@ async fn helm_chart_installs_on_real_apiserver_with_rbac_matrix() -> Result<()> 
 async fn kustomize_installs_on_real_apiserver() -> Result<()> {
     let base = kustomize("deploy/kustomize/base")?;
     let overlay = kustomize("deploy/kustomize/overlays/culling")?;
-    let cp = ControlPlane::start(Tier::A).await?;
+    let (cp, _admin) = support::tier_a().await;
     // `kubectl auth can-i` resolves notebooks.kubeflow.org through discovery.
     cp.install_notebook_crd().await?;
     // The base carries its own Namespace (restricted); the dry-run of namespaced objects needs

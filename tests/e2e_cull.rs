@@ -33,16 +33,16 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, LEDGER_NAMESPACE, Notebook, STOP_ANNOTATION, metric_value, notebook_resource,
+    GpuLedgerProcess, LEDGER_NAMESPACE, Notebook, STOP_ANNOTATION, metric_value,
     spawn_notebook_stop_rule,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::Value;
-use support::{CULLING_RBAC, eventually};
+use support::{CULLING_RBAC, eventually, notebook_annotations};
 
 const NS: &str = "team-ml";
 const DRY_NS: &str = "team-dry";
@@ -52,20 +52,6 @@ const LEASE: &str = "gpu-ledger";
 /// The kill-switch ConfigMap the shipped culling RBAC may read (in [`LEDGER_NAMESPACE`]).
 const KILL_SWITCH: &str = "gpu-ledger-cull";
 const CULL_TIMINGS: [&str; 4] = ["--cull-idle-after", "15s", "--cull-min-runtime", "5s"];
-
-async fn annotations(
-    admin: &kube::Client,
-    ns: &str,
-    name: &str,
-) -> std::collections::BTreeMap<String, String> {
-    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, &notebook_resource());
-    api.get(name)
-        .await
-        .expect("get notebook")
-        .metadata
-        .annotations
-        .unwrap_or_default()
-}
 
 async fn events(admin: &kube::Client, ns: &str, notebook: &str, reason: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(admin.clone(), ns);
@@ -93,7 +79,7 @@ async fn ledger_row(gl: &GpuLedgerProcess, ns: &str, pod: &str) -> Option<Value>
 /// Asserts none of `notebooks` (in `ns`) carries the stop annotation or a stop Event.
 async fn assert_not_stopped(admin: &kube::Client, ns: &str, notebooks: &[&str], when: &str) {
     for nb in notebooks {
-        let a = annotations(admin, ns, nb).await;
+        let a = notebook_annotations(admin, ns, nb).await;
         assert!(
             !a.contains_key(STOP_ANNOTATION),
             "{ns}/{nb} must not be stopped ({when}): {a:?}"
@@ -226,7 +212,7 @@ async fn culling_end_to_end() {
 
     // The idle notebook is stopped, once, by the leader.
     let ann = eventually("idle-nb stopped", Duration::from_secs(90), || async {
-        let a = annotations(&admin, NS, "idle-nb").await;
+        let a = notebook_annotations(&admin, NS, "idle-nb").await;
         a.contains_key(STOP_ANNOTATION).then_some(a)
     })
     .await;
@@ -353,7 +339,7 @@ async fn culling_end_to_end() {
         .map(|v| v > 0.0),
         Some(true)
     );
-    let dry_ann = annotations(&admin, DRY_NS, "dry-nb").await;
+    let dry_ann = notebook_annotations(&admin, DRY_NS, "dry-nb").await;
     assert!(
         !dry_ann
             .keys()
@@ -484,7 +470,7 @@ async fn culling_end_to_end() {
 
 /// The notice annotation's due time, once the notebook has one.
 async fn notice_due(admin: &kube::Client, nb: &str) -> Option<DateTime<Utc>> {
-    let a = annotations(admin, NS, nb).await;
+    let a = notebook_annotations(admin, NS, nb).await;
     let due = DateTime::parse_from_rfc3339(a.get(NOTICE_ANNOTATION)?).expect("RFC 3339 notice");
     assert!(
         !a.contains_key(STOP_ANNOTATION),
@@ -562,7 +548,7 @@ async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
         "{note}"
     );
     let ann = eventually("notice-nb stopped", Duration::from_secs(120), || async {
-        let a = annotations(&admin, NS, "notice-nb").await;
+        let a = notebook_annotations(&admin, NS, "notice-nb").await;
         if a.contains_key(STOP_ANNOTATION) {
             assert!(
                 Utc::now() >= due,
@@ -585,7 +571,7 @@ async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
 
     // The snooze cancelled snooze-nb's notice, with a Normal Event, and it is not stopped.
     eventually("snooze-nb notice removed", WAIT, || async {
-        (!annotations(&admin, NS, "snooze-nb")
+        (!notebook_annotations(&admin, NS, "snooze-nb")
             .await
             .contains_key(NOTICE_ANNOTATION))
         .then_some(())

@@ -19,12 +19,12 @@ use std::time::Duration;
 use gpu_ledger_testkit::dra::{self, ClaimSource, NvidiaSlice};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::stack::{
-    Notebook, STOP_ANNOTATION, gpu_pod, metric_value, notebook_resource, spawn_notebook_stop_rule,
+    Notebook, STOP_ANNOTATION, gpu_pod, metric_value, spawn_notebook_stop_rule,
 };
-use gpu_ledger_testkit::{ControlPlane, GpuNode, Tier, TierBOptions};
+use gpu_ledger_testkit::{ControlPlane, GpuNode, TierBOptions};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{Grants, READ_ONLY_RBAC, eventually, pinned, tier_b_with};
 
@@ -489,12 +489,10 @@ async fn dra_claims_end_to_end() {
     })
     .await;
     assert_eq!(nb["resources"], json!({"dra:gpu.nvidia.com": 1}), "{nb}");
-    let notebooks: Api<DynamicObject> =
-        Api::namespaced_with(admin.clone(), NB_NS, &notebook_resource());
     eventually("dra-nb stopped", WAIT, || async {
-        let n = notebooks.get("dra-nb").await.ok()?;
-        n.metadata
-            .annotations?
+        support::try_notebook_annotations(&admin, NB_NS, "dra-nb")
+            .await
+            .ok()?
             .contains_key(STOP_ANNOTATION)
             .then_some(())
     })
@@ -564,12 +562,7 @@ impl Drop for AbortOnDrop {
 /// logs that DRA accounting is off, exports `gpu_ledger_dra_enabled 0` and accounts the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dra_group_not_served() {
-    let cp = ControlPlane::start(Tier::A)
-        .await
-        .expect("tier A control plane");
-    let admin = cp.client("admin").await.expect("admin");
-    support::grant_shipped_read_only(&admin).await;
-    support::namespace(&admin, NS, &[]).await;
+    let (cp, admin) = support::tier_a_watching(NS).await;
     cp.add_node(&GpuNode::new("gpu-1", 1)).await.expect("node");
     Api::<Pod>::namespaced(admin.clone(), NS)
         .create(

@@ -33,12 +33,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, Notebook, STOP_ANNOTATION, Stack, metric_value, notebook_resource,
-    spawn_notebook_stop_rule,
+    GpuLedgerProcess, Notebook, STOP_ANNOTATION, Stack, metric_value, spawn_notebook_stop_rule,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use support::eventually;
 
 const NS: &str = "team-ml";
@@ -47,24 +46,12 @@ const TRIALS: &str = "trials";
 const WAIT: Duration = Duration::from_secs(120);
 
 async fn stopped(admin: &kube::Client, name: &str) -> bool {
-    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &notebook_resource());
-    api.get(name)
-        .await
-        .expect("get notebook")
-        .metadata
-        .annotations
-        .unwrap_or_default()
-        .contains_key(STOP_ANNOTATION)
+    support::notebook_stopped(admin, NS, name).await
 }
 
 async fn annotation(admin: &kube::Client, name: &str, key: &str) -> Option<String> {
-    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &notebook_resource());
-    api.get(name)
+    support::notebook_annotations(admin, NS, name)
         .await
-        .expect("get notebook")
-        .metadata
-        .annotations
-        .unwrap_or_default()
         .remove(key)
 }
 

@@ -7,11 +7,13 @@
 //! `nb-old` — the control that shows a stop can be planned here at all — is stopped; and a
 //! `capture` of the same instant, reported offline, must say the same.
 
+mod support;
+
 use std::process::Command;
 
 use chrono::{DateTime, Utc};
 use gpu_ledger_testkit::stack::Notebook;
-use gpu_ledger_testkit::{ControlPlane, GpuNode, Prometheus, Tier};
+use gpu_ledger_testkit::{GpuNode, Prometheus};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -176,11 +178,8 @@ async fn five_second_scrapes_over_143_seconds_plan_no_ten_minute_stop() {
         .await
         .expect("a real Prometheus (apt-get install prometheus)");
 
-    let cp = ControlPlane::start(Tier::A)
-        .await
-        .expect("control plane (run scripts/build-test-cluster.sh if binaries are missing)");
+    let (cp, admin) = support::tier_a().await;
     cp.install_notebook_crd().await.expect("notebook CRD");
-    let admin = cp.client("admin").await.expect("admin client");
     for (node, nb) in [("gpu-node-1", "nb-new"), ("gpu-node-2", "nb-old")] {
         cp.add_node(&GpuNode::new(node, 1)).await.expect("node");
         let nb = Notebook::new(NS, nb).node(node);

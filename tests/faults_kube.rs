@@ -48,9 +48,8 @@ use gpu_ledger::claims::watch::{self, Stores, WatchConfig};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::stack::{
     LEDGER_NAMESPACE, LedgerOptions, Notebook, STOP_ANNOTATION, apply_rbac, metric_value,
-    notebook_resource,
 };
-use gpu_ledger_testkit::{ControlPlane, Fault, FaultProxy, GpuNode, Rule, Tier};
+use gpu_ledger_testkit::{ControlPlane, Fault, FaultProxy, GpuNode, Rule};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{
@@ -271,12 +270,7 @@ fn pid_of(cp: &ControlPlane, component: &str) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apiserver_restart_with_etcd_kept_converges_exactly() {
     let started = Instant::now();
-    let cp = ControlPlane::start(Tier::A)
-        .await
-        .expect("tier A control plane");
-    let admin = cp.client("admin").await.expect("admin client");
-    grant_shipped_read_only(&admin).await;
-    namespace(&admin, "restart", &[]).await;
+    let (cp, admin) = support::tier_a_watching("restart").await;
     create_pods(&admin, "restart", names("before", 0..10)).await;
 
     let w = Watches::start(
@@ -418,12 +412,7 @@ async fn client_via(cp: &ControlPlane, user: &str, port: u16) -> kube::Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gone_after_compaction_relists_and_prunes() {
     let started = Instant::now();
-    let cp = ControlPlane::start(Tier::A)
-        .await
-        .expect("tier A control plane");
-    let admin = cp.client("admin").await.expect("admin client");
-    grant_shipped_read_only(&admin).await;
-    namespace(&admin, "gone", &[]).await;
+    let (cp, admin) = support::tier_a_watching("gone").await;
     create_pods(&admin, "gone", names("old", 0..20)).await;
 
     let api_port = cp.port("kube-apiserver").expect("apiserver port");
@@ -1228,16 +1217,8 @@ async fn broken_pods_watch_is_visible_and_holds_culling_back() {
         },
     )
     .await;
-    let notebooks: Api<DynamicObject> =
-        Api::namespaced_with(admin.clone(), NS, &notebook_resource());
     for _ in 0..10 {
-        let a = notebooks
-            .get("idle-nb")
-            .await
-            .expect("notebook")
-            .metadata
-            .annotations
-            .unwrap_or_default();
+        let a = support::notebook_annotations(&admin, NS, "idle-nb").await;
         assert!(
             !a.contains_key(STOP_ANNOTATION),
             "stopped on a stale store: {a:?}"
@@ -1270,8 +1251,11 @@ async fn broken_pods_watch_is_visible_and_holds_culling_back() {
     )
     .await;
     eventually("idle-nb stopped once the store is fresh", WAIT, || async {
-        let a = notebooks.get("idle-nb").await.ok()?.metadata.annotations?;
-        a.contains_key(STOP_ANNOTATION).then_some(())
+        support::try_notebook_annotations(&admin, NS, "idle-nb")
+            .await
+            .ok()?
+            .contains_key(STOP_ANNOTATION)
+            .then_some(())
     })
     .await;
     eprintln!(

@@ -17,10 +17,8 @@ use std::time::Duration;
 
 use gpu_ledger_testkit::GpuNode;
 use gpu_ledger_testkit::stack::{
-    GpuLedgerProcess, Notebook, STOP_ANNOTATION, metric_value, notebook_resource,
-    spawn_notebook_stop_rule,
+    GpuLedgerProcess, Notebook, metric_value, spawn_notebook_stop_rule,
 };
-use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 use support::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -175,14 +173,7 @@ async fn row(gl: &GpuLedgerProcess, pod: &str) -> Option<Value> {
 }
 
 async fn stopped(admin: &kube::Client, name: &str) -> bool {
-    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &notebook_resource());
-    api.get(name)
-        .await
-        .expect("get notebook")
-        .metadata
-        .annotations
-        .unwrap_or_default()
-        .contains_key(STOP_ANNOTATION)
+    support::notebook_stopped(admin, NS, name).await
 }
 
 /// While Prometheus misbehaves: allocation flows, utilisation unknown, source down, ready, no stop.

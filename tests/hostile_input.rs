@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use gpu_ledger::export::render_snapshot;
 use gpu_ledger::ledger::accounting::Snapshot;
 use gpu_ledger::ledger::{
-    Attribution, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState, UnclaimedBusy,
+    Attribution, Ledger, NamespaceRow, NodeRow, PodRow, PodState, UnclaimedBusy,
 };
 use gpu_ledger::report::html::{PageOptions, render_page};
 use gpu_ledger::report::{render_json, render_table};
@@ -64,32 +64,22 @@ fn hostile() -> Vec<String> {
 
 fn pod(i: usize, ns: &str, name: &str, extra: &str) -> PodRow {
     let pending = !i.is_multiple_of(2);
+    let state = if pending {
+        PodState::Pending
+    } else {
+        PodState::Running
+    };
     PodRow {
-        node: Some(format!("node-{extra}")),
-        state: if pending {
-            PodState::Pending
-        } else {
-            PodState::Running
-        },
-        gpus: 1.0,
-        resources: [("nvidia.com/gpu".to_string(), 1)].into(),
-        gpus_by_resource: vec![("nvidia.com/gpu".to_string(), 1.0)],
-        attribution: Attribution::Exclusive,
-        utilization: Some(0.25),
-        idle: Some(false),
-        idle_seconds: Some(0.0),
         pending_seconds: pending.then_some(60.0),
         notebook: Some(format!("nb-{extra}")),
-        owner: Some(Owner {
-            kind: "StatefulSet".into(),
-            name: format!("owner-{extra}"),
-        }),
         pending_reason: pending.then(|| format!("reason {extra}")),
-        evidence: Evidence {
-            uid: format!("uid-{i}"),
-            ..Evidence::default()
-        },
         ..PodRow::new(ns, name)
+            .placed(Some(&format!("node-{extra}")), state)
+            .holding("nvidia.com/gpu", 1)
+            .attributed(Attribution::Exclusive)
+            .busy_at(0.25)
+            .owned_by("StatefulSet", format!("owner-{extra}"))
+            .with_uid(format!("uid-{i}"))
     }
 }
 

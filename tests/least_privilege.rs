@@ -33,7 +33,7 @@ use gpu_ledger_testkit::process::run_ok;
 use gpu_ledger_testkit::stack::{
     LEDGER_NAMESPACE, Notebook, STOP_ANNOTATION, Stack, notebook_resource,
 };
-use gpu_ledger_testkit::{ControlPlane, GpuNode, Tier};
+use gpu_ledger_testkit::{ControlPlane, GpuNode};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -356,13 +356,12 @@ async fn notebook_policy_allows_only_the_stop_annotations() -> Result<()> {
         "the chart renders the policy and its binding: {policy:?}"
     );
 
-    let cp = ControlPlane::start(Tier::A).await?;
+    let (cp, admin) = support::tier_a().await;
     cp.install_notebook_crd().await?;
     for ns in [LEDGER_NAMESPACE, "team-a", "team-b"] {
         namespace(&cp, ns)?;
     }
     apply(&cp, &rbac)?;
-    let admin = cp.client("admin").await?;
     let sa = client_from(&service_account_kubeconfig(&cp)?).await?;
     let sa_a = notebooks(&sa, "team-a");
 

@@ -17,6 +17,8 @@
 //! Also here: the chart rendered with kube-prometheus-stack's default selectors, proving its
 //! Prometheus would load the ServiceMonitor and the rules and its Grafana the dashboard.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,7 +27,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use gpu_ledger_testkit::process::{ChildGuard, run, run_ok};
 use gpu_ledger_testkit::util::{free_port, poll_until};
-use gpu_ledger_testkit::{ControlPlane, Tier};
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -349,7 +350,7 @@ async fn rehearsed_release_installs_from_a_local_registry() -> Result<()> {
 
     // 3. helm install from the registry on a real API server that serves the Prometheus
     //    Operator's CRDs, as a cluster with kube-prometheus-stack does.
-    let cp = ControlPlane::start(Tier::A).await?;
+    let (cp, _admin) = support::tier_a().await;
     let mut c = cp.kubectl("admin")?;
     c.arg("apply")
         .arg("-f")

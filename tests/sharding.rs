@@ -53,36 +53,28 @@ fn device(node: &str, g: u32, holder: Option<(&str, &str)>, util: Option<f64>) -
 
 fn pod(ns: &str, name: &str, node: Option<&str>, gpus: u64, i: usize) -> PodClaim {
     let created = now() - Duration::minutes(30 + i64::try_from(i).expect("small index"));
-    PodClaim {
-        namespace: ns.into(),
-        name: name.into(),
-        uid: format!("uid-{ns}-{name}"),
-        node: node.map(Into::into),
-        phase: if node.is_some() {
-            PodPhase::Running
-        } else {
-            PodPhase::Pending
-        },
-        created_at: Some(created),
-        started_at: node.map(|_| created),
-        ready_since: node.map(|_| created),
-        deletion: None,
-        resources: BTreeMap::from([("nvidia.com/gpu".to_string(), gpus)]),
-        controller: Some(OwnerRef {
+    let claim = PodClaim::new(ns, name)
+        .with_uid(format!("uid-{ns}-{name}"))
+        .created(created)
+        .claiming("nvidia.com/gpu", gpus)
+        .controlled_by(OwnerRef {
             group: "batch".into(),
             kind: "Job".into(),
             name: format!("{name}-job"),
             uid: format!("job-{i}"),
-        }),
-        unschedulable_message: node
-            .is_none()
-            .then(|| "0/400 nodes are available: 400 Insufficient nvidia.com/gpu".into()),
-        labels: BTreeMap::new(),
-        resource_claims: Vec::new(),
-        placement: gpu_ledger::ledger::claims::Placement::default(),
-        scheduling_gates: Vec::new(),
-        finalizers: Vec::new(),
-        workload_refs: gpu_ledger::ledger::kueue::WorkloadRefs::default(),
+        });
+    match node {
+        Some(node) => PodClaim {
+            started_at: Some(created),
+            ready_since: Some(created),
+            ..claim.running_on(node)
+        },
+        None => PodClaim {
+            unschedulable_message: Some(
+                "0/400 nodes are available: 400 Insufficient nvidia.com/gpu".into(),
+            ),
+            ..claim
+        },
     }
 }
 

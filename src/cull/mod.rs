@@ -13,6 +13,7 @@ pub mod hold_back;
 pub mod lease;
 pub mod metrics;
 pub mod notebook;
+mod notebook_builder;
 pub mod plan;
 pub mod registry;
 pub mod render;

@@ -13,17 +13,10 @@ use crate::ledger::{Attribution, Evidence, PodRow, PodState};
 fn idle_pod() -> PodRow {
     let n = now();
     PodRow {
-        node: Some("gpu-1".into()),
-        state: PodState::Running,
         gpus: 1.0,
-        attribution: Attribution::Exclusive,
         utilization: Some(0.0),
-        idle: Some(true),
-        idle_seconds: Some(3.0 * 3600.0),
-        notebook: Some("nb".into()),
         evidence: Evidence {
             uid: "pod-uid".into(),
-            notebook: Some((notebook(), true)),
             started_at: Some(n - Duration::hours(5)),
             ready_since: Some(n - Duration::hours(5)),
             coverage: Some(1.0),
@@ -35,7 +28,11 @@ fn idle_pod() -> PodRow {
             ..Evidence::default()
         },
         ..PodRow::new("team-a", "nb-0")
+            .running_on("gpu-1")
+            .attributed(Attribution::Exclusive)
+            .idle_for(3.0 * 3600.0)
     }
+    .of_notebook(notebook())
 }
 
 fn ledger_with(pods: Vec<PodRow>, at: chrono::DateTime<Utc>) -> Ledger {

@@ -15,22 +15,12 @@ fn t() -> DateTime<Utc> {
 }
 
 fn pod(ns: &str, name: &str) -> PodRow {
-    PodRow {
-        node: Some("n1".into()),
-        state: PodState::Running,
-        gpus: 1.0,
-        resources: [("nvidia.com/gpu".to_string(), 1)].into(),
-        gpus_by_resource: vec![("nvidia.com/gpu".to_string(), 1.0)],
-        attribution: Attribution::Exclusive,
-        utilization: Some(0.25),
-        idle: Some(false),
-        idle_seconds: Some(0.0),
-        owner: Some(Owner {
-            kind: "Job".into(),
-            name: "j".into(),
-        }),
-        ..PodRow::new(ns, name)
-    }
+    PodRow::new(ns, name)
+        .running_on("n1")
+        .holding("nvidia.com/gpu", 1)
+        .attributed(Attribution::Exclusive)
+        .busy_at(0.25)
+        .owned_by("Job", "j")
 }
 
 fn ledger(pods: Vec<PodRow>) -> Ledger {

@@ -8,6 +8,7 @@
 pub mod accounting;
 mod attribution;
 pub mod capacity;
+mod claim_builder;
 pub mod claims;
 mod dra;
 pub mod kueue;
@@ -15,6 +16,7 @@ pub mod model;
 pub mod names;
 pub mod quota;
 pub mod reclaim;
+mod row_builder;
 pub mod showback;
 pub mod usage;
 

@@ -20,26 +20,11 @@ struct PodB(PodClaim);
 
 impl PodB {
     fn new(ns: &str, name: &str) -> Self {
-        PodB(PodClaim {
-            namespace: ns.into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            node: None,
-            phase: PodPhase::Pending,
-            created_at: Some(now() - Duration::hours(3)),
-            started_at: None,
-            ready_since: None,
-            deletion: None,
-            resources: BTreeMap::new(),
-            controller: None,
-            unschedulable_message: None,
-            labels: BTreeMap::new(),
-            resource_claims: Vec::new(),
-            placement: crate::ledger::claims::Placement::default(),
-            scheduling_gates: Vec::new(),
-            finalizers: Vec::new(),
-            workload_refs: crate::ledger::kueue::WorkloadRefs::default(),
-        })
+        PodB(
+            PodClaim::new(ns, name)
+                .with_uid(format!("uid-{name}"))
+                .created(now() - Duration::hours(3)),
+        )
     }
     fn on_node(mut self, n: &str) -> Self {
         self.0.node = Some(n.into());
@@ -537,19 +522,9 @@ fn source_down_makes_everything_unknown() {
 
 #[test]
 fn quotas_and_notebooks() {
-    let nb = NotebookInfo {
-        namespace: "a".into(),
-        name: "nb".into(),
-        uid: "nb-uid".into(),
-        resource_version: "1".into(),
-        stopped: None,
-        deleting: false,
-        cull_opt_out: false,
-        snooze_until: None,
-        last_stopped_by_us: None,
-        invalid_annotations: Vec::new(),
-        stop_scheduled_at: None,
-    };
+    let nb = NotebookInfo::new("a", "nb")
+        .with_uid("nb-uid")
+        .at_version("1");
     let mut c = claims(
         vec![
             PodB::new("a", "nb-0")
@@ -655,12 +630,7 @@ fn a_pod_carrying_the_statefulsets_uid_is_not_the_notebooks_pod_unless_it_is_an_
         ],
         vec![node("n1", 3)],
     );
-    c.notebooks = vec![NotebookInfo {
-        namespace: "team-ml".into(),
-        name: "alice-nb".into(),
-        uid: "nb-uid".into(),
-        ..NotebookInfo::default()
-    }];
+    c.notebooks = vec![NotebookInfo::new("team-ml", "alice-nb").with_uid("nb-uid")];
     c.notebooks_enabled = true;
     c.statefulsets = vec![StatefulSetInfo {
         namespace: "team-ml".into(),

@@ -321,14 +321,12 @@ mod tests {
     /// A stuck Terminating pod on node `gpu-1`, with these finalizers and node readiness.
     fn stuck(finalizers: &[&str], node_ready: Option<bool>) -> PodRow {
         PodRow {
-            node: Some("gpu-1".into()),
-            state: PodState::Terminating,
-            stuck: true,
             gpus: 1.0,
-            terminating_seconds: Some(3600.0),
             finalizers: finalizers.iter().map(|f| (*f).to_string()).collect(),
             node_ready,
             ..PodRow::new("team-ml", "bob-nb-0")
+                .running_on("gpu-1")
+                .stuck_for(3600.0)
         }
     }
 

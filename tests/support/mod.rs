@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpu_ledger_testkit::stack::{LEDGER_NAMESPACE, Stack};
-use gpu_ledger_testkit::{GpuNode, TierBOptions};
+use gpu_ledger_testkit::{ControlPlane, GpuNode, Tier, TierBOptions};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -58,6 +58,63 @@ pub async fn tier_b_with(nodes: &[GpuNode], options: TierBOptions, grants: Grant
             .expect("culling RBAC");
     }
     stack
+}
+
+/// testkit's tier-A control plane (etcd + kube-apiserver, RBAC on, token users) and its admin
+/// client: the set-up every tier-A test starts with.
+pub async fn tier_a() -> (ControlPlane, kube::Client) {
+    let cp = ControlPlane::start(Tier::A)
+        .await
+        .expect("tier A control plane (run scripts/build-test-cluster.sh if binaries are missing)");
+    let admin = cp.client("admin").await.expect("admin client");
+    (cp, admin)
+}
+
+/// [`tier_a`] with the shipped read-only RBAC granted to the token user `gpu-ledger` and
+/// namespace `ns` created: the set-up of the tier-A watch tests.
+pub async fn tier_a_watching(ns: &str) -> (ControlPlane, kube::Client) {
+    let (cp, admin) = tier_a().await;
+    grant_shipped_read_only(&admin).await;
+    namespace(&admin, ns, &[]).await;
+    (cp, admin)
+}
+
+/// The annotations of Notebook `ns/name` (empty when it has none), or the API's error.
+pub async fn try_notebook_annotations(
+    admin: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> kube::Result<BTreeMap<String, String>> {
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        ns,
+        &gpu_ledger_testkit::stack::notebook_resource(),
+    );
+    Ok(api
+        .get(name)
+        .await?
+        .metadata
+        .annotations
+        .unwrap_or_default())
+}
+
+/// The annotations of Notebook `ns/name` (empty when it has none); the test fails when the
+/// Notebook cannot be read.
+pub async fn notebook_annotations(
+    admin: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> BTreeMap<String, String> {
+    try_notebook_annotations(admin, ns, name)
+        .await
+        .unwrap_or_else(|e| panic!("get notebook {ns}/{name}: {e}"))
+}
+
+/// Whether Notebook `ns/name` carries Kubeflow's stop annotation (`kubeflow-resource-stopped`).
+pub async fn notebook_stopped(admin: &kube::Client, ns: &str, name: &str) -> bool {
+    notebook_annotations(admin, ns, name)
+        .await
+        .contains_key(gpu_ledger_testkit::stack::STOP_ANNOTATION)
 }
 
 /// Binds the shipped read-only ClusterRole to the token user `gpu-ledger`.

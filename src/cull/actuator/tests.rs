@@ -199,19 +199,9 @@ pub(crate) fn now() -> DateTime<Utc> {
 }
 
 pub(crate) fn notebook() -> NotebookInfo {
-    NotebookInfo {
-        namespace: "team-a".into(),
-        name: "nb".into(),
-        uid: "nb-uid".into(),
-        resource_version: "43".into(),
-        stopped: None,
-        deleting: false,
-        cull_opt_out: false,
-        snooze_until: None,
-        last_stopped_by_us: None,
-        invalid_annotations: Vec::new(),
-        stop_scheduled_at: None,
-    }
+    NotebookInfo::new("team-a", "nb")
+        .with_uid("nb-uid")
+        .at_version("43")
 }
 
 pub(crate) fn stop_action() -> Action {

@@ -16,14 +16,9 @@ fn t0() -> DateTime<Utc> {
 }
 
 fn base(ns: &str, pod: &str, node: Option<&str>, state: PodState, gpus: u64) -> PodRow {
-    PodRow {
-        node: node.map(Into::into),
-        state,
-        gpus: gpus as f64,
-        resources: BTreeMap::from([("nvidia.com/gpu".to_string(), gpus)]),
-        gpus_by_resource: vec![("nvidia.com/gpu".to_string(), gpus as f64)],
-        ..PodRow::new(ns, pod)
-    }
+    PodRow::new(ns, pod)
+        .placed(node, state)
+        .holding("nvidia.com/gpu", gpus)
 }
 
 /// A notebook pod that passes every culling rule at `t0()`, idle `idle_h` hours on `node`.
@@ -37,16 +32,7 @@ fn idle_nb(ns: &str, name: &str, node: &str, idle_h: i64) -> PodRow {
     p.notebook = Some(name.into());
     p.evidence = Evidence {
         uid: format!("pod-{ns}-{name}"),
-        notebook: Some((
-            NotebookInfo {
-                namespace: ns.into(),
-                name: name.into(),
-                uid: format!("nb-{ns}-{name}"),
-                resource_version: "42".into(),
-                ..NotebookInfo::default()
-            },
-            true,
-        )),
+        notebook: Some((NotebookInfo::new(ns, name).at_version("42"), true)),
         started_at: Some(now - Duration::hours(10)),
         ready_since: Some(now - Duration::hours(10)),
         coverage: Some(1.0),
@@ -226,26 +212,12 @@ fn a_scheduling_gated_pod_gets_no_stop() {
     sorted.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
     let claims = Claims {
         nodes,
-        pods: vec![std::sync::Arc::new(crate::ledger::claims::PodClaim {
-            namespace: "trials".into(),
-            name: "gated".into(),
-            uid: "gated".into(),
-            node: None,
-            phase: crate::ledger::claims::PodPhase::Pending,
-            created_at: None,
-            started_at: None,
-            ready_since: None,
-            deletion: None,
-            resources: BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
-            controller: None,
-            unschedulable_message: None,
-            labels: BTreeMap::new(),
-            resource_claims: Vec::new(),
-            placement: crate::ledger::claims::Placement::default(),
-            scheduling_gates: vec!["kueue.x-k8s.io/admission".into()],
-            finalizers: Vec::new(),
-            workload_refs: crate::ledger::kueue::WorkloadRefs::default(),
-        })],
+        pods: vec![std::sync::Arc::new(
+            crate::ledger::claims::PodClaim::new("trials", "gated")
+                .with_uid("gated")
+                .claiming("nvidia.com/gpu", 1)
+                .gated_by("kueue.x-k8s.io/admission"),
+        )],
         ..Claims::default()
     };
     let mut l = Ledger::empty(t0());

@@ -1,6 +1,6 @@
 //! Unit tests of the culling plan, one per rule, plus property tests over random ledgers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::prelude::*;
@@ -16,39 +16,17 @@ fn t0() -> DateTime<Utc> {
 }
 
 fn notebook(ns: &str, name: &str) -> NotebookInfo {
-    NotebookInfo {
-        namespace: ns.into(),
-        name: name.into(),
-        uid: format!("nb-{ns}-{name}"),
-        resource_version: "42".into(),
-        stopped: None,
-        deleting: false,
-        cull_opt_out: false,
-        snooze_until: None,
-        last_stopped_by_us: None,
-        invalid_annotations: Vec::new(),
-        stop_scheduled_at: None,
-    }
+    NotebookInfo::new(ns, name).at_version("42")
 }
 
 /// A notebook pod that qualifies for a stop at `t0()`: idle for `idle_h` hours, up for 10h.
 fn idle_row(ns: &str, name: &str, idle_h: i64) -> PodRow {
     let now = t0();
     PodRow {
-        node: Some("gpu-1".into()),
-        state: PodState::Running,
-        gpus: 1.0,
-        resources: BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
-        gpus_by_resource: vec![("nvidia.com/gpu".to_string(), 1.0)],
-        attribution: Attribution::Exclusive,
         utilization: Some(0.0),
         memory_used_bytes: Some(0.0),
-        idle: Some(true),
-        idle_seconds: Some((idle_h * 3600) as f64),
-        notebook: Some(name.into()),
         evidence: Evidence {
             uid: format!("pod-{ns}-{name}"),
-            notebook: Some((notebook(ns, name), true)),
             started_at: Some(now - Duration::hours(10)),
             ready_since: Some(now - Duration::hours(10)),
             coverage: Some(1.0),
@@ -60,7 +38,12 @@ fn idle_row(ns: &str, name: &str, idle_h: i64) -> PodRow {
             ..Evidence::default()
         },
         ..PodRow::new(ns, format!("{name}-0"))
+            .running_on("gpu-1")
+            .holding("nvidia.com/gpu", 1)
+            .attributed(Attribution::Exclusive)
+            .idle_for((idle_h * 3600) as f64)
     }
+    .of_notebook(notebook(ns, name))
 }
 
 fn ledger(pods: Vec<PodRow>) -> Ledger {

@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 
 use super::*;
-use crate::ledger::claims::{
-    DeviceClassInfo, DraAllocation, DraRequest, OwnerRef, Placement, PodPhase, QuotaInfo,
-};
+use crate::ledger::claims::{DeviceClassInfo, DraAllocation, DraRequest, OwnerRef, QuotaInfo};
 use crate::ledger::kueue::{
     Admission, ClusterQueueInfo, DeviceClassMapping, FlavorQuota, FlavorUsage, KueueInputs,
     LocalQueueInfo, PodSetAssignment, PodSetInfo, WorkloadOwner, WorkloadRefs,
@@ -23,41 +21,24 @@ fn now() -> DateTime<Utc> {
 /// A pod bound to `n1`, controlled by a Job with uid `job_uid` (empty: no controller).
 fn pod_claim(ns: &str, name: &str, job_uid: &str) -> PodClaim {
     PodClaim {
-        namespace: ns.into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        node: Some("n1".into()),
-        phase: PodPhase::Running,
-        created_at: None,
-        started_at: None,
-        ready_since: None,
-        deletion: None,
-        resources: BTreeMap::new(),
         controller: (!job_uid.is_empty()).then(|| OwnerRef {
             group: "batch".into(),
             kind: "Job".into(),
             name: format!("job-{job_uid}"),
             uid: job_uid.into(),
         }),
-        unschedulable_message: None,
-        labels: BTreeMap::new(),
-        resource_claims: Vec::new(),
-        placement: Placement::default(),
-        scheduling_gates: Vec::new(),
-        finalizers: Vec::new(),
-        workload_refs: WorkloadRefs::default(),
+        ..PodClaim::new(ns, name)
+            .with_uid(format!("uid-{name}"))
+            .running_on("n1")
     }
 }
 
 /// A running pod row holding `gpus` of `resource`, proven idle or busy (`None`: unknown).
 fn row(ns: &str, name: &str, resource: &str, gpus: f64, idle: Option<bool>) -> PodRow {
     PodRow {
-        node: Some("n1".into()),
-        state: PodState::Running,
         gpus,
         gpus_by_resource: vec![(resource.to_string(), gpus)],
-        idle,
-        ..PodRow::new(ns, name)
+        ..PodRow::new(ns, name).running_on("n1").with_idle(idle)
     }
 }
 
@@ -140,11 +121,7 @@ fn quota_rows_take_the_tightest_limit_its_used_and_the_evidence() {
         // Another namespace's idle pod is not team-a's.
         row("team-b", "idle-1", "nvidia.com/gpu", 1.0, Some(true)),
         // A pending pod holds nothing.
-        PodRow {
-            state: PodState::Pending,
-            node: None,
-            ..row("team-a", "wait-0", "nvidia.com/gpu", 1.0, None)
-        },
+        row("team-a", "wait-0", "nvidia.com/gpu", 1.0, None).placed(None, PodState::Pending),
     ];
     let rows = quota_rows(&inputs(&claims, &pods, &names));
     assert_eq!(

@@ -4,8 +4,7 @@ use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 
 use super::*;
-use crate::ledger::claims::{NodeInfo, NotebookInfo, PodPhase};
-use crate::ledger::model::Evidence;
+use crate::ledger::claims::{NodeInfo, NotebookInfo};
 
 fn now() -> DateTime<Utc> {
     DateTime::parse_from_rfc3339("2026-03-01T12:00:00Z")
@@ -32,15 +31,11 @@ fn node(name: &str, alloc: &[(&str, u64)]) -> NodeInfo {
 
 fn row(ns: &str, pod: &str, node: Option<&str>, state: PodState, r: &[(&str, u64)]) -> PodRow {
     PodRow {
-        node: node.map(Into::into),
-        state,
         gpus: r.iter().map(|(_, u)| *u as f64).sum(),
         resources: res(r),
-        evidence: Evidence {
-            uid: format!("uid-{ns}-{pod}"),
-            ..Evidence::default()
-        },
         ..PodRow::new(ns, pod)
+            .placed(node, state)
+            .with_uid(format!("uid-{ns}-{pod}"))
     }
 }
 
@@ -50,28 +45,16 @@ fn pending(ns: &str, pod: &str, r: &[(&str, u64)]) -> PodRow {
 
 /// A proven-idle notebook pod (`<nb>-0` of notebook `<nb>`), exclusive, idle for `idle` seconds.
 fn idle_nb(ns: &str, nb: &str, node: &str, r: &[(&str, u64)], idle: f64) -> PodRow {
-    let mut p = row(ns, &format!("{nb}-0"), Some(node), PodState::Running, r);
-    p.attribution = Attribution::Exclusive;
-    p.idle = Some(true);
-    p.idle_seconds = Some(idle);
-    p.notebook = Some(nb.into());
-    p.evidence.notebook = Some((
-        NotebookInfo {
-            namespace: ns.into(),
-            name: nb.into(),
-            uid: format!("nb-{ns}-{nb}"),
-            ..NotebookInfo::default()
-        },
-        true,
-    ));
-    p
+    row(ns, &format!("{nb}-0"), Some(node), PodState::Running, r)
+        .attributed(Attribution::Exclusive)
+        .idle_for(idle)
+        .of_notebook(NotebookInfo::new(ns, nb))
 }
 
 fn busy(ns: &str, pod: &str, node: &str, r: &[(&str, u64)]) -> PodRow {
-    let mut p = row(ns, pod, Some(node), PodState::Running, r);
-    p.attribution = Attribution::Exclusive;
-    p.idle = Some(false);
-    p
+    row(ns, pod, Some(node), PodState::Running, r)
+        .attributed(Attribution::Exclusive)
+        .with_idle(Some(false))
 }
 
 fn stuck(ns: &str, pod: &str, node: &str, r: &[(&str, u64)]) -> PodRow {
@@ -81,26 +64,7 @@ fn stuck(ns: &str, pod: &str, node: &str, r: &[(&str, u64)]) -> PodRow {
 }
 
 fn claim(ns: &str, pod: &str, placement: Placement) -> PodClaim {
-    PodClaim {
-        namespace: ns.into(),
-        name: pod.into(),
-        uid: String::new(),
-        node: None,
-        phase: PodPhase::Pending,
-        created_at: None,
-        started_at: None,
-        ready_since: None,
-        deletion: None,
-        resources: BTreeMap::new(),
-        controller: None,
-        unschedulable_message: None,
-        labels: BTreeMap::new(),
-        resource_claims: vec![],
-        placement,
-        scheduling_gates: Vec::new(),
-        finalizers: Vec::new(),
-        workload_refs: crate::ledger::kueue::WorkloadRefs::default(),
-    }
+    PodClaim::new(ns, pod).placed_by(placement)
 }
 
 fn run(nodes: Vec<NodeInfo>, specs: Vec<PodClaim>, mut pods: Vec<PodRow>) -> Vec<Reclaim> {
@@ -636,10 +600,7 @@ proptest! {
 /// ungated still is.
 #[test]
 fn a_scheduling_gated_pod_is_no_demand() {
-    let gated = PodClaim {
-        scheduling_gates: vec!["kueue.x-k8s.io/admission".into()],
-        ..claim("ml", "gated", Placement::default())
-    };
+    let gated = claim("ml", "gated", Placement::default()).gated_by("kueue.x-k8s.io/admission");
     let out = run(
         vec![node("n", &[(GPU, 1)])],
         vec![gated, claim("ml", "open", Placement::default())],
