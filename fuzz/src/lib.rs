@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use chrono::{DateTime, Utc};
 use gpu_ledger::claims::files::{self, DumpPaths};
 use gpu_ledger::claims::quantity::parse_units;
-use gpu_ledger::ledger::claims::ResourceNames;
+use gpu_ledger::ledger::units::ResourceNames;
 use gpu_ledger::usage::exposition;
 use gpu_ledger::usage::fields;
 use gpu_ledger::usage::prom::{self, ApiResponse};

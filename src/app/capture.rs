@@ -20,7 +20,7 @@ use super::offline::DCGM_FILE;
 use super::{AppError, kube_client, prometheus_client};
 use crate::claims::capture::{RawLists, list_raw};
 use crate::config::CaptureArgs;
-use crate::ledger::claims::ResourceNames;
+use crate::ledger::units::ResourceNames;
 use crate::usage::dump::KEEP;
 use crate::usage::exposition;
 use crate::usage::prom::{PromClient, PromError};

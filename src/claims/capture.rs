@@ -21,7 +21,7 @@ use tracing::warn;
 use super::list::ListError;
 use super::project;
 use crate::k8s;
-use crate::ledger::claims::ResourceNames;
+use crate::ledger::units::ResourceNames;
 
 /// The lists, ready to be written as `<stem>.json`.
 #[derive(Debug, Clone)]

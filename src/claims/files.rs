@@ -26,8 +26,9 @@ use serde::de::DeserializeOwned;
 
 use super::project::{self, ProjectError};
 use super::{dra, kueue};
-use crate::ledger::claims::{Claims, ResourceNames};
+use crate::ledger::claims::Claims;
 use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain};
+use crate::ledger::units::ResourceNames;
 
 /// Deepest nesting of arrays and objects accepted in a dump, JSON or YAML. serde_json's recursion
 /// limit (128, fixed) rejects the 128th level; YAML is held to the same bound. Kubernetes objects

@@ -8,7 +8,8 @@ use tracing::warn;
 
 use super::project;
 use crate::k8s;
-use crate::ledger::claims::{Claims, ResourceNames};
+use crate::ledger::claims::Claims;
+use crate::ledger::units::ResourceNames;
 
 /// A list call that failed.
 #[derive(Debug, thiserror::Error)]

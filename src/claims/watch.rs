@@ -32,12 +32,13 @@ use super::{dra, kueue, project};
 use crate::k8s;
 use crate::ledger::claims::{
     Claims, DaemonPod, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
-    ResourceClaimInfo, ResourceNames, StatefulSetInfo,
+    ResourceClaimInfo, StatefulSetInfo,
 };
 use crate::ledger::kueue::{
     ClusterQueueInfo, DeviceClassMapping, KueueInputs, LocalQueueInfo, ResourceFlavorInfo,
     WorkloadInfo,
 };
+use crate::ledger::units::ResourceNames;
 use crate::spawn::Spawn;
 
 /// Bound of one API call made besides the watches (notebook discovery, a StatefulSet GET).

@@ -8,8 +8,9 @@ use foldhash::fast::RandomState;
 use serde::Serialize;
 use smallvec::SmallVec;
 
-use super::claims::{Claims, GpuResourceKind, PodClaim, PodPhase};
+use super::claims::{Claims, PodClaim, PodPhase};
 use super::dra::{DraJoin, Held};
+use super::units::GpuResourceKind;
 use super::usage::{DeviceUsage, OwnWindow, Usage, Workload};
 use super::{PodRow, Policy, UnclaimedBusy, seconds};
 
@@ -266,7 +267,7 @@ impl DeviceIndex<'_> {
                 continue;
             }
             d.key.gpu_instance.as_ref()?;
-            let g = super::claims::profile_slices(d.mig_profile.as_deref()?)?;
+            let g = super::units::profile_slices(d.mig_profile.as_deref()?)?;
             if *slices.get_or_insert(g) != g {
                 return None;
             }

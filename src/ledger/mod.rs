@@ -13,6 +13,7 @@ pub mod kueue;
 pub mod names;
 pub mod quota;
 pub mod reclaim;
+pub mod units;
 pub mod usage;
 
 use std::collections::BTreeMap;
@@ -20,7 +21,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use claims::{Claims, NodeInfo, NodeShape, NotebookInfo, PodClaim, ResourceNames, SliceTable};
+use claims::{Claims, NodeInfo, NotebookInfo, PodClaim};
+use units::{NodeShape, ResourceNames, SliceTable};
 use usage::{DeviceKey, Usage};
 
 pub use attribution::Attribution;

@@ -33,8 +33,9 @@ use chrono::{DateTime, Utc};
 use foldhash::{HashMap, HashMapExt};
 use serde::Serialize;
 
-use super::claims::{Claims, DRA_RESOURCE_PREFIX, PodClaim, ResourceClaimInfo, ResourceNames};
+use super::claims::{Claims, DRA_RESOURCE_PREFIX, PodClaim, ResourceClaimInfo};
 use super::kueue::{OWNER_LABELS, WorkloadInfo};
+use super::units::ResourceNames;
 use super::{Ledger, PodRow};
 
 /// Suffix of a ResourceQuota key that limits the devices of one DRA DeviceClass
