@@ -747,7 +747,9 @@ pub fn load_with_limits(
             names: &ResourceNames,
             read: Option<(&Path, Vec<DynamicObject>)>,
         ) -> Result<Vec<K::Row>, FileError> {
-            read.map_or(Ok(Vec::new()), |(path, items)| rows::<K>(names, path, &items))
+            read.map_or(Ok(Vec::new()), |(path, items)| {
+                rows::<K>(names, path, &items)
+            })
         }
         claims.kueue = KueueInputs {
             enabled: true,

@@ -6,7 +6,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use tracing::warn;
 
-use super::project;
+use super::{kinds, project};
 use crate::k8s;
 use crate::ledger::claims::Claims;
 use crate::ledger::units::ResourceNames;
@@ -33,7 +33,7 @@ pub async fn list_claims(
     let failed = |resource| move |source| ListError { resource, source };
     for ns in &scopes {
         let pods: Api<Pod> = k8s::scoped(client, ns.as_deref());
-        for p in pods.list(&lp).await.map_err(failed("pods"))? {
+        for p in pods.list(&lp).await.map_err(failed(kinds::PODS.resource))? {
             match project::pod(names, &p) {
                 Ok(Some(c)) => {
                     // A pod kept only for its ResourceClaims may still be a DaemonSet's.
@@ -47,14 +47,22 @@ pub async fn list_claims(
             }
         }
         let quotas: Api<ResourceQuota> = k8s::scoped(client, ns.as_deref());
-        for q in quotas.list(&lp).await.map_err(failed("resourcequotas"))? {
+        for q in quotas
+            .list(&lp)
+            .await
+            .map_err(failed(kinds::QUOTAS.resource))?
+        {
             if let Ok(Some(info)) = project::quota(names, &q) {
                 claims.quotas.push(info);
             }
         }
     }
     let nodes: Api<Node> = Api::all(client.clone());
-    for n in nodes.list(&lp).await.map_err(failed("nodes"))? {
+    for n in nodes
+        .list(&lp)
+        .await
+        .map_err(failed(kinds::NODES.resource))?
+    {
         match project::node(names, &n) {
             Ok(info) => claims.nodes.push(info),
             Err(e) => warn!(error = &e as &dyn std::error::Error, "ignoring node"),
@@ -71,7 +79,10 @@ pub async fn list_claims(
         // only).
         for ns in &scopes {
             let api = k8s::scoped_dynamic(client, ns.as_deref(), &ar);
-            let list = api.list(&lp).await.map_err(failed("notebooks"))?;
+            let list = api
+                .list(&lp)
+                .await
+                .map_err(failed(kinds::NOTEBOOKS.resource))?;
             claims
                 .notebooks
                 .extend(list.items.iter().map(|o| k8s::notebook(&o.metadata)));
