@@ -746,7 +746,7 @@ fn values<V: Clone>(store: &DashMap<String, V>) -> Vec<V> {
 }
 
 /// Label of the i-th watch of a resource (static strings keep metric labels bounded).
-pub(super) fn leak_label(resource: &'static str, i: usize) -> &'static str {
+fn leak_label(resource: &'static str, i: usize) -> &'static str {
     if i == 0 {
         resource
     } else {
@@ -806,7 +806,7 @@ async fn notebook_resource(client: &Client) -> Result<Option<ApiResource>, Watch
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(super) fn spawn_watch<K, V, P, F>(
+fn spawn_watch<K, V, P, F>(
     spawn: Spawn<'_>,
     cancel: &CancellationToken,
     stores: &Stores,

@@ -135,7 +135,7 @@ impl<'a> NodeShape<'a> {
 
     /// Under the MIG single strategy on a node without GFD's strategy label, the slices of each
     /// `nvidia.com/gpu` unit as DCGM shows them (every device on the node a MIG instance of one
-    /// profile: [`super::attribution`]'s `dcgm_single_mig_slices_on`). A strategy label wins.
+    /// profile: the attribution's `dcgm_single_mig_slices_on`). A strategy label wins.
     #[must_use]
     pub fn with_dcgm_single_mig(mut self, slices: Option<u8>) -> Self {
         if let (Some(node), Some(g)) = (self.node, slices)
