@@ -404,8 +404,8 @@ pub async fn start_with(
         stores: stores.clone(),
         on_restart,
     };
-    watch_kind::<kinds::Pods>(&optional, spawn, &(), stores.pods.clone());
-    watch_kind::<kinds::Quotas>(&optional, spawn, &(), stores.quotas.clone());
+    watch_kind::<kinds::Pods>(&optional, spawn, &(), &stores.pods);
+    watch_kind::<kinds::Quotas>(&optional, spawn, &(), &stores.quotas);
     // DaemonSet pods only (the label is set by the DaemonSet controller alone), in the
     // exporter's namespaces: it usually runs outside the watched ones.
     let exporter_scopes = k8s::scopes(&config.exporter_namespaces);
@@ -423,7 +423,7 @@ pub async fn start_with(
             |pod: &Pod| kinds::PODS.key(pod),
         );
     }
-    watch_kind::<kinds::Nodes>(&optional, spawn, &(), stores.nodes.clone());
+    watch_kind::<kinds::Nodes>(&optional, spawn, &(), &stores.nodes);
 
     for api in OptionalApi::ALL {
         match optional.try_start(api, spawn, true).await {
@@ -656,7 +656,7 @@ fn start_notebooks(ar: &ApiResource, ctx: &Optional, spawn: Spawn<'_>) {
     let stores = &ctx.stores;
     stores.notebooks_enabled.store(true, Ordering::Relaxed);
     info!(version = %ar.version, "watching kubeflow.org notebooks");
-    watch_kind::<kinds::Notebooks>(ctx, spawn, ar, stores.notebooks.clone());
+    watch_kind::<kinds::Notebooks>(ctx, spawn, ar, &stores.notebooks);
 }
 
 /// Starts the Kueue watches on `stores` (once [`kueue::available`] said `kueue.x-k8s.io/v1beta2`
@@ -673,25 +673,25 @@ fn start_kueue(ctx: &Optional, spawn: Spawn<'_>) {
         ctx,
         spawn,
         &kinds::RESOURCE_FLAVORS.kueue_resource(),
-        stores.kueue_flavors.clone(),
+        &stores.kueue_flavors,
     );
     watch_kind::<kinds::ClusterQueues>(
         ctx,
         spawn,
         &kinds::CLUSTER_QUEUES.kueue_resource(),
-        stores.cluster_queues.clone(),
+        &stores.cluster_queues,
     );
     watch_kind::<kinds::LocalQueues>(
         ctx,
         spawn,
         &kinds::LOCAL_QUEUES.kueue_resource(),
-        stores.local_queues.clone(),
+        &stores.local_queues,
     );
     watch_kind::<kinds::Workloads>(
         ctx,
         spawn,
         &kinds::WORKLOADS.kueue_resource(),
-        stores.workloads.clone(),
+        &stores.workloads,
     );
     start_kueue_config(ctx, spawn);
 }
@@ -735,9 +735,9 @@ fn start_dra(ctx: &Optional, spawn: Spawn<'_>) {
     let stores = &ctx.stores;
     stores.dra_enabled.store(true, Ordering::Relaxed);
     info!(drivers = ?ctx.names.dra_drivers, "watching {}/{} resourceclaims, resourceslices, deviceclasses", dra::GROUP, dra::VERSION);
-    watch_kind::<kinds::ResourceClaims>(ctx, spawn, &(), stores.resource_claims.clone());
-    watch_kind::<kinds::ResourceSlices>(ctx, spawn, &(), stores.resource_slices.clone());
-    watch_kind::<kinds::DeviceClasses>(ctx, spawn, &(), stores.device_classes.clone());
+    watch_kind::<kinds::ResourceClaims>(ctx, spawn, &(), &stores.resource_claims);
+    watch_kind::<kinds::ResourceSlices>(ctx, spawn, &(), &stores.resource_slices);
+    watch_kind::<kinds::DeviceClasses>(ctx, spawn, &(), &stores.device_classes);
 }
 
 /// A copy of every value of a store.
@@ -760,7 +760,7 @@ fn watch_kind<K: Watched>(
     ctx: &Optional,
     spawn: Spawn<'_>,
     resource: &<K::Object as Resource>::DynamicType,
-    store: Arc<DashMap<String, K::Row>>,
+    store: &Arc<DashMap<String, K::Row>>,
 ) {
     let cluster_wide = [None];
     let scopes = match K::KIND.scope {
