@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::TypeMeta;
@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tracing::warn;
 
 use super::kinds::{self, Kind, Live, Source};
-use super::list::ListError;
+use super::list::{ListError, objects};
 use super::project;
 use crate::k8s;
 use crate::ledger::units::ResourceNames;
@@ -119,11 +119,8 @@ pub async fn list_raw(
         }
     }
     push_daemon_pods(client, &mut pods).await;
-    let api: Api<Node> = Api::all(client.clone());
-    let nodes: Vec<Value> = api
-        .list(&lp)
-        .await
-        .map_err(failed(kinds::NODES.resource))?
+    let nodes: Vec<Value> = objects::<kinds::Nodes>(client, &scopes, &())
+        .await?
         .iter()
         .map(item)
         .collect();
@@ -296,33 +293,16 @@ async fn list_dra(
     names: &ResourceNames,
     scopes: &[Option<String>],
 ) -> Result<(Option<Value>, Option<Value>, Option<Value>), ListError> {
-    let lp = ListParams::default();
-    let failed = |resource| move |source| ListError { resource, source };
-    let (mut resource_claims, mut resource_slices, mut device_classes) = (None, None, None);
-    if !names.dra_drivers.is_empty() && super::dra::available(client, scopes, true).await {
-        use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-        let mut claims = Vec::new();
-        for ns in scopes {
-            let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
-            for c in api
-                .list(&lp)
-                .await
-                .map_err(failed(kinds::RESOURCE_CLAIMS.resource))?
-            {
-                claims.push(item(&c));
-            }
-        }
-        resource_claims = Some(list_of(claims));
-        let slices = Api::<ResourceSlice>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(failed(kinds::RESOURCE_SLICES.resource))?;
-        resource_slices = Some(list_of(slices.iter().map(item).collect()));
-        let classes = Api::<DeviceClass>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(failed(kinds::DEVICE_CLASSES.resource))?;
-        device_classes = Some(list_of(classes.iter().map(item).collect()));
+    if names.dra_drivers.is_empty() || !super::dra::available(client, scopes, true).await {
+        return Ok((None, None, None));
     }
-    Ok((resource_claims, resource_slices, device_classes))
+    let claims = objects::<kinds::ResourceClaims>(client, scopes, &()).await?;
+    let slices = objects::<kinds::ResourceSlices>(client, scopes, &()).await?;
+    let classes = objects::<kinds::DeviceClasses>(client, scopes, &()).await?;
+    let raw = |items: Vec<Value>| Some(list_of(items));
+    Ok((
+        raw(claims.iter().map(item).collect()),
+        raw(slices.iter().map(item).collect()),
+        raw(classes.iter().map(item).collect()),
+    ))
 }
