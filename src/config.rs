@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::ledger::claims::{ResourceNames, SliceTable};
+use crate::ledger::units::{ResourceNames, SliceTable};
 use crate::ledger::{ClaimsScope, Policy};
 use crate::telemetry::LogFormat;
 use crate::usage::scheme::SchemeChoice;

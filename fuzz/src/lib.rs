@@ -11,8 +11,9 @@ use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
 use gpu_ledger::claims::files::{self, DumpPaths};
+use gpu_ledger::claims::kinds;
 use gpu_ledger::claims::quantity::parse_units;
-use gpu_ledger::ledger::claims::ResourceNames;
+use gpu_ledger::ledger::units::ResourceNames;
 use gpu_ledger::usage::exposition;
 use gpu_ledger::usage::fields;
 use gpu_ledger::usage::prom::{self, ApiResponse};
@@ -190,22 +191,6 @@ pub fn quantity(data: &[u8]) {
 const EMPTY_LIST: &str = r#"{"apiVersion":"v1","kind":"List","items":[]}"#;
 const ONE_NODE: &str = r#"{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"},"status":{"allocatable":{"nvidia.com/gpu":"2"}}}]}"#;
 
-/// Slots a fuzz input can take, in `load` order; every other file is a valid list.
-const SLOTS: [&str; 12] = [
-    "pods",
-    "nodes",
-    "quotas",
-    "notebooks",
-    "statefulsets",
-    "resourceclaims",
-    "resourceslices",
-    "deviceclasses",
-    "resourceflavors",
-    "clusterqueues",
-    "localqueues",
-    "workloads",
-];
-
 /// A scratch directory with the two filler dumps (empty list, one node), made once per process.
 fn scratch() -> &'static (PathBuf, (PathBuf, PathBuf)) {
     static DIR: OnceLock<(PathBuf, (PathBuf, PathBuf))> = OnceLock::new();
@@ -225,39 +210,26 @@ fn scratch() -> &'static (PathBuf, (PathBuf, PathBuf)) {
     })
 }
 
-/// Offline kubectl dumps (JSON or YAML): the bytes are each dump file in turn (pods, nodes,
-/// quotas, notebooks, statefulsets, the DRA resourceclaims, resourceslices, deviceclasses, and
-/// Kueue's resourceflavors, clusterqueues, localqueues, workloads),
-/// the others valid lists; `load` never panics.
+/// Offline kubectl dumps (JSON or YAML): the bytes are each claim kind's dump in turn (every
+/// kind of the kinds table, in `load` order: pods, nodes, quotas, notebooks, statefulsets, the
+/// DRA resourceclaims, resourceslices, deviceclasses, Kueue's resourceflavors, clusterqueues,
+/// localqueues, workloads and its ConfigMap), the others valid lists; `load` never panics.
 pub fn kubectl_list(data: &[u8]) {
     let (dir, fillers) = scratch();
     let input = dir.join("input.json");
     std::fs::write(&input, data).expect("write scratch dump");
-    for target in SLOTS {
-        let path = |name: &str| {
-            if name == target {
+    for target in kinds::KINDS {
+        let mut paths = DumpPaths::default();
+        for kind in kinds::KINDS {
+            let path = if kind == target {
                 input.clone()
-            } else if name == "nodes" {
+            } else if kind == &kinds::NODES {
                 fillers.1.clone()
             } else {
                 fillers.0.clone()
-            }
-        };
-        let paths = DumpPaths {
-            pods: path("pods"),
-            nodes: path("nodes"),
-            quotas: Some(path("quotas")),
-            notebooks: Some(path("notebooks")),
-            statefulsets: Some(path("statefulsets")),
-            resource_claims: Some(path("resourceclaims")),
-            resource_slices: Some(path("resourceslices")),
-            device_classes: Some(path("deviceclasses")),
-            resource_flavors: Some(path("resourceflavors")),
-            cluster_queues: Some(path("clusterqueues")),
-            local_queues: Some(path("localqueues")),
-            workloads: Some(path("workloads")),
-            kueue_config: Some(path("kueueconfig")),
-        };
+            };
+            paths = paths.with(kind, Some(path));
+        }
         let _ = files::load(&paths, &ResourceNames::default());
     }
 }

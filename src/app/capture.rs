@@ -1,8 +1,9 @@
 //! `gpu-ledger capture --out DIR`: the live cluster's GPU claims and its DCGM history, written as
 //! exactly the files `report --from DIR` reads (see docs/capture.md).
 //!
-//! * `pods.json`, `nodes.json`, `quotas.json`, and `notebooks.json` / `statefulsets.json` when
-//!   the Notebook CRD is served ([`crate::claims::capture`]);
+//! * `<stem>.json` for each claim kind of [`crate::claims::kinds::KINDS`]: `pods.json`,
+//!   `nodes.json`, `quotas.json` always, the others when their API is served
+//!   ([`crate::claims::capture`]);
 //! * `dcgm.prom`: the raw samples of the DCGM fields the ledger reads over `--history-lookback`
 //!   ending at `--at`, with their own timestamps, in the text exposition format (millisecond
 //!   timestamps), fetched in one-hour range selectors;
@@ -21,8 +22,9 @@ use super::clients::{kube_client, prometheus_client};
 use super::error::AppError;
 use super::offline::DCGM_FILE;
 use crate::claims::capture::{RawLists, list_raw};
+use crate::claims::kinds;
 use crate::config::CaptureArgs;
-use crate::ledger::claims::ResourceNames;
+use crate::ledger::units::ResourceNames;
 use crate::usage::dump::KEEP;
 use crate::usage::exposition;
 use crate::usage::prom::PromClient;
@@ -94,8 +96,8 @@ pub async fn capture(args: CaptureArgs) -> Result<(), AppError> {
         .map_err(write_err(&meta))?;
     info!(
         dir = %dir.display(),
-        pods = RawLists::count(&lists.pods),
-        nodes = RawLists::count(&lists.nodes),
+        pods = lists.get(&kinds::PODS).map_or(0, RawLists::count),
+        nodes = lists.get(&kinds::NODES).map_or(0, RawLists::count),
         dcgm_series = series.len(),
         dcgm_samples = samples,
         at = %at.to_rfc3339(),
@@ -112,23 +114,7 @@ fn listed(v: &[String]) -> Vec<String> {
 /// Removes capture files of an earlier run, so a list that is absent now (no Notebook CRD) is not
 /// read from a stale file.
 fn clear_previous(dir: &Path) -> Result<(), CaptureError> {
-    let stems = [
-        "pods",
-        "nodes",
-        "notebooks",
-        "quotas",
-        "resourcequotas",
-        "statefulsets",
-        "resourceclaims",
-        "resourceslices",
-        "deviceclasses",
-        "resourceflavors",
-        "clusterqueues",
-        "localqueues",
-        "workloads",
-        crate::claims::kueue::CONFIG_STEM,
-    ];
-    for stem in stems {
+    for stem in kinds::KINDS.iter().flat_map(|k| k.stems()) {
         for ext in ["json", "yaml", "yml"] {
             let path = dir.join(format!("{stem}.{ext}"));
             match std::fs::remove_file(&path) {
@@ -244,6 +230,6 @@ fn metadata(
         "objects": counts,
         "dcgm_series": series.len(),
         "dcgm_samples": samples,
-        "notebooks_served": lists.notebooks.is_some(),
+        "notebooks_served": lists.get(&kinds::NOTEBOOKS).is_some(),
     })
 }

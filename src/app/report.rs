@@ -13,6 +13,7 @@ use super::error::AppError;
 use super::offline::{self, OfflineInput};
 use super::settings::{cull_policy, live_settings};
 use crate::claims;
+use crate::claims::kinds;
 use crate::config::{Output, ReportArgs};
 use crate::cull::plan::Plan;
 use crate::cull::render::{CullJson, plan_metrics};
@@ -73,21 +74,12 @@ fn offline_ledger(args: &ReportArgs, policy: &Policy) -> Result<Ledger, AppError
         OfflineInput::from_dir(dir)
     } else {
         let mut i = OfflineInput::from_dir(std::path::Path::new("."));
-        i.paths = claims::files::DumpPaths {
-            pods: files.pods.clone().unwrap_or_default(),
-            nodes: files.nodes.clone().unwrap_or_default(),
-            notebooks: files.notebooks.clone(),
-            quotas: files.quotas.clone(),
-            statefulsets: files.statefulsets.clone(),
-            resource_claims: None,
-            resource_slices: None,
-            device_classes: None,
-            resource_flavors: None,
-            cluster_queues: None,
-            local_queues: None,
-            workloads: None,
-            kueue_config: None,
-        };
+        i.paths = claims::files::DumpPaths::default()
+            .with(&kinds::PODS, Some(files.pods.clone().unwrap_or_default()))
+            .with(&kinds::NODES, Some(files.nodes.clone().unwrap_or_default()))
+            .with(&kinds::NOTEBOOKS, files.notebooks.clone())
+            .with(&kinds::QUOTAS, files.quotas.clone())
+            .with(&kinds::STATEFULSETS, files.statefulsets.clone());
         i.dcgm = files.dcgm.clone().unwrap_or_default();
         i
     };

@@ -11,70 +11,49 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::TypeMeta;
 use serde_json::{Value, json};
 use tracing::warn;
 
-use super::list::ListError;
+use super::kinds::{self, Kind, Live, Source};
+use super::list::{ListError, objects};
 use super::project;
 use crate::k8s;
-use crate::ledger::claims::ResourceNames;
+use crate::ledger::units::ResourceNames;
 
-/// The lists, ready to be written as `<stem>.json`.
-#[derive(Debug, Clone)]
+/// The lists, ready to be written as `<stem>.json`: by claim kind, in [`kinds::KINDS`] order.
+/// A kind is absent when its API is not served or readable (no Notebook CRD: the offline
+/// report then reads no notebooks, like the live one; no `resource.k8s.io/v1`: DRA accounting
+/// off; no Kueue, or no ConfigMap named or readable: Kueue's mappings unknown).
+#[derive(Debug, Clone, Default)]
 pub struct RawLists {
-    pub pods: Value,
-    pub nodes: Value,
-    pub quotas: Value,
-    /// `None` when the Notebook CRD is not served (the offline report then reads no notebooks,
-    /// like the live one).
-    pub notebooks: Option<Value>,
-    pub statefulsets: Option<Value>,
-    /// `None` when `resource.k8s.io/v1` is not served or readable (DRA accounting off).
-    pub resource_claims: Option<Value>,
-    pub resource_slices: Option<Value>,
-    pub device_classes: Option<Value>,
-    /// Kueue's ResourceFlavors, ClusterQueues, LocalQueues and Workloads by plural name
-    /// (`kueue.x-k8s.io/v1beta2`); `None` when Kueue is not served or readable.
-    pub kueue: Option<Vec<(&'static str, Value)>>,
-    /// Kueue's manager ConfigMap as a list of one (none when it does not exist); `None` when
-    /// Kueue is not served, no ConfigMap is named, or it cannot be read.
-    pub kueue_config: Option<Value>,
+    lists: Vec<(&'static Kind, Value)>,
 }
 
 impl RawLists {
-    /// (file stem, list) for every list present.
+    /// (file stem, list) for every list present, in [`kinds::KINDS`] order.
     pub fn files(&self) -> Vec<(&'static str, &Value)> {
-        let mut v = vec![
-            ("pods", &self.pods),
-            ("nodes", &self.nodes),
-            ("quotas", &self.quotas),
-        ];
-        if let Some(n) = &self.notebooks {
-            v.push(("notebooks", n));
-        }
-        if let Some(s) = &self.statefulsets {
-            v.push(("statefulsets", s));
-        }
-        for (stem, list) in [
-            ("resourceclaims", &self.resource_claims),
-            ("resourceslices", &self.resource_slices),
-            ("deviceclasses", &self.device_classes),
-        ] {
-            if let Some(l) = list {
-                v.push((stem, l));
-            }
-        }
-        for (stem, list) in self.kueue.iter().flatten() {
-            v.push((stem, list));
-        }
-        if let Some(c) = &self.kueue_config {
-            v.push((super::kueue::CONFIG_STEM, c));
-        }
-        v
+        kinds::KINDS
+            .iter()
+            .filter_map(|k| self.get(k).map(|l| (k.stem, l)))
+            .collect()
+    }
+
+    /// The list of `kind`, when captured.
+    pub fn get(&self, kind: &Kind) -> Option<&Value> {
+        self.lists
+            .iter()
+            .find(|(k, _)| k.stem == kind.stem)
+            .map(|(_, l)| l)
+    }
+
+    /// These lists with `kind`'s (`None`: not captured).
+    fn with(mut self, kind: &'static Kind, list: Option<Value>) -> Self {
+        self.lists.extend(list.map(|l| (kind, l)));
+        self
     }
 
     /// Items in a list.
@@ -113,7 +92,7 @@ pub async fn list_raw(
     let mut pod_namespaces: BTreeSet<String> = BTreeSet::new();
     for ns in &scopes {
         let api: Api<Pod> = k8s::scoped(client, ns.as_deref());
-        for p in api.list(&lp).await.map_err(failed("pods"))? {
+        for p in api.list(&lp).await.map_err(failed(kinds::PODS.resource))? {
             match project::pod(names, &p) {
                 Ok(Some(claim)) => {
                     if let Some(c) = k8s::statefulset_owner(&claim) {
@@ -131,16 +110,17 @@ pub async fn list_raw(
             }
         }
         let api: Api<ResourceQuota> = k8s::scoped(client, ns.as_deref());
-        for q in api.list(&lp).await.map_err(failed("resourcequotas"))? {
+        for q in api
+            .list(&lp)
+            .await
+            .map_err(failed(kinds::QUOTAS.resource))?
+        {
             quotas.push(item(&q));
         }
     }
     push_daemon_pods(client, &mut pods).await;
-    let api: Api<Node> = Api::all(client.clone());
-    let nodes: Vec<Value> = api
-        .list(&lp)
-        .await
-        .map_err(failed("nodes"))?
+    let nodes: Vec<Value> = objects::<kinds::Nodes>(client, &scopes, &())
+        .await?
         .iter()
         .map(item)
         .collect();
@@ -166,39 +146,42 @@ pub async fn list_raw(
         }
         _ => None,
     };
-    Ok(RawLists {
-        pods: list_of(pods),
-        nodes: list_of(nodes),
-        quotas: list_of(quotas),
-        notebooks,
-        statefulsets,
-        resource_claims,
-        resource_slices,
-        device_classes,
-        kueue,
-        kueue_config,
-    })
+    let mut lists = RawLists::default()
+        .with(&kinds::PODS, Some(list_of(pods)))
+        .with(&kinds::NODES, Some(list_of(nodes)))
+        .with(&kinds::QUOTAS, Some(list_of(quotas)))
+        .with(&kinds::NOTEBOOKS, notebooks)
+        .with(&kinds::STATEFULSETS, statefulsets)
+        .with(&kinds::RESOURCE_CLAIMS, resource_claims)
+        .with(&kinds::RESOURCE_SLICES, resource_slices)
+        .with(&kinds::DEVICE_CLASSES, device_classes)
+        .with(&kinds::KUEUE_CONFIG, kueue_config);
+    for (kind, list) in kueue.into_iter().flatten() {
+        lists = lists.with(kind, Some(list));
+    }
+    Ok(lists)
 }
 
-/// Kueue's four kinds, when served and readable (cluster-scoped ones whole, LocalQueues and
+/// Kueue's watched kinds, when served and readable (cluster-scoped ones whole, LocalQueues and
 /// Workloads in the captured namespaces), each item with its `apiVersion` and `kind`.
 async fn list_kueue(
     client: &Client,
     scopes: &[Option<String>],
-) -> Result<Option<Vec<(&'static str, Value)>>, ListError> {
+) -> Result<Option<Vec<(&'static Kind, Value)>>, ListError> {
     let lists = super::kueue::list_objects(client, scopes)
         .await
         .map_err(|(resource, source)| ListError { resource, source })?;
     Ok(lists.map(|lists| {
-        super::kueue::KINDS
+        kinds::KINDS
             .iter()
-            .map(|(kind, plural, _)| {
+            .filter(|k| k.source == Source::Kueue && k.live == Live::Watched)
+            .map(|kind| {
                 let types = TypeMeta {
                     api_version: format!("{}/{}", super::kueue::GROUP, super::kueue::VERSION),
-                    kind: (*kind).to_string(),
+                    kind: kind.object.to_string(),
                 };
                 let items = lists
-                    .get(plural)
+                    .get(kind.resource)
                     .into_iter()
                     .flatten()
                     .map(|o| {
@@ -207,7 +190,7 @@ async fn list_kueue(
                         item(&o)
                     })
                     .collect();
-                (*plural, list_of(items))
+                (*kind, list_of(items))
             })
             .collect()
     }))
@@ -261,7 +244,10 @@ async fn list_notebooks(
     let (mut notebooks, mut statefulsets) = (None, None);
     if let Ok(Some(ar)) = k8s::notebook_resource(client).await {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        let list = api.list(&lp).await.map_err(failed("notebooks"))?;
+        let list = api
+            .list(&lp)
+            .await
+            .map_err(failed(kinds::NOTEBOOKS.resource))?;
         let types = TypeMeta {
             api_version: ar.api_version.clone(),
             kind: ar.kind.clone(),
@@ -307,29 +293,16 @@ async fn list_dra(
     names: &ResourceNames,
     scopes: &[Option<String>],
 ) -> Result<(Option<Value>, Option<Value>, Option<Value>), ListError> {
-    let lp = ListParams::default();
-    let failed = |resource| move |source| ListError { resource, source };
-    let (mut resource_claims, mut resource_slices, mut device_classes) = (None, None, None);
-    if !names.dra_drivers.is_empty() && super::dra::available(client, scopes, true).await {
-        use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-        let mut claims = Vec::new();
-        for ns in scopes {
-            let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
-            for c in api.list(&lp).await.map_err(failed("resourceclaims"))? {
-                claims.push(item(&c));
-            }
-        }
-        resource_claims = Some(list_of(claims));
-        let slices = Api::<ResourceSlice>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(failed("resourceslices"))?;
-        resource_slices = Some(list_of(slices.iter().map(item).collect()));
-        let classes = Api::<DeviceClass>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(failed("deviceclasses"))?;
-        device_classes = Some(list_of(classes.iter().map(item).collect()));
+    if names.dra_drivers.is_empty() || !super::dra::available(client, scopes, true).await {
+        return Ok((None, None, None));
     }
-    Ok((resource_claims, resource_slices, device_classes))
+    let claims = objects::<kinds::ResourceClaims>(client, scopes, &()).await?;
+    let slices = objects::<kinds::ResourceSlices>(client, scopes, &()).await?;
+    let classes = objects::<kinds::DeviceClasses>(client, scopes, &()).await?;
+    let raw = |items: Vec<Value>| Some(list_of(items));
+    Ok((
+        raw(claims.iter().map(item).collect()),
+        raw(slices.iter().map(item).collect()),
+        raw(classes.iter().map(item).collect()),
+    ))
 }

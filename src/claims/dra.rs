@@ -28,8 +28,9 @@ macro_rules! not_served {
 use crate::k8s;
 use crate::ledger::claims::{
     DeviceClassInfo, DraAllocation, DraDevice, DraDeviceKind, DraDeviceStatus, DraRequest,
-    ResourceClaimInfo, ResourceNames,
+    ResourceClaimInfo,
 };
+use crate::ledger::units::ResourceNames;
 
 /// The API group and version read.
 pub const GROUP: &str = "resource.k8s.io";

@@ -12,22 +12,24 @@
 //! pod named `--all` became a flag in a suggested command), and an object listed twice (same
 //! namespace and name, or same uid) is kept once, with a warning.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ResourceQuota};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use super::kinds::{self, Kind, Watched};
+use super::kueue;
 use super::project::{self, ProjectError};
-use super::{dra, kueue};
-use crate::ledger::claims::{Claims, ResourceNames};
+use crate::ledger::claims::Claims;
+use crate::ledger::kueue::KueueInputs;
 use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain};
+use crate::ledger::units::ResourceNames;
 
 /// Deepest nesting of arrays and objects accepted in a dump, JSON or YAML. serde_json's recursion
 /// limit (128, fixed) rejects the 128th level; YAML is held to the same bound. Kubernetes objects
@@ -122,33 +124,20 @@ pub enum FileError {
     },
 }
 
-/// Where each dump lives.
-#[derive(Debug, Clone)]
+/// Where each dump lives, by claim kind ([`kinds::KINDS`]): `kubectl get <kind> -A -o json|yaml`
+/// as `capture` writes it. With any Kueue dump, Kueue counts as served; Kueue's ConfigMap
+/// ([`kinds::KUEUE_CONFIG`]) as a list of none is "no ConfigMap" (no mappings), no file
+/// "unknown".
+#[derive(Debug, Clone, Default)]
 pub struct DumpPaths {
-    pub pods: PathBuf,
-    pub nodes: PathBuf,
-    pub notebooks: Option<PathBuf>,
-    pub quotas: Option<PathBuf>,
-    pub statefulsets: Option<PathBuf>,
-    /// DRA dumps (`kubectl get resourceclaims|resourceslices|deviceclasses -A -o json`).
-    pub resource_claims: Option<PathBuf>,
-    pub resource_slices: Option<PathBuf>,
-    pub device_classes: Option<PathBuf>,
-    /// Kueue dumps (`kubectl get resourceflavors|clusterqueues|localqueues|workloads
-    /// [-A] -o json`); with any of them, Kueue counts as served.
-    pub resource_flavors: Option<PathBuf>,
-    pub cluster_queues: Option<PathBuf>,
-    pub local_queues: Option<PathBuf>,
-    pub workloads: Option<PathBuf>,
-    /// Kueue's manager ConfigMap (`kubectl get configmaps -n kueue-system --field-selector
-    /// metadata.name=kueue-manager-config -o json`, as `capture` writes it): its
-    /// `deviceClassMappings`; an empty list is "no ConfigMap" (no mappings), no file "unknown".
-    pub kueue_config: Option<PathBuf>,
+    /// By [`Kind::stem`].
+    files: BTreeMap<&'static str, PathBuf>,
 }
 
 impl DumpPaths {
-    /// `DIR/{pods,nodes,notebooks,quotas,statefulsets,resourceclaims,resourceslices,
-    /// deviceclasses}.{json,yaml,yml}`; pods and nodes are required.
+    /// `DIR/<stem>.{json,yaml,yml}` for every kind of [`kinds::KINDS`] (its main stem first,
+    /// then its aliases); pods and nodes are required (`DIR/pods.json`, `DIR/nodes.json` when
+    /// absent, so the error names them).
     pub fn from_dir(dir: &Path) -> Self {
         // Any entry, not only regular files: a FIFO or a link to a device is then refused by
         // name when read, instead of skipped without a word.
@@ -158,21 +147,31 @@ impl DumpPaths {
                 .map(|ext| dir.join(format!("{stem}.{ext}")))
                 .find(|p| p.symlink_metadata().is_ok())
         };
-        DumpPaths {
-            pods: find("pods").unwrap_or_else(|| dir.join("pods.json")),
-            nodes: find("nodes").unwrap_or_else(|| dir.join("nodes.json")),
-            notebooks: find("notebooks"),
-            quotas: find("quotas").or_else(|| find("resourcequotas")),
-            statefulsets: find("statefulsets"),
-            resource_claims: find("resourceclaims"),
-            resource_slices: find("resourceslices"),
-            device_classes: find("deviceclasses"),
-            resource_flavors: find("resourceflavors"),
-            cluster_queues: find("clusterqueues"),
-            local_queues: find("localqueues"),
-            workloads: find("workloads"),
-            kueue_config: find(kueue::CONFIG_STEM),
+        let mut paths = DumpPaths::default();
+        for kind in kinds::KINDS {
+            let found = kind.stems().find_map(find);
+            let path = found.or_else(|| {
+                kind.required
+                    .then(|| dir.join(format!("{}.json", kind.stem)))
+            });
+            paths = paths.with(kind, path);
         }
+        paths
+    }
+
+    /// These paths with `kind`'s dump at `path` (`None`: no dump of it).
+    #[must_use]
+    pub fn with(mut self, kind: &'static Kind, path: Option<PathBuf>) -> Self {
+        match path {
+            Some(p) => self.files.insert(kind.stem, p),
+            None => self.files.remove(kind.stem),
+        };
+        self
+    }
+
+    /// Where `kind`'s dump is, if there is one.
+    pub fn get(&self, kind: &Kind) -> Option<&Path> {
+        self.files.get(kind.stem).map(PathBuf::as_path)
     }
 }
 
@@ -611,44 +610,85 @@ pub fn load(paths: &DumpPaths, names: &ResourceNames) -> Result<Claims, FileErro
     load_with_limits(paths, names, DumpLimits::default()).map(|l| l.claims)
 }
 
-/// Loads every dump and projects it; each file must stay within `limits`.
+/// Reads the dumps of [`DumpPaths`] within `limits`, collecting the warnings.
+struct Reader<'a> {
+    paths: &'a DumpPaths,
+    limits: DumpLimits,
+    warnings: Vec<String>,
+}
+
+impl<'a> Reader<'a> {
+    /// The items of `kind`'s dump, with its path; `None` when it has none.
+    fn list<T: DeserializeOwned + Send>(
+        &mut self,
+        kind: &'static Kind,
+    ) -> Result<Option<(&'a Path, Vec<T>)>, FileError> {
+        let Some(path) = self.paths.get(kind) else {
+            return Ok(None);
+        };
+        let (items, w) = read_list(path, kind.object, kind.kubectl, self.limits)?;
+        self.warnings.extend(w);
+        Ok(Some((path, items)))
+    }
+
+    /// The items of a required dump (pods, nodes); an unset path is read as `""` and refused
+    /// by name.
+    fn required<T: DeserializeOwned + Send>(
+        &mut self,
+        kind: &'static Kind,
+    ) -> Result<(&'a Path, Vec<T>), FileError> {
+        let path = self.paths.get(kind).unwrap_or(Path::new(""));
+        let (items, w) = read_list(path, kind.object, kind.kubectl, self.limits)?;
+        self.warnings.extend(w);
+        Ok((path, items))
+    }
+}
+
+/// The error of a projection, naming the dump.
+fn q(path: &Path) -> impl Fn(ProjectError) -> FileError + '_ {
+    move |source| FileError::Quantity {
+        path: path.into(),
+        source,
+    }
+}
+
+/// The projections of `objects` (read from `path`) as kind `K`'s watch keeps them.
+fn rows<K: Watched>(
+    names: &ResourceNames,
+    path: &Path,
+    objects: &[K::Object],
+) -> Result<Vec<K::Row>, FileError> {
+    objects
+        .iter()
+        .filter_map(|o| K::project(names, o).map_err(q(path)).transpose())
+        .collect()
+}
+
+/// Loads every dump and projects it; each file must stay within `limits`. Pods and nodes are
+/// read before either is projected; every other kind is read and projected in
+/// [`kinds::KINDS`] order.
 pub fn load_with_limits(
     paths: &DumpPaths,
     names: &ResourceNames,
     limits: DumpLimits,
 ) -> Result<Loaded, FileError> {
-    fn q(path: &Path) -> impl Fn(ProjectError) -> FileError + '_ {
-        move |source| FileError::Quantity {
-            path: path.into(),
-            source,
-        }
-    }
-    /// [`read_list`], its warnings kept.
-    fn list<T: DeserializeOwned + Send>(
-        path: &Path,
-        kind: &'static str,
-        plural: &'static str,
-        limits: DumpLimits,
-        warnings: &mut Vec<String>,
-    ) -> Result<Vec<T>, FileError> {
-        let (items, w) = read_list(path, kind, plural, limits)?;
-        warnings.extend(w);
-        Ok(items)
-    }
-    let mut warnings = Vec::new();
-    let w = &mut warnings;
-    let pods: Vec<Pod> = list(&paths.pods, "Pod", "pods", limits, w)?;
-    let nodes: Vec<Node> = list(&paths.nodes, "Node", "nodes", limits, w)?;
+    let mut r = Reader {
+        paths,
+        limits,
+        warnings: Vec::new(),
+    };
+    let (pods_path, pods): (_, Vec<Pod>) = r.required(&kinds::PODS)?;
+    let (nodes_path, nodes): (_, Vec<Node>) = r.required(&kinds::NODES)?;
     let mut claims = Claims::default();
     let mut namespaces = std::collections::BTreeSet::new();
-    let mut seen = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+    let mut seen = |meta: &ObjectMeta| {
         if let Some(ns) = &meta.namespace {
             namespaces.insert(ns.clone());
         }
     };
     for p in &pods {
         seen(&p.metadata);
-        match project::pod(names, p).map_err(q(&paths.pods))? {
+        match project::pod(names, p).map_err(q(pods_path))? {
             Some(c) => {
                 // A pod kept only for its ResourceClaims may still be a DaemonSet's.
                 if c.resources.is_empty() {
@@ -659,22 +699,14 @@ pub fn load_with_limits(
             None => claims.daemon_pods.extend(project::daemon_pod(p)),
         }
     }
-    for n in &nodes {
-        claims
-            .nodes
-            .push(project::node(names, n).map_err(q(&paths.nodes))?);
-    }
-    if let Some(path) = &paths.quotas {
-        let quotas: Vec<ResourceQuota> = list(path, "ResourceQuota", "resourcequotas", limits, w)?;
+    claims.nodes = rows::<kinds::Nodes>(names, nodes_path, &nodes)?;
+    if let Some((path, quotas)) = r.list::<ResourceQuota>(&kinds::QUOTAS)? {
         for rq in &quotas {
             seen(&rq.metadata);
-            if let Some(info) = project::quota(names, rq).map_err(q(path))? {
-                claims.quotas.push(info);
-            }
         }
+        claims.quotas = rows::<kinds::Quotas>(names, path, &quotas)?;
     }
-    if let Some(path) = &paths.notebooks {
-        let notebooks: Vec<MetaOnly> = list(path, "Notebook", "notebooks.kubeflow.org", limits, w)?;
+    if let Some((_, notebooks)) = r.list::<MetaOnly>(&kinds::NOTEBOOKS)? {
         for n in &notebooks {
             seen(&n.metadata);
         }
@@ -684,65 +716,55 @@ pub fn load_with_limits(
             .collect();
         claims.notebooks_enabled = true;
     }
-    if let Some(path) = &paths.statefulsets {
-        let sets: Vec<StatefulSet> = list(path, "StatefulSet", "statefulsets", limits, w)?;
+    if let Some((_, sets)) = r.list::<StatefulSet>(&kinds::STATEFULSETS)? {
         for set in &sets {
             seen(&set.metadata);
         }
         claims.statefulsets = sets.iter().map(project::statefulset).collect();
     }
-    if let Some(path) = &paths.resource_claims {
-        let items: Vec<ResourceClaim> = list(path, "ResourceClaim", "resourceclaims", limits, w)?;
-        claims.resource_claims = items
-            .iter()
-            .filter_map(|rc| dra::resource_claim(names, rc))
-            .collect();
+    if let Some((path, items)) = r.list(&kinds::RESOURCE_CLAIMS)? {
+        claims.resource_claims = rows::<kinds::ResourceClaims>(names, path, &items)?;
         claims.dra_enabled = true;
     }
-    if let Some(path) = &paths.resource_slices {
-        let items: Vec<ResourceSlice> = list(path, "ResourceSlice", "resourceslices", limits, w)?;
-        claims.dra_devices = items
-            .iter()
-            .filter_map(|s| dra::slice_devices(names, s))
-            .flatten()
-            .collect();
+    if let Some((path, items)) = r.list(&kinds::RESOURCE_SLICES)? {
+        let devices = rows::<kinds::ResourceSlices>(names, path, &items)?;
+        claims.dra_devices = devices.into_iter().flatten().collect();
         claims.dra_enabled = true;
     }
-    if let Some(path) = &paths.device_classes {
-        let items: Vec<DeviceClass> = list(path, "DeviceClass", "deviceclasses", limits, w)?;
-        claims.device_classes = items.iter().map(dra::device_class).collect();
+    if let Some((path, items)) = r.list(&kinds::DEVICE_CLASSES)? {
+        claims.device_classes = rows::<kinds::DeviceClasses>(names, path, &items)?;
     }
-    let kueue_files = [
-        (&paths.resource_flavors, "ResourceFlavor", "resourceflavors"),
-        (&paths.cluster_queues, "ClusterQueue", "clusterqueues"),
-        (&paths.local_queues, "LocalQueue", "localqueues"),
-        (&paths.workloads, "Workload", "workloads"),
-    ];
-    let mut kueue_lists: Vec<Vec<DynamicObject>> = Vec::with_capacity(kueue_files.len());
-    for (path, kind, plural) in kueue_files {
-        kueue_lists.push(match path {
-            Some(path) => list(path, kind, plural, limits, w)?,
-            None => Vec::new(),
-        });
-    }
-    if kueue_files.iter().any(|(p, _, _)| p.is_some()) {
-        let refs = |i: usize| kueue_lists[i].iter().collect();
-        claims.kueue = kueue::project_all(
-            names,
-            &kueue::Objects {
-                flavors: refs(0),
-                cluster_queues: refs(1),
-                local_queues: refs(2),
-                workloads: refs(3),
-            },
-        );
-        if let Some(path) = &paths.kueue_config {
-            let items: Vec<ConfigMap> = list(path, "ConfigMap", "configmaps", limits, w)?;
+    let flavors = r.list(&kinds::RESOURCE_FLAVORS)?;
+    let cluster_queues = r.list(&kinds::CLUSTER_QUEUES)?;
+    let local_queues = r.list(&kinds::LOCAL_QUEUES)?;
+    let workloads = r.list(&kinds::WORKLOADS)?;
+    let kueue_served = [&flavors, &cluster_queues, &local_queues, &workloads]
+        .iter()
+        .any(|l| l.is_some());
+    if kueue_served {
+        /// The rows of one Kueue kind (none without its dump).
+        fn all<K: Watched<Object = DynamicObject>>(
+            names: &ResourceNames,
+            read: Option<(&Path, Vec<DynamicObject>)>,
+        ) -> Result<Vec<K::Row>, FileError> {
+            read.map_or(Ok(Vec::new()), |(path, items)| {
+                rows::<K>(names, path, &items)
+            })
+        }
+        claims.kueue = KueueInputs {
+            enabled: true,
+            flavors: all::<kinds::ResourceFlavors>(names, flavors)?,
+            cluster_queues: all::<kinds::ClusterQueues>(names, cluster_queues)?,
+            local_queues: all::<kinds::LocalQueues>(names, local_queues)?,
+            workloads: all::<kinds::Workloads>(names, workloads)?,
+            device_class_mappings: None,
+        };
+        if let Some((path, items)) = r.list::<ConfigMap>(&kinds::KUEUE_CONFIG)? {
             claims.kueue.device_class_mappings = match items.first().map(kueue::mappings_of) {
                 None => Some(Vec::new()),
                 Some(Ok(m)) => Some(m),
                 Some(Err(e)) => {
-                    w.push(format!(
+                    r.warnings.push(format!(
                         "{}: {}; Kueue's deviceClassMappings are unknown",
                         path.display(),
                         crate::telemetry::error_chain(&e)
@@ -754,7 +776,7 @@ pub fn load_with_limits(
     }
     Ok(Loaded {
         claims,
-        warnings,
+        warnings: r.warnings,
         namespaces,
     })
 }
@@ -1211,6 +1233,9 @@ mod tests {
         std::os::unix::fs::symlink("/dev/null", dir.path().join("notebooks.json"))
             .expect("symlink");
         let paths = DumpPaths::from_dir(dir.path());
-        assert_eq!(paths.notebooks, Some(dir.path().join("notebooks.json")));
+        assert_eq!(
+            paths.get(&kinds::NOTEBOOKS),
+            Some(dir.path().join("notebooks.json").as_path())
+        );
     }
 }

@@ -25,11 +25,11 @@ use tracing::{debug, info, warn};
 use super::project;
 use super::quantity::parse_units;
 use crate::k8s;
-use crate::ledger::claims::ResourceNames;
 use crate::ledger::kueue::{
     Admission, ClusterQueueInfo, DeviceClassMapping, FlavorQuota, FlavorUsage, KueueInputs,
     LocalQueueInfo, PodSetAssignment, PodSetInfo, ResourceFlavorInfo, WorkloadInfo, WorkloadOwner,
 };
+use crate::ledger::units::ResourceNames;
 
 pub const GROUP: &str = "kueue.x-k8s.io";
 pub const VERSION: &str = "v1beta2";

@@ -1,14 +1,16 @@
 //! One-shot claims from the live API (`report` against a cluster): one list per resource, into
 //! the same projections as the watches.
 
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
-use kube::Client;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::api::{Api, ListParams};
+use kube::{Client, Resource};
 use tracing::warn;
 
+use super::kinds::{self, Scope, Watched};
 use super::project;
 use crate::k8s;
-use crate::ledger::claims::{Claims, ResourceNames};
+use crate::ledger::claims::Claims;
+use crate::ledger::units::ResourceNames;
 
 /// A list call that failed.
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +19,32 @@ pub struct ListError {
     pub resource: &'static str,
     #[source]
     pub source: kube::Error,
+}
+
+/// Every object of kind `K` (served as `resource`, `()` for a typed kind): one list per scope
+/// for a namespaced kind, one cluster-wide list otherwise; an error names the kind's resource.
+pub async fn objects<K: Watched>(
+    client: &Client,
+    scopes: &[Option<String>],
+    resource: &<K::Object as Resource>::DynamicType,
+) -> Result<Vec<K::Object>, ListError> {
+    let cluster_wide = [None];
+    let scopes = match K::KIND.scope {
+        Scope::Namespaced => scopes,
+        Scope::Cluster => &cluster_wide,
+    };
+    let mut out = Vec::new();
+    for ns in scopes {
+        let list = K::api(client, ns.as_deref(), resource)
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| ListError {
+                resource: K::KIND.resource,
+                source,
+            })?;
+        out.extend(list.items);
+    }
+    Ok(out)
 }
 
 /// Lists pods, quotas, nodes, Notebooks (when served) and the StatefulSets owning GPU pods.
@@ -32,7 +60,7 @@ pub async fn list_claims(
     let failed = |resource| move |source| ListError { resource, source };
     for ns in &scopes {
         let pods: Api<Pod> = k8s::scoped(client, ns.as_deref());
-        for p in pods.list(&lp).await.map_err(failed("pods"))? {
+        for p in pods.list(&lp).await.map_err(failed(kinds::PODS.resource))? {
             match project::pod(names, &p) {
                 Ok(Some(c)) => {
                     // A pod kept only for its ResourceClaims may still be a DaemonSet's.
@@ -46,14 +74,17 @@ pub async fn list_claims(
             }
         }
         let quotas: Api<ResourceQuota> = k8s::scoped(client, ns.as_deref());
-        for q in quotas.list(&lp).await.map_err(failed("resourcequotas"))? {
+        for q in quotas
+            .list(&lp)
+            .await
+            .map_err(failed(kinds::QUOTAS.resource))?
+        {
             if let Ok(Some(info)) = project::quota(names, &q) {
                 claims.quotas.push(info);
             }
         }
     }
-    let nodes: Api<Node> = Api::all(client.clone());
-    for n in nodes.list(&lp).await.map_err(failed("nodes"))? {
+    for n in objects::<kinds::Nodes>(client, &scopes, &()).await? {
         match project::node(names, &n) {
             Ok(info) => claims.nodes.push(info),
             Err(e) => warn!(error = &e as &dyn std::error::Error, "ignoring node"),
@@ -70,7 +101,10 @@ pub async fn list_claims(
         // only).
         for ns in &scopes {
             let api = k8s::scoped_dynamic(client, ns.as_deref(), &ar);
-            let list = api.list(&lp).await.map_err(failed("notebooks"))?;
+            let list = api
+                .list(&lp)
+                .await
+                .map_err(failed(kinds::NOTEBOOKS.resource))?;
             claims
                 .notebooks
                 .extend(list.items.iter().map(|o| k8s::notebook(&o.metadata)));

@@ -15,11 +15,12 @@ use crate::k8s::to_chrono;
 use crate::ledger::claims::{
     DaemonPod, Deletion, GFD_LABEL_PREFIX, LabelSelector, NodeInfo, NodeOp, NodeRequirement,
     NodeSelectorTerm, OwnerRef, PRODUCT_LABEL, Placement, PodClaim, PodPhase, QuotaInfo,
-    REPLICAS_LABEL, ResourceNames, SelectorOp, SelectorRequirement, StatefulSetInfo, Taint,
-    Toleration, bounded_names,
+    REPLICAS_LABEL, SelectorOp, SelectorRequirement, StatefulSetInfo, Taint, Toleration,
+    bounded_names,
 };
 use crate::ledger::kueue::WorkloadRefs;
 use crate::ledger::quota::device_class_of_quota_key;
+use crate::ledger::units::ResourceNames;
 
 /// A quantity that cannot be a GPU count, with where it was found.
 #[derive(Debug, thiserror::Error)]

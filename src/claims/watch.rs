@@ -17,9 +17,8 @@ use std::time::Duration;
 use dashmap::DashMap;
 use futures::TryStreamExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::api::{Api, DynamicObject};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
 use kube::discovery::ApiResource;
 use kube::runtime::utils::Backoff as _;
 use kube::runtime::watcher::{self, DefaultBackoff, Event};
@@ -28,16 +27,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::kinds::{self, Scope, Watched};
 use super::{dra, kueue, project};
 use crate::k8s;
 use crate::ledger::claims::{
     Claims, DaemonPod, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
-    ResourceClaimInfo, ResourceNames, StatefulSetInfo,
+    ResourceClaimInfo, StatefulSetInfo,
 };
 use crate::ledger::kueue::{
     ClusterQueueInfo, DeviceClassMapping, KueueInputs, LocalQueueInfo, ResourceFlavorInfo,
     WorkloadInfo,
 };
+use crate::ledger::units::ResourceNames;
 use crate::spawn::Spawn;
 
 /// Bound of one API call made besides the watches (notebook discovery, a StatefulSet GET).
@@ -390,95 +391,40 @@ pub async fn start_with(
     on_restart: RestartHook,
 ) -> Stores {
     let stores = Stores::new();
-    let names = config.names.clone();
-    let scopes = k8s::scopes(&config.namespaces);
-
-    for (i, ns) in scopes.iter().enumerate() {
-        let api: Api<Pod> = k8s::scoped(&client, ns.as_deref());
-        let store = stores.pods.clone();
-        let names = names.clone();
-        spawn_watch(
-            spawn,
-            &cancel,
-            &stores,
-            leak_label("pods", i),
-            api,
-            watcher::Config::default(),
-            on_restart.clone(),
-            move |pod: &Pod| match project::pod(&names, pod) {
-                Ok(claim) => claim.map(Arc::new),
-                Err(e) => {
-                    warn!(
-                        error = &e as &dyn std::error::Error,
-                        "ignoring pod with an invalid GPU quantity"
-                    );
-                    None
-                }
-            },
-            store,
-            pod_key,
-        );
-        let api: Api<ResourceQuota> = k8s::scoped(&client, ns.as_deref());
-        let names = config.names.clone();
-        spawn_watch(
-            spawn,
-            &cancel,
-            &stores,
-            leak_label("resourcequotas", i),
-            api,
-            watcher::Config::default(),
-            on_restart.clone(),
-            move |q: &ResourceQuota| project::quota(&names, q).ok().flatten(),
-            stores.quotas.clone(),
-            quota_key,
-        );
-    }
-    // DaemonSet pods only (the label is set by the DaemonSet controller alone), in the
-    // exporter's namespaces: it usually runs outside the watched ones.
-    let exporter_scopes = k8s::scopes(&config.exporter_namespaces);
-    for (i, ns) in exporter_scopes.iter().enumerate() {
-        let api: Api<Pod> = k8s::scoped(&client, ns.as_deref());
-        spawn_watch(
-            spawn,
-            &cancel,
-            &stores,
-            leak_label("daemonset-pods", i),
-            api,
-            watcher::Config::default().labels(project::DAEMONSET_POD_LABEL),
-            on_restart.clone(),
-            |pod: &Pod| project::daemon_pod(pod),
-            stores.daemon_pods.clone(),
-            pod_key,
-        );
-    }
-    let api: Api<Node> = Api::all(client.clone());
-    let names_n = config.names.clone();
-    spawn_watch(
-        spawn,
-        &cancel,
-        &stores,
-        "nodes",
-        api,
-        watcher::Config::default(),
-        on_restart.clone(),
-        move |n: &Node| project::node(&names_n, n).ok(),
-        stores.nodes.clone(),
-        |n: &Node| n.name_any(),
-    );
-
-    // The optional APIs: looked for once now (so a cluster that serves them starts with their
-    // watches, as before), and when one is not found, again in the background until it is — an
-    // API blip or a Kubeflow installed later must not leave ownership and culling off until a
-    // restart.
+    // The optional APIs are looked for once now (so a cluster that serves them starts with
+    // their watches, as before), and when one is not found, again in the background until it
+    // is — an API blip or a Kubeflow installed later must not leave ownership and culling off
+    // until a restart.
     let optional = Optional {
         client,
         names: config.names.clone(),
         kueue_config_map: config.kueue_config_map.clone(),
-        scopes,
+        scopes: k8s::scopes(&config.namespaces),
         cancel,
         stores: stores.clone(),
         on_restart,
     };
+    watch_kind::<kinds::Pods>(&optional, spawn, &(), &stores.pods);
+    watch_kind::<kinds::Quotas>(&optional, spawn, &(), &stores.quotas);
+    // DaemonSet pods only (the label is set by the DaemonSet controller alone), in the
+    // exporter's namespaces: it usually runs outside the watched ones.
+    let exporter_scopes = k8s::scopes(&config.exporter_namespaces);
+    for (i, ns) in exporter_scopes.iter().enumerate() {
+        spawn_watch(
+            spawn,
+            &optional.cancel,
+            &stores,
+            leak_label("daemonset-pods", i),
+            k8s::scoped::<Pod>(&optional.client, ns.as_deref()),
+            watcher::Config::default().labels(project::DAEMONSET_POD_LABEL),
+            optional.on_restart.clone(),
+            |pod: &Pod| project::daemon_pod(pod),
+            stores.daemon_pods.clone(),
+            |pod: &Pod| kinds::PODS.key(pod),
+        );
+    }
+    watch_kind::<kinds::Nodes>(&optional, spawn, &(), &stores.nodes);
+
     for api in OptionalApi::ALL {
         match optional.try_start(api, spawn, true).await {
             Found::Started | Found::Off => {}
@@ -583,7 +529,7 @@ impl Missing {
     }
 }
 
-/// What starting an optional API's watches needs (all shared, cheap to clone).
+/// What starting watches needs, the optional APIs' included (all shared, cheap to clone).
 #[derive(Clone)]
 struct Optional {
     client: Client,
@@ -710,92 +656,43 @@ fn start_notebooks(ar: &ApiResource, ctx: &Optional, spawn: Spawn<'_>) {
     let stores = &ctx.stores;
     stores.notebooks_enabled.store(true, Ordering::Relaxed);
     info!(version = %ar.version, "watching kubeflow.org notebooks");
-    for (i, ns) in ctx.scopes.iter().enumerate() {
-        let api = k8s::scoped_dynamic(&ctx.client, ns.as_deref(), ar);
-        spawn_watch(
-            spawn,
-            &ctx.cancel,
-            stores,
-            leak_label("notebooks", i),
-            api,
-            watcher::Config::default(),
-            ctx.on_restart.clone(),
-            |o: &DynamicObject| Some(k8s::notebook(&o.metadata)),
-            stores.notebooks.clone(),
-            |o: &DynamicObject| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()),
-        );
-    }
+    watch_kind::<kinds::Notebooks>(ctx, spawn, ar, &stores.notebooks);
 }
 
 /// Starts the Kueue watches on `stores` (once [`kueue::available`] said `kueue.x-k8s.io/v1beta2`
 /// is served and readable); LocalQueues and Workloads in `scopes`.
 fn start_kueue(ctx: &Optional, spawn: Spawn<'_>) {
-    let (client, names, scopes) = (&ctx.client, &ctx.names, &ctx.scopes);
-    let (cancel, stores, on_restart) = (&ctx.cancel, &ctx.stores, &ctx.on_restart);
+    let stores = &ctx.stores;
     stores.kueue_enabled.store(true, Ordering::Relaxed);
     info!(
         group = kueue::GROUP,
         version = kueue::VERSION,
         "watching Kueue resourceflavors, clusterqueues, localqueues, workloads"
     );
-    let by_name = |o: &DynamicObject| o.name_any();
-    let by_ns_name =
-        |o: &DynamicObject| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any());
-    let ar = kueue::api_resource("ResourceFlavor", "resourceflavors");
-    spawn_watch(
+    watch_kind::<kinds::ResourceFlavors>(
+        ctx,
         spawn,
-        cancel,
-        stores,
-        "resourceflavors",
-        Api::<DynamicObject>::all_with(client.clone(), &ar),
-        watcher::Config::default(),
-        on_restart.clone(),
-        |o: &DynamicObject| Some(kueue::resource_flavor(o)),
-        stores.kueue_flavors.clone(),
-        by_name,
+        &kinds::RESOURCE_FLAVORS.kueue_resource(),
+        &stores.kueue_flavors,
     );
-    let ar = kueue::api_resource("ClusterQueue", "clusterqueues");
-    spawn_watch(
+    watch_kind::<kinds::ClusterQueues>(
+        ctx,
         spawn,
-        cancel,
-        stores,
-        "clusterqueues",
-        Api::<DynamicObject>::all_with(client.clone(), &ar),
-        watcher::Config::default(),
-        on_restart.clone(),
-        |o: &DynamicObject| Some(kueue::cluster_queue(o)),
-        stores.cluster_queues.clone(),
-        by_name,
+        &kinds::CLUSTER_QUEUES.kueue_resource(),
+        &stores.cluster_queues,
     );
-    for (i, ns) in scopes.iter().enumerate() {
-        let ar = kueue::api_resource("LocalQueue", "localqueues");
-        spawn_watch(
-            spawn,
-            cancel,
-            stores,
-            leak_label("localqueues", i),
-            k8s::scoped_dynamic(client, ns.as_deref(), &ar),
-            watcher::Config::default(),
-            on_restart.clone(),
-            |o: &DynamicObject| Some(kueue::local_queue(o)),
-            stores.local_queues.clone(),
-            by_ns_name,
-        );
-        let ar = kueue::api_resource("Workload", "workloads");
-        let names = names.clone();
-        spawn_watch(
-            spawn,
-            cancel,
-            stores,
-            leak_label("workloads", i),
-            k8s::scoped_dynamic(client, ns.as_deref(), &ar),
-            watcher::Config::default(),
-            on_restart.clone(),
-            move |o: &DynamicObject| Some(kueue::workload(&names, o)),
-            stores.workloads.clone(),
-            by_ns_name,
-        );
-    }
+    watch_kind::<kinds::LocalQueues>(
+        ctx,
+        spawn,
+        &kinds::LOCAL_QUEUES.kueue_resource(),
+        &stores.local_queues,
+    );
+    watch_kind::<kinds::Workloads>(
+        ctx,
+        spawn,
+        &kinds::WORKLOADS.kueue_resource(),
+        &stores.workloads,
+    );
     start_kueue_config(ctx, spawn);
 }
 
@@ -835,53 +732,12 @@ fn start_kueue_config(ctx: &Optional, spawn: Spawn<'_>) {
 /// Starts the DRA watches on `stores` (once [`dra::available`] said the API is served and
 /// readable); `scopes` are the namespaces claims are watched in (`None`: all).
 fn start_dra(ctx: &Optional, spawn: Spawn<'_>) {
-    let (client, names, scopes) = (&ctx.client, &ctx.names, &ctx.scopes);
-    let (cancel, stores, on_restart) = (&ctx.cancel, &ctx.stores, &ctx.on_restart);
+    let stores = &ctx.stores;
     stores.dra_enabled.store(true, Ordering::Relaxed);
-    info!(drivers = ?names.dra_drivers, "watching {}/{} resourceclaims, resourceslices, deviceclasses", dra::GROUP, dra::VERSION);
-    for (i, ns) in scopes.iter().enumerate() {
-        let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
-        let names = names.clone();
-        spawn_watch(
-            spawn,
-            cancel,
-            stores,
-            leak_label("resourceclaims", i),
-            api,
-            watcher::Config::default(),
-            on_restart.clone(),
-            move |rc: &ResourceClaim| dra::resource_claim(&names, rc),
-            stores.resource_claims.clone(),
-            |rc: &ResourceClaim| {
-                format!("{}/{}", rc.namespace().unwrap_or_default(), rc.name_any())
-            },
-        );
-    }
-    let names_s = names.clone();
-    spawn_watch(
-        spawn,
-        cancel,
-        stores,
-        "resourceslices",
-        Api::<ResourceSlice>::all(client.clone()),
-        watcher::Config::default(),
-        on_restart.clone(),
-        move |s: &ResourceSlice| dra::slice_devices(&names_s, s),
-        stores.resource_slices.clone(),
-        ResourceExt::name_any,
-    );
-    spawn_watch(
-        spawn,
-        cancel,
-        stores,
-        "deviceclasses",
-        Api::<DeviceClass>::all(client.clone()),
-        watcher::Config::default(),
-        on_restart.clone(),
-        |c: &DeviceClass| Some(dra::device_class(c)),
-        stores.device_classes.clone(),
-        ResourceExt::name_any,
-    );
+    info!(drivers = ?ctx.names.dra_drivers, "watching {}/{} resourceclaims, resourceslices, deviceclasses", dra::GROUP, dra::VERSION);
+    watch_kind::<kinds::ResourceClaims>(ctx, spawn, &(), &stores.resource_claims);
+    watch_kind::<kinds::ResourceSlices>(ctx, spawn, &(), &stores.resource_slices);
+    watch_kind::<kinds::DeviceClasses>(ctx, spawn, &(), &stores.device_classes);
 }
 
 /// A copy of every value of a store.
@@ -890,7 +746,7 @@ fn values<V: Clone>(store: &DashMap<String, V>) -> Vec<V> {
 }
 
 /// Label of the i-th watch of a resource (static strings keep metric labels bounded).
-pub(super) fn leak_label(resource: &'static str, i: usize) -> &'static str {
+fn leak_label(resource: &'static str, i: usize) -> &'static str {
     if i == 0 {
         resource
     } else {
@@ -898,12 +754,42 @@ pub(super) fn leak_label(resource: &'static str, i: usize) -> &'static str {
     }
 }
 
-fn pod_key(p: &Pod) -> String {
-    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
-}
-
-fn quota_key(q: &ResourceQuota) -> String {
-    format!("{}/{}", q.namespace().unwrap_or_default(), q.name_any())
+/// Starts the watches of kind `K` (served as `resource`, `()` for a typed kind) into `store`:
+/// one per scope for a namespaced kind, one cluster-wide otherwise.
+fn watch_kind<K: Watched>(
+    ctx: &Optional,
+    spawn: Spawn<'_>,
+    resource: &<K::Object as Resource>::DynamicType,
+    store: &Arc<DashMap<String, K::Row>>,
+) {
+    let cluster_wide = [None];
+    let scopes = match K::KIND.scope {
+        Scope::Namespaced => ctx.scopes.as_slice(),
+        Scope::Cluster => &cluster_wide,
+    };
+    for (i, ns) in scopes.iter().enumerate() {
+        let names = ctx.names.clone();
+        spawn_watch(
+            spawn,
+            &ctx.cancel,
+            &ctx.stores,
+            leak_label(K::KIND.resource, i),
+            K::api(&ctx.client, ns.as_deref(), resource),
+            watcher::Config::default(),
+            ctx.on_restart.clone(),
+            move |o: &K::Object| match K::project(&names, o) {
+                Ok(row) => row,
+                Err(e) => {
+                    if let Some(what) = K::INVALID {
+                        warn!(error = &e as &dyn std::error::Error, "{what}");
+                    }
+                    None
+                }
+            },
+            store.clone(),
+            |o: &K::Object| K::KIND.key(o),
+        );
+    }
 }
 
 /// The served version of kubeflow.org/Notebook, or `None` when the group or kind is absent.
@@ -920,7 +806,7 @@ async fn notebook_resource(client: &Client) -> Result<Option<ApiResource>, Watch
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(super) fn spawn_watch<K, V, P, F>(
+fn spawn_watch<K, V, P, F>(
     spawn: Spawn<'_>,
     cancel: &CancellationToken,
     stores: &Stores,

@@ -7,9 +7,10 @@ use foldhash::HashMap;
 use foldhash::fast::RandomState;
 use smallvec::SmallVec;
 
-use super::claims::{Claims, GpuResourceKind, PodClaim, PodPhase};
+use super::claims::{Claims, PodClaim, PodPhase};
 use super::dra::{DraJoin, Held};
 use super::model::{Attribution, PodRow, Policy, UnclaimedBusy, seconds};
+use super::units::GpuResourceKind;
 use super::usage::{DeviceUsage, OwnWindow, Usage, Workload};
 
 /// Where pods and devices are: real node names, and the DaemonSet pods (dcgm-exporter runs as
@@ -237,7 +238,7 @@ impl DeviceIndex<'_> {
                 continue;
             }
             d.key.gpu_instance.as_ref()?;
-            let g = super::claims::profile_slices(d.mig_profile.as_deref()?)?;
+            let g = super::units::profile_slices(d.mig_profile.as_deref()?)?;
             if *slices.get_or_insert(g) != g {
                 return None;
             }

@@ -4,7 +4,8 @@
 //! The most expensive idle of all: a device plugin that is down, a stuck rollout or a card fallen
 //! off the bus leaves cards in the machine that no pod can ask for, and nothing else shows it.
 
-use super::claims::{GpuResourceKind, MIG_STRATEGY_LABEL, NodeInfo, NodeShape, ResourceNames};
+use super::claims::{MIG_STRATEGY_LABEL, NodeInfo};
+use super::units::{GpuResourceKind, NodeShape, ResourceNames};
 
 /// GFD's count of GPUs (under the MIG single strategy: of MIG devices) on a node.
 pub const GPU_COUNT_LABEL: &str = "nvidia.com/gpu.count";
@@ -79,7 +80,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::ledger::claims::SliceTable;
+    use crate::ledger::units::SliceTable;
 
     fn node(labels: &[(&str, &str)], allocatable: &[(&str, u64)], replicas: u32) -> NodeInfo {
         NodeInfo {

@@ -17,8 +17,9 @@ use foldhash::{HashMap, HashMapExt, HashSet};
 
 use super::claims::{
     Claims, DRA_RESOURCE_PREFIX, DeviceClassInfo, DraDevice, DraDeviceKind, DraDeviceStatus,
-    PodClaim, ResourceClaimInfo, ResourceNames, SliceTable, profile_slices, unplaced_parent_slices,
+    PodClaim, ResourceClaimInfo,
 };
+use super::units::{ResourceNames, SliceTable, profile_slices, unplaced_parent_slices};
 
 /// How a held device is found among DCGM's devices.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,14 +18,16 @@ pub mod quota;
 pub mod reclaim;
 mod row_builder;
 pub mod showback;
+pub mod units;
 pub mod usage;
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use claims::{Claims, NodeInfo, NodeShape, NotebookInfo, PodClaim};
+use claims::{Claims, NodeInfo, NotebookInfo, PodClaim};
 use model::seconds;
+use units::NodeShape;
 use usage::Usage;
 
 pub use model::{

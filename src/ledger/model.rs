@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use super::claims::{NotebookInfo, OwnerRef, ResourceNames, SliceTable, shard_of};
+use super::claims::{NotebookInfo, OwnerRef, shard_of};
+use super::units::{ResourceNames, SliceTable};
 use super::usage::DeviceKey;
 
 /// Knobs that change what the ledger concludes.

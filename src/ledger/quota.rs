@@ -32,10 +32,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Utc};
 use foldhash::{HashMap, HashMapExt};
 
-use super::claims::{Claims, DRA_RESOURCE_PREFIX, PodClaim, ResourceClaimInfo, ResourceNames};
+use super::claims::{Claims, DRA_RESOURCE_PREFIX, PodClaim, ResourceClaimInfo};
 use super::kueue::{OWNER_LABELS, WorkloadInfo};
 use super::model::{Ledger, PodRow};
 pub use super::model::{QueueRow, QuotaRow, UnquotaedClaim};
+use super::units::ResourceNames;
 
 /// Suffix of a ResourceQuota key that limits the devices of one DRA DeviceClass
 /// (`<class>.deviceclass.resource.k8s.io/devices`, Kubernetes "Resource Quotas", DRA).
