@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::ControlPlane;
+use crate::control_plane::ControlPlane;
 
 /// What a rule does to the requests it picks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
