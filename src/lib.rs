@@ -13,14 +13,13 @@
 //! counters of the published snapshot (`ledger::accounting::Snapshot`, which the culler and
 //! `/metrics` read) and the showback math (`ledger::showback`); the sinks only render them.
 //!
-//! Import rules (checked by `tests/architecture.rs`): `ledger` imports no other module of the
-//! crate; `export` never imports `cull`; `report` never imports `claims`; `config` never imports
-//! `cull`; the sinks (`export`, `report`, `cull`) import no other sink (`app` hands `export` the
-//! page's renderer, report's HTML, as `app::page::HtmlPage`), and `cull` no source: shared
-//! Kubernetes lookups live in `k8s`. No two files import each other: what a parent's children
-//! share lives in a named child (`ledger::model`, `app`'s `error.rs`, `report::cells`). `app`
-//! wires the modes together and nothing it wires names it (tasks reach its supervisor through
-//! `spawn::Spawn`).
+//! Import rules (checked by `tests/architecture.rs`, no exception; the table is in
+//! `docs/architecture.md`): `ledger` names no other module of the crate; sources (`claims`,
+//! `usage`) name neither each other nor a sink; sinks (`export`, `report`, `cull`) name no other
+//! sink and no source (`app` hands `export` the page's renderer as `app::page::HtmlPage`; shared
+//! Kubernetes lookups live in `k8s`); nothing `app` wires names `app` (tasks reach its supervisor
+//! through `spawn::Spawn`); no two files name each other: what a parent's children share lives in
+//! a named child (`ledger::model`, `app`'s `error.rs`, `report::cells`).
 
 pub mod app;
 pub mod claims;
