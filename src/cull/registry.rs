@@ -66,3 +66,6 @@ impl fmt::Debug for Targets {
         f.debug_list().entries(self.iter()).finish()
     }
 }
+
+#[cfg(test)]
+mod tests;
