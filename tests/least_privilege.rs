@@ -26,8 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use gpu_ledger::cull::actuator::{notice_patch, stop_patch};
-use gpu_ledger::cull::notebook::Notebook as NotebookTarget;
-use gpu_ledger::cull::plan::{Action, CancelReason, Notice};
+use gpu_ledger::cull::plan::{Action, CancelReason};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::process::run_ok;
 use gpu_ledger_testkit::stack::{
@@ -194,23 +193,23 @@ async fn create_notebook(admin: &kube::Client, ns: &str, name: &str) -> Result<D
         .await?)
 }
 
+/// gpu-ledger's stop of `nb` (pod `nb-0`, idle 2h), as the plan would hand it to the actuator.
+fn the_stop(nb: &DynamicObject) -> Action {
+    Action::notebook_stop(
+        nb.metadata.namespace.clone().unwrap_or_default(),
+        nb.metadata.name.clone().unwrap_or_default(),
+    )
+    .with_uid(nb.metadata.uid.clone().unwrap_or_default())
+    .at_version(nb.metadata.resource_version.clone().unwrap_or_default())
+    .of_pod("nb-0", "uid")
+    .idle_for(7200.0, Some(0.0))
+    .stopping_at("2026-12-01T09:00:00Z")
+}
+
 /// gpu-ledger's own stop patch for `nb`, as `cull::actuator` builds it.
 fn the_stop_patch(nb: &DynamicObject) -> Value {
-    let action = Action::Stop {
-        namespace: nb.metadata.namespace.clone().unwrap_or_default(),
-        notebook: nb.metadata.name.clone().unwrap_or_default(),
-        notebook_uid: nb.metadata.uid.clone().unwrap_or_default(),
-        resource_version: nb.metadata.resource_version.clone().unwrap_or_default(),
-        pod: "nb-0".into(),
-        pod_uid: "uid".into(),
-        idle_seconds: 7200.0,
-        peak_utilization: Some(0.0),
-        stop_value: "2026-12-01T09:00:00Z".into(),
-        for_pending: None,
-    };
     stop_patch(
-        &NotebookTarget,
-        &action,
+        &the_stop(nb),
         nb.metadata.resource_version.as_deref().unwrap_or_default(),
     )
 }
@@ -224,29 +223,13 @@ async fn the_notices_pass(
 ) -> Result<DynamicObject> {
     let name = nb.metadata.name.clone().unwrap_or_default();
     let stop_at = chrono::DateTime::parse_from_rfc3339("2026-12-01T09:10:00Z")?.to_utc();
-    let schedule = Notice::Schedule {
-        namespace: nb.metadata.namespace.clone().unwrap_or_default(),
-        notebook: name.clone(),
-        notebook_uid: nb.metadata.uid.clone().unwrap_or_default(),
-        pod: "nb-0".into(),
-        stop_at,
-        idle_seconds: 7200.0,
-        peak_utilization: Some(0.0),
-    };
-    let cancel = Notice::Cancel {
-        namespace: nb.metadata.namespace.clone().unwrap_or_default(),
-        notebook: name.clone(),
-        notebook_uid: nb.metadata.uid.clone().unwrap_or_default(),
-        pod: "nb-0".into(),
-        stop_at,
-        why: CancelReason::Activity,
-        snooze_until: None,
-    };
+    let schedule = the_stop(nb).notice(stop_at);
+    let cancel = the_stop(nb).notice_cancelled(stop_at, CancelReason::Activity);
     let ns = nb.metadata.namespace.clone().unwrap_or_default();
     for notice in [schedule, cancel] {
         let fresh = notebooks(admin, &ns).get(&name).await?;
         let rv = fresh.metadata.resource_version.clone().unwrap_or_default();
-        merge_patch(sa, &name, &notice_patch(&NotebookTarget, &notice, &rv))
+        merge_patch(sa, &name, &notice_patch(&notice, &rv))
             .await
             .with_context(|| {
                 format!("gpu-ledger's {} notice must pass the policy", notice.kind())

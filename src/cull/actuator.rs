@@ -1,7 +1,8 @@
 //! The actuator: performs a plan's [`Action`]s against the API, leader-only, and returns
 //! [`Outcome`]s as data.
 //!
-//! Right before each stop it re-GETs the target object (a [`Target`]) and re-checks it, asks the
+//! Every action and notice names its target (a [`Target`], set by the plan from the pod's owner);
+//! right before each stop it re-GETs the target object and re-checks it, asks the
 //! caller to re-check the usage evidence, then sends ONE JSON merge patch carrying the re-read
 //! `resourceVersion` as a precondition. It never removes annotations other than its own notice,
 //! never Updates, scales or deletes anything.
@@ -26,7 +27,6 @@ use tracing::{info, warn};
 
 use super::lease::{API_TIMEOUT, Leadership};
 use super::plan::{Action, CullMode, CullPolicy, Notice, rfc3339};
-use super::registry;
 use super::target::{Target, TargetInfo, TargetRef};
 use crate::ledger::claims::{
     CULL_OPT_OUT_ANNOTATION, STOP_REASON_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION,
@@ -272,14 +272,13 @@ pub trait CullApi: Send + Sync {
     ) -> BoxFuture<'a, Result<BTreeSet<String>, kube::Error>>;
 }
 
-/// The merge-patch body of a stop: the target's stop fields plus our own audit annotations,
-/// with the evaluated `resourceVersion` as precondition. Only adds keys; never removes any.
-pub fn stop_patch(
-    target: &dyn Target,
-    action: &Action,
-    resource_version: &str,
-) -> serde_json::Value {
-    let Action::Stop { stop_value, .. } = action;
+/// The merge-patch body of a stop: the action's target's stop fields plus our own audit
+/// annotations, with the evaluated `resourceVersion` as precondition. Only adds keys; never
+/// removes any.
+pub fn stop_patch(action: &Action, resource_version: &str) -> serde_json::Value {
+    let Action::Stop {
+        target, stop_value, ..
+    } = action;
     let mut body = json!({
         "metadata": {
             "resourceVersion": resource_version,
@@ -314,9 +313,9 @@ fn merge_into(body: &mut serde_json::Value, part: serde_json::Value) {
 
 /// Re-checks a freshly read target object against the action: same object, still not stopped,
 /// not deleting, no culling annotation that is not understood, not opted out, not snoozed, not
-/// within the restart grace, and the target's own checks. The error says which check failed.
+/// within the restart grace, and the action's target's own checks. The error says which check
+/// failed.
 pub fn verify_fresh(
-    target: &dyn Target,
     nb: &TargetInfo,
     action: &Action,
     restart_grace: Duration,
@@ -326,25 +325,25 @@ pub fn verify_fresh(
         min_runtime: restart_grace,
         ..CullPolicy::default()
     };
-    verify_fresh_with(target, nb, action, &policy, now)
+    verify_fresh_with(nb, action, &policy, now)
 }
 
 /// [`verify_fresh`] under a policy: the restart grace is `min_runtime`, a snooze counts as
 /// [`CullPolicy::snooze_holds`] says, and with a notice the stop must be under one that has run
 /// out (a notice removed or moved since the plan holds the stop back).
 pub fn verify_fresh_with(
-    target: &dyn Target,
     nb: &TargetInfo,
     action: &Action,
     policy: &CullPolicy,
     now: DateTime<Utc>,
 ) -> Result<(), String> {
     let Action::Stop {
+        target,
         notebook_uid,
         idle_seconds,
         ..
     } = action;
-    verify_target(target, nb, notebook_uid, Some(*idle_seconds), policy, now)?;
+    verify_target(*target, nb, notebook_uid, Some(*idle_seconds), policy, now)?;
     if policy.notice > Duration::zero() {
         match nb.stop_scheduled_at {
             Some(t) if t <= now => {}
@@ -399,8 +398,8 @@ fn verify_target(
     target.verify_fresh(nb)
 }
 
-fn event_note(target: &dyn Target, action: &Action, dry_run: bool) -> String {
-    let Action::Stop { pod, .. } = action;
+fn event_note(action: &Action, dry_run: bool) -> String {
+    let Action::Stop { target, pod, .. } = action;
     let verb = if dry_run { "Would stop" } else { "Stopped" };
     format!(
         "{verb} by gpu-ledger: {} (pod {pod}). {}; opt out with annotation {CULL_OPT_OUT_ANNOTATION}=false.",
@@ -409,12 +408,10 @@ fn event_note(target: &dyn Target, action: &Action, dry_run: bool) -> String {
     )
 }
 
-/// Performs stop actions through a [`CullApi`].
+/// Performs stop actions (and notices) through a [`CullApi`], each on the target it names.
 #[derive(Clone)]
 pub struct Actuator {
     api: Arc<dyn CullApi>,
-    /// The kind of object the actions stop.
-    target: &'static dyn Target,
     /// In dry-run mode, also send the patch with `dryRun=All` to prove RBAC and webhooks.
     pub server_dry_run: bool,
     /// Restart grace re-checked on the fresh object (the policy's `min_runtime`).
@@ -428,7 +425,6 @@ impl Actuator {
     pub fn new(api: Arc<dyn CullApi>, server_dry_run: bool, restart_grace: Duration) -> Self {
         Actuator {
             api,
-            target: registry::DEFAULT,
             server_dry_run,
             restart_grace,
             policy: CullPolicy::default(),
@@ -451,11 +447,6 @@ impl Actuator {
 
     pub fn api(&self) -> &Arc<dyn CullApi> {
         &self.api
-    }
-
-    /// The kind of object this actuator stops.
-    pub fn target(&self) -> &'static dyn Target {
-        self.target
     }
 
     /// Executes `actions` in order. `mode` must be `DryRun` or `On` (`Off` returns nothing).
@@ -505,15 +496,17 @@ impl Actuator {
         leadership: &dyn Leadership,
     ) -> (StopResult, String) {
         let Action::Stop {
+            target,
             namespace,
             notebook,
             notebook_uid,
             ..
         } = action;
-        let noun = self.target.identity().noun;
+        let target = *target;
+        let noun = target.identity().noun;
         let fresh = match bounded(
             format!("get {noun}"),
-            self.api.get(self.target, namespace, notebook),
+            self.api.get(target, namespace, notebook),
         )
         .await
         {
@@ -521,8 +514,7 @@ impl Actuator {
             Ok(None) => return (StopResult::Changed, format!("{noun} is gone")),
             Err(e) => return (StopResult::Error, chain(&e)),
         };
-        if let Err(why) = verify_fresh_with(self.target, &fresh, action, &self.fresh_policy(), now)
-        {
+        if let Err(why) = verify_fresh_with(&fresh, action, &self.fresh_policy(), now) {
             return (StopResult::Changed, why);
         }
         match tokio::time::timeout(RECHECK_TIMEOUT, recheck.recheck(action)).await {
@@ -555,15 +547,14 @@ impl Actuator {
                     "leadership ran out before the patch".into(),
                 );
             }
-            let mut body = stop_patch(self.target, action, &fresh.resource_version);
+            let mut body = stop_patch(action, &fresh.resource_version);
             if fresh.stop_scheduled_at.is_some() {
                 // The notice is spent: a stale one must not skip the next notice after a restart.
-                clear_notice(self.target, &mut body);
+                clear_notice(target, &mut body);
             }
             if let Err(e) = bounded(
                 format!("patch {noun}"),
-                self.api
-                    .patch(self.target, namespace, notebook, &body, dry_run),
+                self.api.patch(target, namespace, notebook, &body, dry_run),
             )
             .await
             {
@@ -605,11 +596,11 @@ impl Actuator {
                 REASON_STOPPED
             },
             action: "Stop",
-            note: event_note(self.target, action, dry_run),
+            note: event_note(action, dry_run),
         };
         if let Err(e) = bounded(
             "publish event",
-            self.api.publish_event(self.target, &object, &event),
+            self.api.publish_event(target, &object, &event),
         )
         .await
         {
@@ -632,14 +623,11 @@ fn clear_notice(target: &dyn Target, body: &mut serde_json::Value) {
     }
 }
 
-/// The merge-patch body of a notice: schedule writes the due time and the evidence, cancel
-/// removes both; with the re-read `resourceVersion` as precondition. Touches nothing else.
-pub fn notice_patch(
-    target: &dyn Target,
-    notice: &Notice,
-    resource_version: &str,
-) -> serde_json::Value {
-    let keys = target.notice_keys();
+/// The merge-patch body of a notice on its target: schedule writes the due time and the
+/// evidence, cancel removes both; with the re-read `resourceVersion` as precondition. Touches
+/// nothing else.
+pub fn notice_patch(notice: &Notice, resource_version: &str) -> serde_json::Value {
+    let keys = notice.target().notice_keys();
     let mut annotations = serde_json::Map::new();
     match notice {
         Notice::Schedule { stop_at, .. } => {
@@ -655,8 +643,8 @@ pub fn notice_patch(
 }
 
 /// The Event of a notice: what happens when, and how to snooze or opt out (exact commands).
-pub fn notice_event(target: &dyn Target, notice: &Notice) -> EventSpec {
-    let noun = target.identity().noun;
+pub fn notice_event(notice: &Notice) -> EventSpec {
+    let noun = notice.target().identity().noun;
     match notice {
         Notice::Schedule {
             namespace,
@@ -713,7 +701,7 @@ impl Actuator {
         let mut out = Vec::with_capacity(notices.len());
         for notice in notices {
             let (result, detail) = self.notice(notice, mode, now, leadership).await;
-            let (namespace, notebook, _) = notice.target();
+            let (namespace, notebook, _) = notice.object();
             match result {
                 NoticeResult::Written | NoticeResult::DryRun => {
                     info!(%namespace, %notebook, kind = notice.kind(), result = result.as_str(), reason = %notice.reason_text(), "cull notice");
@@ -738,11 +726,12 @@ impl Actuator {
         now: DateTime<Utc>,
         leadership: &dyn Leadership,
     ) -> (NoticeResult, String) {
-        let (namespace, notebook, notebook_uid) = notice.target();
-        let noun = self.target.identity().noun;
+        let (namespace, notebook, notebook_uid) = notice.object();
+        let target = notice.target();
+        let noun = target.identity().noun;
         let fresh = match bounded(
             format!("get {noun}"),
-            self.api.get(self.target, namespace, notebook),
+            self.api.get(target, namespace, notebook),
         )
         .await
         {
@@ -752,7 +741,7 @@ impl Actuator {
         };
         let agrees = match notice {
             Notice::Schedule { idle_seconds, .. } => verify_target(
-                self.target,
+                target,
                 &fresh,
                 notebook_uid,
                 Some(*idle_seconds),
@@ -784,11 +773,10 @@ impl Actuator {
                 "leadership ran out before the patch".into(),
             );
         }
-        let body = notice_patch(self.target, notice, &fresh.resource_version);
+        let body = notice_patch(notice, &fresh.resource_version);
         if let Err(e) = bounded(
             format!("patch {noun}"),
-            self.api
-                .patch(self.target, namespace, notebook, &body, false),
+            self.api.patch(target, namespace, notebook, &body, false),
         )
         .await
         {
@@ -812,10 +800,10 @@ impl Actuator {
             name: notebook.to_string(),
             uid: notebook_uid.to_string(),
         };
-        let event = notice_event(self.target, notice);
+        let event = notice_event(notice);
         if let Err(e) = bounded(
             "publish event",
-            self.api.publish_event(self.target, &object, &event),
+            self.api.publish_event(target, &object, &event),
         )
         .await
         {

@@ -9,12 +9,14 @@
 //! [`MAX_BACKOFF`] after its last failure. A held notebook is skipped as `backoff` and takes
 //! neither the per-cycle nor the per-namespace cap. The entry is cleared by a successful stop
 //! (or dry-run stop), and when the notebook leaves the ledger or comes back with another uid.
+//! Entries are per target kind: a Notebook and an object of another kind may share a name.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::registry::owner;
+use super::registry::Targets;
+use super::target::Target;
 use crate::ledger::Ledger;
 
 /// Longest a notebook is held back after its last failed stop.
@@ -44,24 +46,46 @@ impl Entry {
     }
 }
 
-/// The notebooks backing off, keyed by `(namespace, name)`.
+/// Which object an entry is about: the target's `(group, kind)`, namespace and name.
+type Key = ((&'static str, &'static str), String, String);
+
+fn key(target: &dyn Target, namespace: &str, name: &str) -> Key {
+    (target.key(), namespace.to_string(), name.to_string())
+}
+
+/// The notebooks backing off, keyed by target kind, namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Backoff {
-    entries: BTreeMap<(String, String), Entry>,
+    entries: BTreeMap<Key, Entry>,
 }
 
 impl Backoff {
-    /// Whether owner object `namespace/name` with `uid` sits out the cycle at `now`.
-    pub fn holds(&self, namespace: &str, name: &str, uid: &str, now: DateTime<Utc>) -> bool {
+    /// Whether owner object `namespace/name` of kind `target` with `uid` sits out the cycle at
+    /// `now`.
+    pub fn holds(
+        &self,
+        target: &dyn Target,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        now: DateTime<Utc>,
+    ) -> bool {
         self.entries
-            .get(&(namespace.to_string(), name.to_string()))
+            .get(&key(target, namespace, name))
             .is_some_and(|e| e.uid == uid && e.holds(now))
     }
 
     /// A stop of `namespace/name` (`uid`) failed at `now`: it sits out the next 1, 2, 4, …
     /// cycles (doubling with every failure in a row). Returns the entry.
-    pub fn failed(&mut self, namespace: &str, name: &str, uid: &str, now: DateTime<Utc>) -> &Entry {
-        let key = (namespace.to_string(), name.to_string());
+    pub fn failed(
+        &mut self,
+        target: &dyn Target,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        now: DateTime<Utc>,
+    ) -> &Entry {
+        let key = key(target, namespace, name);
         let failures = match self.entries.get(&key) {
             Some(e) if e.uid == uid => e.failures.saturating_add(1),
             _ => 1,
@@ -78,9 +102,8 @@ impl Backoff {
     }
 
     /// A stop of `namespace/name` succeeded: forget its failures.
-    pub fn succeeded(&mut self, namespace: &str, name: &str) {
-        self.entries
-            .remove(&(namespace.to_string(), name.to_string()));
+    pub fn succeeded(&mut self, target: &dyn Target, namespace: &str, name: &str) {
+        self.entries.remove(&key(target, namespace, name));
     }
 
     /// One cycle has been planned: every held notebook has sat out one more.
@@ -90,21 +113,26 @@ impl Backoff {
         }
     }
 
-    /// Forgets notebooks that are gone from `ledger` (no GPU pod of theirs left) or came back
-    /// with another uid (deleted and re-created). The failure count of a notebook that stays is
-    /// kept past [`MAX_BACKOFF`], so a stop that keeps failing is retried about once an hour,
-    /// not once a cycle again.
-    pub fn retain_present(&mut self, ledger: &Ledger) {
-        let present: BTreeSet<(&str, &str, &str)> = ledger
+    /// Forgets notebooks that are gone from `ledger` (no GPU pod of theirs left among the owner
+    /// objects of `targets`) or came back with another uid (deleted and re-created). The failure
+    /// count of a notebook that stays is kept past [`MAX_BACKOFF`], so a stop that keeps failing
+    /// is retried about once an hour, not once a cycle again.
+    pub fn retain_present(&mut self, ledger: &Ledger, targets: Targets) {
+        let present: BTreeSet<((&str, &str), &str, &str, &str)> = ledger
             .pods
             .iter()
             .filter_map(|row| {
-                let (nb, _) = owner(row)?;
-                Some((row.namespace.as_str(), nb.name.as_str(), nb.uid.as_str()))
+                let owner = targets.owner(row)?;
+                Some((
+                    owner.target.key(),
+                    row.namespace.as_str(),
+                    owner.object.name.as_str(),
+                    owner.object.uid.as_str(),
+                ))
             })
             .collect();
-        self.entries.retain(|(ns, name), e| {
-            present.contains(&(ns.as_str(), name.as_str(), e.uid.as_str()))
+        self.entries.retain(|(kind, ns, name), e| {
+            present.contains(&(*kind, ns.as_str(), name.as_str(), e.uid.as_str()))
         });
     }
 
@@ -122,8 +150,8 @@ impl Backoff {
         self.entries.values().filter(|e| e.holds(now)).count()
     }
 
-    /// The entry of `namespace/name`, if any.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<&Entry> {
-        self.entries.get(&(namespace.to_string(), name.to_string()))
+    /// The entry of `namespace/name` of kind `target`, if any.
+    pub fn get(&self, target: &dyn Target, namespace: &str, name: &str) -> Option<&Entry> {
+        self.entries.get(&key(target, namespace, name))
     }
 }

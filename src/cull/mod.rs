@@ -6,6 +6,7 @@
 //! switch says `on` or is absent, the claims are fresh and the circuit breaker is closed. See
 //! `docs/culling.md`.
 
+mod action_builder;
 pub mod actuator;
 pub mod backoff;
 pub mod demand;
@@ -44,7 +45,7 @@ pub use plan::{
     Action, CancelReason, CircuitReason, CullMode, CullPolicy, ModeError, Notice, Plan, Skip,
     SkipReason, plan, plan_with,
 };
-pub use registry::TARGETS;
+pub use registry::{TARGETS, Targets};
 pub use render::render_plan;
 pub use target::{Identity, RbacRule, Target, TargetInfo, TargetRef};
 
@@ -142,6 +143,8 @@ pub struct CycleReport {
 /// A pod we stopped, followed until it is gone.
 #[derive(Debug, Clone)]
 struct Tracked {
+    /// The kind of the stopped object (the stuck Event is about it).
+    target: &'static dyn Target,
     namespace: String,
     notebook: String,
     notebook_uid: String,
@@ -332,7 +335,8 @@ impl Culler {
         }
 
         // Gone or re-created notebooks start afresh; then one more cycle sat out by the others.
-        self.backoff.retain_present(ledger);
+        self.backoff
+            .retain_present(ledger, self.config.policy.targets);
         let mut plan = plan::plan_with(ledger, &self.config.policy, &self.backoff, now);
         self.backoff.tick();
         if !claims_fresh {
@@ -387,6 +391,7 @@ impl Culler {
             self.observe_backoff(o, now);
             if o.result == StopResult::Stopped {
                 let Action::Stop {
+                    target,
                     namespace,
                     notebook,
                     notebook_uid,
@@ -397,6 +402,7 @@ impl Culler {
                 self.tracked.insert(
                     pod_uid.clone(),
                     Tracked {
+                        target: *target,
                         namespace: namespace.clone(),
                         notebook: notebook.clone(),
                         notebook_uid: notebook_uid.clone(),
@@ -427,6 +433,7 @@ impl Culler {
     /// because leadership ran out says nothing about the notebook.
     fn observe_backoff(&mut self, o: &Outcome, now: DateTime<Utc>) {
         let Action::Stop {
+            target,
             namespace,
             notebook,
             notebook_uid,
@@ -434,10 +441,12 @@ impl Culler {
         } = &o.action;
         match o.result {
             StopResult::Stopped | StopResult::DryRun => {
-                self.backoff.succeeded(namespace, notebook);
+                self.backoff.succeeded(*target, namespace, notebook);
             }
             StopResult::Error | StopResult::Conflict | StopResult::Changed => {
-                let e = self.backoff.failed(namespace, notebook, notebook_uid, now);
+                let e = self
+                    .backoff
+                    .failed(*target, namespace, notebook, notebook_uid, now);
                 info!(%namespace, %notebook, failures = e.failures, cycles = e.cycles_left, "stop failed; notebook backs off");
             }
             StopResult::NotLeader => {}
@@ -516,7 +525,7 @@ impl Culler {
             if let Some(actuator) = &self.actuator
                 && self.leadership.is_leader()
             {
-                let target = actuator.target();
+                let target = t.target;
                 let object = TargetRef {
                     namespace: t.namespace.clone(),
                     name: t.notebook.clone(),
@@ -573,7 +582,7 @@ fn log_plan(plan: &Plan, mode: CullMode) {
         info!(%namespace, %notebook, %pod, mode = %mode, reason = %a.reason_text(), "idle notebook selected for stop");
     }
     for n in &plan.notices {
-        let (namespace, notebook, _) = n.target();
+        let (namespace, notebook, _) = n.object();
         info!(%namespace, %notebook, kind = n.kind(), mode = %mode, reason = %n.reason_text(), "cull notice planned");
     }
     for s in &plan.skips {

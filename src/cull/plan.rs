@@ -13,7 +13,8 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::backoff::Backoff;
 use super::demand::{self, CullWhen};
-use super::registry::owner;
+use super::registry::{OwnerObject, Targets};
+use super::target::{Target, TargetInfo};
 use crate::ledger::{Attribution, Ledger, PodRow, PodState};
 
 /// Whether culling acts.
@@ -105,6 +106,9 @@ pub struct CullPolicy {
     pub max_snooze: Duration,
     /// `--cull-when`: stop whenever idle, or only for a pending pod that needs the GPUs.
     pub when: CullWhen,
+    /// The kinds of owner object culling stops, in the order a pod is offered to them (default:
+    /// every registered target). A pod none of them owns is skipped as `not_notebook`.
+    pub targets: Targets,
 }
 
 impl Default for CullPolicy {
@@ -125,6 +129,7 @@ impl Default for CullPolicy {
             notice: Duration::zero(),
             max_snooze: Duration::zero(),
             when: CullWhen::Idle,
+            targets: Targets::default(),
         }
     }
 }
@@ -340,6 +345,8 @@ impl std::fmt::Display for CircuitReason {
 pub enum Action {
     /// Stop the owner object (a notebook: by adding its stop annotation; see `cull::Target`).
     Stop {
+        /// The kind of the owner object: how the actuator reads, verifies and stops it.
+        target: &'static dyn Target,
         namespace: String,
         notebook: String,
         notebook_uid: String,
@@ -358,6 +365,13 @@ pub enum Action {
 }
 
 impl Action {
+    /// The kind of object the action is about.
+    pub fn target(&self) -> &'static dyn Target {
+        match self {
+            Self::Stop { target, .. } => *target,
+        }
+    }
+
     pub fn namespace(&self) -> &str {
         match self {
             Self::Stop { namespace, .. } => namespace,
@@ -449,6 +463,8 @@ pub enum Notice {
     /// Annotate `gpu-ledger.io/stop-scheduled-at` (and the reason), Warning Event
     /// `GpuIdleStopScheduled`.
     Schedule {
+        /// The kind of the owner object the notice is written on.
+        target: &'static dyn Target,
         namespace: String,
         notebook: String,
         notebook_uid: String,
@@ -460,6 +476,8 @@ pub enum Notice {
     },
     /// Remove the notice annotations, Normal Event `GpuIdleStopCancelled`.
     Cancel {
+        /// The kind of the owner object the notice is removed from.
+        target: &'static dyn Target,
         namespace: String,
         notebook: String,
         notebook_uid: String,
@@ -473,8 +491,15 @@ pub enum Notice {
 }
 
 impl Notice {
-    /// (namespace, notebook, notebook uid).
-    pub fn target(&self) -> (&str, &str, &str) {
+    /// The kind of object the notice is about.
+    pub fn target(&self) -> &'static dyn Target {
+        match self {
+            Self::Schedule { target, .. } | Self::Cancel { target, .. } => *target,
+        }
+    }
+
+    /// The object the notice is about: (namespace, name, uid).
+    pub fn object(&self) -> (&str, &str, &str) {
         match self {
             Self::Schedule {
                 namespace,
@@ -526,10 +551,9 @@ pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// The notice a pod's notebook is under, if it is current: it was due after the pod started
-/// running (a notice left from before a restart, or from before our own stop, is stale).
-pub fn current_notice(row: &PodRow) -> Option<DateTime<Utc>> {
-    let (nb, _) = owner(row)?;
+/// The notice a pod's owner object `nb` is under, if it is current: it was due after the pod
+/// started running (a notice left from before a restart, or from before our own stop, is stale).
+pub fn current_notice(row: &PodRow, nb: &TargetInfo) -> Option<DateTime<Utc>> {
     let at = nb.stop_scheduled_at?;
     let started = row.evidence.started_at.max(row.evidence.ready_since);
     let stale = nb.last_stopped_by_us.is_some_and(|s| s >= at) || started.is_some_and(|s| s >= at);
@@ -575,7 +599,12 @@ pub struct Plan {
 ///
 /// Rule order matters only for the reported reason; a candidate must pass every rule.
 pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<(), SkipReason> {
-    let Some((nb, verified)) = owner(row) else {
+    let Some(OwnerObject {
+        object: nb,
+        verified,
+        ..
+    }) = policy.targets.owner(row)
+    else {
         return Err(SkipReason::NotNotebook);
     };
     if !verified {
@@ -748,28 +777,29 @@ pub fn plan_with(
         match judge(row, policy, now) {
             Ok(()) => candidates.push(row),
             Err(reason) => {
-                if let Some((nb, _)) = owner(row) {
-                    not_all_idle.insert((row.namespace.as_str(), nb.uid.as_str()));
+                if let Some(owner) = policy.targets.owner(row) {
+                    not_all_idle.insert((row.namespace.as_str(), owner.object.uid.as_str()));
                 }
                 if notice_on {
-                    cancel_notice(row, reason, &mut noticed, &mut out.notices);
+                    cancel_notice(row, reason, policy.targets, &mut noticed, &mut out.notices);
                 }
-                out.skips.push(skip(row, reason));
+                out.skips.push(skip(row, reason, policy.targets));
             }
         }
     }
     // A notebook is idle only when every pod of it is (a second idle pod of one notebook is
     // held back by the per-namespace cap below: one stop per notebook).
     candidates.retain(|row| {
-        let busy_sibling = owner(row).is_some_and(|(nb, _)| {
-            not_all_idle.contains(&(row.namespace.as_str(), nb.uid.as_str()))
+        let busy_sibling = policy.targets.owner(row).is_some_and(|owner| {
+            not_all_idle.contains(&(row.namespace.as_str(), owner.object.uid.as_str()))
         });
         if busy_sibling {
             if notice_on {
                 let reason = SkipReason::NotebookPodBusy;
-                cancel_notice(row, reason, &mut noticed, &mut out.notices);
+                cancel_notice(row, reason, policy.targets, &mut noticed, &mut out.notices);
             }
-            out.skips.push(skip(row, SkipReason::NotebookPodBusy));
+            out.skips
+                .push(skip(row, SkipReason::NotebookPodBusy, policy.targets));
         }
         !busy_sibling
     });
@@ -790,9 +820,11 @@ pub fn plan_with(
             if !needed {
                 // A notice given for a pod that no longer waits is taken back.
                 if notice_on {
-                    cancel_notice(row, SkipReason::NoDemand, &mut noticed, &mut out.notices);
+                    let reason = SkipReason::NoDemand;
+                    cancel_notice(row, reason, policy.targets, &mut noticed, &mut out.notices);
                 }
-                out.skips.push(skip(row, SkipReason::NoDemand));
+                out.skips
+                    .push(skip(row, SkipReason::NoDemand, policy.targets));
             }
             needed
         });
@@ -812,16 +844,20 @@ pub fn plan_with(
     let stop_value = now.format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let mut per_namespace: BTreeMap<&str, usize> = BTreeMap::new();
     for row in candidates {
-        let Some((nb, _)) = owner(row) else {
+        let Some(OwnerObject {
+            target, object: nb, ..
+        }) = policy.targets.owner(row)
+        else {
             continue;
         };
         // Notice first: a candidate without a current notice is given one (not while the
         // breaker doubts the evidence); one whose notice has not run out waits.
         let notice_reason = if notice_on {
-            match current_notice(row) {
+            match current_notice(row, nb) {
                 None if out.circuit.is_none() => {
                     if noticed.insert((row.namespace.clone(), nb.uid.clone())) {
                         out.notices.push(Notice::Schedule {
+                            target,
                             namespace: row.namespace.clone(),
                             notebook: nb.name.clone(),
                             notebook_uid: nb.uid.clone(),
@@ -843,7 +879,7 @@ pub fn plan_with(
             notice_reason
         } else if out.circuit.is_some() {
             Some(SkipReason::CircuitOpen)
-        } else if backoff.holds(&row.namespace, &nb.name, &nb.uid, now) {
+        } else if backoff.holds(target, &row.namespace, &nb.name, &nb.uid, now) {
             // Checked before the caps, so a notebook whose stops keep failing uses neither.
             Some(SkipReason::Backoff)
         } else if per_namespace.contains_key(row.namespace.as_str()) {
@@ -854,11 +890,12 @@ pub fn plan_with(
             None
         };
         if let Some(reason) = reason {
-            out.skips.push(skip(row, reason));
+            out.skips.push(skip(row, reason, policy.targets));
             continue;
         }
         *per_namespace.entry(row.namespace.as_str()).or_default() += 1;
         out.actions.push(Action::Stop {
+            target,
             namespace: row.namespace.clone(),
             notebook: nb.name.clone(),
             notebook_uid: nb.uid.clone(),
@@ -904,16 +941,20 @@ pub fn open_circuit(plan: &mut Plan, reason: CircuitReason) {
 fn cancel_notice(
     row: &PodRow,
     reason: SkipReason,
+    targets: Targets,
     noticed: &mut BTreeSet<(String, String)>,
     notices: &mut Vec<Notice>,
 ) {
-    let (Some(why), Some((nb, _)), Some(stop_at)) =
-        (CancelReason::of(reason), owner(row), current_notice(row))
-    else {
+    let (Some(why), Some(owner)) = (CancelReason::of(reason), targets.owner(row)) else {
+        return;
+    };
+    let nb = owner.object;
+    let Some(stop_at) = current_notice(row, nb) else {
         return;
     };
     if noticed.insert((row.namespace.clone(), nb.uid.clone())) {
         notices.push(Notice::Cancel {
+            target: owner.target,
             namespace: row.namespace.clone(),
             notebook: nb.name.clone(),
             notebook_uid: nb.uid.clone(),
@@ -925,12 +966,13 @@ fn cancel_notice(
     }
 }
 
-fn skip(row: &PodRow, reason: SkipReason) -> Skip {
+fn skip(row: &PodRow, reason: SkipReason, targets: Targets) -> Skip {
     Skip {
         namespace: row.namespace.clone(),
         pod: row.pod.clone(),
-        notebook: owner(row)
-            .map(|(nb, _)| nb.name.clone())
+        notebook: targets
+            .owner(row)
+            .map(|owner| owner.object.name.clone())
             .or_else(|| row.notebook.clone()),
         reason,
     }

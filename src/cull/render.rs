@@ -103,7 +103,7 @@ impl CullJson {
                 .map(|n| {
                     let (Notice::Schedule { pod, stop_at, .. }
                     | Notice::Cancel { pod, stop_at, .. }) = n;
-                    let (namespace, notebook, _) = n.target();
+                    let (namespace, notebook, _) = n.object();
                     NoticeJson {
                         kind: n.kind(),
                         namespace: namespace.to_string(),
@@ -158,7 +158,7 @@ pub fn render_plan(plan: &Plan, out: &mut impl std::io::Write) -> std::io::Resul
         )?;
     }
     for n in &plan.notices {
-        let (namespace, notebook, _) = n.target();
+        let (namespace, notebook, _) = n.object();
         match n {
             Notice::Schedule { stop_at, pod, .. } => writeln!(
                 out,

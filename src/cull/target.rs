@@ -5,7 +5,11 @@
 //! implementing [`Target`], listed in the registry (`cull/registry.rs`), plus its RBAC in the
 //! chart and the kustomize overlay (a test checks the Roles grant every target's
 //! [`Target::rbac`]). Plan, actuator, backoff, metrics, render, webhook and lease speak of a
-//! target only through this trait and [`TargetInfo`].
+//! target only through this trait and [`TargetInfo`]: the plan asks the registered targets which
+//! one owns a pod (`registry::Targets::owner`), and every action and notice carries that target
+//! to the actuator, the backoff and the webhook.
+
+use std::fmt;
 
 use futures::future::BoxFuture;
 use kube::api::{ApiResource, DynamicObject};
@@ -99,6 +103,29 @@ pub trait Target: Send + Sync {
 
     /// How its user restarts it after a stop (ends the stop Event's note's first sentence).
     fn restart_hint(&self) -> &'static str;
+}
+
+impl dyn Target + '_ {
+    /// `(group, kind)`: what tells two targets apart (the registry lists each once).
+    pub fn key(&self) -> (&'static str, &'static str) {
+        let id = self.identity();
+        (id.group, id.kind)
+    }
+}
+
+/// Two targets are the same kind when group and kind agree (actions and notices compare by it).
+impl PartialEq for dyn Target + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+/// `Notebook.kubeflow.org`, the way `kubectl` names a kind with its group.
+impl fmt::Debug for dyn Target + '_ {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (group, kind) = self.key();
+        write!(f, "{kind}.{group}")
+    }
 }
 
 /// A target object an Event is about.

@@ -20,7 +20,6 @@ use tracing::{debug, warn};
 
 use super::actuator::notice_event;
 use super::plan::{Notice, rfc3339};
-use super::registry;
 
 /// Bound of one POST (connect, send, answer).
 pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -62,11 +61,9 @@ pub enum WebhookError {
 
 /// The body of one notice in `format`, as of `now` (the cycle's time).
 pub fn payload(notice: &Notice, format: WebhookFormat, now: DateTime<Utc>) -> Value {
-    let (namespace, notebook, _) = notice.target();
-    // Notices do not name a kind yet: they are about the one target culling acts on.
-    let target = registry::DEFAULT;
-    let event = notice_event(target, notice);
-    let kind = target.identity().kind;
+    let (namespace, notebook, _) = notice.object();
+    let event = notice_event(notice);
+    let kind = notice.target().identity().kind;
     match format {
         WebhookFormat::Alertmanager => {
             // Alertmanager's webhook_config body, version 4 (prometheus.io/docs/alerting/latest/
@@ -199,7 +196,7 @@ impl Webhook {
     pub fn post(&self, notice: &Notice, now: DateTime<Utc>) -> tokio::task::JoinHandle<()> {
         let (this, notice) = (self.clone(), notice.clone());
         tokio::spawn(async move {
-            let (namespace, notebook, _) = notice.target();
+            let (namespace, notebook, _) = notice.object();
             let result = match this.send(&notice, now).await {
                 Ok(()) => {
                     debug!(%namespace, %notebook, kind = notice.kind(), "notice webhook sent");

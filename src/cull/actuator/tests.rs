@@ -8,7 +8,6 @@ use kube::core::Status;
 
 use super::*;
 use crate::cull::lease::StaticLeadership;
-use crate::cull::notebook::Notebook;
 use crate::ledger::claims::{NotebookInfo, STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION};
 
 /// Records every call; notebooks live in a map and patches apply as merge patches.
@@ -205,18 +204,12 @@ pub(crate) fn notebook() -> NotebookInfo {
 }
 
 pub(crate) fn stop_action() -> Action {
-    Action::Stop {
-        namespace: "team-a".into(),
-        notebook: "nb".into(),
-        notebook_uid: "nb-uid".into(),
-        resource_version: "42".into(),
-        pod: "nb-0".into(),
-        pod_uid: "pod-uid".into(),
-        idle_seconds: 3.0 * 3600.0 + 12.0 * 60.0,
-        peak_utilization: Some(0.008),
-        stop_value: "2026-01-31T12:00:00Z".into(),
-        for_pending: None,
-    }
+    Action::notebook_stop("team-a", "nb")
+        .with_uid("nb-uid")
+        .at_version("42")
+        .of_pod("nb-0", "pod-uid")
+        .idle_for(3.0 * 3600.0 + 12.0 * 60.0, Some(0.008))
+        .stopping_at("2026-01-31T12:00:00Z")
 }
 
 async fn run(
@@ -237,7 +230,7 @@ async fn run(
 
 #[test]
 fn patch_body_is_exactly_the_documented_merge_patch() {
-    let body = stop_patch(&Notebook, &stop_action(), "43");
+    let body = stop_patch(&stop_action(), "43");
     let expected = json!({"metadata":{"resourceVersion":"43","annotations":{
         "kubeflow-resource-stopped":"2026-01-31T12:00:00Z",
         "gpu-ledger.io/stopped-by":"gpu-ledger",
@@ -396,7 +389,7 @@ async fn fresh_notebook_with_an_annotation_not_understood_is_not_stopped() {
         );
         assert_eq!(api.patch_count(), 0, "{key}");
         assert!(api.event_reasons().is_empty(), "{key}");
-        assert!(verify_fresh(&Notebook, &nb, &stop_action(), Duration::hours(1), now()).is_err());
+        assert!(verify_fresh(&nb, &stop_action(), Duration::hours(1), now()).is_err());
     }
 }
 
@@ -510,28 +503,19 @@ fn stop_results_have_documented_labels() {
 
 // === notice before a stop ===
 
+/// The stop the notices of these tests come before: `team-a/nb` (uid `nb-uid`), idle 3h.
+fn noticed_stop() -> Action {
+    Action::notebook_stop("team-a", "nb")
+        .with_uid("nb-uid")
+        .idle_for(3.0 * 3600.0, Some(0.008))
+}
+
 fn schedule_notice() -> Notice {
-    Notice::Schedule {
-        namespace: "team-a".into(),
-        notebook: "nb".into(),
-        notebook_uid: "nb-uid".into(),
-        pod: "nb-0".into(),
-        stop_at: now() + Duration::minutes(10),
-        idle_seconds: 3.0 * 3600.0,
-        peak_utilization: Some(0.008),
-    }
+    noticed_stop().notice(now() + Duration::minutes(10))
 }
 
 fn cancel_notice(why: crate::cull::plan::CancelReason) -> Notice {
-    Notice::Cancel {
-        namespace: "team-a".into(),
-        notebook: "nb".into(),
-        notebook_uid: "nb-uid".into(),
-        pod: "nb-0".into(),
-        stop_at: now() + Duration::minutes(10),
-        why,
-        snooze_until: None,
-    }
+    noticed_stop().notice_cancelled(now() + Duration::minutes(10), why)
 }
 
 fn notice_actuator(api: &Arc<FakeApi>) -> Actuator {

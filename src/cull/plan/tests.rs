@@ -6,6 +6,7 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::prelude::*;
 
 use super::*;
+use crate::cull::notebook::Notebook;
 use crate::ledger::claims::NotebookInfo;
 use crate::ledger::{Evidence, Ledger, PodRow, PodState};
 
@@ -225,6 +226,7 @@ fn backoff_for(rows: &[&PodRow]) -> Backoff {
     for r in rows {
         let (nb, _) = r.evidence.notebook.as_ref().expect("notebook");
         b.failed(
+            &Notebook,
             &r.namespace,
             &nb.name,
             &nb.uid,
@@ -303,45 +305,51 @@ fn backoff_doubles_per_failure_and_ends_by_cycles_or_after_an_hour() {
     let mut now = t0();
     // Failure k sits out 2^(k-1) cycles; the cycle after that retries.
     for expected in [1_u64, 2, 4, 8] {
-        assert_eq!(b.failed(ns, name, uid, now).cycles_left, expected);
+        assert_eq!(
+            b.failed(&Notebook, ns, name, uid, now).cycles_left,
+            expected
+        );
         for _ in 0..expected {
             now += Duration::seconds(30);
-            assert!(b.holds(ns, name, uid, now));
+            assert!(b.holds(&Notebook, ns, name, uid, now));
             b.tick();
         }
         now += Duration::seconds(30);
         assert!(
-            !b.holds(ns, name, uid, now),
+            !b.holds(&Notebook, ns, name, uid, now),
             "retried after {expected} cycles"
         );
     }
     // Never held longer than an hour after the last failure, however many cycles are left.
     for _ in 0..40 {
-        b.failed(ns, name, uid, now);
+        b.failed(&Notebook, ns, name, uid, now);
     }
-    assert!(b.holds(ns, name, uid, now + Duration::minutes(59)));
-    assert!(!b.holds(ns, name, uid, now + Duration::hours(1)));
+    assert!(b.holds(&Notebook, ns, name, uid, now + Duration::minutes(59)));
+    assert!(!b.holds(&Notebook, ns, name, uid, now + Duration::hours(1)));
     assert_eq!(b.held(now), 1);
     // Success clears it; so does the notebook leaving the ledger or changing uid.
-    b.succeeded(ns, name);
-    assert!(!b.holds(ns, name, uid, now));
+    b.succeeded(&Notebook, ns, name);
+    assert!(!b.holds(&Notebook, ns, name, uid, now));
     assert_eq!(
-        b.failed(ns, name, uid, now).failures,
+        b.failed(&Notebook, ns, name, uid, now).failures,
         1,
         "counting starts afresh"
     );
     let row = idle_row(ns, name, 3);
     let nb_uid = row.evidence.notebook.as_ref().expect("nb").0.uid.clone();
-    b.failed(ns, name, &nb_uid, now);
-    b.retain_present(&ledger(vec![row.clone()]));
-    assert!(b.holds(ns, name, &nb_uid, now), "still in the ledger: kept");
+    b.failed(&Notebook, ns, name, &nb_uid, now);
+    b.retain_present(&ledger(vec![row.clone()]), Targets::default());
+    assert!(
+        b.holds(&Notebook, ns, name, &nb_uid, now),
+        "still in the ledger: kept"
+    );
     let mut other = row;
     nb_mut(&mut other).uid = "replaced".into();
-    b.retain_present(&ledger(vec![other]));
-    assert_eq!(b.get(ns, name), None, "replaced: forgotten");
-    b.failed(ns, name, &nb_uid, now);
-    b.retain_present(&ledger(Vec::new()));
-    assert_eq!(b.get(ns, name), None, "gone: forgotten");
+    b.retain_present(&ledger(vec![other]), Targets::default());
+    assert_eq!(b.get(&Notebook, ns, name), None, "replaced: forgotten");
+    b.failed(&Notebook, ns, name, &nb_uid, now);
+    b.retain_present(&ledger(Vec::new()), Targets::default());
+    assert_eq!(b.get(&Notebook, ns, name), None, "gone: forgotten");
 }
 
 #[test]
@@ -811,7 +819,7 @@ proptest! {
             if let Some((nb, _)) = &row.evidence.notebook
                 && mask & (1 << (i % 32)) != 0
             {
-                backoff.failed(&row.namespace, &nb.name, &nb.uid, now - Duration::seconds(1));
+                backoff.failed(&Notebook, &row.namespace, &nb.name, &nb.uid, now - Duration::seconds(1));
             }
         }
         let held = plan_with(&l, &policy, &backoff, now);
@@ -821,7 +829,7 @@ proptest! {
         prop_assert_eq!(held.circuit, free.circuit);
         for a in &held.actions {
             let Action::Stop { namespace, notebook, notebook_uid, .. } = a;
-            prop_assert!(!backoff.holds(namespace, notebook, notebook_uid, now), "held {}", notebook);
+            prop_assert!(!backoff.holds(&Notebook, namespace, notebook, notebook_uid, now), "held {}", notebook);
         }
         // Held candidates give their slots to the others: one stop per namespace that has an
         // unheld candidate, up to the cap.

@@ -14,28 +14,19 @@ fn now() -> DateTime<Utc> {
         .expect("time")
 }
 
+/// The stop the notices come before: `team-a/nb` (uid `nb-uid`, pod `nb-0`), idle 3h.
+fn noticed_stop() -> crate::cull::plan::Action {
+    crate::cull::plan::Action::notebook_stop("team-a", "nb")
+        .with_uid("nb-uid")
+        .idle_for(3.0 * 3600.0, Some(0.008))
+}
+
 fn schedule() -> Notice {
-    Notice::Schedule {
-        namespace: "team-a".into(),
-        notebook: "nb".into(),
-        notebook_uid: "nb-uid".into(),
-        pod: "nb-0".into(),
-        stop_at: now() + Duration::minutes(30),
-        idle_seconds: 3.0 * 3600.0,
-        peak_utilization: Some(0.008),
-    }
+    noticed_stop().notice(now() + Duration::minutes(30))
 }
 
 fn cancel() -> Notice {
-    Notice::Cancel {
-        namespace: "team-a".into(),
-        notebook: "nb".into(),
-        notebook_uid: "nb-uid".into(),
-        pod: "nb-0".into(),
-        stop_at: now() + Duration::minutes(30),
-        why: CancelReason::Activity,
-        snooze_until: None,
-    }
+    noticed_stop().notice_cancelled(now() + Duration::minutes(30), CancelReason::Activity)
 }
 
 /// The test double: a local HTTP receiver on a secret-looking path, answering `status`.
