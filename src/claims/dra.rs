@@ -368,21 +368,6 @@ pub async fn available(client: &Client, scopes: &[Option<String>], first_look: b
     true
 }
 
-/// Most time one full list may take (`report` against a live cluster).
-const LIST_TIMEOUT: Duration = Duration::from_secs(120);
-
-async fn list<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<K>, kube::Error>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    match tokio::time::timeout(LIST_TIMEOUT, api.list(lp)).await {
-        Ok(r) => r.map(|l| l.items),
-        Err(_) => Err(kube::Error::Service(
-            format!("listing timed out after {LIST_TIMEOUT:?}").into(),
-        )),
-    }
-}
-
 async fn probe<K>(api: &Api<K>, lp: &ListParams) -> Result<(), kube::Error>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
@@ -406,36 +391,6 @@ pub fn register_enabled(
     )?;
     g.set(i64::from(enabled.load(Ordering::Relaxed)));
     registry.register(Box::new(g))
-}
-
-/// One-shot lists (`report` against a live cluster) into `claims`, when the API is available.
-pub async fn list_into(
-    client: &Client,
-    names: &ResourceNames,
-    namespaces: &[String],
-    claims: &mut crate::ledger::claims::Claims,
-) -> Result<(), kube::Error> {
-    let scopes = k8s::scopes(namespaces);
-    if names.dra_drivers.is_empty() || !available(client, &scopes, true).await {
-        return Ok(());
-    }
-    let lp = ListParams::default();
-    for ns in &scopes {
-        let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
-        for rc in list(&api, &lp).await? {
-            claims.resource_claims.extend(resource_claim(names, &rc));
-        }
-    }
-    for s in list(&Api::<ResourceSlice>::all(client.clone()), &lp).await? {
-        claims
-            .dra_devices
-            .extend(slice_devices(names, &s).into_iter().flatten());
-    }
-    for c in list(&Api::<DeviceClass>::all(client.clone()), &lp).await? {
-        claims.device_classes.push(device_class(&c));
-    }
-    claims.dra_enabled = true;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -237,7 +237,14 @@ impl Kind {
 /// and the copies of the claims reach it only through that list.
 pub trait Watched: 'static {
     const KIND: &'static Kind;
-    type Object: Resource + Clone + std::fmt::Debug + DeserializeOwned + Send + Sync + 'static;
+    type Object: Resource<DynamicType: Send + Sync>
+        + Clone
+        + std::fmt::Debug
+        + DeserializeOwned
+        + serde::Serialize
+        + Send
+        + Sync
+        + 'static;
     type Row: Clone + PartialEq + Send + Sync + 'static;
     /// What the watch logs (with the error) when an object cannot be projected; `None`: it is
     /// dropped without a word.
@@ -586,6 +593,14 @@ pub fn watched_of(source: Source) -> impl Iterator<Item = &'static Kind> {
         .filter(move |k| k.source == source && k.live == Live::Watched)
 }
 
+/// `(kind, plural, namespaced)` of each watched kind of `source`: what `kueue::available`
+/// probes.
+pub fn watched_refs(source: Source) -> Vec<(&'static str, &'static str, bool)> {
+    watched_of(source)
+        .map(|k| (k.object, k.resource, k.scope == Scope::Namespaced))
+        .collect()
+}
+
 /// Their API resources, for a log line (`resourceclaims, resourceslices, deviceclasses`).
 pub fn watched_resources(source: Source) -> String {
     watched_of(source)
@@ -635,6 +650,10 @@ mod tests {
         assert_eq!(
             watched_resources(Source::Kueue),
             "resourceflavors, clusterqueues, localqueues, workloads"
+        );
+        assert_eq!(
+            kueue::not_all_served(&watched_refs(Source::Kueue)),
+            "v1beta2 does not serve ResourceFlavor, ClusterQueue, LocalQueue and Workload"
         );
         assert_eq!(
             watched_resources(Source::Dra),

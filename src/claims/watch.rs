@@ -597,7 +597,14 @@ impl Optional {
                 Found::Started
             }
             OptionalApi::Kueue => {
-                if !kueue::available(client, scopes, first_look).await {
+                if !kueue::available(
+                    client,
+                    scopes,
+                    &kinds::watched_refs(Source::Kueue),
+                    first_look,
+                )
+                .await
+                {
                     return Missing::not_served("not served or not readable");
                 }
                 start_kueue(self, spawn);
