@@ -881,6 +881,63 @@ mod tests {
         );
     }
 
+    /// Every watched kind's dump is read through the table alone ([`kinds::for_each_watched`]):
+    /// found by its stem, refused by its object kind naming the file, and once valid, marks
+    /// its API served as its binding says. A kind added to the table and the list is loaded
+    /// without a line here.
+    #[test]
+    fn every_watched_kind_is_loaded_through_its_binding() {
+        struct Check(Vec<&'static str>);
+        impl Visit for Check {
+            fn visit<K: Watched>(&mut self) {
+                let stem = K::KIND.stem;
+                let dir = tempfile::tempdir().expect("tmp");
+                write(dir.path(), "pods.json", r#"{"kind":"List","items":[]}"#);
+                write(dir.path(), "nodes.json", r#"{"kind":"List","items":[]}"#);
+                let file = format!("{stem}.json");
+                write(
+                    dir.path(),
+                    &file,
+                    r#"{"kind":"List","items":[{"kind":"Wrong","metadata":{"name":"a"}}]}"#,
+                );
+                let load = || {
+                    load_with_limits(
+                        &DumpPaths::from_dir(dir.path()),
+                        &ResourceNames::default(),
+                        DumpLimits::default(),
+                    )
+                };
+                let err = load().expect_err("wrong kind").to_string();
+                let want = format!("{file}: item 0: expected kind {}", K::KIND.object);
+                assert!(err.contains(&want), "{stem}: {err}");
+                write(dir.path(), &file, r#"{"kind":"List","items":[]}"#);
+                let claims = load().expect("empty list").claims;
+                let mut expected = Claims::default();
+                K::served(&mut expected);
+                assert_eq!(
+                    (
+                        claims.notebooks_enabled,
+                        claims.dra_enabled,
+                        claims.kueue.enabled
+                    ),
+                    (
+                        expected.notebooks_enabled,
+                        expected.dra_enabled,
+                        expected.kueue.enabled
+                    ),
+                    "{stem}"
+                );
+                self.0.push(stem);
+            }
+        }
+        let mut checked = Check(Vec::new());
+        kinds::for_each_watched(&mut checked);
+        let watched = kinds::KINDS
+            .iter()
+            .filter(|k| k.live == kinds::Live::Watched);
+        assert_eq!(checked.0.len(), watched.count(), "{:?}", checked.0);
+    }
+
     #[test]
     fn rejects_non_lists_with_file_name() {
         let dir = tempfile::tempdir().expect("tmp");

@@ -165,17 +165,13 @@ impl Stores {
         entry.downcast::<Store<K>>().unwrap_or_default()
     }
 
-    /// Whether `source`'s watches run.
+    /// Whether `source`'s watches run (Core's always do).
     fn served(&self, source: Source) -> bool {
-        match source {
-            Source::Core => true,
-            Source::Kubeflow => self.notebooks_enabled.load(Ordering::Relaxed),
-            Source::Dra => self.dra_enabled.load(Ordering::Relaxed),
-            Source::Kueue => self.kueue_enabled.load(Ordering::Relaxed),
-        }
+        self.served_flag(source)
+            .is_none_or(|flag| flag.load(Ordering::Relaxed))
     }
 
-    /// The flag [`Self::served`] reads for an optional `source`.
+    /// The flag set once an optional `source`'s watches run; `None` for Core.
     fn served_flag(&self, source: Source) -> Option<&Arc<AtomicBool>> {
         match source {
             Source::Core => None,
