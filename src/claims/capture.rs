@@ -129,7 +129,8 @@ pub async fn list_raw(
     let core = source_lists(client, &scopes, &core, &AsItems).await?;
 
     let (notebooks, statefulsets) = list_notebooks(client, &pod_namespaces, owners).await?;
-    let dra = if names.dra_drivers.is_empty() || !super::dra::available(client, &scopes, true).await
+    let dra = if names.dra_drivers.is_empty()
+        || !super::dra::available(client, &scopes, &kinds::watched_refs(Source::Dra), true).await
     {
         Vec::new()
     } else {

@@ -239,7 +239,9 @@ pub async fn list_claims(
         timeout: None,
     };
     lists_into(client, &scopes, &core, names, &mut claims).await?;
-    if !names.dra_drivers.is_empty() && super::dra::available(client, &scopes, true).await {
+    if !names.dra_drivers.is_empty()
+        && super::dra::available(client, &scopes, &kinds::watched_refs(Source::Dra), true).await
+    {
         let dra = Lists {
             source: Source::Dra,
             discovered: None,

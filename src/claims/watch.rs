@@ -586,7 +586,14 @@ impl Optional {
                 Found::Off
             }
             OptionalApi::Dra => {
-                if !dra::available(client, scopes, first_look).await {
+                if !dra::available(
+                    client,
+                    scopes,
+                    &kinds::watched_refs(Source::Dra),
+                    first_look,
+                )
+                .await
+                {
                     return Missing::not_served("not served or not readable");
                 }
                 start_dra(self, spawn);
