@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use gpu_ledger::claims::kinds;
 use gpu_ledger::claims::watch::{self, Stores, WatchConfig};
 use gpu_ledger::ledger::usage::Usage;
 use gpu_ledger::ledger::{self, Attribution, PodState, Policy};
@@ -66,7 +67,10 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
         "CRD is served"
     );
     eventually("node gpu-1 in the store", WAIT, || async {
-        stores.nodes.get("gpu-1").map(|n| n.allocatable.clone())
+        stores
+            .of::<kinds::Nodes>()
+            .get("gpu-1")
+            .map(|n| n.allocatable.clone())
     })
     .await;
 
@@ -95,12 +99,13 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
         .expect("plain pod");
 
     eventually("pod and quota stored", WAIT, || async {
-        (stores.pods.contains_key("team-ml/trainer") && stores.quotas.contains_key("team-ml/gpus"))
-            .then_some(())
+        (stores.of::<kinds::Pods>().contains_key("team-ml/trainer")
+            && stores.of::<kinds::Quotas>().contains_key("team-ml/gpus"))
+        .then_some(())
     })
     .await;
     assert!(
-        !stores.pods.contains_key("team-ml/web"),
+        !stores.of::<kinds::Pods>().contains_key("team-ml/web"),
         "non-GPU pods are not stored"
     );
 
@@ -144,8 +149,12 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
         .await
         .expect("notebook pod");
     eventually("notebook and its pod stored", WAIT, || async {
-        (stores.pods.contains_key("team-ml/alice-nb-0")
-            && stores.notebooks.contains_key("team-ml/alice-nb"))
+        (stores
+            .of::<kinds::Pods>()
+            .contains_key("team-ml/alice-nb-0")
+            && stores
+                .of::<kinds::Notebooks>()
+                .contains_key("team-ml/alice-nb"))
         .then_some(())
     })
     .await;
@@ -196,7 +205,7 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
         .expect("delete");
     eventually("trainer terminating in the store", WAIT, || async {
         stores
-            .pods
+            .of::<kinds::Pods>()
             .get("team-ml/trainer")
             .and_then(|p| p.deletion.map(|_| ()))
     })
@@ -233,8 +242,10 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
         .await
         .expect("delete pod");
     eventually("quota, notebook gone", WAIT, || async {
-        (!stores.quotas.contains_key("team-ml/gpus")
-            && !stores.notebooks.contains_key("team-ml/alice-nb"))
+        (!stores.of::<kinds::Quotas>().contains_key("team-ml/gpus")
+            && !stores
+                .of::<kinds::Notebooks>()
+                .contains_key("team-ml/alice-nb"))
         .then_some(())
     })
     .await;
@@ -292,7 +303,7 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
         .expect("pod");
     let reason = eventually("too-big unschedulable", WAIT, || async {
         stores
-            .pods
+            .of::<kinds::Pods>()
             .get("lab/too-big")
             .and_then(|p| p.unschedulable_message.clone())
     })
@@ -307,7 +318,7 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
         .expect("pod");
     let node = eventually("held running", WAIT, || async {
         stores
-            .pods
+            .of::<kinds::Pods>()
             .get("lab/held")
             .filter(|p| p.phase == gpu_ledger::ledger::claims::PodPhase::Running)
             .and_then(|p| p.node.clone())
@@ -338,7 +349,7 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
     .await
     .expect("drop finalizer");
     eventually("held gone", WAIT, || async {
-        (!stores.pods.contains_key("lab/held")).then_some(())
+        (!stores.of::<kinds::Pods>().contains_key("lab/held")).then_some(())
     })
     .await;
     let l = ledger::build(&stores.claims(), &Usage::default(), Utc::now(), &policy);
@@ -374,7 +385,10 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
         .await
         .expect("statefulset");
     eventually("nb-0 scheduled", WAIT, || async {
-        stores.pods.get("lab/nb-0").and_then(|p| p.node.clone())
+        stores
+            .of::<kinds::Pods>()
+            .get("lab/nb-0")
+            .and_then(|p| p.node.clone())
     })
     .await;
     let client = cp.client("gpu-ledger").await.expect("client");

@@ -44,6 +44,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use gpu_ledger::claims::kinds;
 use gpu_ledger::claims::watch::{self, Stores, WatchConfig};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::stack::{
@@ -194,7 +195,7 @@ async fn truth(admin: &kube::Client, ns: &str) -> BTreeMap<String, String> {
 /// `ns/name` → uid of the pod store; panics on an entry whose value disagrees with its key.
 fn stored(stores: &Stores) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    for e in stores.pods.iter() {
+    for e in stores.of::<kinds::Pods>().iter() {
         let key = format!("{}/{}", e.value().namespace, e.value().name);
         assert_eq!(e.key(), &key, "store entry keyed wrongly");
         assert!(
@@ -689,7 +690,7 @@ async fn churn_returns_to_baseline() {
     // Churn, sampling the store size.
     let peak = Arc::new(AtomicUsize::new(0));
     let sampler = {
-        let (pods, peak) = (w.stores.pods.clone(), peak.clone());
+        let (pods, peak) = (w.stores.of::<kinds::Pods>(), peak.clone());
         tokio::spawn(async move {
             loop {
                 peak.fetch_max(pods.len(), Ordering::Relaxed);
@@ -745,7 +746,7 @@ async fn churn_returns_to_baseline() {
          total {:?}",
         cycles as f64 / churn_took.as_secs_f64(),
         peak.load(Ordering::Relaxed),
-        w.stores.pods.len(),
+        w.stores.of::<kinds::Pods>().len(),
         base_series.len(),
         after_series.len(),
         after_series.difference(&base_series).collect::<Vec<_>>(),

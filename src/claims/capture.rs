@@ -12,14 +12,14 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
-use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::TypeMeta;
+use kube::{Client, Resource};
 use serde_json::{Value, json};
 use tracing::warn;
 
-use super::kinds::{self, Kind, Live, Source};
-use super::list::{ListError, objects};
+use super::kinds::{self, Kind, Source, Watched};
+use super::list::{Each, ListError, Lists, source_lists};
 use super::project;
 use crate::k8s;
 use crate::ledger::units::ResourceNames;
@@ -119,18 +119,44 @@ pub async fn list_raw(
         }
     }
     push_daemon_pods(client, &mut pods).await;
-    let nodes: Vec<Value> = objects::<kinds::Nodes>(client, &scopes, &())
-        .await?
-        .iter()
-        .map(item)
-        .collect();
+    // Every other core kind (nodes) through the table.
+    let core = Lists {
+        source: Source::Core,
+        discovered: None,
+        explicit: &[&kinds::PODS, &kinds::QUOTAS],
+        timeout: None,
+    };
+    let core = source_lists(client, &scopes, &core, &AsItems).await?;
 
     let (notebooks, statefulsets) = list_notebooks(client, &pod_namespaces, owners).await?;
-    let (resource_claims, resource_slices, device_classes) =
-        list_dra(client, names, &scopes).await?;
-    let kueue = list_kueue(client, &scopes).await?;
-    let kueue_config = match (&kueue, kueue_config_map) {
-        (Some(_), Some((namespace, name))) => {
+    let dra = if names.dra_drivers.is_empty()
+        || !super::dra::available(client, &scopes, &kinds::watched_refs(Source::Dra), true).await
+    {
+        Vec::new()
+    } else {
+        let dra = Lists {
+            source: Source::Dra,
+            discovered: None,
+            explicit: &[],
+            timeout: None,
+        };
+        source_lists(client, &scopes, &dra, &AsItems).await?
+    };
+    let kueue_served =
+        super::kueue::available(client, &scopes, &kinds::watched_refs(Source::Kueue), true).await;
+    let kueue = if kueue_served {
+        let kueue = Lists {
+            source: Source::Kueue,
+            discovered: None,
+            explicit: &[],
+            timeout: None,
+        };
+        source_lists(client, &scopes, &kueue, &AsItems).await?
+    } else {
+        Vec::new()
+    };
+    let kueue_config = match kueue_config_map.filter(|_| kueue_served) {
+        Some((namespace, name)) => {
             match super::kueue::get_config_map(client, namespace, name).await {
                 Ok(cm) => Some(list_of(cm.iter().map(item).collect())),
                 Err(e) => {
@@ -144,56 +170,46 @@ pub async fn list_raw(
                 }
             }
         }
-        _ => None,
+        None => None,
     };
     let mut lists = RawLists::default()
         .with(&kinds::PODS, Some(list_of(pods)))
-        .with(&kinds::NODES, Some(list_of(nodes)))
         .with(&kinds::QUOTAS, Some(list_of(quotas)))
         .with(&kinds::NOTEBOOKS, notebooks)
         .with(&kinds::STATEFULSETS, statefulsets)
-        .with(&kinds::RESOURCE_CLAIMS, resource_claims)
-        .with(&kinds::RESOURCE_SLICES, resource_slices)
-        .with(&kinds::DEVICE_CLASSES, device_classes)
         .with(&kinds::KUEUE_CONFIG, kueue_config);
-    for (kind, list) in kueue.into_iter().flatten() {
+    for (kind, list) in core.into_iter().chain(dra).chain(kueue) {
         lists = lists.with(kind, Some(list));
     }
     Ok(lists)
 }
 
-/// Kueue's watched kinds, when served and readable (cluster-scoped ones whole, LocalQueues and
-/// Workloads in the captured namespaces), each item with its `apiVersion` and `kind`.
-async fn list_kueue(
-    client: &Client,
-    scopes: &[Option<String>],
-) -> Result<Option<Vec<(&'static Kind, Value)>>, ListError> {
-    let lists = super::kueue::list_objects(client, scopes)
-        .await
-        .map_err(|(resource, source)| ListError { resource, source })?;
-    Ok(lists.map(|lists| {
-        kinds::KINDS
+/// A kind's objects as the items of its `<stem>.json`, each with its `apiVersion` and `kind`
+/// (a dynamic object's list items carry none).
+struct AsItems;
+
+impl Each for AsItems {
+    type Out = Value;
+    fn each<K: Watched>(
+        &self,
+        resource: &<K::Object as Resource>::DynamicType,
+        objects: Vec<K::Object>,
+    ) -> Value {
+        let api_version = K::Object::api_version(resource).into_owned();
+        let kind = K::Object::kind(resource).into_owned();
+        let items = objects
             .iter()
-            .filter(|k| k.source == Source::Kueue && k.live == Live::Watched)
-            .map(|kind| {
-                let types = TypeMeta {
-                    api_version: format!("{}/{}", super::kueue::GROUP, super::kueue::VERSION),
-                    kind: kind.object.to_string(),
-                };
-                let items = lists
-                    .get(kind.resource)
-                    .into_iter()
-                    .flatten()
-                    .map(|o| {
-                        let mut o = o.clone();
-                        o.types = Some(types.clone());
-                        item(&o)
-                    })
-                    .collect();
-                (*kind, list_of(items))
+            .map(|o| {
+                let mut v = item(o);
+                if let Some(m) = v.as_object_mut() {
+                    m.insert("apiVersion".into(), Value::String(api_version.clone()));
+                    m.insert("kind".into(), Value::String(kind.clone()));
+                }
+                v
             })
-            .collect()
-    }))
+            .collect();
+        list_of(items)
+    }
 }
 
 /// DaemonSet pods anywhere (dcgm-exporter usually runs outside the captured namespaces):
@@ -285,24 +301,4 @@ async fn list_notebooks(
         statefulsets = Some(list_of(sets));
     }
     Ok((notebooks, statefulsets))
-}
-
-/// ResourceClaims, ResourceSlices and DeviceClasses, when DRA is served and readable.
-async fn list_dra(
-    client: &Client,
-    names: &ResourceNames,
-    scopes: &[Option<String>],
-) -> Result<(Option<Value>, Option<Value>, Option<Value>), ListError> {
-    if names.dra_drivers.is_empty() || !super::dra::available(client, scopes, true).await {
-        return Ok((None, None, None));
-    }
-    let claims = objects::<kinds::ResourceClaims>(client, scopes, &()).await?;
-    let slices = objects::<kinds::ResourceSlices>(client, scopes, &()).await?;
-    let classes = objects::<kinds::DeviceClasses>(client, scopes, &()).await?;
-    let raw = |items: Vec<Value>| Some(list_of(items));
-    Ok((
-        raw(claims.iter().map(item).collect()),
-        raw(slices.iter().map(item).collect()),
-        raw(classes.iter().map(item).collect()),
-    ))
 }

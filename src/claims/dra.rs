@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceSelector, ResourceClaim, ResourceSlice};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
@@ -296,10 +297,16 @@ pub fn resource_claim(names: &ResourceNames, rc: &ResourceClaim) -> Option<Resou
 // ---------------------------------------------------------------------------------------------
 // Live sources.
 
-/// Whether `resource.k8s.io/v1` is served with claims, slices and classes, and readable by us;
-/// `false` (with the reason logged, at debug level unless `first_look`) when not: DRA
-/// accounting is then off.
-pub async fn available(client: &Client, scopes: &[Option<String>], first_look: bool) -> bool {
+/// Whether `resource.k8s.io/v1` serves `kinds` (the kinds table's DRA kinds: `(kind, plural,
+/// namespaced)`; claims, slices and classes) and they are readable by us (probed in `scopes`
+/// for the namespaced ones); `false` (with the reason logged, at debug level unless
+/// `first_look`) when not: DRA accounting is then off.
+pub async fn available(
+    client: &Client,
+    scopes: &[Option<String>],
+    kinds: &[(&'static str, &'static str, bool)],
+    first_look: bool,
+) -> bool {
     let group = tokio::time::timeout(PROBE_TIMEOUT, kube::discovery::group(client, GROUP)).await;
     let group = match group {
         Ok(Ok(g)) => g,
@@ -328,8 +335,9 @@ pub async fn available(client: &Client, scopes: &[Option<String>], first_look: b
         }
     };
     let served = group.versioned_resources(VERSION);
-    let missing: Vec<&str> = ["ResourceClaim", "ResourceSlice", "DeviceClass"]
-        .into_iter()
+    let missing: Vec<&str> = kinds
+        .iter()
+        .map(|(kind, _, _)| *kind)
         .filter(|k| !served.iter().any(|(ar, _)| ar.kind == *k))
         .collect();
     if !missing.is_empty() {
@@ -343,18 +351,24 @@ pub async fn available(client: &Client, scopes: &[Option<String>], first_look: b
     // A watch we may not list would restart forever and keep the service unready: probe first.
     let lp = ListParams::default().limit(1);
     let mut probes: Vec<(&str, Result<(), kube::Error>)> = Vec::new();
-    for ns in scopes {
-        let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
-        probes.push(("resourceclaims", probe(&api, &lp).await));
+    for &(kind, plural, namespaced) in kinds {
+        let ar = ApiResource {
+            group: GROUP.into(),
+            version: VERSION.into(),
+            api_version: format!("{GROUP}/{VERSION}"),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        if namespaced {
+            for ns in scopes {
+                let api = k8s::scoped_dynamic(client, ns.as_deref(), &ar);
+                probes.push((plural, probe(&api, &lp).await));
+            }
+        } else {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+            probes.push((plural, probe(&api, &lp).await));
+        }
     }
-    probes.push((
-        "resourceslices",
-        probe(&Api::<ResourceSlice>::all(client.clone()), &lp).await,
-    ));
-    probes.push((
-        "deviceclasses",
-        probe(&Api::<DeviceClass>::all(client.clone()), &lp).await,
-    ));
     for (resource, result) in probes {
         if let Err(e) = result {
             warn!(
@@ -366,21 +380,6 @@ pub async fn available(client: &Client, scopes: &[Option<String>], first_look: b
         }
     }
     true
-}
-
-/// Most time one full list may take (`report` against a live cluster).
-const LIST_TIMEOUT: Duration = Duration::from_secs(120);
-
-async fn list<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<K>, kube::Error>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    match tokio::time::timeout(LIST_TIMEOUT, api.list(lp)).await {
-        Ok(r) => r.map(|l| l.items),
-        Err(_) => Err(kube::Error::Service(
-            format!("listing timed out after {LIST_TIMEOUT:?}").into(),
-        )),
-    }
 }
 
 async fn probe<K>(api: &Api<K>, lp: &ListParams) -> Result<(), kube::Error>
@@ -406,36 +405,6 @@ pub fn register_enabled(
     )?;
     g.set(i64::from(enabled.load(Ordering::Relaxed)));
     registry.register(Box::new(g))
-}
-
-/// One-shot lists (`report` against a live cluster) into `claims`, when the API is available.
-pub async fn list_into(
-    client: &Client,
-    names: &ResourceNames,
-    namespaces: &[String],
-    claims: &mut crate::ledger::claims::Claims,
-) -> Result<(), kube::Error> {
-    let scopes = k8s::scopes(namespaces);
-    if names.dra_drivers.is_empty() || !available(client, &scopes, true).await {
-        return Ok(());
-    }
-    let lp = ListParams::default();
-    for ns in &scopes {
-        let api: Api<ResourceClaim> = k8s::scoped(client, ns.as_deref());
-        for rc in list(&api, &lp).await? {
-            claims.resource_claims.extend(resource_claim(names, &rc));
-        }
-    }
-    for s in list(&Api::<ResourceSlice>::all(client.clone()), &lp).await? {
-        claims
-            .dra_devices
-            .extend(slice_devices(names, &s).into_iter().flatten());
-    }
-    for c in list(&Api::<DeviceClass>::all(client.clone()), &lp).await? {
-        claims.device_classes.push(device_class(&c));
-    }
-    claims.dra_enabled = true;
-    Ok(())
 }
 
 #[cfg(test)]

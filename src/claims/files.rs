@@ -17,17 +17,16 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::DynamicObject;
+use kube::Resource;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::kinds::{self, Kind, Watched};
+use super::kinds::{self, Kind, Visit, Watched};
 use super::kueue;
 use super::project::{self, ProjectError};
 use crate::ledger::claims::Claims;
-use crate::ledger::kueue::KueueInputs;
 use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain};
 use crate::ledger::units::ResourceNames;
 
@@ -666,7 +665,7 @@ fn rows<K: Watched>(
 
 /// Loads every dump and projects it; each file must stay within `limits`. Pods and nodes are
 /// read before either is projected; every other kind is read and projected in
-/// [`kinds::KINDS`] order.
+/// [`kinds::KINDS`] order, a watched kind through its [`Watched`] binding ([`LoadKind`]).
 pub fn load_with_limits(
     paths: &DumpPaths,
     names: &ResourceNames,
@@ -677,17 +676,15 @@ pub fn load_with_limits(
         limits,
         warnings: Vec::new(),
     };
+    // Explicit, not through the table's loop: both are required, both are read before either
+    // is projected (a missing nodes dump is reported before a bad pod), and a pod may also be
+    // a DaemonSet's, which no table kind is.
     let (pods_path, pods): (_, Vec<Pod>) = r.required(&kinds::PODS)?;
     let (nodes_path, nodes): (_, Vec<Node>) = r.required(&kinds::NODES)?;
     let mut claims = Claims::default();
     let mut namespaces = std::collections::BTreeSet::new();
-    let mut seen = |meta: &ObjectMeta| {
-        if let Some(ns) = &meta.namespace {
-            namespaces.insert(ns.clone());
-        }
-    };
     for p in &pods {
-        seen(&p.metadata);
+        seen(&mut namespaces, &p.metadata);
         match project::pod(names, p).map_err(q(pods_path))? {
             Some(c) => {
                 // A pod kept only for its ResourceClaims may still be a DaemonSet's.
@@ -699,79 +696,50 @@ pub fn load_with_limits(
             None => claims.daemon_pods.extend(project::daemon_pod(p)),
         }
     }
-    claims.nodes = rows::<kinds::Nodes>(names, nodes_path, &nodes)?;
-    if let Some((path, quotas)) = r.list::<ResourceQuota>(&kinds::QUOTAS)? {
-        for rq in &quotas {
-            seen(&rq.metadata);
+    kinds::Nodes::store(
+        &mut claims,
+        rows::<kinds::Nodes>(names, nodes_path, &nodes)?,
+    );
+    for kind in kinds::KINDS {
+        if kind == &kinds::PODS || kind == &kinds::NODES {
+            continue;
         }
-        claims.quotas = rows::<kinds::Quotas>(names, path, &quotas)?;
-    }
-    if let Some((_, notebooks)) = r.list::<MetaOnly>(&kinds::NOTEBOOKS)? {
-        for n in &notebooks {
-            seen(&n.metadata);
-        }
-        claims.notebooks = notebooks
-            .iter()
-            .map(|n| crate::k8s::notebook(&n.metadata))
-            .collect();
-        claims.notebooks_enabled = true;
-    }
-    if let Some((_, sets)) = r.list::<StatefulSet>(&kinds::STATEFULSETS)? {
-        for set in &sets {
-            seen(&set.metadata);
-        }
-        claims.statefulsets = sets.iter().map(project::statefulset).collect();
-    }
-    if let Some((path, items)) = r.list(&kinds::RESOURCE_CLAIMS)? {
-        claims.resource_claims = rows::<kinds::ResourceClaims>(names, path, &items)?;
-        claims.dra_enabled = true;
-    }
-    if let Some((path, items)) = r.list(&kinds::RESOURCE_SLICES)? {
-        let devices = rows::<kinds::ResourceSlices>(names, path, &items)?;
-        claims.dra_devices = devices.into_iter().flatten().collect();
-        claims.dra_enabled = true;
-    }
-    if let Some((path, items)) = r.list(&kinds::DEVICE_CLASSES)? {
-        claims.device_classes = rows::<kinds::DeviceClasses>(names, path, &items)?;
-    }
-    let flavors = r.list(&kinds::RESOURCE_FLAVORS)?;
-    let cluster_queues = r.list(&kinds::CLUSTER_QUEUES)?;
-    let local_queues = r.list(&kinds::LOCAL_QUEUES)?;
-    let workloads = r.list(&kinds::WORKLOADS)?;
-    let kueue_served = [&flavors, &cluster_queues, &local_queues, &workloads]
-        .iter()
-        .any(|l| l.is_some());
-    if kueue_served {
-        /// The rows of one Kueue kind (none without its dump).
-        fn all<K: Watched<Object = DynamicObject>>(
-            names: &ResourceNames,
-            read: Option<(&Path, Vec<DynamicObject>)>,
-        ) -> Result<Vec<K::Row>, FileError> {
-            read.map_or(Ok(Vec::new()), |(path, items)| {
-                rows::<K>(names, path, &items)
-            })
-        }
-        claims.kueue = KueueInputs {
-            enabled: true,
-            flavors: all::<kinds::ResourceFlavors>(names, flavors)?,
-            cluster_queues: all::<kinds::ClusterQueues>(names, cluster_queues)?,
-            local_queues: all::<kinds::LocalQueues>(names, local_queues)?,
-            workloads: all::<kinds::Workloads>(names, workloads)?,
-            device_class_mappings: None,
-        };
-        if let Some((path, items)) = r.list::<ConfigMap>(&kinds::KUEUE_CONFIG)? {
-            claims.kueue.device_class_mappings = match items.first().map(kueue::mappings_of) {
-                None => Some(Vec::new()),
-                Some(Ok(m)) => Some(m),
-                Some(Err(e)) => {
-                    r.warnings.push(format!(
-                        "{}: {}; Kueue's deviceClassMappings are unknown",
-                        path.display(),
-                        crate::telemetry::error_chain(&e)
-                    ));
-                    None
+        if kind == &kinds::NOTEBOOKS {
+            // Explicit: a Notebook is read for its metadata only (its spec, a whole pod
+            // template, is never kept).
+            if let Some((_, notebooks)) = r.list::<MetaOnly>(kind)? {
+                for n in &notebooks {
+                    seen(&mut namespaces, &n.metadata);
                 }
+                claims.notebooks = notebooks
+                    .iter()
+                    .map(|n| crate::k8s::notebook(&n.metadata))
+                    .collect();
+                kinds::Notebooks::served(&mut claims);
+            }
+        } else if kind == &kinds::STATEFULSETS {
+            // Explicit: no watched kind (fetched one by one while serving).
+            if let Some((_, sets)) = r.list::<StatefulSet>(kind)? {
+                for set in &sets {
+                    seen(&mut namespaces, &set.metadata);
+                }
+                claims.statefulsets = sets.iter().map(project::statefulset).collect();
+            }
+        } else if kind == &kinds::KUEUE_CONFIG {
+            // Explicit: no watched kind (polled while serving); read only with Kueue's kinds.
+            if claims.kueue.enabled {
+                load_kueue_config(&mut r, &mut claims)?;
+            }
+        } else {
+            let mut load = LoadKind {
+                r: &mut r,
+                names,
+                claims: &mut claims,
+                namespaces: &mut namespaces,
+                result: Ok(()),
             };
+            kinds::visit_kind(kind, &mut load);
+            load.result?;
         }
     }
     Ok(Loaded {
@@ -779,6 +747,67 @@ pub fn load_with_limits(
         warnings: r.warnings,
         namespaces,
     })
+}
+
+/// Notes the namespace of an object read (see [`Loaded::namespaces`]).
+fn seen(namespaces: &mut std::collections::BTreeSet<String>, meta: &ObjectMeta) {
+    if let Some(ns) = &meta.namespace {
+        namespaces.insert(ns.clone());
+    }
+}
+
+/// Loads one watched kind's dump, when there is one, into the claims through its [`Watched`]
+/// binding: read, its namespaces noted ([`Watched::COUNTS_NAMESPACES`]), projected as its
+/// watch projects, stored, its API marked served.
+struct LoadKind<'r, 'a> {
+    r: &'r mut Reader<'a>,
+    names: &'r ResourceNames,
+    claims: &'r mut Claims,
+    namespaces: &'r mut std::collections::BTreeSet<String>,
+    result: Result<(), FileError>,
+}
+
+impl Visit for LoadKind<'_, '_> {
+    fn visit<K: Watched>(&mut self) {
+        self.result = self.load::<K>();
+    }
+}
+
+impl LoadKind<'_, '_> {
+    fn load<K: Watched>(&mut self) -> Result<(), FileError> {
+        let Some((path, items)) = self.r.list::<K::Object>(K::KIND)? else {
+            return Ok(());
+        };
+        if K::COUNTS_NAMESPACES {
+            for o in &items {
+                seen(self.namespaces, o.meta());
+            }
+        }
+        K::store(self.claims, rows::<K>(self.names, path, &items)?);
+        K::served(self.claims);
+        Ok(())
+    }
+}
+
+/// Kueue's `deviceClassMappings` from its captured ConfigMap ([`kinds::KUEUE_CONFIG`]): a list
+/// of none is "no mappings", no file leaves them unknown, a Configuration Kueue would refuse is
+/// a warning (naming the file) and unknown.
+fn load_kueue_config(r: &mut Reader<'_>, claims: &mut Claims) -> Result<(), FileError> {
+    if let Some((path, items)) = r.list::<ConfigMap>(&kinds::KUEUE_CONFIG)? {
+        claims.kueue.device_class_mappings = match items.first().map(kueue::mappings_of) {
+            None => Some(Vec::new()),
+            Some(Ok(m)) => Some(m),
+            Some(Err(e)) => {
+                r.warnings.push(format!(
+                    "{}: {}; Kueue's deviceClassMappings are unknown",
+                    path.display(),
+                    crate::telemetry::error_chain(&e)
+                ));
+                None
+            }
+        };
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -850,6 +879,63 @@ mod tests {
             "{:?}",
             loaded.warnings
         );
+    }
+
+    /// Every watched kind's dump is read through the table alone ([`kinds::for_each_watched`]):
+    /// found by its stem, refused by its object kind naming the file, and once valid, marks
+    /// its API served as its binding says. A kind added to the table and the list is loaded
+    /// without a line here.
+    #[test]
+    fn every_watched_kind_is_loaded_through_its_binding() {
+        struct Check(Vec<&'static str>);
+        impl Visit for Check {
+            fn visit<K: Watched>(&mut self) {
+                let stem = K::KIND.stem;
+                let dir = tempfile::tempdir().expect("tmp");
+                write(dir.path(), "pods.json", r#"{"kind":"List","items":[]}"#);
+                write(dir.path(), "nodes.json", r#"{"kind":"List","items":[]}"#);
+                let file = format!("{stem}.json");
+                write(
+                    dir.path(),
+                    &file,
+                    r#"{"kind":"List","items":[{"kind":"Wrong","metadata":{"name":"a"}}]}"#,
+                );
+                let load = || {
+                    load_with_limits(
+                        &DumpPaths::from_dir(dir.path()),
+                        &ResourceNames::default(),
+                        DumpLimits::default(),
+                    )
+                };
+                let err = load().expect_err("wrong kind").to_string();
+                let want = format!("{file}: item 0: expected kind {}", K::KIND.object);
+                assert!(err.contains(&want), "{stem}: {err}");
+                write(dir.path(), &file, r#"{"kind":"List","items":[]}"#);
+                let claims = load().expect("empty list").claims;
+                let mut expected = Claims::default();
+                K::served(&mut expected);
+                assert_eq!(
+                    (
+                        claims.notebooks_enabled,
+                        claims.dra_enabled,
+                        claims.kueue.enabled
+                    ),
+                    (
+                        expected.notebooks_enabled,
+                        expected.dra_enabled,
+                        expected.kueue.enabled
+                    ),
+                    "{stem}"
+                );
+                self.0.push(stem);
+            }
+        }
+        let mut checked = Check(Vec::new());
+        kinds::for_each_watched(&mut checked);
+        let watched = kinds::KINDS
+            .iter()
+            .filter(|k| k.live == kinds::Live::Watched);
+        assert_eq!(checked.0.len(), watched.count(), "{:?}", checked.0);
     }
 
     #[test]

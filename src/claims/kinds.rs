@@ -4,8 +4,11 @@
 //! API object to its projection into the ledger's input ([`Watched`]).
 //!
 //! The watches, the one-shot lists, the dump loader, `capture`, its stems and the fuzzer read
-//! this table instead of listing kinds themselves. Adding a claim kind is one [`Kind`] entry in
-//! [`KINDS`] (and a [`Watched`] impl when it is watched), its projection, and its ledger rule.
+//! this table instead of listing kinds themselves: the data through [`KINDS`], the typed
+//! bindings through [`for_each_watched`] (the one list of the [`Watched`] impls) and
+//! [`visit_kind`]. Adding a watched claim kind is one [`Kind`] entry in [`KINDS`], its
+//! [`Watched`] impl (object, row, API, projection, where the rows go in [`Claims`]) listed in
+//! [`for_each_watched`], and its ledger rule; see docs/architecture.md for the whole list.
 
 use std::sync::Arc;
 
@@ -20,7 +23,8 @@ use super::project::{self, ProjectError};
 use super::{dra, kueue};
 use crate::k8s;
 use crate::ledger::claims::{
-    DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo, ResourceClaimInfo,
+    Claims, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
+    ResourceClaimInfo, node_in_shard, pod_in_shard,
 };
 use crate::ledger::kueue::{ClusterQueueInfo, LocalQueueInfo, ResourceFlavorInfo, WorkloadInfo};
 use crate::ledger::units::ResourceNames;
@@ -36,6 +40,18 @@ pub enum Source {
     Dra,
     /// `kueue.x-k8s.io/v1beta2`.
     Kueue,
+}
+
+impl Source {
+    /// Marks the source's API as served in `claims` (Core always is: nothing to mark).
+    pub fn mark_served(self, claims: &mut Claims) {
+        match self {
+            Source::Core => {}
+            Source::Kubeflow => claims.notebooks_enabled = true,
+            Source::Dra => claims.dra_enabled = true,
+            Source::Kueue => claims.kueue.enabled = true,
+        }
+    }
 }
 
 /// Where a kind's objects live.
@@ -216,13 +232,47 @@ impl Kind {
 
 /// A watched kind: its table entry, the API object it is read as, and its projection into the
 /// ledger's input (`Row`, what the store keeps of each object).
-pub trait Watched {
+///
+/// Every impl is listed once, in [`for_each_watched`]; the watches, the stores, the dump loader
+/// and the copies of the claims reach it only through that list.
+pub trait Watched: 'static {
     const KIND: &'static Kind;
-    type Object: Resource + Clone + std::fmt::Debug + DeserializeOwned + Send + Sync + 'static;
-    type Row: PartialEq + Send + Sync + 'static;
+    type Object: Resource<DynamicType: Send + Sync>
+        + Clone
+        + std::fmt::Debug
+        + DeserializeOwned
+        + serde::Serialize
+        + Send
+        + Sync
+        + 'static;
+    type Row: Clone + PartialEq + Send + Sync + 'static;
     /// What the watch logs (with the error) when an object cannot be projected; `None`: it is
     /// dropped without a word.
     const INVALID: Option<&'static str> = None;
+    /// Whether the namespaces of its objects in a dump count as the dump's namespaces (what
+    /// `report --namespace` is checked against).
+    const COUNTS_NAMESPACES: bool = false;
+
+    /// The resource its API is served as (`()` for a typed kind), from what discovery found
+    /// (`discovered`: the served version of a discovered CRD); `None` when it is not served.
+    fn resource(
+        discovered: Option<&ApiResource>,
+    ) -> Option<<Self::Object as Resource>::DynamicType>;
+
+    /// Puts `rows` where the ledger reads them in `claims` (replacing what was there).
+    fn store(claims: &mut Claims, rows: Vec<Self::Row>);
+
+    /// Whether a row belongs to shard `shard` of `total`; every row by default (the other
+    /// shards' rows are read for context).
+    fn in_shard(_row: &Self::Row, _shard: u32, _total: u32) -> bool {
+        true
+    }
+
+    /// Marks its API served in `claims` once its objects were read (a dump of it exists, its
+    /// API was found).
+    fn served(claims: &mut Claims) {
+        Self::KIND.source.mark_served(claims);
+    }
 
     /// The API of one scope (`None`: cluster-wide); `resource` is the discovered or fixed
     /// resource of a dynamic kind.
@@ -249,8 +299,18 @@ impl Watched for Pods {
     /// Shared with every build's copy of the claims.
     type Row = Arc<PodClaim>;
     const INVALID: Option<&'static str> = Some("ignoring pod with an invalid GPU quantity");
+    const COUNTS_NAMESPACES: bool = true;
     fn api(client: &Client, ns: Option<&str>, (): &()) -> Api<Pod> {
         k8s::scoped(client, ns)
+    }
+    fn resource(_: Option<&ApiResource>) -> Option<()> {
+        Some(())
+    }
+    fn store(claims: &mut Claims, rows: Vec<Arc<PodClaim>>) {
+        claims.pods = rows;
+    }
+    fn in_shard(row: &Arc<PodClaim>, shard: u32, total: u32) -> bool {
+        pod_in_shard(row, shard, total)
     }
     fn project(names: &ResourceNames, o: &Pod) -> Result<Option<Arc<PodClaim>>, ProjectError> {
         project::pod(names, o).map(|c| c.map(Arc::new))
@@ -265,6 +325,15 @@ impl Watched for Nodes {
     fn api(client: &Client, _: Option<&str>, (): &()) -> Api<Node> {
         Api::all(client.clone())
     }
+    fn resource(_: Option<&ApiResource>) -> Option<()> {
+        Some(())
+    }
+    fn store(claims: &mut Claims, rows: Vec<NodeInfo>) {
+        claims.nodes = rows;
+    }
+    fn in_shard(row: &NodeInfo, shard: u32, total: u32) -> bool {
+        node_in_shard(&row.name, shard, total)
+    }
     fn project(names: &ResourceNames, o: &Node) -> Result<Option<NodeInfo>, ProjectError> {
         project::node(names, o).map(Some)
     }
@@ -273,10 +342,17 @@ impl Watched for Nodes {
 pub struct Quotas;
 impl Watched for Quotas {
     const KIND: &'static Kind = &QUOTAS;
+    const COUNTS_NAMESPACES: bool = true;
     type Object = ResourceQuota;
     type Row = QuotaInfo;
     fn api(client: &Client, ns: Option<&str>, (): &()) -> Api<ResourceQuota> {
         k8s::scoped(client, ns)
+    }
+    fn resource(_: Option<&ApiResource>) -> Option<()> {
+        Some(())
+    }
+    fn store(claims: &mut Claims, rows: Vec<QuotaInfo>) {
+        claims.quotas = rows;
     }
     fn project(
         names: &ResourceNames,
@@ -289,10 +365,18 @@ impl Watched for Quotas {
 pub struct Notebooks;
 impl Watched for Notebooks {
     const KIND: &'static Kind = &NOTEBOOKS;
+    const COUNTS_NAMESPACES: bool = true;
     type Object = DynamicObject;
     type Row = NotebookInfo;
     fn api(client: &Client, ns: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
         dynamic(client, ns, ar)
+    }
+    /// The served version, as discovered.
+    fn resource(discovered: Option<&ApiResource>) -> Option<ApiResource> {
+        discovered.cloned()
+    }
+    fn store(claims: &mut Claims, rows: Vec<NotebookInfo>) {
+        claims.notebooks = rows;
     }
     fn project(_: &ResourceNames, o: &DynamicObject) -> Result<Option<NotebookInfo>, ProjectError> {
         Ok(Some(k8s::notebook(&o.metadata)))
@@ -306,6 +390,12 @@ impl Watched for ResourceClaims {
     type Row = ResourceClaimInfo;
     fn api(client: &Client, ns: Option<&str>, (): &()) -> Api<ResourceClaim> {
         k8s::scoped(client, ns)
+    }
+    fn resource(_: Option<&ApiResource>) -> Option<()> {
+        Some(())
+    }
+    fn store(claims: &mut Claims, rows: Vec<ResourceClaimInfo>) {
+        claims.resource_claims = rows;
     }
     fn project(
         names: &ResourceNames,
@@ -324,6 +414,13 @@ impl Watched for ResourceSlices {
     fn api(client: &Client, _: Option<&str>, (): &()) -> Api<ResourceSlice> {
         Api::all(client.clone())
     }
+    fn resource(_: Option<&ApiResource>) -> Option<()> {
+        Some(())
+    }
+    /// The devices of every slice.
+    fn store(claims: &mut Claims, rows: Vec<Vec<DraDevice>>) {
+        claims.dra_devices = rows.into_iter().flatten().collect();
+    }
     fn project(
         names: &ResourceNames,
         o: &ResourceSlice,
@@ -340,6 +437,15 @@ impl Watched for DeviceClasses {
     fn api(client: &Client, _: Option<&str>, (): &()) -> Api<DeviceClass> {
         Api::all(client.clone())
     }
+    fn resource(_: Option<&ApiResource>) -> Option<()> {
+        Some(())
+    }
+    fn store(claims: &mut Claims, rows: Vec<DeviceClassInfo>) {
+        claims.device_classes = rows;
+    }
+    /// Classes alone do not make DRA served: a dump of DeviceClasses without ResourceClaims
+    /// or ResourceSlices leaves DRA accounting off (the watches turn it on through those).
+    fn served(_: &mut Claims) {}
     fn project(
         _: &ResourceNames,
         o: &DeviceClass,
@@ -355,6 +461,12 @@ impl Watched for ResourceFlavors {
     type Row = ResourceFlavorInfo;
     fn api(client: &Client, ns: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
         dynamic(client, ns, ar)
+    }
+    fn resource(_: Option<&ApiResource>) -> Option<ApiResource> {
+        Some(Self::KIND.kueue_resource())
+    }
+    fn store(claims: &mut Claims, rows: Vec<ResourceFlavorInfo>) {
+        claims.kueue.flavors = rows;
     }
     fn project(
         _: &ResourceNames,
@@ -372,6 +484,12 @@ impl Watched for ClusterQueues {
     fn api(client: &Client, ns: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
         dynamic(client, ns, ar)
     }
+    fn resource(_: Option<&ApiResource>) -> Option<ApiResource> {
+        Some(Self::KIND.kueue_resource())
+    }
+    fn store(claims: &mut Claims, rows: Vec<ClusterQueueInfo>) {
+        claims.kueue.cluster_queues = rows;
+    }
     fn project(
         _: &ResourceNames,
         o: &DynamicObject,
@@ -387,6 +505,12 @@ impl Watched for LocalQueues {
     type Row = LocalQueueInfo;
     fn api(client: &Client, ns: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
         dynamic(client, ns, ar)
+    }
+    fn resource(_: Option<&ApiResource>) -> Option<ApiResource> {
+        Some(Self::KIND.kueue_resource())
+    }
+    fn store(claims: &mut Claims, rows: Vec<LocalQueueInfo>) {
+        claims.kueue.local_queues = rows;
     }
     fn project(
         _: &ResourceNames,
@@ -404,12 +528,85 @@ impl Watched for Workloads {
     fn api(client: &Client, ns: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
         dynamic(client, ns, ar)
     }
+    fn resource(_: Option<&ApiResource>) -> Option<ApiResource> {
+        Some(Self::KIND.kueue_resource())
+    }
+    fn store(claims: &mut Claims, rows: Vec<WorkloadInfo>) {
+        claims.kueue.workloads = rows;
+    }
     fn project(
         names: &ResourceNames,
         o: &DynamicObject,
     ) -> Result<Option<WorkloadInfo>, ProjectError> {
         Ok(Some(kueue::workload(names, o)))
     }
+}
+
+/// Something done for each watched kind, typed ([`for_each_watched`]).
+pub trait Visit {
+    fn visit<K: Watched>(&mut self);
+}
+
+/// Calls `v` for every [`Watched`] impl, once each, in [`KINDS`] order: the one list of them.
+pub fn for_each_watched(v: &mut impl Visit) {
+    v.visit::<Pods>();
+    v.visit::<Nodes>();
+    v.visit::<Quotas>();
+    v.visit::<Notebooks>();
+    v.visit::<ResourceClaims>();
+    v.visit::<ResourceSlices>();
+    v.visit::<DeviceClasses>();
+    v.visit::<ResourceFlavors>();
+    v.visit::<ClusterQueues>();
+    v.visit::<LocalQueues>();
+    v.visit::<Workloads>();
+}
+
+/// Calls `v` for the [`Watched`] impl of `kind`; false when `kind` is not watched.
+pub fn visit_kind(kind: &Kind, v: &mut impl Visit) -> bool {
+    struct One<'a, V> {
+        kind: &'a Kind,
+        v: &'a mut V,
+        found: bool,
+    }
+    impl<V: Visit> Visit for One<'_, V> {
+        fn visit<K: Watched>(&mut self) {
+            if K::KIND == self.kind {
+                self.found = true;
+                self.v.visit::<K>();
+            }
+        }
+    }
+    let mut one = One {
+        kind,
+        v,
+        found: false,
+    };
+    for_each_watched(&mut one);
+    one.found
+}
+
+/// The watched kinds of `source`, in [`KINDS`] order.
+pub fn watched_of(source: Source) -> impl Iterator<Item = &'static Kind> {
+    KINDS
+        .into_iter()
+        .filter(move |k| k.source == source && k.live == Live::Watched)
+}
+
+/// `(kind, plural, namespaced)` of each watched kind of `source`: what `kueue::available`
+/// probes.
+pub fn watched_refs(source: Source) -> Vec<(&'static str, &'static str, bool)> {
+    watched_of(source)
+        .map(|k| (k.object, k.resource, k.scope == Scope::Namespaced))
+        .collect()
+}
+
+/// Their API resources, for a log line (`resourceclaims, resourceslices, deviceclasses`).
+pub fn watched_resources(source: Source) -> String {
+    watched_of(source)
+        .map(|k| k.resource)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -424,6 +621,44 @@ mod tests {
         stems.sort_unstable();
         stems.dedup();
         assert_eq!(stems.len(), all, "{stems:?}");
+    }
+
+    /// [`for_each_watched`] lists exactly the watched kinds of [`KINDS`], once each, in its
+    /// order: a kind added to one and not the other fails here.
+    #[test]
+    fn the_watched_impls_are_the_tables_watched_kinds() {
+        struct Stems(Vec<&'static str>);
+        impl Visit for Stems {
+            fn visit<K: Watched>(&mut self) {
+                self.0.push(K::KIND.stem);
+            }
+        }
+        let mut visited = Stems(Vec::new());
+        for_each_watched(&mut visited);
+        let watched: Vec<&str> = KINDS
+            .iter()
+            .filter(|k| k.live == Live::Watched)
+            .map(|k| k.stem)
+            .collect();
+        assert_eq!(visited.0, watched);
+        for kind in KINDS {
+            let mut one = Stems(Vec::new());
+            let found = visit_kind(kind, &mut one);
+            assert_eq!(found, kind.live == Live::Watched, "{}", kind.stem);
+            assert_eq!(one.0, if found { vec![kind.stem] } else { vec![] });
+        }
+        assert_eq!(
+            watched_resources(Source::Kueue),
+            "resourceflavors, clusterqueues, localqueues, workloads"
+        );
+        assert_eq!(
+            kueue::not_all_served(&watched_refs(Source::Kueue)),
+            "v1beta2 does not serve ResourceFlavor, ClusterQueue, LocalQueue and Workload"
+        );
+        assert_eq!(
+            watched_resources(Source::Dra),
+            "resourceclaims, resourceslices, deviceclasses"
+        );
     }
 
     #[test]

@@ -26,20 +26,17 @@ use super::project;
 use super::quantity::parse_units;
 use crate::k8s;
 use crate::ledger::kueue::{
-    Admission, ClusterQueueInfo, DeviceClassMapping, FlavorQuota, FlavorUsage, KueueInputs,
-    LocalQueueInfo, PodSetAssignment, PodSetInfo, ResourceFlavorInfo, WorkloadInfo, WorkloadOwner,
+    Admission, ClusterQueueInfo, DeviceClassMapping, FlavorQuota, FlavorUsage, LocalQueueInfo,
+    PodSetAssignment, PodSetInfo, ResourceFlavorInfo, WorkloadInfo, WorkloadOwner,
 };
 use crate::ledger::units::ResourceNames;
 
 pub const GROUP: &str = "kueue.x-k8s.io";
 pub const VERSION: &str = "v1beta2";
-/// The kinds read, with their plural resource names and whether they are namespaced.
-pub const KINDS: [(&str, &str, bool); 4] = [
-    ("ResourceFlavor", "resourceflavors", false),
-    ("ClusterQueue", "clusterqueues", false),
-    ("LocalQueue", "localqueues", true),
-    ("Workload", "workloads", true),
-];
+/// A kind read from Kueue: its `kind`, its plural resource name and whether it is namespaced
+/// (the callers pass the kinds table's Kueue kinds: this file cannot name the table, which
+/// names it).
+pub type KindRef = (&'static str, &'static str, bool);
 
 /// Bound of discovery and of the list probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -276,27 +273,6 @@ pub fn workload(names: &ResourceNames, o: &DynamicObject) -> WorkloadInfo {
     }
 }
 
-/// Objects of the four kinds, projected.
-#[derive(Debug, Default)]
-pub struct Objects<'a> {
-    pub flavors: Vec<&'a DynamicObject>,
-    pub cluster_queues: Vec<&'a DynamicObject>,
-    pub local_queues: Vec<&'a DynamicObject>,
-    pub workloads: Vec<&'a DynamicObject>,
-}
-
-/// Projects lists of the four kinds into the ledger's inputs (enabled).
-pub fn project_all(names: &ResourceNames, o: &Objects<'_>) -> KueueInputs {
-    KueueInputs {
-        enabled: true,
-        flavors: o.flavors.iter().map(|f| resource_flavor(f)).collect(),
-        cluster_queues: o.cluster_queues.iter().map(|c| cluster_queue(c)).collect(),
-        local_queues: o.local_queues.iter().map(|q| local_queue(q)).collect(),
-        workloads: o.workloads.iter().map(|w| workload(names, w)).collect(),
-        device_class_mappings: None,
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Kueue's Configuration: `resources.deviceClassMappings`.
 
@@ -515,10 +491,15 @@ fn not_found(reason: &str, first_look: bool) {
     }
 }
 
-/// Whether `kueue.x-k8s.io/v1beta2` serves the four kinds and they are readable by us (probed
-/// in `scopes` for the namespaced ones); `false` after one info line "Kueue not found" with the
+/// Whether `kueue.x-k8s.io/v1beta2` serves `kinds` and they are readable by us (probed in
+/// `scopes` for the namespaced ones); `false` after one info line "Kueue not found" with the
 /// reason when not (at debug level unless `first_look`): queue rows are then off.
-pub async fn available(client: &Client, scopes: &[Option<String>], first_look: bool) -> bool {
+pub async fn available(
+    client: &Client,
+    scopes: &[Option<String>],
+    kinds: &[KindRef],
+    first_look: bool,
+) -> bool {
     let group = tokio::time::timeout(PROBE_TIMEOUT, kube::discovery::group(client, GROUP)).await;
     let group = match group {
         Ok(Ok(g)) => g,
@@ -544,19 +525,16 @@ pub async fn available(client: &Client, scopes: &[Option<String>], first_look: b
         }
     };
     let served = group.versioned_resources(VERSION);
-    if KINDS
+    if kinds
         .iter()
         .any(|(kind, _, _)| !served.iter().any(|(ar, _)| ar.kind == *kind))
     {
-        not_found(
-            "v1beta2 does not serve ResourceFlavor, ClusterQueue, LocalQueue and Workload",
-            first_look,
-        );
+        not_found(&not_all_served(kinds), first_look);
         return false;
     }
     // A watch we may not list would restart forever and keep the service unready: probe first.
     let lp = ListParams::default().limit(1);
-    for (kind, plural, namespaced) in KINDS {
+    for &(kind, plural, namespaced) in kinds {
         let ar = api_resource(kind, plural);
         let apis = apis(client, scopes, &ar, namespaced);
         for api in apis {
@@ -599,62 +577,15 @@ fn apis(
     }
 }
 
-/// One-shot lists of the four kinds (cluster-scoped ones everywhere, namespaced ones in
-/// `scopes`), as raw objects by plural name; `None` when Kueue is not available.
-pub async fn list_objects(
-    client: &Client,
-    scopes: &[Option<String>],
-) -> Result<Option<BTreeMap<&'static str, Vec<DynamicObject>>>, (&'static str, kube::Error)> {
-    if !available(client, scopes, true).await {
-        return Ok(None);
-    }
-    let lp = ListParams::default();
-    let mut out = BTreeMap::new();
-    for (kind, plural, namespaced) in KINDS {
-        let ar = api_resource(kind, plural);
-        let mut items = Vec::new();
-        let apis = apis(client, scopes, &ar, namespaced);
-        for api in apis {
-            let list = api.list(&lp).await.map_err(|e| (plural, e))?;
-            items.extend(list.items);
-        }
-        out.insert(plural, items);
-    }
-    Ok(Some(out))
-}
-
-/// One-shot lists into `claims.kueue` (`report` against a live cluster), with the mappings of
-/// Kueue's ConfigMap `config_map` (`namespace`, `name`) when one is named.
-pub async fn list_into(
-    client: &Client,
-    names: &ResourceNames,
-    namespaces: &[String],
-    config_map: Option<&(String, String)>,
-    claims: &mut crate::ledger::claims::Claims,
-) -> Result<(), kube::Error> {
-    let scopes = k8s::scopes(namespaces);
-    let Some(lists) = list_objects(client, &scopes).await.map_err(|(_, e)| e)? else {
-        return Ok(());
+/// The reason [`available`] gives when the version lacks one of `kinds`: "v1beta2 does not
+/// serve ResourceFlavor, ClusterQueue, LocalQueue and Workload".
+pub fn not_all_served(kinds: &[KindRef]) -> String {
+    let names: Vec<&str> = kinds.iter().map(|(kind, _, _)| *kind).collect();
+    let listed = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.concat(),
     };
-    let pick = |plural: &str| {
-        lists
-            .get(plural)
-            .map(|v| v.iter().collect())
-            .unwrap_or_default()
-    };
-    claims.kueue = project_all(
-        names,
-        &Objects {
-            flavors: pick("resourceflavors"),
-            cluster_queues: pick("clusterqueues"),
-            local_queues: pick("localqueues"),
-            workloads: pick("workloads"),
-        },
-    );
-    if let Some((namespace, name)) = config_map {
-        claims.kueue.device_class_mappings = read_mappings(client, namespace, name, true).await;
-    }
-    Ok(())
+    format!("{VERSION} does not serve {listed}")
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! once it has been failing past a bound, so `serve` can report the source down, fail
 //! readiness and hold culling back.
 
+use std::any::{Any, TypeId};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,17 +28,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::kinds::{self, Scope, Watched};
+use super::kinds::{self, Scope, Source, Visit, Watched};
 use super::{dra, kueue, project};
 use crate::k8s;
-use crate::ledger::claims::{
-    Claims, DaemonPod, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
-    ResourceClaimInfo, StatefulSetInfo,
-};
-use crate::ledger::kueue::{
-    ClusterQueueInfo, DeviceClassMapping, KueueInputs, LocalQueueInfo, ResourceFlavorInfo,
-    WorkloadInfo,
-};
+use crate::ledger::claims::{Claims, DaemonPod, StatefulSetInfo};
+use crate::ledger::kueue::DeviceClassMapping;
 use crate::ledger::units::ResourceNames;
 use crate::spawn::Spawn;
 
@@ -105,31 +100,26 @@ impl WatchHealth {
     }
 }
 
-/// One store per resource, filled by its watch task.
+/// The rows of one watched kind, by key (`namespace/name`, or the name).
+pub type Store<K> = DashMap<String, <K as Watched>::Row>;
+
+/// One store per watched kind ([`kinds::for_each_watched`]), filled by its watches, and the
+/// few stores that are no table kind's.
 #[derive(Clone)]
 pub struct Stores {
-    /// Projections are shared (`Arc`) with every build's copy of the claims ([`Stores::claims_for`]).
-    pub pods: Arc<DashMap<String, Arc<PodClaim>>>,
-    pub nodes: Arc<DashMap<String, NodeInfo>>,
-    pub quotas: Arc<DashMap<String, QuotaInfo>>,
-    pub notebooks: Arc<DashMap<String, NotebookInfo>>,
+    /// The [`Store`] of each [`Watched`] kind, by the impl's type (so each entry holds that
+    /// kind's rows): [`Stores::of`]. Pod projections are shared (`Arc`) with every build's copy
+    /// of the claims ([`Stores::claims_for`]).
+    rows: Arc<DashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     /// StatefulSets fetched on demand (by uid) to verify notebook ownership.
     pub statefulsets: Arc<DashMap<String, StatefulSetInfo>>,
     /// DaemonSet pods (dcgm-exporter's among them), to resolve a device's node.
     pub daemon_pods: Arc<DashMap<String, DaemonPod>>,
+    /// Set once the Notebook watches run.
     pub notebooks_enabled: Arc<AtomicBool>,
-    /// DRA (`resource.k8s.io/v1`, see [`super::dra`]): claims by `namespace/name`, GPU devices
-    /// by slice name, classes by name; `dra_enabled` once their watches run.
-    pub resource_claims: Arc<DashMap<String, ResourceClaimInfo>>,
-    pub resource_slices: Arc<DashMap<String, Vec<DraDevice>>>,
-    pub device_classes: Arc<DashMap<String, DeviceClassInfo>>,
+    /// Set once the DRA watches (`resource.k8s.io/v1`, see [`super::dra`]) run.
     pub dra_enabled: Arc<AtomicBool>,
-    /// Kueue (`kueue.x-k8s.io/v1beta2`, see [`super::kueue`]): flavors and ClusterQueues by
-    /// name, LocalQueues and Workloads by `namespace/name`; `kueue_enabled` once watched.
-    pub kueue_flavors: Arc<DashMap<String, ResourceFlavorInfo>>,
-    pub cluster_queues: Arc<DashMap<String, ClusterQueueInfo>>,
-    pub local_queues: Arc<DashMap<String, LocalQueueInfo>>,
-    pub workloads: Arc<DashMap<String, WorkloadInfo>>,
+    /// Set once the Kueue watches (`kueue.x-k8s.io/v1beta2`, see [`super::kueue`]) run.
     pub kueue_enabled: Arc<AtomicBool>,
     /// Kueue's `deviceClassMappings`, re-read from its ConfigMap (`None`: not read).
     pub kueue_mappings: Arc<arc_swap::ArcSwapOption<Vec<DeviceClassMapping>>>,
@@ -148,21 +138,11 @@ pub struct Stores {
 impl Stores {
     fn new() -> Self {
         Stores {
-            pods: Arc::default(),
-            nodes: Arc::default(),
-            quotas: Arc::default(),
-            notebooks: Arc::default(),
+            rows: Arc::default(),
             statefulsets: Arc::default(),
             daemon_pods: Arc::default(),
             notebooks_enabled: Arc::new(AtomicBool::new(false)),
-            resource_claims: Arc::default(),
-            resource_slices: Arc::default(),
-            device_classes: Arc::default(),
             dra_enabled: Arc::new(AtomicBool::new(false)),
-            kueue_flavors: Arc::default(),
-            cluster_queues: Arc::default(),
-            local_queues: Arc::default(),
-            workloads: Arc::default(),
             kueue_enabled: Arc::new(AtomicBool::new(false)),
             kueue_mappings: Arc::default(),
             pending_apis: Arc::default(),
@@ -170,6 +150,34 @@ impl Stores {
             health: Arc::default(),
             last_errors: Arc::default(),
             generation: Arc::default(),
+        }
+    }
+
+    /// The store of kind `K` (`stores.of::<kinds::Pods>()`), made empty on first use.
+    pub fn of<K: Watched>(&self) -> Arc<Store<K>> {
+        let entry = self
+            .rows
+            .entry(TypeId::of::<K>())
+            .or_insert_with(|| Arc::new(Store::<K>::new()))
+            .clone();
+        // The entry of `K` is only ever made above, as `Store<K>`: the downcast holds. Were it
+        // ever to fail, an empty store is the answer, not a panic.
+        entry.downcast::<Store<K>>().unwrap_or_default()
+    }
+
+    /// Whether `source`'s watches run (Core's always do).
+    fn served(&self, source: Source) -> bool {
+        self.served_flag(source)
+            .is_none_or(|flag| flag.load(Ordering::Relaxed))
+    }
+
+    /// The flag set once an optional `source`'s watches run; `None` for Core.
+    fn served_flag(&self, source: Source) -> Option<&Arc<AtomicBool>> {
+        match source {
+            Source::Core => None,
+            Source::Kubeflow => Some(&self.notebooks_enabled),
+            Source::Dra => Some(&self.dra_enabled),
+            Source::Kueue => Some(&self.kueue_enabled),
         }
     }
 
@@ -245,7 +253,7 @@ impl Stores {
     /// dcgm-exporter#188). Sorted, without duplicates, so the query text is stable.
     pub fn shard_hostnames(&self, shard: u32, total: u32) -> Vec<String> {
         let mut names: Vec<String> = self
-            .nodes
+            .of::<kinds::Nodes>()
             .iter()
             .filter(|e| crate::ledger::claims::node_in_shard(&e.value().name, shard, total))
             .map(|e| e.value().name.clone())
@@ -261,49 +269,50 @@ impl Stores {
         names
     }
 
-    /// The claims one shard owns, filtered while copying (only what the shard keeps is cloned).
+    /// The claims one shard owns, filtered while copying (only what the shard keeps is cloned):
+    /// every watched kind's rows through its [`Watched`] binding, then the stores of no table
+    /// kind (StatefulSets, DaemonSet pods, Kueue's mappings) and the other shards' node names.
     pub fn claims_for(&self, shard: u32, total: u32) -> Claims {
-        Claims {
-            pods: self
-                .pods
-                .iter()
-                .filter(|e| crate::ledger::claims::pod_in_shard(e.value(), shard, total))
-                .map(|e| e.value().clone())
-                .collect(),
-            nodes: self
-                .nodes
-                .iter()
-                .filter(|e| crate::ledger::claims::node_in_shard(&e.value().name, shard, total))
-                .map(|e| e.value().clone())
-                .collect(),
-            quotas: values(&self.quotas),
-            notebooks: values(&self.notebooks),
-            statefulsets: values(&self.statefulsets),
-            daemon_pods: values(&self.daemon_pods),
-            notebooks_enabled: self.notebooks_enabled.load(Ordering::Relaxed),
-            resource_claims: values(&self.resource_claims),
-            dra_devices: self
-                .resource_slices
-                .iter()
-                .flat_map(|e| e.value().clone())
-                .collect(),
-            device_classes: values(&self.device_classes),
-            dra_enabled: self.dra_enabled.load(Ordering::Relaxed),
-            kueue: KueueInputs {
-                enabled: self.kueue_enabled.load(Ordering::Relaxed),
-                flavors: values(&self.kueue_flavors),
-                cluster_queues: values(&self.cluster_queues),
-                local_queues: values(&self.local_queues),
-                workloads: values(&self.workloads),
-                device_class_mappings: self.kueue_mappings.load_full().map(|m| (*m).clone()),
-            },
-            other_shards_nodes: self
-                .nodes
-                .iter()
-                .filter(|e| !crate::ledger::claims::node_in_shard(&e.value().name, shard, total))
-                .map(|e| e.value().name.clone())
-                .collect(),
+        struct Copy<'a> {
+            stores: &'a Stores,
+            claims: Claims,
+            shard: u32,
+            total: u32,
         }
+        impl Visit for Copy<'_> {
+            fn visit<K: Watched>(&mut self) {
+                let (shard, total) = (self.shard, self.total);
+                let rows = self
+                    .stores
+                    .of::<K>()
+                    .iter()
+                    .filter(|e| K::in_shard(e.value(), shard, total))
+                    .map(|e| e.value().clone())
+                    .collect();
+                K::store(&mut self.claims, rows);
+                if self.stores.served(K::KIND.source) {
+                    K::served(&mut self.claims);
+                }
+            }
+        }
+        let mut copy = Copy {
+            stores: self,
+            claims: Claims::default(),
+            shard,
+            total,
+        };
+        kinds::for_each_watched(&mut copy);
+        let mut claims = copy.claims;
+        claims.statefulsets = values(&self.statefulsets);
+        claims.daemon_pods = values(&self.daemon_pods);
+        claims.kueue.device_class_mappings = self.kueue_mappings.load_full().map(|m| (*m).clone());
+        claims.other_shards_nodes = self
+            .of::<kinds::Nodes>()
+            .iter()
+            .filter(|e| !crate::ledger::claims::node_in_shard(&e.value().name, shard, total))
+            .map(|e| e.value().name.clone())
+            .collect();
+        claims
     }
 
     /// A consistent-enough copy of all stores for one ledger build.
@@ -317,7 +326,7 @@ impl Stores {
             return Ok(());
         }
         let wanted: Vec<(String, String, String)> = self
-            .pods
+            .of::<kinds::Pods>()
             .iter()
             .filter_map(|p| {
                 let c = k8s::statefulset_owner(&p)?;
@@ -345,7 +354,7 @@ impl Stores {
         }
         // Forget StatefulSets no pod refers to any more.
         let live: HashSet<String> = self
-            .pods
+            .of::<kinds::Pods>()
             .iter()
             .filter_map(|p| p.controller.as_ref().map(|c| c.uid.clone()))
             .collect();
@@ -404,10 +413,10 @@ pub async fn start_with(
         stores: stores.clone(),
         on_restart,
     };
-    watch_kind::<kinds::Pods>(&optional, spawn, &(), &stores.pods);
-    watch_kind::<kinds::Quotas>(&optional, spawn, &(), &stores.quotas);
-    // DaemonSet pods only (the label is set by the DaemonSet controller alone), in the
-    // exporter's namespaces: it usually runs outside the watched ones.
+    start_source(&optional, spawn, Source::Core, None);
+    // Not a table kind: Pods again, but DaemonSet pods only (the label is set by the DaemonSet
+    // controller alone), in the exporter's namespaces (it usually runs outside the watched
+    // ones), into their own store, so it keeps its own watch here.
     let exporter_scopes = k8s::scopes(&config.exporter_namespaces);
     for (i, ns) in exporter_scopes.iter().enumerate() {
         spawn_watch(
@@ -423,7 +432,6 @@ pub async fn start_with(
             |pod: &Pod| kinds::PODS.key(pod),
         );
     }
-    watch_kind::<kinds::Nodes>(&optional, spawn, &(), &stores.nodes);
 
     for api in OptionalApi::ALL {
         match optional.try_start(api, spawn, true).await {
@@ -578,14 +586,28 @@ impl Optional {
                 Found::Off
             }
             OptionalApi::Dra => {
-                if !dra::available(client, scopes, first_look).await {
+                if !dra::available(
+                    client,
+                    scopes,
+                    &kinds::watched_refs(Source::Dra),
+                    first_look,
+                )
+                .await
+                {
                     return Missing::not_served("not served or not readable");
                 }
                 start_dra(self, spawn);
                 Found::Started
             }
             OptionalApi::Kueue => {
-                if !kueue::available(client, scopes, first_look).await {
+                if !kueue::available(
+                    client,
+                    scopes,
+                    &kinds::watched_refs(Source::Kueue),
+                    first_look,
+                )
+                .await
+                {
                     return Missing::not_served("not served or not readable");
                 }
                 start_kueue(self, spawn);
@@ -651,48 +673,58 @@ impl Optional {
     }
 }
 
+/// Marks `source` served and starts the watches of each of its watched kinds
+/// ([`kinds::for_each_watched`]); `discovered` is the served version of a discovered CRD.
+fn start_source(
+    ctx: &Optional,
+    spawn: Spawn<'_>,
+    source: Source,
+    discovered: Option<&ApiResource>,
+) {
+    struct Start<'a, 'b> {
+        ctx: &'a Optional,
+        spawn: Spawn<'b>,
+        source: Source,
+        discovered: Option<&'a ApiResource>,
+    }
+    impl Visit for Start<'_, '_> {
+        fn visit<K: Watched>(&mut self) {
+            if K::KIND.source != self.source {
+                return;
+            }
+            if let Some(resource) = K::resource(self.discovered) {
+                watch_kind::<K>(self.ctx, self.spawn, &resource);
+            }
+        }
+    }
+    if let Some(flag) = ctx.stores.served_flag(source) {
+        flag.store(true, Ordering::Relaxed);
+    }
+    kinds::for_each_watched(&mut Start {
+        ctx,
+        spawn,
+        source,
+        discovered,
+    });
+}
+
 /// Starts the Notebook watches (served as `ar`) in every scope.
 fn start_notebooks(ar: &ApiResource, ctx: &Optional, spawn: Spawn<'_>) {
-    let stores = &ctx.stores;
-    stores.notebooks_enabled.store(true, Ordering::Relaxed);
     info!(version = %ar.version, "watching kubeflow.org notebooks");
-    watch_kind::<kinds::Notebooks>(ctx, spawn, ar, &stores.notebooks);
+    start_source(ctx, spawn, Source::Kubeflow, Some(ar));
 }
 
 /// Starts the Kueue watches on `stores` (once [`kueue::available`] said `kueue.x-k8s.io/v1beta2`
-/// is served and readable); LocalQueues and Workloads in `scopes`.
+/// is served and readable); LocalQueues and Workloads in `scopes`. Kueue's ConfigMap is no
+/// watch: it is re-read now and then ([`start_kueue_config`]).
 fn start_kueue(ctx: &Optional, spawn: Spawn<'_>) {
-    let stores = &ctx.stores;
-    stores.kueue_enabled.store(true, Ordering::Relaxed);
     info!(
         group = kueue::GROUP,
         version = kueue::VERSION,
-        "watching Kueue resourceflavors, clusterqueues, localqueues, workloads"
+        "watching Kueue {}",
+        kinds::watched_resources(Source::Kueue)
     );
-    watch_kind::<kinds::ResourceFlavors>(
-        ctx,
-        spawn,
-        &kinds::RESOURCE_FLAVORS.kueue_resource(),
-        &stores.kueue_flavors,
-    );
-    watch_kind::<kinds::ClusterQueues>(
-        ctx,
-        spawn,
-        &kinds::CLUSTER_QUEUES.kueue_resource(),
-        &stores.cluster_queues,
-    );
-    watch_kind::<kinds::LocalQueues>(
-        ctx,
-        spawn,
-        &kinds::LOCAL_QUEUES.kueue_resource(),
-        &stores.local_queues,
-    );
-    watch_kind::<kinds::Workloads>(
-        ctx,
-        spawn,
-        &kinds::WORKLOADS.kueue_resource(),
-        &stores.workloads,
-    );
+    start_source(ctx, spawn, Source::Kueue, None);
     start_kueue_config(ctx, spawn);
 }
 
@@ -732,12 +764,8 @@ fn start_kueue_config(ctx: &Optional, spawn: Spawn<'_>) {
 /// Starts the DRA watches on `stores` (once [`dra::available`] said the API is served and
 /// readable); `scopes` are the namespaces claims are watched in (`None`: all).
 fn start_dra(ctx: &Optional, spawn: Spawn<'_>) {
-    let stores = &ctx.stores;
-    stores.dra_enabled.store(true, Ordering::Relaxed);
-    info!(drivers = ?ctx.names.dra_drivers, "watching {}/{} resourceclaims, resourceslices, deviceclasses", dra::GROUP, dra::VERSION);
-    watch_kind::<kinds::ResourceClaims>(ctx, spawn, &(), &stores.resource_claims);
-    watch_kind::<kinds::ResourceSlices>(ctx, spawn, &(), &stores.resource_slices);
-    watch_kind::<kinds::DeviceClasses>(ctx, spawn, &(), &stores.device_classes);
+    info!(drivers = ?ctx.names.dra_drivers, "watching {}/{} {}", dra::GROUP, dra::VERSION, kinds::watched_resources(Source::Dra));
+    start_source(ctx, spawn, Source::Dra, None);
 }
 
 /// A copy of every value of a store.
@@ -754,14 +782,14 @@ fn leak_label(resource: &'static str, i: usize) -> &'static str {
     }
 }
 
-/// Starts the watches of kind `K` (served as `resource`, `()` for a typed kind) into `store`:
+/// Starts the watches of kind `K` (served as `resource`, `()` for a typed kind) into its store:
 /// one per scope for a namespaced kind, one cluster-wide otherwise.
 fn watch_kind<K: Watched>(
     ctx: &Optional,
     spawn: Spawn<'_>,
     resource: &<K::Object as Resource>::DynamicType,
-    store: &Arc<DashMap<String, K::Row>>,
 ) {
+    let store = ctx.stores.of::<K>();
     let cluster_wide = [None];
     let scopes = match K::KIND.scope {
         Scope::Namespaced => ctx.scopes.as_slice(),
@@ -964,6 +992,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::claims::NodeInfo;
 
     #[test]
     fn only_real_changes_count() {
@@ -1024,7 +1053,7 @@ mod tests {
         let stores = Stores::new();
         for i in 0..20 {
             let name = format!("gpu-node-{i:02}");
-            stores.nodes.insert(
+            stores.of::<kinds::Nodes>().insert(
                 name.clone(),
                 NodeInfo {
                     name: name.clone(),
