@@ -8,29 +8,16 @@ use chrono::Duration;
 use super::actuator::tests::{FakeApi, notebook, now};
 use super::*;
 use crate::ledger::claims::NotebookInfo;
-use crate::ledger::{Attribution, Evidence, PodRow, PodState};
+use crate::ledger::{Attribution, PodRow, PodState};
 
 fn idle_pod() -> PodRow {
-    let n = now();
     PodRow {
         gpus: 1.0,
-        utilization: Some(0.0),
-        evidence: Evidence {
-            uid: "pod-uid".into(),
-            started_at: Some(n - Duration::hours(5)),
-            ready_since: Some(n - Duration::hours(5)),
-            coverage: Some(1.0),
-            newest_sample_at: Some(n),
-            peak: Some(0.0),
-            idle_since: Some(n - Duration::hours(3)),
-            devices_found: 1,
-            devices_expected: 1,
-            ..Evidence::default()
-        },
         ..PodRow::new("team-a", "nb-0")
             .running_on("gpu-1")
             .attributed(Attribution::Exclusive)
-            .idle_for(3.0 * 3600.0)
+            .stop_candidate(now(), Duration::hours(5), Duration::hours(3))
+            .with_uid("pod-uid")
     }
     .of_notebook(notebook())
 }

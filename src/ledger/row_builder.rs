@@ -2,6 +2,8 @@
 //! integration tests and benchmarks name only what their case is about (they live in the
 //! library because integration tests need them too).
 
+use chrono::{DateTime, Duration, Utc};
+
 use super::claims::NotebookInfo;
 use super::{Attribution, Owner, PodRow, PodState};
 
@@ -53,6 +55,24 @@ impl PodRow {
         self.idle = Some(true);
         self.idle_seconds = Some(seconds);
         self
+    }
+
+    /// A culling candidate's evidence at `now`: started and Ready `up` ago, proven idle since
+    /// `idle` ago at 0 % (peak 0, newest sample at `now`), one GPU expected and found, fully
+    /// covered. Cases about one of these facts change that field afterwards.
+    #[must_use]
+    pub fn stop_candidate(mut self, now: DateTime<Utc>, up: Duration, idle: Duration) -> Self {
+        self.utilization = Some(0.0);
+        let e = &mut self.evidence;
+        e.started_at = Some(now - up);
+        e.ready_since = Some(now - up);
+        e.coverage = Some(1.0);
+        e.newest_sample_at = Some(now);
+        e.peak = Some(0.0);
+        e.idle_since = Some(now - idle);
+        e.devices_found = 1;
+        e.devices_expected = 1;
+        self.idle_for(idle.as_seconds_f64())
     }
 
     /// Busy at `utilization` (0..1): not idle, idle for no seconds.

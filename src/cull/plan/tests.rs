@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::cull::notebook::Notebook;
 use crate::ledger::claims::NotebookInfo;
-use crate::ledger::{Evidence, Ledger, PodRow, PodState};
+use crate::ledger::{Ledger, PodRow, PodState};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 1, 31, 12, 0, 0)
@@ -23,28 +23,18 @@ fn notebook(ns: &str, name: &str) -> NotebookInfo {
 /// A notebook pod that qualifies for a stop at `t0()`: idle for `idle_h` hours, up for 10h.
 fn idle_row(ns: &str, name: &str, idle_h: i64) -> PodRow {
     let now = t0();
-    PodRow {
-        utilization: Some(0.0),
-        memory_used_bytes: Some(0.0),
-        evidence: Evidence {
-            uid: format!("pod-{ns}-{name}"),
-            started_at: Some(now - Duration::hours(10)),
-            ready_since: Some(now - Duration::hours(10)),
-            coverage: Some(1.0),
-            newest_sample_at: Some(now - Duration::seconds(30)),
-            peak: Some(0.008),
-            idle_since: Some(now - Duration::hours(idle_h)),
-            devices_found: 1,
-            devices_expected: 1,
-            ..Evidence::default()
-        },
-        ..PodRow::new(ns, format!("{name}-0"))
-            .running_on("gpu-1")
-            .holding("nvidia.com/gpu", 1)
-            .attributed(Attribution::Exclusive)
-            .idle_for((idle_h * 3600) as f64)
-    }
-    .of_notebook(notebook(ns, name))
+    let mut row = PodRow::new(ns, format!("{name}-0"))
+        .running_on("gpu-1")
+        .holding("nvidia.com/gpu", 1)
+        .attributed(Attribution::Exclusive)
+        .stop_candidate(now, Duration::hours(10), Duration::hours(idle_h))
+        .with_uid(format!("pod-{ns}-{name}"))
+        .of_notebook(notebook(ns, name));
+    // Near idle, not exactly: a few sub-threshold readings, the last 30 s ago.
+    row.memory_used_bytes = Some(0.0);
+    row.evidence.peak = Some(0.008);
+    row.evidence.newest_sample_at = Some(now - Duration::seconds(30));
+    row
 }
 
 fn ledger(pods: Vec<PodRow>) -> Ledger {

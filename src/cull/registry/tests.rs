@@ -23,7 +23,7 @@ use crate::cull::webhook::{WebhookFormat, payload};
 use crate::ledger::claims::{
     STOP_ANNOTATION, STOP_REASON_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION,
 };
-use crate::ledger::{Attribution, Evidence, Ledger};
+use crate::ledger::{Attribution, Ledger};
 
 /// A test double of a future culling target (shaped like a Notebooks 2.0 Workspace): group
 /// `example.com`, stopped by `spec.paused: true`, and one check of its own before a write (a
@@ -118,28 +118,14 @@ fn object(namespace: &str, name: &str) -> TargetInfo {
 /// A pod of `object` that qualifies for a stop at `now()`: Running and Ready for 5h, idle for
 /// 3h, fully and freshly covered.
 fn idle_pod_of(pod: &str, object: TargetInfo) -> PodRow {
-    let n = now();
-    PodRow {
-        utilization: Some(0.0),
-        evidence: Evidence {
-            uid: format!("{pod}-uid"),
-            notebook: Some((object.clone(), true)),
-            started_at: Some(n - Duration::hours(5)),
-            ready_since: Some(n - Duration::hours(5)),
-            coverage: Some(1.0),
-            newest_sample_at: Some(n),
-            peak: Some(0.0),
-            idle_since: Some(n - Duration::hours(3)),
-            devices_found: 1,
-            devices_expected: 1,
-            ..Evidence::default()
-        },
-        ..PodRow::new(object.namespace, pod)
-            .running_on("gpu-1")
-            .holding("nvidia.com/gpu", 1)
-            .attributed(Attribution::Exclusive)
-            .idle_for(3.0 * 3600.0)
-    }
+    let mut row = PodRow::new(object.namespace.clone(), pod)
+        .running_on("gpu-1")
+        .holding("nvidia.com/gpu", 1)
+        .attributed(Attribution::Exclusive)
+        .stop_candidate(now(), Duration::hours(5), Duration::hours(3))
+        .with_uid(format!("{pod}-uid"));
+    row.evidence.notebook = Some((object, true));
+    row
 }
 
 /// A Workspace's pod (controlled by the Workspace) and a Notebook's, both idle.
