@@ -232,13 +232,6 @@ pub async fn list_claims(
             Err(e) => warn!(error = &e as &dyn std::error::Error, "ignoring node"),
         }
     }
-    let core = Lists {
-        source: Source::Core,
-        discovered: None,
-        explicit: &[&kinds::PODS, &kinds::QUOTAS, &kinds::NODES],
-        timeout: None,
-    };
-    lists_into(client, &scopes, &core, names, &mut claims).await?;
     if !names.dra_drivers.is_empty()
         && super::dra::available(client, &scopes, &kinds::watched_refs(Source::Dra), true).await
     {

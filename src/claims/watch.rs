@@ -10,7 +10,7 @@
 //! readiness and hold culling back.
 
 use std::any::{Any, TypeId};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -110,7 +110,7 @@ pub struct Stores {
     /// The [`Store`] of each [`Watched`] kind, by the impl's type (so each entry holds that
     /// kind's rows): [`Stores::of`]. Pod projections are shared (`Arc`) with every build's copy
     /// of the claims ([`Stores::claims_for`]).
-    rows: Arc<DashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    rows: Arc<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     /// StatefulSets fetched on demand (by uid) to verify notebook ownership.
     pub statefulsets: Arc<DashMap<String, StatefulSetInfo>>,
     /// DaemonSet pods (dcgm-exporter's among them), to resolve a device's node.
@@ -137,8 +137,19 @@ pub struct Stores {
 
 impl Stores {
     fn new() -> Self {
+        /// One empty store per watched kind: the set of kinds is fixed, so the map never
+        /// changes after this and reads need no lock.
+        struct Make(HashMap<TypeId, Arc<dyn Any + Send + Sync>>);
+        impl Visit for Make {
+            fn visit<K: Watched>(&mut self) {
+                self.0
+                    .insert(TypeId::of::<K>(), Arc::new(Store::<K>::new()));
+            }
+        }
+        let mut rows = Make(HashMap::new());
+        kinds::for_each_watched(&mut rows);
         Stores {
-            rows: Arc::default(),
+            rows: Arc::new(rows.0),
             statefulsets: Arc::default(),
             daemon_pods: Arc::default(),
             notebooks_enabled: Arc::new(AtomicBool::new(false)),
@@ -153,16 +164,14 @@ impl Stores {
         }
     }
 
-    /// The store of kind `K` (`stores.of::<kinds::Pods>()`), made empty on first use.
+    /// The store of kind `K` (`stores.of::<kinds::Pods>()`).
     pub fn of<K: Watched>(&self) -> Arc<Store<K>> {
-        let entry = self
-            .rows
-            .entry(TypeId::of::<K>())
-            .or_insert_with(|| Arc::new(Store::<K>::new()))
-            .clone();
-        // The entry of `K` is only ever made above, as `Store<K>`: the downcast holds. Were it
-        // ever to fail, an empty store is the answer, not a panic.
-        entry.downcast::<Store<K>>().unwrap_or_default()
+        // `new` made one `Store<K>` per `Watched` impl, keyed by its type: the lookup and the
+        // downcast hold. Were they ever to fail, an empty store is the answer, not a panic.
+        self.rows
+            .get(&TypeId::of::<K>())
+            .and_then(|store| Arc::clone(store).downcast::<Store<K>>().ok())
+            .unwrap_or_default()
     }
 
     /// Whether `source`'s watches run (Core's always do).

@@ -29,7 +29,8 @@ use super::lease::{API_TIMEOUT, Leadership};
 use super::plan::{Action, CullMode, CullPolicy, Notice, rfc3339};
 use super::target::{Target, TargetInfo, TargetRef};
 use crate::ledger::claims::{
-    CULL_OPT_OUT_ANNOTATION, STOP_REASON_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION,
+    CULL_OPT_OUT_ANNOTATION, STOP_NOTICE_REASON_ANNOTATION, STOP_REASON_ANNOTATION,
+    STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION,
 };
 use crate::ledger::names::snooze_command;
 
@@ -550,7 +551,7 @@ impl Actuator {
             let mut body = stop_patch(action, &fresh.resource_version);
             if fresh.stop_scheduled_at.is_some() {
                 // The notice is spent: a stale one must not skip the next notice after a restart.
-                clear_notice(target, &mut body);
+                clear_notice(&mut body);
             }
             if let Err(e) = bounded(
                 format!("patch {noun}"),
@@ -612,14 +613,16 @@ impl Actuator {
 
 /// Adds the removal of the target's notice annotations (JSON merge patch `null`) to a patch
 /// body.
-fn clear_notice(target: &dyn Target, body: &mut serde_json::Value) {
-    let keys = target.notice_keys();
+fn clear_notice(body: &mut serde_json::Value) {
     if let Some(ann) = body
         .pointer_mut("/metadata/annotations")
         .and_then(serde_json::Value::as_object_mut)
     {
-        ann.insert(keys.due_at.into(), serde_json::Value::Null);
-        ann.insert(keys.reason.into(), serde_json::Value::Null);
+        ann.insert(STOP_SCHEDULED_AT_ANNOTATION.into(), serde_json::Value::Null);
+        ann.insert(
+            STOP_NOTICE_REASON_ANNOTATION.into(),
+            serde_json::Value::Null,
+        );
     }
 }
 
@@ -627,16 +630,24 @@ fn clear_notice(target: &dyn Target, body: &mut serde_json::Value) {
 /// evidence, cancel removes both; with the re-read `resourceVersion` as precondition. Touches
 /// nothing else.
 pub fn notice_patch(notice: &Notice, resource_version: &str) -> serde_json::Value {
-    let keys = notice.target().notice_keys();
     let mut annotations = serde_json::Map::new();
     match notice {
         Notice::Schedule { stop_at, .. } => {
-            annotations.insert(keys.due_at.into(), rfc3339(*stop_at).into());
-            annotations.insert(keys.reason.into(), notice.reason_text().into());
+            annotations.insert(
+                STOP_SCHEDULED_AT_ANNOTATION.into(),
+                rfc3339(*stop_at).into(),
+            );
+            annotations.insert(
+                STOP_NOTICE_REASON_ANNOTATION.into(),
+                notice.reason_text().into(),
+            );
         }
         Notice::Cancel { .. } => {
-            annotations.insert(keys.due_at.into(), serde_json::Value::Null);
-            annotations.insert(keys.reason.into(), serde_json::Value::Null);
+            annotations.insert(STOP_SCHEDULED_AT_ANNOTATION.into(), serde_json::Value::Null);
+            annotations.insert(
+                STOP_NOTICE_REASON_ANNOTATION.into(),
+                serde_json::Value::Null,
+            );
         }
     }
     json!({"metadata": {"resourceVersion": resource_version, "annotations": annotations}})
@@ -655,7 +666,7 @@ pub fn notice_event(notice: &Notice) -> EventSpec {
         } => {
             let at = rfc3339(*stop_at);
             let until = rfc3339(*stop_at + Duration::days(1));
-            let how = match snooze_command(namespace, notebook, &until) {
+            let how = match snooze_command(noun, namespace, notebook, &until) {
                 Some(cmd) => format!(
                     " Snooze: {cmd}. Opt out: kubectl annotate {noun} -n {namespace} -- {notebook} {CULL_OPT_OUT_ANNOTATION}=false."
                 ),

@@ -4,7 +4,10 @@
 //! (`spec.suspend`) or a Notebooks 2.0 Workspace (`spec.paused`) would be one more file
 //! implementing [`Target`], listed in the registry (`cull/registry.rs`), plus its RBAC in the
 //! chart and the kustomize overlay (a test checks the Roles grant every target's
-//! [`Target::rbac`]). Plan, actuator, backoff, metrics, render, webhook and lease speak of a
+//! [`Target::rbac`]). [`Target::owner`] reads the pod row's one owner slot, which only the
+//! pod → StatefulSet → Notebook rule fills today: a kind the ledger does not claim yet also
+//! needs a claim kind and the ledger rule that attaches its object (docs/architecture.md).
+//! Notice annotations are gpu-ledger's own and the same on every kind. Plan, actuator, backoff, metrics, render, webhook and lease speak of a
 //! target only through this trait and [`TargetInfo`]: the plan asks the registered targets which
 //! one owns a pod (`registry::Targets::owner`), and every action and notice carries that target
 //! to the actuator, the backoff and the webhook.
@@ -15,7 +18,6 @@ use futures::future::BoxFuture;
 use kube::api::{ApiResource, DynamicObject};
 
 use crate::ledger::PodRow;
-use crate::ledger::claims::{STOP_NOTICE_REASON_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION};
 
 /// A target object reduced to what culling reads: identity, `resourceVersion`, whether it is
 /// stopped (any value of its stop marker), deleting, and gpu-ledger's own annotations (opt-out,
@@ -48,19 +50,6 @@ pub struct RbacRule {
     pub verbs: &'static [&'static str],
 }
 
-/// The annotations a notice (`--cull-notice`) writes on a target: when the stop is due and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NoticeKeys {
-    pub due_at: &'static str,
-    pub reason: &'static str,
-}
-
-/// gpu-ledger's own notice annotations, the same on every kind.
-pub const NOTICE_KEYS: NoticeKeys = NoticeKeys {
-    due_at: STOP_SCHEDULED_AT_ANNOTATION,
-    reason: STOP_NOTICE_REASON_ANNOTATION,
-};
-
 /// One kind of object culling stops. Implementations are stateless and `'static` (listed in
 /// the registry); the API calls go through `CullApi`, which hands the target to it.
 pub trait Target: Send + Sync {
@@ -75,11 +64,6 @@ pub trait Target: Send + Sync {
     /// stop time, RFC 3339). The actuator adds gpu-ledger's audit annotations and the
     /// `resourceVersion` precondition; the part must only add keys, never remove any.
     fn stop_fields(&self, stop_value: &str) -> serde_json::Value;
-
-    /// How to notice it: the annotations a notice writes and a cancel removes.
-    fn notice_keys(&self) -> NoticeKeys {
-        NOTICE_KEYS
-    }
 
     /// Checks of a freshly read object before any write, beyond those every kind gets (same
     /// uid, not stopped, not deleting, annotations understood, not opted out, not snoozed,

@@ -25,12 +25,13 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_label_chars)
 }
 
-/// The command that snoozes culling of a notebook until `until` (RFC 3339), or `None` when a
-/// name is not one Kubernetes accepts; the name goes after `--`, so it is never read as an option.
-pub fn snooze_command(namespace: &str, notebook: &str, until: &str) -> Option<String> {
-    (is_dns1123_label(namespace) && is_dns1123_subdomain(notebook)).then(|| {
+/// The command that snoozes culling of object `name` (kubectl resource `resource`, e.g.
+/// `notebook`) until `until` (RFC 3339), or `None` when a name is not one Kubernetes accepts;
+/// the name goes after `--`, so it is never read as an option.
+pub fn snooze_command(resource: &str, namespace: &str, name: &str, until: &str) -> Option<String> {
+    (is_dns1123_label(namespace) && is_dns1123_subdomain(name)).then(|| {
         format!(
-            "kubectl annotate --overwrite notebook -n {namespace} -- {notebook} gpu-ledger.io/snooze-until={until}"
+            "kubectl annotate --overwrite {resource} -n {namespace} -- {name} gpu-ledger.io/snooze-until={until}"
         )
     })
 }

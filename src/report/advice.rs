@@ -187,7 +187,7 @@ fn notice_hint(p: &PodRow) -> Option<Hint> {
         return None;
     }
     let until = stop_value(at + chrono::Duration::days(1));
-    let command = snooze_command(&p.namespace, &nb.name, &until);
+    let command = snooze_command("notebook", &p.namespace, &nb.name, &until);
     Some(Hint {
         text: format!(
             "stops at {} unless used or snoozed (notice before an idle stop)",
