@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
+use super::names::is_dns1123_subdomain;
+
 /// Kueue's label on the pods (and Jobs) of a queued workload: the LocalQueue's name.
 pub const QUEUE_NAME_LABEL: &str = "kueue.x-k8s.io/queue-name";
 
@@ -267,8 +269,6 @@ const GENERATED_ALPHABET: &str = "bcdfghjklmnpqrstvwxz2456789";
 const GENERATED_SUFFIX_CHARS: usize = 5;
 /// Longest label value Kubernetes accepts.
 const MAX_LABEL_VALUE_BYTES: usize = 63;
-/// Longest object name Kubernetes accepts (a DNS subdomain).
-const MAX_OBJECT_NAME_BYTES: usize = 253;
 
 impl OwnerLabels {
     /// The owner name a pod's label value stands for, if it has that form.
@@ -309,21 +309,6 @@ fn is_label_value(v: &str) -> bool {
         && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
 }
 
-/// A valid object name (a DNS subdomain: at most 253 characters of lower-case alphanumerics,
-/// `-` and `.`, beginning and ending with an alphanumeric).
-fn is_object_name(v: &str) -> bool {
-    !v.is_empty()
-        && v.len() <= MAX_OBJECT_NAME_BYTES
-        && v.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
-        && v.bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        && v.bytes()
-            .last()
-            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-}
-
 impl WorkloadRefs {
     /// Reads the keys of Kueue and of [`OWNER_LABELS`] from a pod's labels and annotations,
     /// keeping only valid values.
@@ -345,7 +330,7 @@ impl WorkloadRefs {
         WorkloadRefs {
             workload: annotations
                 .and_then(|a| a.get(WORKLOAD_ANNOTATION))
-                .filter(|v| is_object_name(v))
+                .filter(|v| is_dns1123_subdomain(v))
                 .cloned(),
             pod_set: label(POD_SET_LABEL),
             owner_labels,
@@ -355,5 +340,31 @@ impl WorkloadRefs {
     /// Whether the pod says nothing about a Workload.
     pub fn is_empty(&self) -> bool {
         self.workload.is_none() && self.pod_set.is_none() && self.owner_labels.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::{WORKLOAD_ANNOTATION, WorkloadRefs};
+
+    /// The workload annotation names an object: only a name the API server accepts is read
+    /// (an empty label between dots, or one ending in `-`, is refused like any other).
+    #[test]
+    fn workload_annotation_must_be_a_valid_object_name() {
+        let workload = |value: &str| {
+            let annotations =
+                BTreeMap::from([(WORKLOAD_ANNOTATION.to_string(), value.to_string())]);
+            WorkloadRefs::read(None, Some(&annotations)).workload
+        };
+        assert_eq!(
+            workload("job-train-3f2a1").as_deref(),
+            Some("job-train-3f2a1")
+        );
+        assert_eq!(workload("pod-a.b").as_deref(), Some("pod-a.b"));
+        for bad in ["a..b", "a.-b", "a-.b", "", "A", &"a".repeat(254)] {
+            assert_eq!(workload(bad), None, "{bad:?}");
+        }
     }
 }
