@@ -42,8 +42,10 @@ const WINDOWS_PER_QUERY: i64 = 2016;
 
 /// Most points (series × windows) asked for in one query, as far as the series already seen
 /// tell: an answer's body (about 27 bytes a point) and its decoded series (16 bytes a point)
-/// are held at once, so this bounds showback's memory at about 11 MB per answer, whatever
-/// the period and the number of namespaces.
+/// are held at once, so this bounds showback's memory at about 11 MB per answer once a read's
+/// series are known; a read's first query is sized from the reads before it, so its answer can
+/// be larger (series × its windows, e.g. a by-model read with more series than the reads
+/// before it).
 const POINTS_PER_QUERY: usize = 250_000;
 
 /// The series a read's first query is sized for before any answer said how many there are.

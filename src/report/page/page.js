@@ -465,7 +465,7 @@
       .then(renderHistory);
   }
 
-  // The cells of src/report/html.rs's reclaim_table (and report::reclaim_takes).
+  // The cells of src/report/html.rs's reclaim_table (and report::advice::reclaim_takes).
   function reclaimTakes(o) {
     if (o.by_stopping.length === 0 && o.stuck_holders.length === 0) { return "free now"; }
     var parts = [];
