@@ -13,7 +13,6 @@
 //!   last error, and the page says "waiting for the first sync", never an empty ledger.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -155,12 +154,7 @@ async fn serve_says_it_waits_for_the_first_sync_and_why() {
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = gpu_ledger_testkit::process::isolated_command(env!("CARGO_BIN_EXE_gpu-ledger"));
     cmd.arg("serve")
         .arg(format!("--listen=127.0.0.1:{port}"))
         .arg("--kubeconfig")

@@ -495,9 +495,13 @@ async fn jobset_runs_under_its_queue(admin: &kube::Client) {
         let mut job = kueue::jobset_child_job(&js, 0, index).expect("the JobSet's Job");
         if index == 1 {
             let template = job.spec.as_mut().expect("spec").template.metadata.as_mut();
-            if let Some(a) = template.and_then(|m| m.annotations.as_mut()) {
-                a.remove("kueue.x-k8s.io/workload");
-            }
+            let annotations = template
+                .and_then(|m| m.annotations.as_mut())
+                .expect("the Job's pod template carries Kueue's annotations");
+            assert!(
+                annotations.remove("kueue.x-k8s.io/workload").is_some(),
+                "the Job's pod template carried Kueue's workload annotation"
+            );
         }
         create_job(admin, ns, &job).await;
     }
@@ -616,10 +620,16 @@ async fn rayjob_runs_under_its_queue(admin: &kube::Client) {
     // The head, then the two workers of group 0; the last one without Kueue's annotation.
     for (index, group) in [None, Some(0), Some(0)].into_iter().enumerate() {
         let mut pod = kueue::raycluster_pod(&cluster, group).expect("a RayCluster pod");
-        if index == 2
-            && let Some(a) = pod.metadata.annotations.as_mut()
-        {
-            a.remove("kueue.x-k8s.io/workload");
+        if index == 2 {
+            let annotations = pod
+                .metadata
+                .annotations
+                .as_mut()
+                .expect("the RayCluster pod carries Kueue's annotations");
+            assert!(
+                annotations.remove("kueue.x-k8s.io/workload").is_some(),
+                "the RayCluster pod carried Kueue's workload annotation"
+            );
         }
         let pod = pods
             .create(&PostParams::default(), &pod)

@@ -74,13 +74,7 @@ async fn notebook_pod(admin: &kube::Client, nb: &Notebook, node: &str, at: DateT
 }
 
 fn run(args: &[&str]) -> Value {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    // The test's own environment must not configure the binary.
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            c.env_remove(k);
-        }
-    }
+    let mut c = support::gpu_ledger_command();
     let out = c.args(args).output().expect("run gpu-ledger");
     assert!(
         out.status.success(),

@@ -38,8 +38,9 @@ use support::grant_shipped_read_only;
 const ALERT: &str = "GpuLedgerDcgmFieldsMissing";
 /// The alert's `for` in the test's copy of the rules (the shipped one is 15m).
 const SHORT_FOR: &str = "5s";
-/// How long anything here may take on a busy 2-core machine: gpu-ledger counts at most once a
-/// minute, then a scrape, then the shortened `for`.
+/// How long anything here may take on a busy 2-core machine: gpu-ledger counts every 2 s here
+/// (`--dcgm-fields-check-interval`), then a scrape, then the shortened `for`; the rest is
+/// margin for a loaded machine.
 const WAIT: Duration = Duration::from_secs(240);
 
 fn root() -> std::path::PathBuf {

@@ -23,7 +23,7 @@ mod support;
 
 use std::net::UdpSocket;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use gpu_ledger_testkit::dcgm::{device_uuid, scrape_config};
@@ -77,12 +77,7 @@ fn dcgm_page() -> String {
 }
 
 fn report(kubeconfig: &Path, extra: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = support::gpu_ledger_command();
     cmd.arg("report")
         .arg("--kubeconfig")
         .arg(kubeconfig)

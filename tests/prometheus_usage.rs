@@ -1448,10 +1448,13 @@ fn entry_of(h: &History, uuid: &str) -> history::Entry {
 /// Whether `t` lies at `truth` or up to one start-up bucket after it (bucket ends err late; a
 /// sample's own step earlier, since a covered run starts at a sample).
 fn within_a_bucket_after(t: DateTime<Utc>, truth: i64) -> bool {
-    let bucket =
-        gpu_ledger::usage::prom::queries::bootstrap_bucket(&window(), history::DEFAULT_LOOKBACK)
-            .num_seconds();
-    (-STEP..=bucket).contains(&(t - at(truth)).num_seconds())
+    (-STEP..=bucket_secs()).contains(&(t - at(truth)).num_seconds())
+}
+
+/// The width of the start-up history's buckets, in seconds.
+fn bucket_secs() -> i64 {
+    gpu_ledger::usage::prom::queries::bootstrap_bucket(&window(), history::DEFAULT_LOOKBACK)
+        .num_seconds()
 }
 
 /// An exporter pod restart (new `pod` and `instance` labels, the same names, no scrape missed)
@@ -1464,7 +1467,7 @@ fn within_a_bucket_after(t: DateTime<Utc>, truth: i64) -> bool {
 async fn history_bootstrap_spans_an_exporter_restart_but_not_a_gap() {
     let now = now_secs();
     let day = 24 * 3600;
-    let bucket = 300;
+    let bucket = bucket_secs();
     // Bucket ends are multiples of the bucket width (Prometheus aligns subquery steps so).
     let on_a_bucket_end = now - 2 * 3600 - (now - 2 * 3600).rem_euclid(bucket);
     let exporter = |n: &'static str, ip: &'static str| [("pod", n), ("instance", ip)];

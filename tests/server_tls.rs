@@ -69,12 +69,7 @@ async fn serve(
     args: &[&str],
 ) -> Result<Serve> {
     let port = free_port()?;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = gpu_ledger_testkit::process::isolated_command(env!("CARGO_BIN_EXE_gpu-ledger"));
     cmd.env("KUBECONFIG", kubeconfig)
         .env("POD_NAME", name)
         .env("POD_NAMESPACE", "gpu-ledger")

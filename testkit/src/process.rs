@@ -147,6 +147,18 @@ impl Drop for ChildGuard {
     }
 }
 
+/// A command for the `gpu-ledger` binary at `bin` whose environment cannot configure it: every
+/// `GPU_LEDGER_*` variable of the test's own environment removed (each flag reads one).
+pub fn isolated_command(bin: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(bin);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
 /// Runs a command to completion, `stdin` written to it when given, and returns its output
 /// whatever the exit status.
 pub fn run(mut cmd: Command, stdin: Option<&str>) -> Result<std::process::Output> {

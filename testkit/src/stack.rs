@@ -21,7 +21,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -134,12 +133,7 @@ impl Stack {
         let name = format!("gpu-ledger-{n}");
         let port = free_port()?;
         let url = format!("http://127.0.0.1:{port}");
-        let mut cmd = Command::new(bin);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-                cmd.env_remove(k);
-            }
-        }
+        let mut cmd = crate::process::isolated_command(bin);
         let kubeconfig = match &options.kubeconfig {
             Some(k) => k.clone(),
             None => self.cp.kubeconfig_path(user)?,

@@ -27,13 +27,7 @@ pub enum Grants {
 /// The `gpu-ledger` binary as a command whose environment cannot configure it: every
 /// `GPU_LEDGER_*` variable of the test's own environment removed.
 pub fn gpu_ledger_command() -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ledger"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-            c.env_remove(k);
-        }
-    }
-    c
+    gpu_ledger_testkit::process::isolated_command(env!("CARGO_BIN_EXE_gpu-ledger"))
 }
 
 /// testkit's tier-B [`Stack`] with `nodes`, the shipped RBAC granted to the token user
@@ -349,13 +343,7 @@ pub fn live_and_offline(
         "5s",
     ];
     let run = |args: &[std::ffi::OsString], what: &str| -> std::process::Output {
-        let mut c = std::process::Command::new(bin);
-        // The test's own environment must not configure the binary.
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("GPU_LEDGER_") {
-                c.env_remove(k);
-            }
-        }
+        let mut c = gpu_ledger_testkit::process::isolated_command(bin);
         let out = c
             .args(args)
             .output()
