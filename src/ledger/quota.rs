@@ -590,11 +590,11 @@ pub(super) fn unquotaed_claims(i: &Inputs<'_>) -> Vec<UnquotaedClaim> {
             }
         }
     }
-    let index = WorkloadIndex::new(&c.kueue.workloads);
     let mapped = mapped_names(c);
     // Claims used by a pod of a Kueue workload.
     let mut queued: BTreeSet<(&str, &str)> = BTreeSet::new();
     if c.kueue.enabled {
+        let index = WorkloadIndex::new(&c.kueue.workloads);
         for p in &c.pods {
             if index.workload_of(p).is_some() {
                 for name in &p.resource_claims {
