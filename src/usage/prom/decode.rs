@@ -842,9 +842,9 @@ impl QueryData {
 }
 
 /// The `data` of an answer's body decoded as `D` (which may borrow from the body). The client
-/// has read the envelope already (`PromClient`: status, warnings, `data`
-/// present); here only `data` is decoded (a second scan of the body, after the envelope's), refusing an answer over a bound before
-/// copying the offending part out of the body.
+/// has read the envelope already (`PromClient`: status, warnings, `data` present); here only
+/// `data` is decoded, in a second scan of the body after the envelope's (see benchmarks.md),
+/// refusing an answer over a bound before copying the offending part out of the body.
 fn data_of<'de, D: Deserialize<'de>>(body: &'de [u8]) -> Result<D, PromError> {
     #[derive(Deserialize)]
     struct Data<D> {
