@@ -351,19 +351,6 @@ impl<K: Ord> WindowSums<K> {
     }
 }
 
-/// Sums per key the values of the grid's windows (`(key, Unix seconds the window ends, value)`),
-/// each times its [`Grid::share`] of the period, as [`WindowSums`] does.
-pub fn integrate<K: Ord>(
-    grid: &Grid,
-    points: impl IntoIterator<Item = (K, i64, f64)>,
-) -> BTreeMap<K, f64> {
-    let mut sums = WindowSums::new(grid);
-    for (k, t, v) in points {
-        sums.add_series(k, [(t, v)]);
-    }
-    sums.finish()
-}
-
 /// The group a namespace's numbers go to: itself, or its label's (owner's) value from
 /// `groups`, [`NOT_SEEN`] when kube-state-metrics never reported it.
 pub fn group_of(grouping: &Grouping, groups: &BTreeMap<String, String>, ns: &str) -> String {

@@ -78,7 +78,7 @@ pub struct Rejected {
 
 /// Drops the samples of a window answer stamped after `now_ms` or at an impossible time, and
 /// counts them.
-pub fn reject_implausible_answer(fresh: &mut WindowSeries<'_>, now_ms: i64) -> Rejected {
+fn reject_implausible_answer(fresh: &mut WindowSeries<'_>, now_ms: i64) -> Rejected {
     let mut rejected = Rejected::default();
     fresh.retain_samples(|t| rejected.plausible(t, now_ms));
     rejected

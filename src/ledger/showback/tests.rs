@@ -2,6 +2,19 @@
 
 use super::*;
 
+/// Sums per key the values of the grid's windows (`(key, Unix seconds the window ends, value)`),
+/// each times its [`Grid::share`] of the period, as [`WindowSums`] does.
+fn integrate<K: Ord>(
+    grid: &Grid,
+    points: impl IntoIterator<Item = (K, i64, f64)>,
+) -> BTreeMap<K, f64> {
+    let mut sums = WindowSums::new(grid);
+    for (k, t, v) in points {
+        sums.add_series(k, [(t, v)]);
+    }
+    sums.finish()
+}
+
 fn at(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s)
         .expect("valid")
