@@ -32,7 +32,7 @@ use usage::Usage;
 
 pub use model::{
     Attribution, ClaimsScope, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState,
-    Policy, UnclaimedBusy,
+    Policy, Sharing, UnclaimedBusy,
 };
 
 /// The pod's state, or `None` for a pod that neither holds GPUs nor asks for them: terminal
@@ -126,6 +126,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             gpus_by_resource.push((r, gpus));
         }
         let gpus = gpus_by_resource.iter().map(|(_, g)| g).sum();
+        let time_sliced = shape.time_sliced(&policy.names, p.resources.keys());
         let mut row = PodRow {
             namespace: p.namespace.clone(),
             pod: p.name.clone(),
@@ -135,6 +136,11 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             resources,
             gpus_by_resource,
             attribution: Attribution::None,
+            sharing: if time_sliced {
+                Sharing::TimeSliced
+            } else {
+                Sharing::Exclusive
+            },
             utilization: None,
             memory_used_bytes: None,
             idle: None,
@@ -156,7 +162,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 uid: p.uid.clone(),
                 started_at: p.started_at.or(p.created_at),
                 ready_since: p.ready_since,
-                time_sliced: shape.time_sliced(&policy.names, p.resources.keys()),
+                time_sliced,
                 ..Evidence::default()
             },
         };

@@ -167,6 +167,10 @@ pub struct PodRow {
     #[serde(skip)]
     pub gpus_by_resource: Vec<(String, f64)>,
     pub attribution: Attribution,
+    /// Which sharing layer splits the pod's card, if any (`gpus` is already the pod's share).
+    /// In the JSON as `"sharing": {"layer": …}`, left out for a card of its own.
+    #[serde(skip_serializing_if = "Sharing::is_exclusive")]
+    pub sharing: Sharing,
     pub utilization: Option<f64>,
     pub memory_used_bytes: Option<f64>,
     pub idle: Option<bool>,
@@ -204,6 +208,7 @@ impl PodRow {
             resources: BTreeMap::new(),
             gpus_by_resource: Vec::new(),
             attribution: Attribution::None,
+            sharing: Sharing::Exclusive,
             utilization: None,
             memory_used_bytes: None,
             idle: None,
@@ -362,6 +367,34 @@ pub enum Attribution {
     Unattributed,
     /// Pending: holds no device yet.
     None,
+}
+
+/// How a pod's GPU is split with other pods, and by which layer. Each sharing layer (time
+/// slicing, MPS, HAMi vGPU, KAI fractions) is one variant: the layer's ledger rule sets it, and
+/// sinks render it (the report's note, the JSON's `sharing` object). The pod's share of the card
+/// is its row's `gpus`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[serde(tag = "layer", rename_all = "kebab-case")]
+pub enum Sharing {
+    /// No sharing layer: whole devices, MIG instances or DRA devices of its own.
+    #[default]
+    Exclusive,
+    /// Time-sliced by the device plugin (`nvidia.com/gpu.replicas` > 1, or a `.shared` resource).
+    TimeSliced,
+}
+
+impl Sharing {
+    pub fn is_exclusive(&self) -> bool {
+        matches!(self, Self::Exclusive)
+    }
+
+    /// The layer's name, as in the JSON's `layer`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::TimeSliced => "time-sliced",
+        }
+    }
 }
 
 impl Attribution {

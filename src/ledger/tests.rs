@@ -432,11 +432,17 @@ fn time_sliced_pods_are_shared_and_never_get_device_values() {
     for name in ["s1", "s2"] {
         let p = pod(&l, name);
         assert_eq!(p.attribution, Attribution::Shared);
+        assert_eq!(p.sharing, Sharing::TimeSliced);
+        let json = serde_json::to_value(p).expect("a row serialises");
+        assert_eq!(json["sharing"], serde_json::json!({"layer": "time-sliced"}));
         assert_eq!(p.utilization, None, "device-wide value is not the pod's");
         assert_eq!(p.idle, None);
         assert!((p.gpus - 0.25).abs() < 1e-9);
     }
     assert!((l.nodes[0].gpus_allocatable - 1.0).abs() < 1e-9);
+    let whole = PodRow::new("a", "whole");
+    let json = serde_json::to_value(&whole).expect("a row serialises");
+    assert!(json.get("sharing").is_none(), "a card of its own: {json}");
     // With per-process series each sharer gets its own reading.
     let mut d = DevB::new("GPU-t", "n1")
         .held_by("a", "s1")
