@@ -393,6 +393,96 @@ impl<'a> DraIndex<'a> {
     }
 }
 
+/// What DRA offers pending pods' extended resources (KEP-5004) on each node, for the reclaim
+/// planner: on a node that does not advertise an extended resource itself (no device plugin for
+/// it), the scheduler serves it with devices of the DeviceClass naming it.
+///
+/// A class naming the resource in `extendedResourceName` serves it (of two, the newer; the
+/// name breaks a tie, as the scheduler's extended-resource cache picks); any class serves its
+/// implicit `deviceclass.resource.kubernetes.io/<class>`. A device belongs to a class when its
+/// driver is one the class's selectors name and its kind (whole GPU or MIG) is the class's:
+/// CEL selectors are not evaluated beyond that. Only whole-GPU classes are planned (a MIG
+/// class's profile is not known from the resource name).
+pub(super) struct ExtendedDevices<'a> {
+    classes: &'a [DeviceClassInfo],
+    /// Whole-GPU devices of the current generation per (node, driver): published, held by an
+    /// allocated claim.
+    per_node: HashMap<(&'a str, &'a str), (u64, u64)>,
+}
+
+/// DRA devices that can serve one extended resource on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ExtendedSupply {
+    /// The pseudo resource holders hold them under (`dra:<driver>`).
+    pub held_as: String,
+    /// Devices published on the node.
+    pub devices: u64,
+    /// Of those, devices an allocated claim holds.
+    pub allocated: u64,
+}
+
+impl<'a> ExtendedDevices<'a> {
+    /// From the claims' slices, claims and classes (their devices are of the counted drivers
+    /// already: the projections keep no other).
+    pub(super) fn new(c: &'a Claims) -> Self {
+        let mut per_node: HashMap<(&str, &str), (u64, u64)> = HashMap::new();
+        let mut whole: HashMap<DeviceRef<'a>, &'a str> = HashMap::new();
+        for (key, d) in current_devices(c) {
+            if let (DraDeviceKind::Gpu, Some(node)) = (d.kind, d.node.as_deref()) {
+                whole.insert(key, node);
+                let e = per_node.entry((node, d.driver.as_str())).or_default();
+                e.0 = e.0.saturating_add(1);
+            }
+        }
+        let mut held: HashSet<DeviceRef<'_>> = HashSet::default();
+        for a in c
+            .resource_claims
+            .iter()
+            .flat_map(|rc| rc.allocated.iter().flatten())
+        {
+            let key = (a.driver.as_str(), a.pool.as_str(), a.device.as_str());
+            if let (Some(node), true) = (whole.get(&key), held.insert(key)) {
+                let e = per_node.entry((node, a.driver.as_str())).or_default();
+                e.1 = e.1.saturating_add(1);
+            }
+        }
+        ExtendedDevices {
+            classes: &c.device_classes,
+            per_node,
+        }
+    }
+
+    /// The class that serves extended resource `resource`, if any.
+    fn class_of(&self, resource: &str) -> Option<&'a DeviceClassInfo> {
+        if let Some(name) = resource.strip_prefix(IMPLICIT_EXTENDED_PREFIX) {
+            return self.classes.iter().find(|c| c.name == name);
+        }
+        self.classes
+            .iter()
+            .filter(|c| c.extended_resource_name.as_deref() == Some(resource))
+            // Newest first; of two made at once, the lower name (`max_by` keeps the last max).
+            .max_by(|a, b| {
+                a.created_at
+                    .cmp(&b.created_at)
+                    .then_with(|| b.name.cmp(&a.name))
+            })
+    }
+
+    /// What DRA offers `resource` on `node`: `None` when no whole-GPU class serves it or none
+    /// of the class's devices is published there.
+    pub(super) fn on_node(&self, node: &str, resource: &str) -> Option<ExtendedSupply> {
+        let class = self.class_of(resource).filter(|c| !c.mig)?;
+        class.drivers.iter().find_map(|driver| {
+            let (devices, allocated) = *self.per_node.get(&(node, driver.as_str()))?;
+            Some(ExtendedSupply {
+                held_as: format!("{DRA_RESOURCE_PREFIX}{driver}"),
+                devices,
+                allocated,
+            })
+        })
+    }
+}
+
 struct Described {
     resource: String,
     gpus: f64,
