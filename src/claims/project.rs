@@ -994,6 +994,38 @@ mod extended_tests {
         );
         assert_eq!(c.extended_claim, None);
     }
+
+    #[test]
+    fn the_schedulers_extended_resource_claim_status_is_read_as_written() {
+        // `status.extendedResourceClaimStatus` written by kube-scheduler 1.36.3 in
+        // tests/e2e_dra.rs (pod `legacy` of the dump in tests/fixtures/dra; no other real
+        // example was found).
+        let list: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/dra/pods.json"))
+                .expect("pods.json");
+        let legacy = list["items"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["metadata"]["name"] == "legacy"))
+            .cloned()
+            .expect("legacy in the dump");
+        let p: Pod = serde_json::from_value(legacy).expect("pod");
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("gpu pod");
+        assert_eq!(c.resources.get("nvidia.com/gpu"), Some(&1));
+        assert_eq!(
+            c.extended_claim,
+            Some(ExtendedResourceClaim {
+                claim: "legacy-extended-resources-9zg6h".into(),
+                mappings: vec![ExtendedMapping {
+                    container: "main".into(),
+                    resource: "nvidia.com/gpu".into(),
+                    request: "container-0-request-0".into(),
+                }],
+            })
+        );
+        assert_eq!(c.resource_claims, vec!["legacy-extended-resources-9zg6h"]);
+    }
 }
 
 #[cfg(test)]
