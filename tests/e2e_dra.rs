@@ -78,6 +78,22 @@ fn assert_same_dra_rows(offline: &Value, live: &Value, source: &str) {
     }
 }
 
+/// The implicit extended resource name of NVIDIA's whole-GPU DeviceClass (KEP-5004).
+const IMPLICIT_GPU: &str = "deviceclass.resource.kubernetes.io/gpu.nvidia.com";
+
+/// [`gpu_pod`] asking [`IMPLICIT_GPU`] instead of `nvidia.com/gpu`.
+fn implicit_class_pod(name: &str, gpus: u32, utilization: Option<f64>) -> Pod {
+    let mut p = gpu_pod(name, gpus, utilization);
+    for c in p.spec.iter_mut().flat_map(|s| s.containers.iter_mut()) {
+        if let Some(limits) = c.resources.as_mut().and_then(|r| r.limits.as_mut())
+            && let Some(q) = limits.remove("nvidia.com/gpu")
+        {
+            limits.insert(IMPLICIT_GPU.to_string(), q);
+        }
+    }
+    p
+}
+
 async fn create_pod(admin: &kube::Client, ns: &str, pod: &Pod) {
     Api::<Pod>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), pod)
@@ -107,6 +123,8 @@ async fn dra_claims_end_to_end() {
         GpuNode::new("dra-nb", 0).no_device_plugin(),
         // One card, DRA only: an idle notebook holds it, pending pods wait for it.
         GpuNode::new("dra-full", 0).no_device_plugin(),
+        // One card for a pod asking the class's implicit name.
+        GpuNode::new("dra-imp", 0).no_device_plugin(),
         // Device plugin advertises both cards; the DRA driver publishes card 1 as well.
         GpuNode::new("mixed", 2),
     ];
@@ -129,6 +147,7 @@ async fn dra_claims_end_to_end() {
         NvidiaSlice::new("dra-3").gpus([0]),
         NvidiaSlice::new("dra-nb").gpus([0]),
         NvidiaSlice::new("dra-full").gpus([0]),
+        NvidiaSlice::new("dra-imp").gpus([0]),
         // An A100-80GB cut into a 3g.40gb and a 1g.10gb (GI profile ids 9 and 19).
         NvidiaSlice::new("dra-mig")
             .mig(0, "3g.40gb", 9, 4)
@@ -226,8 +245,14 @@ async fn dra_claims_end_to_end() {
     // `nvidia.com/gpu` on a node without a device plugin: the scheduler backs it with a claim
     // of the DeviceClass naming it (`extendedResourceName`, DRAExtendedResource).
     create(pinned(gpu_pod("legacy", 1, Some(60.0)), "dra-3")).await;
+    // The class's implicit name (KEP-5004): served the same way, listed in no device plugin.
+    create(pinned(
+        implicit_class_pod("implicit", 1, Some(20.0)),
+        "dra-imp",
+    ))
+    .await;
     for p in [
-        "train", "quiet", "mig-pod", "share-a", "share-b", "sticky", "ext", "legacy",
+        "train", "quiet", "mig-pod", "share-a", "share-b", "sticky", "ext", "legacy", "implicit",
     ] {
         stack
             .wait_pod_running(NS, p)
@@ -255,6 +280,12 @@ async fn dra_claims_end_to_end() {
     for (pod, gpus) in [("ext-wait", 1), ("ext-wait-2", 2)] {
         create_pod(&admin, NS, &pinned(gpu_pod(pod, gpus, None), "dra-full")).await;
     }
+    create_pod(
+        &admin,
+        NS,
+        &pinned(implicit_class_pod("implicit-wait", 1, None), "dra-full"),
+    )
+    .await;
     stack
         .create_notebook(
             &Notebook::new(NB_NS, "dra-nb")
@@ -441,6 +472,31 @@ async fn dra_claims_end_to_end() {
         assert_eq!(r["state"], "pending", "{r}");
         assert_eq!(r["resources"], json!({"nvidia.com/gpu": gpus}), "{r}");
     }
+    // The implicit name: one GPU of demand, planned like nvidia.com/gpu.
+    let r = gl.pod_row(NS, "implicit-wait").await.expect("pending row");
+    assert_eq!(r["state"], "pending", "{r}");
+    assert_eq!(r["gpus"], json!(1.0), "{r}");
+    assert_eq!(r["resources"], json!({IMPLICIT_GPU: 1}), "{r}");
+    let imp = plan_of(&ledger, "implicit-wait").expect("implicit-wait planned");
+    assert_eq!(imp["options"], one["options"], "{imp}");
+    // Running, through the implicit name: counted once, through its claim's device.
+    let implicit = eventually("implicit attributed", WAIT, || async {
+        gl.pod_row(NS, "implicit")
+            .await
+            .filter(|r| r["attribution"] == "exclusive")
+    })
+    .await;
+    assert_eq!(implicit["gpus"], json!(1.0), "{implicit}");
+    assert_eq!(
+        implicit["resources"],
+        json!({"dra:gpu.nvidia.com": 1}),
+        "{implicit}"
+    );
+    assert_eq!(
+        implicit["devices"],
+        json!([{"uuid": device_uuid("dra-imp", 0), "gpu_instance": null}]),
+        "{implicit}"
+    );
 
     // DRA and the device plugin on one node: card 1 is in both, counted once.
     let ext = eventually("ext attributed", WAIT, || async {
@@ -458,6 +514,7 @@ async fn dra_claims_end_to_end() {
         ("dra-mig", 1.0, 3.0 / 7.0),
         ("dra-nb", 1.0, 1.0),
         ("dra-full", 1.0, 1.0),
+        ("dra-imp", 1.0, 1.0),
         ("mixed", 2.0, 2.0),
     ] {
         let row = node_row(&ledger, node).unwrap_or_else(|| panic!("{node} listed: {ledger}"));
