@@ -8,14 +8,17 @@
 //!
 //! One stack, steps in order: exclusive GPU from a template (with and without pod labels on
 //! its series), MIG device, shared claim, pending (no device free), an `nvidia.com/gpu` request
-//! the scheduler backs with DRA, DRA and extended resources on one node, culling a Notebook
-//! whose GPU comes from a template, a terminating holder. A second test runs serve on a tier A
+//! the scheduler backs with DRA, DRA and extended resources on one node, the reclaim planner
+//! placing pending `nvidia.com/gpu` pods on a full DRA-only node whose only device an idle
+//! notebook holds (KEP-5004: the notebook's own `nvidia.com/gpu` is served by DRA too), culling
+//! a Notebook whose GPU comes from a template, a terminating holder. A second test runs serve on a tier A
 //! apiserver that does not serve `resource.k8s.io/v1`.
 
 mod support;
 
 use std::time::Duration;
 
+use gpu_ledger_testkit::dcgm::device_uuid;
 use gpu_ledger_testkit::dra::{self, ClaimSource, NvidiaSlice};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::stack::{
@@ -75,6 +78,22 @@ fn assert_same_dra_rows(offline: &Value, live: &Value, source: &str) {
     }
 }
 
+/// The implicit extended resource name of NVIDIA's whole-GPU DeviceClass (KEP-5004).
+const IMPLICIT_GPU: &str = "deviceclass.resource.kubernetes.io/gpu.nvidia.com";
+
+/// [`gpu_pod`] asking [`IMPLICIT_GPU`] instead of `nvidia.com/gpu`.
+fn implicit_class_pod(name: &str, gpus: u32, utilization: Option<f64>) -> Pod {
+    let mut p = gpu_pod(name, gpus, utilization);
+    for c in p.spec.iter_mut().flat_map(|s| s.containers.iter_mut()) {
+        if let Some(limits) = c.resources.as_mut().and_then(|r| r.limits.as_mut())
+            && let Some(q) = limits.remove("nvidia.com/gpu")
+        {
+            limits.insert(IMPLICIT_GPU.to_string(), q);
+        }
+    }
+    p
+}
+
 async fn create_pod(admin: &kube::Client, ns: &str, pod: &Pod) {
     Api::<Pod>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), pod)
@@ -102,6 +121,10 @@ async fn dra_claims_end_to_end() {
         GpuNode::new("dra-3", 0).no_device_plugin(),
         GpuNode::new("dra-mig", 0).no_device_plugin(),
         GpuNode::new("dra-nb", 0).no_device_plugin(),
+        // One card, DRA only: an idle notebook holds it, pending pods wait for it.
+        GpuNode::new("dra-full", 0).no_device_plugin(),
+        // One card for a pod asking the class's implicit name.
+        GpuNode::new("dra-imp", 0).no_device_plugin(),
         // Device plugin advertises both cards; the DRA driver publishes card 1 as well.
         GpuNode::new("mixed", 2),
     ];
@@ -123,6 +146,8 @@ async fn dra_claims_end_to_end() {
         NvidiaSlice::new("dra-2").gpus([0]),
         NvidiaSlice::new("dra-3").gpus([0]),
         NvidiaSlice::new("dra-nb").gpus([0]),
+        NvidiaSlice::new("dra-full").gpus([0]),
+        NvidiaSlice::new("dra-imp").gpus([0]),
         // An A100-80GB cut into a 3g.40gb and a 1g.10gb (GI profile ids 9 and 19).
         NvidiaSlice::new("dra-mig")
             .mig(0, "3g.40gb", 9, 4)
@@ -220,8 +245,14 @@ async fn dra_claims_end_to_end() {
     // `nvidia.com/gpu` on a node without a device plugin: the scheduler backs it with a claim
     // of the DeviceClass naming it (`extendedResourceName`, DRAExtendedResource).
     create(pinned(gpu_pod("legacy", 1, Some(60.0)), "dra-3")).await;
+    // The class's implicit name (KEP-5004): served the same way, listed in no device plugin.
+    create(pinned(
+        implicit_class_pod("implicit", 1, Some(20.0)),
+        "dra-imp",
+    ))
+    .await;
     for p in [
-        "train", "quiet", "mig-pod", "share-a", "share-b", "sticky", "ext", "legacy",
+        "train", "quiet", "mig-pod", "share-a", "share-b", "sticky", "ext", "legacy", "implicit",
     ] {
         stack
             .wait_pod_running(NS, p)
@@ -233,6 +264,26 @@ async fn dra_claims_end_to_end() {
         &admin,
         NS,
         &dra::dra_pod("waiting", one_gpu, None, Some("dra-1"), false),
+    )
+    .await;
+    // An idle notebook asking plain nvidia.com/gpu on the DRA-only node: the scheduler makes
+    // and allocates its extended-resource claim. Not in the culled namespace: it stays, the
+    // planner offers stopping it.
+    stack
+        .create_notebook(&Notebook::new(NS, "ext-nb").node("dra-full"))
+        .await
+        .expect("extended-resource notebook");
+    stack
+        .wait_pod_running(NS, "ext-nb-0")
+        .await
+        .expect("ext-nb-0 Running");
+    for (pod, gpus) in [("ext-wait", 1), ("ext-wait-2", 2)] {
+        create_pod(&admin, NS, &pinned(gpu_pod(pod, gpus, None), "dra-full")).await;
+    }
+    create_pod(
+        &admin,
+        NS,
+        &pinned(implicit_class_pod("implicit-wait", 1, None), "dra-full"),
     )
     .await;
     stack
@@ -349,6 +400,103 @@ async fn dra_claims_end_to_end() {
         json!({"dra:gpu.nvidia.com": 1}),
         "{legacy}"
     );
+    // The row shows the claim's device, joined to DCGM by its UUID.
+    assert_eq!(
+        legacy["devices"],
+        json!([{"uuid": device_uuid("dra-3", 0), "gpu_instance": null}]),
+        "{legacy}"
+    );
+
+    // Reclaim on a DRA-only node (no nvidia.com/gpu allocatable at all): its one card is held
+    // by the idle notebook, counted once through the claim the scheduler made for it.
+    let ext_nb = eventually("ext-nb-0 proven idle", WAIT, || async {
+        gl.pod_row(NS, "ext-nb-0")
+            .await
+            .filter(|r| r["idle"] == true && r["notebook"] == "ext-nb")
+    })
+    .await;
+    assert_eq!(ext_nb["gpus"], json!(1.0), "{ext_nb}");
+    assert_eq!(
+        ext_nb["resources"],
+        json!({"dra:gpu.nvidia.com": 1}),
+        "{ext_nb}"
+    );
+    assert_eq!(
+        ext_nb["devices"],
+        json!([{"uuid": device_uuid("dra-full", 0), "gpu_instance": null}]),
+        "{ext_nb}"
+    );
+    let plan_of = |l: &Value, pod: &str| {
+        l["reclaim"]
+            .as_array()
+            .and_then(|rs| rs.iter().find(|r| r["pending"]["pod"] == pod))
+            .cloned()
+    };
+    let ledger = eventually("ext-wait planned onto dra-full", WAIT, || async {
+        let l = gl.ledger_json().await.ok()?;
+        plan_of(&l, "ext-wait")?["options"]
+            .as_array()
+            .is_some_and(|o| !o.is_empty())
+            .then_some(l)
+    })
+    .await;
+    let one = plan_of(&ledger, "ext-wait").expect("ext-wait planned");
+    assert_eq!(one["gpus"], json!(1.0), "{one}");
+    assert_eq!(one["fits_nowhere"], Value::Null, "{one}");
+    let options = one["options"].as_array().expect("options");
+    assert_eq!(options.len(), 1, "{one}");
+    assert_eq!(options[0]["node"], "dra-full", "{one}");
+    assert_eq!(options[0]["stuck_holders"], json!([]), "{one}");
+    let stops = options[0]["by_stopping"].as_array().expect("by_stopping");
+    assert_eq!(stops.len(), 1, "{one}");
+    assert_eq!(
+        (
+            &stops[0]["namespace"],
+            &stops[0]["pod"],
+            &stops[0]["notebook"]
+        ),
+        (&json!(NS), &json!("ext-nb-0"), &json!("ext-nb")),
+        "{one}"
+    );
+    // Two GPUs: the node has one card, stopping the notebook is not enough.
+    let two = plan_of(&ledger, "ext-wait-2").expect("ext-wait-2 planned");
+    assert_eq!(two["options"], json!([]), "{two}");
+    assert!(
+        two["fits_nowhere"]
+            .as_str()
+            .is_some_and(|w| w.contains("1 too small for 2 nvidia.com/gpu")),
+        "{two}"
+    );
+    for (pod, gpus) in [("ext-wait", 1), ("ext-wait-2", 2)] {
+        let r = gl.pod_row(NS, pod).await.expect("pending row");
+        assert_eq!(r["state"], "pending", "{r}");
+        assert_eq!(r["resources"], json!({"nvidia.com/gpu": gpus}), "{r}");
+    }
+    // The implicit name: one GPU of demand, planned like nvidia.com/gpu.
+    let r = gl.pod_row(NS, "implicit-wait").await.expect("pending row");
+    assert_eq!(r["state"], "pending", "{r}");
+    assert_eq!(r["gpus"], json!(1.0), "{r}");
+    assert_eq!(r["resources"], json!({IMPLICIT_GPU: 1}), "{r}");
+    let imp = plan_of(&ledger, "implicit-wait").expect("implicit-wait planned");
+    assert_eq!(imp["options"], one["options"], "{imp}");
+    // Running, through the implicit name: counted once, through its claim's device.
+    let implicit = eventually("implicit attributed", WAIT, || async {
+        gl.pod_row(NS, "implicit")
+            .await
+            .filter(|r| r["attribution"] == "exclusive")
+    })
+    .await;
+    assert_eq!(implicit["gpus"], json!(1.0), "{implicit}");
+    assert_eq!(
+        implicit["resources"],
+        json!({"dra:gpu.nvidia.com": 1}),
+        "{implicit}"
+    );
+    assert_eq!(
+        implicit["devices"],
+        json!([{"uuid": device_uuid("dra-imp", 0), "gpu_instance": null}]),
+        "{implicit}"
+    );
 
     // DRA and the device plugin on one node: card 1 is in both, counted once.
     let ext = eventually("ext attributed", WAIT, || async {
@@ -365,6 +513,8 @@ async fn dra_claims_end_to_end() {
         ("dra-3", 1.0, 1.0),
         ("dra-mig", 1.0, 3.0 / 7.0),
         ("dra-nb", 1.0, 1.0),
+        ("dra-full", 1.0, 1.0),
+        ("dra-imp", 1.0, 1.0),
         ("mixed", 2.0, 2.0),
     ] {
         let row = node_row(&ledger, node).unwrap_or_else(|| panic!("{node} listed: {ledger}"));

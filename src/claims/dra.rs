@@ -114,13 +114,20 @@ fn selector_facts<'e>(exprs: impl Iterator<Item = &'e str>) -> (Vec<String>, boo
     (drivers, mig, profile)
 }
 
-/// A DeviceClass: the drivers and device type its selectors compare.
+/// A DeviceClass: the drivers and device type its selectors compare, the extended resource it
+/// serves (KEP-5004) and when it was made (the newer of two classes naming one resource wins).
 pub fn device_class(dc: &DeviceClass) -> DeviceClassInfo {
     let (drivers, mig, _) = selector_facts(expressions(dc.spec.selectors.as_ref()));
     DeviceClassInfo {
         name: dc.name_any(),
         drivers,
         mig,
+        extended_resource_name: dc.spec.extended_resource_name.as_deref().and_then(bounded),
+        created_at: dc
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| k8s::to_chrono(t.0)),
     }
 }
 
@@ -523,5 +530,23 @@ mod tests {
         let c = device_class(&dc);
         assert_eq!(c.drivers, vec!["gpu.nvidia.com".to_string()]);
         assert!(c.mig);
+        assert_eq!(c.extended_resource_name, None);
+    }
+
+    #[test]
+    fn device_classes_keep_their_extended_resource_name_and_age() {
+        // As kube-apiserver 1.36.3 returned it in tests/e2e_dra.rs (tests/fixtures/dra).
+        let dc: DeviceClass = serde_json::from_value(json!({
+            "metadata": {"name": "gpu.nvidia.com", "creationTimestamp": "2026-12-01T10:30:09Z"},
+            "spec": {"extendedResourceName": "nvidia.com/gpu", "selectors": [{"cel": {"expression":
+                "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
+        }))
+        .expect("class");
+        let c = device_class(&dc);
+        assert_eq!(c.extended_resource_name.as_deref(), Some("nvidia.com/gpu"));
+        assert_eq!(
+            c.created_at.map(|t| t.to_rfc3339()).as_deref(),
+            Some("2026-12-01T10:30:09+00:00")
+        );
     }
 }

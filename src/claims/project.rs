@@ -13,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use super::quantity::{MAX_GPU_UNITS, QuantityError, parse_gpu_units, parse_units};
 use crate::k8s::to_chrono;
 use crate::ledger::claims::{
-    DaemonPod, Deletion, GFD_LABEL_PREFIX, LabelSelector, NodeInfo, NodeOp, NodeRequirement,
+    DaemonPod, Deletion, ExtendedMapping, ExtendedResourceClaim, GFD_LABEL_PREFIX,
+    IMPLICIT_EXTENDED_PREFIX, LabelSelector, MAX_NAME_BYTES, NodeInfo, NodeOp, NodeRequirement,
     NodeSelectorTerm, OwnerRef, PRODUCT_LABEL, Placement, PodClaim, PodPhase, QuotaInfo,
     REPLICAS_LABEL, SelectorOp, SelectorRequirement, StatefulSetInfo, Taint, Toleration,
     bounded_names,
@@ -81,7 +82,9 @@ fn container_units(
     let requests = resources.requests.as_ref();
     let keys = limits.into_iter().chain(requests).flat_map(|m| m.keys());
     for key in keys {
-        if out.contains_key(key) || names.classify(key).is_none() {
+        // A DeviceClass's implicit name is kept too: the ledger knows the classes.
+        let counted = names.classify(key).is_some() || key.starts_with(IMPLICIT_EXTENDED_PREFIX);
+        if out.contains_key(key) || !counted {
             continue;
         }
         let q: Option<&Quantity> = limits
@@ -162,13 +165,17 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
     let resource_claims = resource_claim_names(pod);
     // Extended resources the scheduler backed with DRA (DRAExtendedResource: a DeviceClass with
     // `extendedResourceName`, on a node without a device plugin for it) are held through the
-    // claim it made; counting them here as well would count the device twice.
-    if let Some(ext) = status.and_then(|s| s.extended_resource_claim_status.as_ref()) {
-        for m in &ext.request_mappings {
-            resources.remove(&m.resource_name);
-        }
-    }
-    if resources.is_empty() && resource_claims.is_empty() {
+    // claim it made: the mappings say which, so the ledger counts them once (`ledger/dra.rs`).
+    let extended_claim = status
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .map(extended_claim);
+    let class_requests: BTreeMap<String, u64> = resources
+        .iter()
+        .filter(|(k, _)| k.starts_with(IMPLICIT_EXTENDED_PREFIX))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    resources.retain(|k, _| !k.starts_with(IMPLICIT_EXTENDED_PREFIX));
+    if resources.is_empty() && resource_claims.is_empty() && class_requests.is_empty() {
         return Ok(None);
     }
     let conditions = status
@@ -238,7 +245,32 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
                 .map(String::as_str),
         ),
         workload_refs: WorkloadRefs::read(meta.labels.as_ref(), meta.annotations.as_ref()),
+        extended_claim,
+        class_requests,
     }))
+}
+
+/// `status.extendedResourceClaimStatus`, bounded (a pod has at most a few containers and
+/// extended resources; names longer than a qualified name are no real names).
+fn extended_claim(
+    ext: &k8s_openapi::api::core::v1::PodExtendedResourceClaimStatus,
+) -> ExtendedResourceClaim {
+    let name = |s: &str| (s.len() <= MAX_NAME_BYTES).then(|| s.to_string());
+    ExtendedResourceClaim {
+        claim: name(&ext.resource_claim_name).unwrap_or_default(),
+        mappings: ext
+            .request_mappings
+            .iter()
+            .take(MAX_POD_RESOURCE_CLAIMS)
+            .filter_map(|m| {
+                Some(ExtendedMapping {
+                    container: name(&m.container_name)?,
+                    resource: name(&m.resource_name)?,
+                    request: name(&m.request_name)?,
+                })
+            })
+            .collect(),
+    }
 }
 
 /// Most selector terms, requirements per term, values per requirement, selector labels and
@@ -862,7 +894,8 @@ mod tests {
     fn resource_claims_of_a_pod_resolve_templates_and_dra_backed_extended_resources() {
         // A claim by name, one from a template (generated name in status), one template whose
         // claim was not needed (no name), and the scheduler's claim for nvidia.com/gpu served by
-        // DRA (DRAExtendedResource): that resource is then held through the claim only.
+        // DRA (DRAExtendedResource): the request and its mapping are both kept, the ledger
+        // counts the device once (through the claim when it is allocated).
         let p = pod_from(json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
             "spec": {
@@ -896,7 +929,23 @@ mod tests {
             c.resource_claims,
             vec!["p-extended-resources-9vq4d", "p-gpu-7x2kq", "team-gpu"]
         );
-        assert!(c.resources.is_empty(), "{:?}", c.resources);
+        assert_eq!(
+            c.resources.get("nvidia.com/gpu"),
+            Some(&1),
+            "{:?}",
+            c.resources
+        );
+        assert_eq!(
+            c.extended_claim,
+            Some(ExtendedResourceClaim {
+                claim: "p-extended-resources-9vq4d".into(),
+                mappings: vec![ExtendedMapping {
+                    container: "a".into(),
+                    resource: "nvidia.com/gpu".into(),
+                    request: "container-0-request-0".into(),
+                }],
+            })
+        );
         // No GPU resource and no claim: not kept.
         let plain = pod_from(json!({"metadata": {"name": "q", "namespace": "ns"},
             "spec": {"containers": [{"name": "a"}]}}));
@@ -905,6 +954,77 @@ mod tests {
                 .expect("ok")
                 .is_none()
         );
+    }
+}
+
+#[cfg(test)]
+mod extended_tests {
+    use super::*;
+
+    #[test]
+    fn a_device_class_implicit_name_is_kept_apart_from_gpu_resources() {
+        // KEP-5004's implicit name: any DeviceClass serves `deviceclass.resource.kubernetes.io/
+        // <class>`; whether the class is a GPU class is known only to the ledger. Init and app
+        // containers add up like any extended resource.
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "initContainers": [{"name": "i", "resources": {"limits": {
+                    "deviceclass.resource.kubernetes.io/gpu.nvidia.com": "3"}}}],
+                "containers": [
+                    {"name": "a", "resources": {"limits": {
+                        "deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1"}}},
+                    {"name": "b", "resources": {"requests": {
+                        "deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1",
+                        "example.com/foo": "1"}}}
+                ]
+            }
+        }))
+        .expect("pod");
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("kept for its class request");
+        assert!(c.resources.is_empty(), "{:?}", c.resources);
+        assert_eq!(
+            c.class_requests,
+            BTreeMap::from([(
+                "deviceclass.resource.kubernetes.io/gpu.nvidia.com".to_string(),
+                3
+            )])
+        );
+        assert_eq!(c.extended_claim, None);
+    }
+
+    #[test]
+    fn the_schedulers_extended_resource_claim_status_is_read_as_written() {
+        // `status.extendedResourceClaimStatus` written by kube-scheduler 1.36.3 in
+        // tests/e2e_dra.rs (pod `legacy` of the dump in tests/fixtures/dra; no other real
+        // example was found).
+        let list: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/dra/pods.json"))
+                .expect("pods.json");
+        let legacy = list["items"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["metadata"]["name"] == "legacy"))
+            .cloned()
+            .expect("legacy in the dump");
+        let p: Pod = serde_json::from_value(legacy).expect("pod");
+        let c = pod(&ResourceNames::default(), &p)
+            .expect("ok")
+            .expect("gpu pod");
+        assert_eq!(c.resources.get("nvidia.com/gpu"), Some(&1));
+        assert_eq!(
+            c.extended_claim,
+            Some(ExtendedResourceClaim {
+                claim: "legacy-extended-resources-9zg6h".into(),
+                mappings: vec![ExtendedMapping {
+                    container: "main".into(),
+                    resource: "nvidia.com/gpu".into(),
+                    request: "container-0-request-0".into(),
+                }],
+            })
+        );
+        assert_eq!(c.resource_claims, vec!["legacy-extended-resources-9zg6h"]);
     }
 }
 

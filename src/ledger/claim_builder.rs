@@ -31,6 +31,8 @@ impl PodClaim {
             scheduling_gates: Vec::new(),
             finalizers: Vec::new(),
             workload_refs: WorkloadRefs::default(),
+            extended_claim: None,
+            class_requests: BTreeMap::new(),
         }
     }
 

@@ -186,6 +186,15 @@ pub struct PodClaim {
     /// pod-set label, and the owner labels of `kueue::OWNER_LABELS`): the join to a Workload
     /// whose owner is not the pod's controller (JobSet, TrainJob, RayJob).
     pub workload_refs: super::kueue::WorkloadRefs,
+    // DRA extended resources (KEP-5004; issue 39 item 4, `ledger/dra.rs` reads them).
+    /// `status.extendedResourceClaimStatus`: the claim the scheduler made for the pod's
+    /// extended resources that DRA backs, and which resources it maps. `resources` keeps those
+    /// names: the ledger counts them through the claim once it is allocated, by request before.
+    pub extended_claim: Option<ExtendedResourceClaim>,
+    /// Units asked through a DeviceClass's implicit extended resource name
+    /// (`deviceclass.resource.kubernetes.io/<class>`, [`IMPLICIT_EXTENDED_PREFIX`]), with the
+    /// same container math as `resources`; whether the class is a GPU class is the ledger's call.
+    pub class_requests: BTreeMap<String, u64>,
 }
 
 /// Most names kept of a list of gates or finalizers (real pods carry one or two).
@@ -524,6 +533,35 @@ pub struct DeviceClassInfo {
     pub drivers: Vec<String>,
     /// Its selectors compare `type` with `'mig'` (NVIDIA's `mig.nvidia.com`).
     pub mig: bool,
+    /// `spec.extendedResourceName` (KEP-5004): pods asking this extended resource on a node
+    /// without a device plugin for it get a device of this class.
+    pub extended_resource_name: Option<String>,
+    /// `metadata.creationTimestamp`: of two classes naming the same extended resource, the
+    /// scheduler takes the newer (the name breaks a tie).
+    pub created_at: Option<DateTime<Utc>>,
+}
+
+/// Prefix of a DeviceClass's implicit extended resource name: a pod asking
+/// `deviceclass.resource.kubernetes.io/<class>: N` gets N devices of `<class>` (KEP-5004).
+pub const IMPLICIT_EXTENDED_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+
+/// `status.extendedResourceClaimStatus` of a pod (KEP-5004), as the scheduler writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExtendedResourceClaim {
+    /// `resourceClaimName`: the claim in the pod's namespace.
+    pub claim: String,
+    /// `requestMappings`: which container's extended resource each claim request serves.
+    pub mappings: Vec<ExtendedMapping>,
+}
+
+/// One `requestMappings` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExtendedMapping {
+    pub container: String,
+    /// The extended resource name the container asked (`nvidia.com/gpu`).
+    pub resource: String,
+    /// The claim's request serving it.
+    pub request: String,
 }
 
 /// Shard owning a node: FNV-1a of its name modulo the shard count (stable across versions and

@@ -12,12 +12,20 @@
 //!   device of a counted driver that neither describes counts as one whole GPU and joins no
 //!   DCGM series (unattributed: never guessed).
 //! - Only devices of the counted drivers (`--dra-gpu-drivers`) are read.
+//! - Extended resources DRA backs (KEP-5004: a DeviceClass's `extendedResourceName`, or its
+//!   implicit `deviceclass.resource.kubernetes.io/<class>`): the scheduler's claim holds the
+//!   device and `status.extendedResourceClaimStatus.requestMappings` names the resources it
+//!   serves. Once that claim is allocated the pod counts the device through it and the mapped
+//!   resources not again; before, the mapped resources are counted by request (pending demand in
+//!   GPU units), never lost.
+
+use std::borrow::Cow;
 
 use foldhash::{HashMap, HashMapExt, HashSet};
 
 use super::claims::{
     Claims, DRA_RESOURCE_PREFIX, DeviceClassInfo, DraDevice, DraDeviceKind, DraDeviceStatus,
-    PodClaim, ResourceClaimInfo,
+    IMPLICIT_EXTENDED_PREFIX, PodClaim, ResourceClaimInfo,
 };
 use super::units::{ResourceNames, SliceTable, profile_slices, unplaced_parent_slices};
 
@@ -56,6 +64,9 @@ pub(super) struct PodDra {
     pub demand: Vec<(String, u64, f64)>,
     /// The pod uses a claim that holds, or asks for, a device of a counted driver.
     pub gpu: bool,
+    /// Devices asked through a GPU class's implicit extended resource name that no allocated
+    /// claim serves yet, counted by request: (name, devices, GPU equivalents).
+    pub by_request: Vec<(String, u64, f64)>,
 }
 
 impl PodDra {
@@ -78,6 +89,9 @@ impl PodDra {
                 add(r, *units, *gpus);
             }
         }
+        for (r, units, gpus) in &self.by_request {
+            add(r, *units, *gpus);
+        }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
@@ -97,23 +111,28 @@ pub(super) struct DraIndex<'a> {
     claims_per_device: HashMap<DeviceRef<'a>, usize>,
 }
 
+/// The devices of the current generation of each pool (a pool's older generations are being
+/// replaced by its driver), by (driver, pool, device).
+fn current_devices(c: &Claims) -> impl Iterator<Item = (DeviceRef<'_>, &DraDevice)> {
+    let mut newest: HashMap<(&str, &str), i64> = HashMap::new();
+    for d in &c.dra_devices {
+        let g = newest
+            .entry((d.driver.as_str(), d.pool.as_str()))
+            .or_insert(d.pool_generation);
+        *g = (*g).max(d.pool_generation);
+    }
+    c.dra_devices
+        .iter()
+        .filter(move |d| {
+            newest.get(&(d.driver.as_str(), d.pool.as_str())) == Some(&d.pool_generation)
+        })
+        .map(|d| ((d.driver.as_str(), d.pool.as_str(), d.name.as_str()), d))
+}
+
 impl<'a> DraIndex<'a> {
     pub(super) fn new(c: &'a Claims, names: &'a ResourceNames, slices: &'a SliceTable) -> Self {
-        let mut newest: HashMap<(&str, &str), i64> = HashMap::new();
-        for d in &c.dra_devices {
-            let g = newest
-                .entry((d.driver.as_str(), d.pool.as_str()))
-                .or_insert(d.pool_generation);
-            *g = (*g).max(d.pool_generation);
-        }
-        let devices = c
-            .dra_devices
-            .iter()
-            .filter(|d| names.is_gpu_driver(&d.driver))
-            .filter(|d| {
-                newest.get(&(d.driver.as_str(), d.pool.as_str())) == Some(&d.pool_generation)
-            })
-            .map(|d| ((d.driver.as_str(), d.pool.as_str(), d.name.as_str()), d))
+        let devices = current_devices(c)
+            .filter(|(_, d)| names.is_gpu_driver(&d.driver))
             .collect();
         let claims = c
             .resource_claims
@@ -146,13 +165,77 @@ impl<'a> DraIndex<'a> {
         }
     }
 
+    /// Whether the claim the scheduler made for `p`'s DRA-backed extended resources is allocated
+    /// (the pod then holds, or is about to hold, its devices through it).
+    fn extended_claim_allocated(&self, p: &PodClaim) -> bool {
+        p.extended_claim.as_ref().is_some_and(|ext| {
+            self.claims
+                .get(&(p.namespace.as_str(), ext.claim.as_str()))
+                .is_some_and(|rc| rc.allocated.is_some())
+        })
+    }
+
+    /// Whether an allocated extended-resource claim of `p` serves its extended resource `name`.
+    fn served_by_claim(&self, p: &PodClaim, name: &str) -> bool {
+        p.extended_claim
+            .as_ref()
+            .is_some_and(|ext| ext.mappings.iter().any(|m| m.resource == name))
+            && self.extended_claim_allocated(p)
+    }
+
+    /// `p` as the ledger counts it: the extended resources its allocated extended-resource claim
+    /// serves (`requestMappings`) are taken out of `resources`, as that claim's device counts
+    /// for them; otherwise `p` itself. A pod is so counted once, whichever way it asked.
+    pub(super) fn counted_once<'p>(&self, p: &'p PodClaim) -> Cow<'p, PodClaim> {
+        let Some(ext) = &p.extended_claim else {
+            return Cow::Borrowed(p);
+        };
+        let mapped = |r: &String| ext.mappings.iter().any(|m| &m.resource == r);
+        if !p.resources.keys().any(mapped) || !self.extended_claim_allocated(p) {
+            return Cow::Borrowed(p);
+        }
+        let mut own = p.clone();
+        own.resources.retain(|r, _| !mapped(r));
+        Cow::Owned(own)
+    }
+
+    /// GPU equivalents of one device of the class an implicit extended resource name
+    /// (`deviceclass.resource.kubernetes.io/<class>`) names, when it is a class of a counted
+    /// driver: 1 for a whole GPU, 0 for a MIG device (its profile is not known: never guessed).
+    fn implicit_class_gpus(&self, resource: &str) -> Option<f64> {
+        let class = self
+            .classes
+            .get(resource.strip_prefix(IMPLICIT_EXTENDED_PREFIX)?)?;
+        class
+            .drivers
+            .iter()
+            .any(|d| self.names.is_gpu_driver(d))
+            .then_some(if class.mig { 0.0 } else { 1.0 })
+    }
+
     /// The DRA part of pod `p`; `holds` when the pod is bound (running or terminating).
     pub(super) fn pod(&self, p: &PodClaim, holds: bool) -> PodDra {
         let mut out = PodDra::default();
+        for (name, units) in &p.class_requests {
+            if self.served_by_claim(p, name) {
+                continue;
+            }
+            if let Some(per_device) = self.implicit_class_gpus(name) {
+                out.gpu = true;
+                out.by_request
+                    .push((name.clone(), *units, per_device * *units as f64));
+            }
+        }
+        let extended_claim = p.extended_claim.as_ref().map(|e| e.claim.as_str());
         for name in &p.resource_claims {
             let Some(rc) = self.claims.get(&(p.namespace.as_str(), name.as_str())) else {
                 continue;
             };
+            // The scheduler creates the extended-resource claim, then allocates it: until the
+            // allocation is seen, the pod's requests stand for it (counted by request, not twice).
+            if rc.allocated.is_none() && extended_claim == Some(name.as_str()) {
+                continue;
+            }
             match &rc.allocated {
                 Some(results) => {
                     let gpu_results: Vec<_> = results
@@ -307,6 +390,96 @@ impl<'a> DraIndex<'a> {
         uuids.sort_unstable();
         uuids.dedup();
         (uuids.len() + anonymous, uuids)
+    }
+}
+
+/// What DRA offers pending pods' extended resources (KEP-5004) on each node, for the reclaim
+/// planner: on a node that does not advertise an extended resource itself (no device plugin for
+/// it), the scheduler serves it with devices of the DeviceClass naming it.
+///
+/// A class naming the resource in `extendedResourceName` serves it (of two, the newer; the
+/// name breaks a tie, as the scheduler's extended-resource cache picks); any class serves its
+/// implicit `deviceclass.resource.kubernetes.io/<class>`. A device belongs to a class when its
+/// driver is one the class's selectors name and its kind (whole GPU or MIG) is the class's:
+/// CEL selectors are not evaluated beyond that. Only whole-GPU classes are planned (a MIG
+/// class's profile is not known from the resource name).
+pub(super) struct ExtendedDevices<'a> {
+    classes: &'a [DeviceClassInfo],
+    /// Whole-GPU devices of the current generation per (node, driver): published, held by an
+    /// allocated claim.
+    per_node: HashMap<(&'a str, &'a str), (u64, u64)>,
+}
+
+/// DRA devices that can serve one extended resource on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ExtendedSupply {
+    /// The pseudo resource holders hold them under (`dra:<driver>`).
+    pub held_as: String,
+    /// Devices published on the node.
+    pub devices: u64,
+    /// Of those, devices an allocated claim holds.
+    pub allocated: u64,
+}
+
+impl<'a> ExtendedDevices<'a> {
+    /// From the claims' slices, claims and classes (their devices are of the counted drivers
+    /// already: the projections keep no other).
+    pub(super) fn new(c: &'a Claims) -> Self {
+        let mut per_node: HashMap<(&str, &str), (u64, u64)> = HashMap::new();
+        let mut whole: HashMap<DeviceRef<'a>, &'a str> = HashMap::new();
+        for (key, d) in current_devices(c) {
+            if let (DraDeviceKind::Gpu, Some(node)) = (d.kind, d.node.as_deref()) {
+                whole.insert(key, node);
+                let e = per_node.entry((node, d.driver.as_str())).or_default();
+                e.0 = e.0.saturating_add(1);
+            }
+        }
+        let mut held: HashSet<DeviceRef<'_>> = HashSet::default();
+        for a in c
+            .resource_claims
+            .iter()
+            .flat_map(|rc| rc.allocated.iter().flatten())
+        {
+            let key = (a.driver.as_str(), a.pool.as_str(), a.device.as_str());
+            if let (Some(node), true) = (whole.get(&key), held.insert(key)) {
+                let e = per_node.entry((node, a.driver.as_str())).or_default();
+                e.1 = e.1.saturating_add(1);
+            }
+        }
+        ExtendedDevices {
+            classes: &c.device_classes,
+            per_node,
+        }
+    }
+
+    /// The class that serves extended resource `resource`, if any.
+    fn class_of(&self, resource: &str) -> Option<&'a DeviceClassInfo> {
+        if let Some(name) = resource.strip_prefix(IMPLICIT_EXTENDED_PREFIX) {
+            return self.classes.iter().find(|c| c.name == name);
+        }
+        self.classes
+            .iter()
+            .filter(|c| c.extended_resource_name.as_deref() == Some(resource))
+            // Newest first; of two made at once, the lower name (`max_by` keeps the last max).
+            .max_by(|a, b| {
+                a.created_at
+                    .cmp(&b.created_at)
+                    .then_with(|| b.name.cmp(&a.name))
+            })
+    }
+
+    /// What DRA offers `resource` on `node`: `None` when no whole-GPU class serves it or none
+    /// of the class's devices is published there.
+    pub(super) fn on_node(&self, node: &str, resource: &str) -> Option<ExtendedSupply> {
+        let class = self.class_of(resource).filter(|c| !c.mig)?;
+        class.drivers.iter().find_map(|driver| {
+            let (devices, allocated) = *self.per_node.get(&(node, driver.as_str()))?;
+            Some(ExtendedSupply {
+                held_as: format!("{DRA_RESOURCE_PREFIX}{driver}"),
+                devices,
+                allocated,
+            })
+        })
     }
 }
 

@@ -98,6 +98,9 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     let mut pods = Vec::with_capacity(order.len());
     for p in order {
         let Some(state) = state_of(p) else { continue };
+        // Extended resources DRA serves count through their claim, not again by request.
+        let own = dra.counted_once(p);
+        let p: &PodClaim = &own;
         let shape = p
             .node
             .as_deref()
@@ -109,7 +112,9 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             .gpus_by_resource(&p.resources, &shape)
             .map(|(r, g)| (r.to_string(), g))
             .collect();
-        let pod_dra = if dra_active && !p.resource_claims.is_empty() {
+        let pod_dra = if claims.dra_enabled
+            && (!p.resource_claims.is_empty() || !p.class_requests.is_empty())
+        {
             dra.pod(p, state.holds())
         } else {
             dra::PodDra::default()

@@ -4,11 +4,15 @@
 //! Pure (claims and the ledger's pod rows in, plans out). Fit is what the scheduler checks for
 //! GPUs: the same resource name in device units (a whole `nvidia.com/gpu`, a MIG profile, a
 //! time-slice), the pod's `nodeSelector` and required node affinity against the node's labels,
-//! its tolerations against the node's `NoSchedule`/`NoExecute` taints. Shared and unattributed
+//! its tolerations against the node's `NoSchedule`/`NoExecute` taints. An extended resource a
+//! node does not advertise is served there by DRA when a DeviceClass names it (KEP-5004,
+//! [`ExtendedDevices`]): the node's devices of that class count, free when no claim holds them,
+//! reclaimable from the pods holding them. Shared and unattributed
 //! GPUs are never reclaimable: their idleness is not provable per pod. A pod with scheduling
 //! gates (`spec.schedulingGates`, e.g. Kueue's `kueue.x-k8s.io/admission`) is not planned: the
 //! scheduler does not consider it until the gates are removed.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
@@ -18,6 +22,7 @@ use super::claims::{
     Claims, NodeInfo, NodeOp, NodeRequirement, NodeSelectorTerm, Placement, PodClaim, Taint,
     Toleration,
 };
+use super::dra::ExtendedDevices;
 use super::model::{Attribution, ClaimsScope, PodRow, PodState};
 pub use super::model::{PodRef, Reclaim, ReclaimOption, Stop};
 
@@ -90,6 +95,7 @@ pub fn plan(
             on_node.entry(node).or_default().push((p, *idle));
         }
     }
+    let dra = ExtendedDevices::new(claims);
     let mut nodes: Vec<&NodeInfo> = claims.nodes.iter().collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     nodes.dedup_by(|a, b| a.name == b.name);
@@ -113,7 +119,7 @@ pub fn plan(
                 ),
                 None => memo
                     .entry((&p.resources, placement))
-                    .or_insert_with(|| plan_pod(p, placement, &nodes, &on_node))
+                    .or_insert_with(|| plan_pod(p, placement, &nodes, &on_node, &dra))
                     .clone(),
             };
             Reclaim {
@@ -175,6 +181,7 @@ fn plan_pod(
     placement: Option<&Placement>,
     nodes: &[&NodeInfo],
     on_node: &foldhash::HashMap<&str, Vec<(&PodRow, bool)>>,
+    dra: &ExtendedDevices<'_>,
 ) -> (Vec<ReclaimOption>, Option<String>) {
     let request: Vec<(&str, u128)> = p
         .resources
@@ -201,7 +208,7 @@ fn plan_pod(
     let mut ranked: Vec<(Rank, ReclaimOption)> = Vec::new();
     for n in nodes {
         let holders = on_node.get(n.name.as_str()).map_or(&[][..], Vec::as_slice);
-        match option_on(n, &request, placement, holders) {
+        match option_on(n, &request, placement, holders, dra) {
             Ok(o) => {
                 let class = if o.is_free() {
                     0
@@ -270,6 +277,7 @@ fn option_on(
     request: &[(&str, u128)],
     placement: &Placement,
     holders: &[(&PodRow, bool)],
+    dra: &ExtendedDevices<'_>,
 ) -> Result<ReclaimOption, Misfit> {
     if !tolerates(&placement.tolerations, &n.taints) {
         return Err(Misfit::Taint);
@@ -286,28 +294,48 @@ fn option_on(
     {
         return Err(Misfit::Affinity);
     }
-    let alloc: Vec<u128> = request
+    // Per requested name: what the holders hold it as, the node's units, and the units claims
+    // hold when DRA serves it (the device plugin's are what the holders hold).
+    let supply: Vec<(Cow<'_, str>, u128, Option<u128>)> = request
         .iter()
-        .map(|(r, _)| n.allocatable.get(*r).copied().map_or(0, u128::from))
+        .map(
+            |(r, _)| match n.allocatable.get(*r).copied().filter(|a| *a > 0) {
+                Some(a) => (Cow::Borrowed(*r), u128::from(a), None),
+                None => dra
+                    .on_node(&n.name, r)
+                    .map_or((Cow::Borrowed(*r), 0, None), |s| {
+                        (
+                            Cow::Owned(s.held_as),
+                            u128::from(s.devices),
+                            Some(u128::from(s.allocated)),
+                        )
+                    }),
+            },
+        )
         .collect();
-    if alloc.contains(&0) {
+    if supply.iter().any(|(_, a, _)| *a == 0) {
         return Err(Misfit::ResourceName);
     }
+    let alloc: Vec<u128> = supply.iter().map(|(_, a, _)| *a).collect();
     if alloc.iter().zip(request).any(|(a, (_, want))| a < want) {
         return Err(Misfit::Size);
     }
     let units_of = |row: &PodRow| -> Vec<u128> {
-        request
+        supply
             .iter()
-            .map(|(r, _)| row.resources.get(*r).copied().map_or(0, u128::from))
+            .map(|(r, _, _)| row.resources.get(r.as_ref()).copied().map_or(0, u128::from))
             .collect()
     };
-    let held: Vec<u128> = (0..request.len())
-        .map(|i| {
-            holders
-                .iter()
-                .map(|(h, _)| units_of(h)[i])
-                .fold(0u128, u128::saturating_add)
+    let held: Vec<u128> = supply
+        .iter()
+        .enumerate()
+        .map(|(i, (_, _, by_claims))| {
+            by_claims.unwrap_or_else(|| {
+                holders
+                    .iter()
+                    .map(|(h, _)| units_of(h)[i])
+                    .fold(0u128, u128::saturating_add)
+            })
         })
         .collect();
     // What is missing as things are (a node over-committed has nothing free).

@@ -155,6 +155,7 @@ fn gpu_class(name: &str) -> DeviceClassInfo {
         name: name.into(),
         drivers: vec!["gpu.nvidia.com".into()],
         mig: false,
+        ..DeviceClassInfo::default()
     }
 }
 
@@ -209,6 +210,7 @@ fn device_class_quota_rows_count_the_pods_of_that_class() {
                 name: "nic.example.com".into(),
                 drivers: vec!["nic.example.com".into()],
                 mig: false,
+                ..DeviceClassInfo::default()
             },
         ],
         dra_enabled: true,

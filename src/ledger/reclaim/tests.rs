@@ -654,3 +654,207 @@ fn an_option_with_stuck_holders_is_not_made_by_stops_alone() {
     };
     assert!(!free.by_stops_alone(), "free already: no stop makes it");
 }
+
+mod extended_resources {
+    //! KEP-5004: a pending pod asking an extended resource that a DeviceClass names is served by
+    //! DRA on nodes that do not advertise it (kube-scheduler's DynamicResources plugin).
+
+    use super::*;
+    use crate::ledger::claims::{
+        DeviceClassInfo, DraAllocation, DraDevice, DraDeviceKind, ResourceClaimInfo,
+    };
+
+    const DRIVER: &str = "gpu.nvidia.com";
+    const HELD_AS: &str = "dra:gpu.nvidia.com";
+    const IMPLICIT: &str = "deviceclass.resource.kubernetes.io/gpu.nvidia.com";
+
+    fn class(name: &str, driver: &str, extended: Option<&str>, made: &str) -> DeviceClassInfo {
+        DeviceClassInfo {
+            name: name.into(),
+            drivers: vec![driver.into()],
+            mig: false,
+            extended_resource_name: extended.map(str::to_string),
+            created_at: DateTime::parse_from_rfc3339(made)
+                .ok()
+                .map(|t| t.with_timezone(&Utc)),
+        }
+    }
+
+    fn device(node: &str, name: &str) -> DraDevice {
+        DraDevice {
+            driver: DRIVER.into(),
+            pool: node.into(),
+            name: name.into(),
+            node: Some(node.into()),
+            kind: DraDeviceKind::Gpu,
+            uuid: Some(format!("GPU-{node}-{name}")),
+            parent_uuid: None,
+            profile: None,
+            product: None,
+            pool_generation: 1,
+        }
+    }
+
+    fn holding(name: &str, node: &str, device: &str) -> ResourceClaimInfo {
+        ResourceClaimInfo {
+            namespace: "u".into(),
+            name: name.into(),
+            allocated: Some(vec![DraAllocation {
+                request: "container-0-request-0".into(),
+                driver: DRIVER.into(),
+                pool: node.into(),
+                device: device.into(),
+            }]),
+            ..ResourceClaimInfo::default()
+        }
+    }
+
+    fn run_dra(
+        nodes: Vec<NodeInfo>,
+        classes: Vec<DeviceClassInfo>,
+        devices: Vec<DraDevice>,
+        rcs: Vec<ResourceClaimInfo>,
+        mut pods: Vec<PodRow>,
+    ) -> Vec<Reclaim> {
+        pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+        let claims = Claims {
+            nodes,
+            device_classes: classes,
+            dra_devices: devices,
+            resource_claims: rcs,
+            dra_enabled: true,
+            ..Claims::default()
+        };
+        plan(&claims, &pods, now(), ClaimsScope::Complete)
+    }
+
+    fn nvidia_gpu_class() -> DeviceClassInfo {
+        class(DRIVER, DRIVER, Some(GPU), "2026-01-01T00:00:00Z")
+    }
+
+    #[test]
+    fn a_dra_only_node_takes_the_pod_once_the_idle_holder_of_its_device_stops() {
+        // dra-1's only device is held by an idle notebook (through the claim the scheduler
+        // made for its own nvidia.com/gpu); the node advertises no nvidia.com/gpu at all.
+        let out = run_dra(
+            vec![node("dra-1", &[])],
+            vec![nvidia_gpu_class()],
+            vec![device("dra-1", "gpu-0")],
+            vec![holding("nb-0-extended-resources-x", "dra-1", "gpu-0")],
+            vec![
+                pending("ml", "one", &[(GPU, 1)]),
+                pending("ml", "two", &[(GPU, 2)]),
+                pending("ml", "implicit", &[(IMPLICIT, 1)]),
+                idle_nb("u", "nb", "dra-1", &[(HELD_AS, 1)], 3600.0),
+            ],
+        );
+        let of = |pod: &str| {
+            out.iter()
+                .find(|r| r.pending.pod == pod)
+                .unwrap_or_else(|| panic!("{pod} planned: {out:?}"))
+        };
+        for pod in ["one", "implicit"] {
+            let r = of(pod);
+            assert_eq!(r.fits_nowhere, None, "{r:?}");
+            assert_eq!(r.options.len(), 1, "{r:?}");
+            assert_eq!(r.options[0].node, "dra-1");
+            assert_eq!(stops(&r.options[0]), ["nb-0"], "{r:?}");
+        }
+        let two = of("two");
+        assert!(two.options.is_empty(), "{two:?}");
+        assert_eq!(
+            two.fits_nowhere.as_deref(),
+            Some(
+                "0/1 nodes would take it: 1 too small for 2 nvidia.com/gpu even with idle notebooks stopped"
+            )
+        );
+    }
+
+    #[test]
+    fn a_free_device_fits_and_a_busy_holder_is_never_stopped() {
+        let out = run_dra(
+            vec![node("dra-1", &[]), node("dra-2", &[])],
+            vec![nvidia_gpu_class()],
+            vec![
+                device("dra-1", "gpu-0"),
+                device("dra-1", "gpu-1"),
+                device("dra-2", "gpu-0"),
+            ],
+            vec![
+                holding("a", "dra-1", "gpu-0"),
+                holding("b", "dra-2", "gpu-0"),
+            ],
+            vec![
+                pending("ml", "one", &[(GPU, 1)]),
+                busy("u", "train-a", "dra-1", &[(HELD_AS, 1)]),
+                busy("u", "train-b", "dra-2", &[(HELD_AS, 1)]),
+            ],
+        );
+        let r = &out[0];
+        let nodes: Vec<&str> = r.options.iter().map(|o| o.node.as_str()).collect();
+        assert_eq!(nodes, ["dra-1"], "{r:?}");
+        assert!(r.options[0].is_free());
+    }
+
+    #[test]
+    fn a_device_plugin_node_is_planned_by_its_own_allocatable_only() {
+        // The scheduler serves a resource the node advertises with the device plugin, never
+        // with DRA: the DRA device published there does not make room.
+        let out = run_dra(
+            vec![node("mixed", &[(GPU, 1)])],
+            vec![nvidia_gpu_class()],
+            vec![device("mixed", "gpu-1")],
+            vec![],
+            vec![
+                pending("ml", "two", &[(GPU, 2)]),
+                busy("u", "ext", "mixed", &[(GPU, 1)]),
+            ],
+        );
+        assert!(out[0].options.is_empty(), "{out:?}");
+        assert!(
+            out[0]
+                .fits_nowhere
+                .as_deref()
+                .is_some_and(|w| w.contains("1 too small")),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn of_two_classes_naming_one_resource_the_newer_wins_then_the_lower_name() {
+        // `other` names nvidia.com/gpu too, for a driver with no device on dra-1.
+        let plan_with = |other_made: &str, other_name: &str| {
+            let out = run_dra(
+                vec![node("dra-1", &[])],
+                vec![
+                    nvidia_gpu_class(),
+                    class(other_name, "other.example.com", Some(GPU), other_made),
+                ],
+                vec![device("dra-1", "gpu-0")],
+                vec![],
+                vec![pending("ml", "one", &[(GPU, 1)])],
+            );
+            out[0].options.len()
+        };
+        assert_eq!(
+            plan_with("2026-06-01T00:00:00Z", "z-other"),
+            0,
+            "newer wins"
+        );
+        assert_eq!(
+            plan_with("2025-06-01T00:00:00Z", "a-other"),
+            1,
+            "older loses"
+        );
+        assert_eq!(
+            plan_with("2026-01-01T00:00:00Z", "a-other"),
+            0,
+            "tie: lower name"
+        );
+        assert_eq!(
+            plan_with("2026-01-01T00:00:00Z", "z-other"),
+            1,
+            "tie: lower name"
+        );
+    }
+}

@@ -100,16 +100,19 @@ fn nvidia_classes() -> Vec<DeviceClassInfo> {
             name: "gpu.nvidia.com".into(),
             drivers: vec![DRIVER.into()],
             mig: false,
+            ..DeviceClassInfo::default()
         },
         DeviceClassInfo {
             name: "mig.nvidia.com".into(),
             drivers: vec![DRIVER.into()],
             mig: true,
+            ..DeviceClassInfo::default()
         },
         DeviceClassInfo {
             name: "nic.example.com".into(),
             drivers: vec!["dra.net".into()],
             mig: false,
+            ..DeviceClassInfo::default()
         },
     ]
 }
@@ -584,4 +587,141 @@ fn network_attached_devices_count_for_the_pod_not_its_node() {
     assert_eq!(l.namespaces[0].gpus_claimed, 1.0);
     let n = node_row(&l, "n1");
     assert_eq!((n.gpus_allocatable, n.gpus_claimed), (1.0, 0.0));
+}
+
+/// Extended resources DRA serves (KEP-5004): the pod asks `nvidia.com/gpu`, the scheduler makes
+/// `claim` and records the mapping (`status.extendedResourceClaimStatus`, as kube-scheduler
+/// 1.36.3 wrote it in tests/e2e_dra.rs: tests/fixtures/dra/pods.json, pod `legacy`).
+fn extended_pod(ns: &str, name: &str, claim: &str) -> PodB {
+    use crate::ledger::claims::{ExtendedMapping, ExtendedResourceClaim};
+    let mut p = dra_pod(ns, name, &[claim]).gpu(1);
+    p.0.extended_claim = Some(ExtendedResourceClaim {
+        claim: claim.into(),
+        mappings: vec![ExtendedMapping {
+            container: "main".into(),
+            resource: "nvidia.com/gpu".into(),
+            request: "container-0-request-0".into(),
+        }],
+    });
+    p
+}
+
+#[test]
+fn an_extended_resource_served_by_dra_is_counted_once_through_its_claim() {
+    // The pod both lists nvidia.com/gpu and holds the claim's device: one GPU, the device's.
+    let c = dra_claims(
+        vec![
+            extended_pod("a", "legacy", "legacy-extended-resources-9zg6h")
+                .on_node("n1")
+                .build(),
+        ],
+        vec![node_without_plugin("n1")],
+        vec![allocated(
+            "a",
+            "legacy-extended-resources-9zg6h",
+            &[(DRIVER, "n1", "gpu-0")],
+            &["uid-legacy"],
+        )],
+        vec![gpu_device("n1", "gpu-0", "GPU-A")],
+    );
+    let u = usage(vec![DevB::new("GPU-A", "n1").util(0.0, 0.0).build()]);
+    let l = build(&c, &u, now(), &Policy::default());
+    let p = pod(&l, "legacy");
+    assert!((p.gpus - 1.0).abs() < 1e-9, "{p:?}");
+    assert_eq!(
+        p.resources,
+        BTreeMap::from([("dra:gpu.nvidia.com".to_string(), 1)])
+    );
+    assert_eq!(p.attribution, Attribution::Exclusive);
+    assert_eq!(
+        p.devices
+            .iter()
+            .map(|d| d.uuid.as_str())
+            .collect::<Vec<_>>(),
+        ["GPU-A"]
+    );
+    assert_eq!(
+        (p.evidence.devices_found, p.evidence.devices_expected),
+        (1, 1)
+    );
+    assert_eq!(p.idle, Some(true), "{p:?}");
+    let n = node_row(&l, "n1");
+    assert_eq!(
+        (n.gpus_allocatable, n.gpus_claimed, n.gpus_free),
+        (1.0, 1.0, Some(0.0))
+    );
+    assert!((l.namespaces[0].gpus_claimed - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn a_mapping_whose_claim_is_not_allocated_yet_is_demand_by_request() {
+    // Between the scheduler creating its claim and allocating it (or before the claim reaches
+    // the watch), the pod's request stands for the device: one GPU of demand, not two, not none.
+    let waiting = |claims: Vec<ResourceClaimInfo>| {
+        let c = dra_claims(
+            vec![extended_pod("a", "p", "p-extended-resources-1").build()],
+            vec![node_without_plugin("n1")],
+            claims,
+            vec![gpu_device("n1", "gpu-0", "GPU-A")],
+        );
+        let l = build(&c, &usage(vec![]), now(), &Policy::default());
+        let p = pod(&l, "p").clone();
+        (p, l.namespaces[0].gpus_pending)
+    };
+    for (case, claims) in [
+        (
+            "claim made, not allocated",
+            vec![pending_claim(
+                "a",
+                "p-extended-resources-1",
+                "gpu.nvidia.com",
+                1,
+                None,
+            )],
+        ),
+        ("claim not seen yet", vec![]),
+    ] {
+        let (p, pending) = waiting(claims);
+        assert_eq!(p.state, PodState::Pending, "{case}");
+        assert!((p.gpus - 1.0).abs() < 1e-9, "{case}: {p:?}");
+        assert_eq!(
+            p.resources,
+            BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
+            "{case}"
+        );
+        assert!((pending - 1.0).abs() < 1e-9, "{case}: {pending}");
+    }
+}
+
+#[test]
+fn a_device_class_implicit_name_is_demand_of_that_class() {
+    // `deviceclass.resource.kubernetes.io/<class>`: a whole-GPU class's devices are GPUs; a
+    // class of another driver is no GPU (the pod is not listed).
+    let mut gpu = dra_pod("a", "implicit", &[]);
+    gpu.0.class_requests.insert(
+        "deviceclass.resource.kubernetes.io/gpu.nvidia.com".into(),
+        2,
+    );
+    let mut nic = dra_pod("a", "nic", &[]);
+    nic.0.class_requests.insert(
+        "deviceclass.resource.kubernetes.io/nic.example.com".into(),
+        1,
+    );
+    let c = dra_claims(
+        vec![gpu.build(), nic.build()],
+        vec![node_without_plugin("n1")],
+        vec![],
+        vec![gpu_device("n1", "gpu-0", "GPU-A")],
+    );
+    let l = build(&c, &usage(vec![]), now(), &Policy::default());
+    let p = pod(&l, "implicit");
+    assert!((p.gpus - 2.0).abs() < 1e-9, "{p:?}");
+    assert_eq!(
+        p.resources,
+        BTreeMap::from([(
+            "deviceclass.resource.kubernetes.io/gpu.nvidia.com".to_string(),
+            2
+        )])
+    );
+    assert!(l.pods.iter().all(|p| p.pod != "nic"), "{:?}", l.pods);
 }
