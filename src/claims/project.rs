@@ -168,7 +168,8 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
             resources.remove(&m.resource_name);
         }
     }
-    if resources.is_empty() && resource_claims.is_empty() {
+    let kai = super::kai::pod(meta);
+    if resources.is_empty() && resource_claims.is_empty() && kai.is_none() {
         return Ok(None);
     }
     let conditions = status
@@ -238,6 +239,7 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
                 .map(String::as_str),
         ),
         workload_refs: WorkloadRefs::read(meta.labels.as_ref(), meta.annotations.as_ref()),
+        kai,
     }))
 }
 

@@ -186,6 +186,10 @@ pub struct PodClaim {
     /// pod-set label, and the owner labels of `kueue::OWNER_LABELS`): the join to a Workload
     /// whose owner is not the pod's controller (JobSet, TrainJob, RayJob).
     pub workload_refs: super::kueue::WorkloadRefs,
+    // KAI-Scheduler fractions (`ledger/kai.rs`).
+    /// KAI's GPU-group labels and fraction annotations, when the pod carries any: a fraction user
+    /// asks for no `nvidia.com/gpu` and is kept for these alone.
+    pub kai: Option<super::kai::KaiPod>,
 }
 
 /// Most names kept of a list of gates or finalizers (real pods carry one or two).

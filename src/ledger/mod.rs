@@ -11,8 +11,10 @@ pub mod capacity;
 mod claim_builder;
 pub mod claims;
 mod dra;
+pub mod kai;
 pub mod kueue;
 pub mod model;
+pub mod mps;
 pub mod names;
 pub mod quota;
 pub mod reclaim;
@@ -83,7 +85,9 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     let locator = attribution::Locator::new(claims);
     // DRA devices join DCGM by UUID: index devices by UUID only when some claim can hold one.
     let dra_active = claims.dra_enabled && !claims.resource_claims.is_empty();
-    let index = attribution::DeviceIndex::new(usage, &locator, dra_active);
+    // KAI's reservation pods name their card by UUID too.
+    let kai_active = kai::active(claims);
+    let index = attribution::DeviceIndex::new(usage, &locator, dra_active || kai_active);
     let shapes = node_shapes(claims, usage, &index, policy);
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
@@ -96,6 +100,8 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     // (namespace, name) is unique: an unstable sort gives the same order, without a buffer.
     order.sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut pods = Vec::with_capacity(order.len());
+    // The claim of each row, for the rules that read claims across rows (KAI fractions).
+    let mut claim_of: Vec<&PodClaim> = Vec::with_capacity(order.len());
     for p in order {
         let Some(state) = state_of(p) else { continue };
         let shape = p
@@ -116,7 +122,8 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         };
         // A pod only in the store for its claims (no GPU resource) is listed when a claim holds
         // or asks for a GPU of a counted driver.
-        if p.resources.is_empty() && !pod_dra.gpu {
+        // A KAI fraction user asks for no GPU resource: its share comes from its reservation pod.
+        if p.resources.is_empty() && !pod_dra.gpu && p.kai.is_none() {
             continue;
         }
         let mut resources = p.resources.clone();
@@ -136,11 +143,13 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             resources,
             gpus_by_resource,
             attribution: Attribution::None,
-            sharing: if time_sliced {
-                Sharing::TimeSliced
-            } else {
-                Sharing::Exclusive
-            },
+            sharing: mps::sharing(shape.node_info(), &p.resources, &policy.names).unwrap_or(
+                if time_sliced {
+                    Sharing::TimeSliced
+                } else {
+                    Sharing::Exclusive
+                },
+            ),
             utilization: None,
             memory_used_bytes: None,
             idle: None,
@@ -183,6 +192,9 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 &mut claimed_devices,
             );
         }
+        if matches!(row.sharing, Sharing::Mps { .. }) {
+            mps::withhold_device_verdict(&mut row);
+        }
         off_node.push(
             pod_dra
                 .held
@@ -192,6 +204,19 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 .sum(),
         );
         pods.push(row);
+        claim_of.push(p);
+    }
+    if kai_active {
+        kai::distribute(
+            claims,
+            &mut pods,
+            &claim_of,
+            &index,
+            usage,
+            now,
+            policy,
+            &mut claimed_devices,
+        );
     }
 
     let nodes = node_rows(
@@ -362,7 +387,8 @@ fn node_rows(
             let mut row = empty(&n.name);
             row.gpus_allocatable = alloc;
             row.gpus_unschedulable = unschedulable.unwrap_or(0.0);
-            row.model.clone_from(&n.product);
+            // The same card, shared or not: GFD's `-SHARED` suffix is no model of its own.
+            row.model = n.product.as_deref().map(|p| mps::model_name(p).to_string());
             if let Some(&i) = row_of.get(n.name.as_str()) {
                 rows[i] = row; // a node listed twice: the later entry wins, as a map insert did
             } else {
