@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::ledger::kai::{
+use crate::ledger::kai_pod::{
     CONTAINER_ANNOTATION, FRACTION_ANNOTATION, GPU_GROUP_LABEL, KaiPod, MEMORY_ANNOTATION,
     MULTI_GPU_GROUP_PREFIX, NUM_DEVICES_ANNOTATION, RESERVED_GPU_ANNOTATION,
 };

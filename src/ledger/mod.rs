@@ -12,6 +12,7 @@ mod claim_builder;
 pub mod claims;
 mod dra;
 pub mod kai;
+pub mod kai_pod;
 pub mod kueue;
 pub mod model;
 pub mod mps;

@@ -55,7 +55,7 @@ impl Default for Policy {
             max_staleness: Duration::minutes(2),
             stuck_after: Duration::minutes(5),
             claims_scope: ClaimsScope::Complete,
-            kai_reservation_namespaces: super::kai::DEFAULT_RESERVATION_NAMESPACES
+            kai_reservation_namespaces: super::kai_pod::DEFAULT_RESERVATION_NAMESPACES
                 .iter()
                 .map(|n| (*n).to_string())
                 .collect(),

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use super::claims::NodeInfo;
+use super::claims::{GPU_MEMORY_LABEL, NodeInfo};
 use super::model::{PodRow, Sharing};
 use super::units::{GpuResourceKind, ResourceNames};
 
@@ -63,7 +63,7 @@ pub fn sharing(
     let replicas = node.replicas.max(1);
     let card_mib = node
         .gpu_labels
-        .get(super::kai::GPU_MEMORY_LABEL)
+        .get(GPU_MEMORY_LABEL)
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|m| *m > 0);
     Some(Sharing::Mps {
@@ -140,10 +140,7 @@ mod tests {
     fn caps_are_one_replica_of_memory_and_compute() {
         let names = ResourceNames::default();
         let rtx = node(
-            &[
-                (SHARING_STRATEGY_LABEL, "mps"),
-                (super::super::kai::GPU_MEMORY_LABEL, "24564"),
-            ],
+            &[(SHARING_STRATEGY_LABEL, "mps"), (GPU_MEMORY_LABEL, "24564")],
             2,
         );
         assert_eq!(
@@ -168,7 +165,7 @@ mod tests {
         let huge = node(
             &[
                 (SHARING_STRATEGY_LABEL, "mps"),
-                (super::super::kai::GPU_MEMORY_LABEL, &u64::MAX.to_string()),
+                (GPU_MEMORY_LABEL, &u64::MAX.to_string()),
             ],
             2,
         );

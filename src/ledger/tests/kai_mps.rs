@@ -1,7 +1,8 @@
 //! KAI-Scheduler fractions and MPS clients (pure): who holds what share of a card, what proves a
 //! sharer idle, and what the reclaim planner may offer.
 
-use super::super::kai::{GPU_MEMORY_LABEL, KaiPod};
+use super::super::claims::GPU_MEMORY_LABEL;
+use super::super::kai_pod::{FRACTION_RESOURCE, KaiPod};
 use super::super::mps::SHARING_STRATEGY_LABEL;
 use super::*;
 
@@ -92,7 +93,7 @@ fn a_reserved_card_is_handed_to_its_users_in_their_namespaces() {
     // The metrics' per-resource split follows the shares.
     assert_eq!(
         pod(&l, "half").gpus_by_resource,
-        [(super::super::kai::FRACTION_RESOURCE.to_string(), 0.5)]
+        [(FRACTION_RESOURCE.to_string(), 0.5)]
     );
     assert!(close(r.gpus_by_resource[0].1, 0.25));
     // The card is counted once on its node, and idle: every user is idle with it.
