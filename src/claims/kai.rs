@@ -68,7 +68,7 @@ pub fn pod(meta: &ObjectMeta) -> Option<KaiPod> {
     }
     if let Some(v) = get(NUM_DEVICES_ANNOTATION) {
         match v.parse::<u32>() {
-            Ok(n) if n >= 1 && n <= MAX_DEVICES => k.num_devices = Some(n),
+            Ok(n) if (1..=MAX_DEVICES).contains(&n) => k.num_devices = Some(n),
             _ => k.invalid.push(NUM_DEVICES_ANNOTATION),
         }
     }

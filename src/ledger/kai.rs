@@ -59,6 +59,9 @@ fn requested_share(k: &KaiPod, card_mib: Option<u64>) -> Result<f64, String> {
     }
 }
 
+/// A user's row, the reservation of each of its groups, and the share it asks per card.
+type Ask = (usize, SmallVec<[Option<usize>; 2]>, Result<f64, String>);
+
 /// One reservation pod: its row, group, card and what its users were handed.
 struct Reservation<'a> {
     row: usize,
@@ -80,19 +83,46 @@ pub(super) fn active(claims: &Claims) -> bool {
     claims.pods.iter().any(|p| p.kai.is_some())
 }
 
+/// What the KAI rule reads besides the claims: DCGM's devices (indexed by UUID), at `now`.
+pub(super) struct Reads<'r, 'a> {
+    pub index: &'r DeviceIndex<'a>,
+    pub usage: &'r Usage,
+    pub now: DateTime<Utc>,
+    pub policy: &'r Policy,
+}
+
+impl<'r, 'a> Reads<'r, 'a> {
+    pub(super) fn new(
+        index: &'r DeviceIndex<'a>,
+        usage: &'r Usage,
+        now: DateTime<Utc>,
+        policy: &'r Policy,
+    ) -> Self {
+        Reads {
+            index,
+            usage,
+            now,
+            policy,
+        }
+    }
+}
+
 /// Hands each reservation pod's card to its users in `pods` (the ledger's rows, with `claim_of`
-/// their claims in the same order), and judges the users' idleness by the card.
-#[allow(clippy::too_many_arguments)]
+/// their claims in the same order), and judges the users' idleness by the card; the cards found
+/// are marked in `claimed` (no card of a reservation is unclaimed busy).
 pub(super) fn distribute(
     claims: &Claims,
     pods: &mut [PodRow],
     claim_of: &[&PodClaim],
-    index: &DeviceIndex<'_>,
-    usage: &Usage,
-    now: DateTime<Utc>,
-    policy: &Policy,
+    reads: &Reads<'_, '_>,
     claimed: &mut [bool],
 ) {
+    let Reads {
+        index,
+        usage,
+        now,
+        policy,
+    } = *reads;
     let mut reservations: Vec<Reservation<'_>> = Vec::new();
     for (i, (row, p)) in pods.iter().zip(claim_of).enumerate() {
         let Some(k) = &p.kai else { continue };
@@ -114,8 +144,8 @@ pub(super) fn distribute(
         rs.iter()
             .position(|r| r.group == group && node.is_some() && r.node == node)
     };
-    // First pass: what each user asks of each card.
-    let mut asks: Vec<(usize, SmallVec<[Option<usize>; 2]>, Result<f64, String>)> = Vec::new();
+    // First pass: what each user (row) asks of each card (its reservations, `None` where none).
+    let mut asks: Vec<Ask> = Vec::new();
     for (i, (row, p)) in pods.iter().zip(claim_of).enumerate() {
         let Some(k) = &p.kai else { continue };
         // A fraction user asks for no GPU resource of its own (KAI refuses one that does); a pod

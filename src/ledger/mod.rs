@@ -144,13 +144,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             resources,
             gpus_by_resource,
             attribution: Attribution::None,
-            sharing: mps::sharing(shape.node_info(), &p.resources, &policy.names).unwrap_or(
-                if time_sliced {
-                    Sharing::TimeSliced
-                } else {
-                    Sharing::Exclusive
-                },
-            ),
+            sharing: mps::sharing_or(shape.node_info(), &p.resources, &policy.names, time_sliced),
             utilization: None,
             memory_used_bytes: None,
             idle: None,
@@ -193,9 +187,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 &mut claimed_devices,
             );
         }
-        if matches!(row.sharing, Sharing::Mps { .. }) {
-            mps::withhold_device_verdict(&mut row);
-        }
+        mps::withhold_device_verdict(&mut row);
         off_node.push(
             pod_dra
                 .held
@@ -208,16 +200,8 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         claim_of.push(p);
     }
     if kai_active {
-        kai::distribute(
-            claims,
-            &mut pods,
-            &claim_of,
-            &index,
-            usage,
-            now,
-            policy,
-            &mut claimed_devices,
-        );
+        let reads = kai::Reads::new(&index, usage, now, policy);
+        kai::distribute(claims, &mut pods, &claim_of, &reads, &mut claimed_devices);
     }
 
     let nodes = node_rows(

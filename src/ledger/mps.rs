@@ -75,10 +75,28 @@ pub fn sharing(
     })
 }
 
-/// Withholds what device readings would say of an MPS client: the card's utilisation and memory
-/// are every client's at once, and dcgm-exporter cannot name the client under MPS (even a
-/// per-process series is not this pod's), so utilisation, memory and idleness stay unknown.
+/// [`sharing`], else time-sliced or exclusive as the node's replicas say.
+pub fn sharing_or(
+    node: Option<&NodeInfo>,
+    resources: &BTreeMap<String, u64>,
+    names: &ResourceNames,
+    time_sliced: bool,
+) -> Sharing {
+    sharing(node, resources, names).unwrap_or(if time_sliced {
+        Sharing::TimeSliced
+    } else {
+        Sharing::Exclusive
+    })
+}
+
+/// Withholds what device readings would say of an MPS client (other rows are left alone): the
+/// card's utilisation and memory are every client's at once, and dcgm-exporter cannot name the
+/// client under MPS (even a per-process series is not this pod's), so utilisation, memory and
+/// idleness stay unknown.
 pub(super) fn withhold_device_verdict(row: &mut PodRow) {
+    if !matches!(row.sharing, Sharing::Mps { .. }) {
+        return;
+    }
     row.utilization = None;
     row.memory_used_bytes = None;
     row.idle = None;

@@ -182,6 +182,7 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
 
 /// The note of a KAI fraction user, a KAI reservation pod or an MPS client.
 fn kai_mps_note(s: &Sharing) -> Option<String> {
+    use std::fmt::Write as _;
     const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
     Some(match s {
         Sharing::Mps {
@@ -209,10 +210,10 @@ fn kai_mps_note(s: &Sharing) -> Option<String> {
                 None => "KAI fraction".to_string(),
             };
             if *devices > 1 {
-                t.push_str(&format!(" on each of {devices} cards"));
+                let _ = write!(t, " on each of {devices} cards");
             }
             if let Some(m) = gpu_memory_mib {
-                t.push_str(&format!(" ({m} MiB asked)"));
+                let _ = write!(t, " ({m} MiB asked)");
             }
             if let Some(why) = unknown {
                 t.push_str(": ");
