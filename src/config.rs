@@ -233,6 +233,17 @@ pub struct LedgerArgs {
         help_heading = "Claims"
     )]
     pub kueue_config_map: KueueConfigMap,
+    /// Namespaces of KAI-Scheduler's reservation pods (comma-separated): their card is handed to
+    /// the fraction pods of their GPU group. `kai-resource-reservation` since KAI v0.6.0,
+    /// `runai-reservation` before.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_KAI_RESERVATION_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kai-resource-reservation,runai-reservation",
+        help_heading = "Claims"
+    )]
+    pub kai_reservation_namespaces: Vec<String>,
 }
 
 impl LedgerArgs {
@@ -260,6 +271,12 @@ impl LedgerArgs {
             } else {
                 ClaimsScope::Namespaces
             },
+            kai_reservation_namespaces: self
+                .kai_reservation_namespaces
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
         }
     }
 }

@@ -1468,3 +1468,176 @@ fn live_report_exit_codes_and_errors_follow_the_docs() {
     assert_eq!(out.status.code(), Some(3), "{line}");
     assert!(line.contains("certificate"), "{line}");
 }
+
+/// The report of a dump dir under `tests/fixtures/` (`-o json --cull-dry-run`), as JSON.
+fn fixture_report(dir: &str) -> serde_json::Value {
+    let path = format!("{}/tests/fixtures/{dir}", env!("CARGO_MANIFEST_DIR"));
+    let out = gpu_ledger()
+        .args(["report", "-o", "json", "--cull-dry-run", "--from", &path])
+        .env_remove("GPU_LEDGER_KAI_RESERVATION_NAMESPACES")
+        .output()
+        .expect("run");
+    serde_json::from_str(&stdout(&out)).expect("report JSON")
+}
+
+/// The row of `pod` (any namespace) in a report's `key` list.
+fn row_of<'a>(
+    v: &'a serde_json::Value,
+    key: &str,
+    field: &str,
+    name: &str,
+) -> &'a serde_json::Value {
+    v[key]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r[field] == name))
+        .unwrap_or_else(|| panic!("{name} listed in {key}: {v}"))
+}
+
+fn close(v: &serde_json::Value, want: f64) -> bool {
+    v.as_f64().is_some_and(|g| (g - want).abs() < 1e-9)
+}
+
+/// KAI-Scheduler fractions offline (`tests/fixtures/kai`, see its README): each reservation pod's
+/// card is handed to its users in their own namespaces (by `gpu-fraction`, or `gpu-memory` over
+/// the node's `nvidia.com/gpu.memory`), the reservation pod keeps the rest, a share that cannot
+/// be known is said so, an idle card proves its users idle, a busy one proves nothing, and neither
+/// the reservation pods nor the pending fraction are planned or culled.
+#[test]
+fn kai_fractions_hand_the_reserved_card_to_its_users() {
+    let v = fixture_report("kai");
+    let pod = |name: &str| row_of(&v, "pods", "pod", name);
+    for (name, gpus, idle) in [
+        ("nb-half", 0.5, Some(true)),
+        ("infer-mem", 0.25, Some(true)),
+        ("gpu-reservation-3f9a1c2e", 0.25, Some(true)),
+        ("old-frac", 0.3, None),
+        ("mem-unknown", 0.0, None),
+        ("gpu-reservation-kai-2-x7k2p", 0.7, None),
+        ("pending-frac", 0.5, None),
+    ] {
+        let r = pod(name);
+        assert!(close(&r["gpus"], gpus), "{name}: gpus {gpus}: {r}");
+        if name != "gpu-reservation-kai-2-x7k2p" {
+            assert_eq!(r["idle"].as_bool(), idle, "{name}: {r}");
+        }
+    }
+    let s = &pod("nb-half")["sharing"];
+    assert_eq!(s["layer"], "kai-fraction", "{s}");
+    assert!(close(&s["share"], 0.5), "{s}");
+    assert_eq!(
+        s["uuids"],
+        serde_json::json!(["GPU-3b8f9e2d-6a41-4c7e-9f0b-2d5e8a1c4f63"])
+    );
+    assert_eq!(pod("nb-half")["attribution"], "shared");
+    assert_eq!(pod("infer-mem")["sharing"]["gpu_memory_mib"], 6141);
+    // The old namespace's card is joined by the UUID its reservation pod recorded (no series
+    // names a pod there), and busy: its users are not proven idle, nor called busy.
+    assert_eq!(pod("old-frac")["attribution"], "shared");
+    assert_eq!(
+        pod("old-frac")["devices"][0]["uuid"],
+        "GPU-8983c66a-23df-e63b-4c2f-afcae9ec79b3"
+    );
+    let unknown = &pod("mem-unknown")["sharing"];
+    assert!(unknown["share"].is_null(), "{unknown}");
+    assert!(
+        unknown["unknown"]
+            .as_str()
+            .is_some_and(|u| u.contains("nvidia.com/gpu.memory")),
+        "{unknown}"
+    );
+    let res = &pod("gpu-reservation-3f9a1c2e")["sharing"];
+    assert_eq!(res["layer"], "kai-reservation", "{res}");
+    assert_eq!(res["users"], 2);
+    assert!(close(&res["unassigned"], 0.25), "{res}");
+    assert_eq!(pod("gpu-reservation-kai-2-x7k2p")["sharing"]["users"], 2);
+    // Nodes hold one card each, counted once; namespaces count the users' shares.
+    for node in ["kai-1", "kai-2"] {
+        let n = row_of(&v, "nodes", "node", node);
+        assert!(close(&n["gpus_claimed"], 1.0), "{n}");
+    }
+    for (ns, claimed, idle, pending) in [
+        ("team-a", 0.8, 0.5, 0.0),
+        ("team-b", 0.25, 0.25, 0.5),
+        ("kai-resource-reservation", 0.25, 0.25, 0.0),
+        ("runai-reservation", 0.7, 0.0, 0.0),
+    ] {
+        let n = row_of(&v, "namespaces", "namespace", ns);
+        assert!(close(&n["gpus_claimed"], claimed), "{ns} claimed: {n}");
+        assert!(close(&n["gpus_idle"], idle), "{ns} idle: {n}");
+        assert!(close(&n["gpus_pending"], pending), "{ns} pending: {n}");
+    }
+    assert_eq!(v["unclaimed_busy"], serde_json::json!([]), "{v}");
+    assert!(
+        v["reclaim"]
+            .as_array()
+            .is_none_or(|r| r.iter().all(|p| p["pending"]["pod"] != "pending-frac")),
+        "KAI places fractions, not the scheduler: {}",
+        v["reclaim"]
+    );
+    let skipped = v["cull"]["skipped"].as_array().expect("skipped");
+    for name in ["gpu-reservation-3f9a1c2e", "gpu-reservation-kai-2-x7k2p"] {
+        assert!(
+            skipped
+                .iter()
+                .any(|s| s["pod"] == name && s["reason"] == "kai_reservation"),
+            "{name}: {skipped:?}"
+        );
+    }
+    // The table says what each row is.
+    let path = format!("{}/tests/fixtures/kai", env!("CARGO_MANIFEST_DIR"));
+    let table = stdout(&run(&["report", "--from", &path]));
+    for needle in [
+        "KAI fraction 0.5 of a card",
+        "KAI fraction (8192 MiB asked): share unknown",
+        "KAI reservation pod for 2 fraction user(s): holds only the unassigned 0.25",
+    ] {
+        assert!(table.contains(needle), "missing {needle:?} in\n{table}");
+    }
+}
+
+/// MPS offline (`tests/fixtures/mps`, see its README): the strategy label makes the clients
+/// MPS sharers whether or not the product carries `-SHARED`; each holds 1/replicas of a card
+/// with its caps shown; idle cards prove no client idle; nothing is culled; model names lose
+/// the suffix.
+#[test]
+fn mps_clients_are_shared_capped_and_never_proven_idle() {
+    let v = fixture_report("mps");
+    let pod = |name: &str| row_of(&v, "pods", "pod", name);
+    let t4 = pod("mps-t4");
+    assert!(close(&t4["gpus"], 0.25), "{t4}");
+    assert_eq!(
+        t4["sharing"],
+        serde_json::json!({"layer": "mps", "replicas": 4, "memory_cap_bytes": null,
+            "compute_cap_percent": 25.0})
+    );
+    let rtx = pod("mps-rtx");
+    assert!(close(&rtx["gpus"], 0.5), "{rtx}");
+    assert_eq!(
+        rtx["sharing"],
+        serde_json::json!({"layer": "mps", "replicas": 2,
+            "memory_cap_bytes": 24564_u64 * 1024 * 1024 / 2, "compute_cap_percent": 50.0})
+    );
+    for p in [t4, rtx] {
+        assert!(p["idle"].is_null(), "no per-client readings under MPS: {p}");
+        assert!(p["utilization"].is_null(), "{p}");
+    }
+    for (node, alloc) in [("t4-mps", 4.0), ("rtx-mps", 1.0)] {
+        let n = row_of(&v, "nodes", "node", node);
+        assert!(close(&n["gpus_allocatable"], alloc), "{n}");
+    }
+    let skipped = v["cull"]["skipped"].as_array().expect("skipped");
+    for name in ["mps-t4", "mps-rtx"] {
+        assert!(
+            skipped
+                .iter()
+                .any(|s| s["pod"] == name && s["reason"] == "mps_sharer"),
+            "{name}: {skipped:?}"
+        );
+    }
+    let path = format!("{}/tests/fixtures/mps", env!("CARGO_MANIFEST_DIR"));
+    let table = stdout(&run(&["report", "--from", &path]));
+    assert!(
+        table.contains("MPS client, 1/2 of a card: memory cap 12.0Gi, compute cap 50%"),
+        "{table}"
+    );
+}

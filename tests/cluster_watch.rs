@@ -273,9 +273,130 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
         ),
         other => panic!("notebook patch without the culling role was not refused: {other:?}"),
     }
+
+    kai_fractions_and_mps_clients_through_the_watches(&cp, &admin, &stores).await;
     cancel.cancel();
     tracker.close();
     tracker.wait().await;
+}
+
+/// KAI-Scheduler fractions and MPS clients, read by the watches from the objects as KAI's binder
+/// and GPU Feature Discovery write them (both need GPUs and cannot run here; fixtures and sources:
+/// `tests/fixtures/kai`, `tests/fixtures/mps`): the reservation pod's card goes to its users in
+/// their own namespace (a fraction pod asks for no `nvidia.com/gpu`, yet is stored), and a pod on
+/// a node labelled `nvidia.com/gpu.sharing-strategy=mps` is an MPS client with its caps.
+async fn kai_fractions_and_mps_clients_through_the_watches(
+    cp: &ControlPlane,
+    admin: &kube::Client,
+    stores: &Stores,
+) {
+    const RES_NS: &str = "kai-resource-reservation";
+    const GROUP: &str = "5e2c1b7a-0d4e-4b8f-9a3c-7f1e2d3c4b5a";
+    const UUID: &str = "GPU-3b8f9e2d-6a41-4c7e-9f0b-2d5e8a1c4f63";
+    cp.add_node(&GpuNode::new("kai-1", 1).label("nvidia.com/gpu.memory", "24564"))
+        .await
+        .expect("KAI node");
+    // The real RTX 4090 MPS form: no -SHARED product, strategy and replicas labels, 1 × 2 advertised.
+    cp.add_node(
+        &GpuNode::new("mps-1", 1)
+            .product("NVIDIA-GeForce-RTX-4090")
+            .time_slicing(2)
+            .label("nvidia.com/gpu.sharing-strategy", "mps")
+            .label("nvidia.com/gpu.memory", "24564"),
+    )
+    .await
+    .expect("MPS node");
+    namespace(admin, RES_NS, &[]).await;
+    // As KAI's binder creates it (createResourceReservationPod), the UUID written back.
+    let reservation: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-reservation-3f9a1c2e",
+            "labels": {"app": RES_NS, "runai-gpu-group": GROUP},
+            "annotations": {"karpenter.sh/do-not-disrupt": "true",
+                "run.ai/reserve_for_gpu_index": UUID}},
+        "spec": {"nodeName": "kai-1", "schedulerName": "kai-scheduler",
+            "containers": [{"name": "resource-reservation", "image": "reservation",
+                "resources": {"limits": {"nvidia.com/gpu": "1"},
+                    "requests": {"nvidia.com/gpu": "1"}}}]}
+    }))
+    .expect("reservation pod");
+    Api::<Pod>::namespaced(admin.clone(), RES_NS)
+        .create(&PostParams::default(), &reservation)
+        .await
+        .expect("reservation pod");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-ml");
+    for (name, annotation, value) in [
+        ("frac-half", "gpu-fraction", "0.5"),
+        ("frac-mem", "gpu-memory", "6141"),
+    ] {
+        let user: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name,
+                "labels": {"kai.scheduler/queue": "default-queue", "runai-gpu-group": GROUP},
+                "annotations": {annotation: value}},
+            "spec": {"nodeName": "kai-1", "schedulerName": "kai-scheduler",
+                "containers": [{"name": "gpu-workload", "image": "nvidia/cuda:13.0.2-base-ubi8",
+                    "resources": {"limits": {"memory": "1Gi"}}}]}
+        }))
+        .expect("fraction pod");
+        pods.create(&PostParams::default(), &user)
+            .await
+            .expect("fraction pod");
+    }
+    pods.create(
+        &PostParams::default(),
+        &gpu_pod("mps-client", 1, Some("mps-1")),
+    )
+    .await
+    .expect("MPS client");
+    eventually("KAI, MPS pods and nodes stored", WAIT, || async {
+        let p = stores.of::<kinds::Pods>();
+        let n = stores.of::<kinds::Nodes>();
+        (p.contains_key(&format!("{RES_NS}/gpu-reservation-3f9a1c2e"))
+            && p.contains_key("team-ml/frac-half")
+            && p.contains_key("team-ml/frac-mem")
+            && p.contains_key("team-ml/mps-client")
+            && n.contains_key("kai-1")
+            && n.contains_key("mps-1"))
+        .then_some(())
+    })
+    .await;
+    let l = ledger::build(
+        &stores.claims(),
+        &Usage::default(),
+        Utc::now(),
+        &Policy::default(),
+    );
+    let row = |name: &str| {
+        l.pods
+            .iter()
+            .find(|p| p.pod == name)
+            .unwrap_or_else(|| panic!("{name} listed: {:?}", l.pods))
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    assert!(close(row("frac-half").gpus, 0.5), "{:?}", row("frac-half"));
+    assert!(close(row("frac-mem").gpus, 0.25), "{:?}", row("frac-mem"));
+    let r = row("gpu-reservation-3f9a1c2e");
+    assert!(close(r.gpus, 0.25), "the unassigned rest: {r:?}");
+    assert_eq!(r.sharing.as_str(), "kai-reservation");
+    assert_eq!(row("frac-half").sharing.as_str(), "kai-fraction");
+    let node = |name: &str| {
+        l.nodes
+            .iter()
+            .find(|n| n.node == name)
+            .unwrap_or_else(|| panic!("{name}: {:?}", l.nodes))
+    };
+    assert!(
+        close(node("kai-1").gpus_claimed, 1.0),
+        "{:?}",
+        node("kai-1")
+    );
+    let m = row("mps-client");
+    assert_eq!(
+        serde_json::to_value(m).expect("row JSON")["sharing"],
+        json!({"layer": "mps", "replicas": 2, "memory_cap_bytes": 24564_u64 * 1024 * 1024 / 2,
+            "compute_cap_percent": 50.0})
+    );
+    assert!(close(m.gpus, 0.5), "{m:?}");
+    assert!(close(node("mps-1").gpus_allocatable, 1.0));
 }
 
 #[allow(clippy::too_many_lines)]

@@ -175,7 +175,12 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         .map(|(k, v)| (k.clone(), *v))
         .collect();
     resources.retain(|k, _| !k.starts_with(IMPLICIT_EXTENDED_PREFIX));
-    if resources.is_empty() && resource_claims.is_empty() && class_requests.is_empty() {
+    let kai = super::kai::pod(meta);
+    if resources.is_empty()
+        && resource_claims.is_empty()
+        && class_requests.is_empty()
+        && kai.is_none()
+    {
         return Ok(None);
     }
     let conditions = status
@@ -247,6 +252,7 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         workload_refs: WorkloadRefs::read(meta.labels.as_ref(), meta.annotations.as_ref()),
         extended_claim,
         class_requests,
+        kai,
     }))
 }
 

@@ -15,7 +15,7 @@ use super::backoff::Backoff;
 use super::demand::{self, CullWhen};
 use super::registry::{OwnerObject, Targets};
 use super::target::{Target, TargetInfo};
-use crate::ledger::{Attribution, Ledger, PodRow, PodState};
+use crate::ledger::{Attribution, Ledger, PodRow, PodState, Sharing};
 
 /// Whether culling acts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -232,11 +232,16 @@ pub enum SkipReason {
     NoticePending,
     /// `--cull-when=demand`: no pending pod would fit by stopping this notebook.
     NoDemand,
+    /// An MPS client: dcgm-exporter cannot attribute readings to MPS clients, so nothing proves
+    /// it idle (checked first: whatever owns it).
+    MpsSharer,
+    /// A KAI-Scheduler reservation pod: its card is its fraction users', never its own to give.
+    KaiReservation,
 }
 
 impl SkipReason {
     /// Every reason, for pre-initialising metric label values.
-    pub const ALL: [SkipReason; 25] = [
+    pub const ALL: [SkipReason; 27] = [
         Self::NotNotebook,
         Self::UnverifiedOwner,
         Self::Deleting,
@@ -262,6 +267,8 @@ impl SkipReason {
         Self::Backoff,
         Self::NoticePending,
         Self::NoDemand,
+        Self::MpsSharer,
+        Self::KaiReservation,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -291,6 +298,8 @@ impl SkipReason {
             Self::Backoff => "backoff",
             Self::NoticePending => "notice_pending",
             Self::NoDemand => "no_demand",
+            Self::MpsSharer => "mps_sharer",
+            Self::KaiReservation => "kai_reservation",
         }
     }
 }
@@ -599,6 +608,11 @@ pub struct Plan {
 ///
 /// Rule order matters only for the reported reason; a candidate must pass every rule.
 pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<(), SkipReason> {
+    match row.sharing {
+        Sharing::Mps { .. } => return Err(SkipReason::MpsSharer),
+        Sharing::KaiReservation { .. } => return Err(SkipReason::KaiReservation),
+        _ => {}
+    }
     let Some(OwnerObject {
         object: nb,
         verified,

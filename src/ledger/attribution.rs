@@ -183,6 +183,11 @@ impl<'a> DeviceIndex<'a> {
         }
     }
 
+    /// The whole-GPU DCGM device of `uuid` (indexed only when built with `by_uuid`).
+    pub(super) fn whole_gpu(&self, uuid: &str) -> Option<usize> {
+        self.by_uuid.get(uuid).copied()
+    }
+
     /// The DCGM device of a DRA device, if DCGM reports it.
     fn find(&self, join: &DraJoin) -> Option<usize> {
         match join {
@@ -272,7 +277,7 @@ fn expected_devices(p: &PodClaim, policy: &Policy) -> usize {
 }
 
 /// Idle verdict over a set of devices: `Some(true)` only with full, fresh coverage below threshold.
-fn verdict(devs: &[&DeviceUsage], policy: &Policy, now: DateTime<Utc>) -> Option<bool> {
+pub(super) fn verdict(devs: &[&DeviceUsage], policy: &Policy, now: DateTime<Utc>) -> Option<bool> {
     if devs.is_empty() {
         return None;
     }
@@ -530,7 +535,7 @@ fn attribute_devices(
 
 /// Idle since the latest of: pod start, last activity, start of unbroken coverage. When the
 /// coverage start wins, the idleness may reach further back than the history shows.
-fn set_idle_since(row: &mut PodRow, devs: &[&DeviceUsage], now: DateTime<Utc>) {
+pub(super) fn set_idle_since(row: &mut PodRow, devs: &[&DeviceUsage], now: DateTime<Utc>) {
     set_idle_since_from(
         row,
         devs.iter().map(|d| (d.last_active_at, d.covered_since)),

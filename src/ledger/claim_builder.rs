@@ -33,6 +33,7 @@ impl PodClaim {
             workload_refs: WorkloadRefs::default(),
             extended_claim: None,
             class_requests: BTreeMap::new(),
+            kai: None,
         }
     }
 

@@ -33,6 +33,9 @@ pub const REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
 /// Node label with the GPU model (`NVIDIA-H100-80GB-HBM3`; under the MIG single strategy the
 /// MIG device, `NVIDIA-H100-80GB-HBM3-MIG-1g.10gb`; time-sliced, with a `-SHARED` suffix).
 pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// Node label with the card memory in MiB (`"24564"`, GFD): KAI's `gpu-memory` share and the
+/// MPS memory cap divide by it.
+pub const GPU_MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
 /// Node label with the MIG strategy of the device plugin (`single`, `mixed`, `none`).
 pub const MIG_STRATEGY_LABEL: &str = "nvidia.com/mig.strategy";
 /// Prefix of the GFD labels kept on [`NodeInfo::gpu_labels`].
@@ -195,6 +198,10 @@ pub struct PodClaim {
     /// (`deviceclass.resource.kubernetes.io/<class>`, [`IMPLICIT_EXTENDED_PREFIX`]), with the
     /// same container math as `resources`; whether the class is a GPU class is the ledger's call.
     pub class_requests: BTreeMap<String, u64>,
+    // KAI-Scheduler fractions (`ledger/kai.rs`).
+    /// KAI's GPU-group labels and fraction annotations, when the pod carries any: a fraction user
+    /// asks for no `nvidia.com/gpu` and is kept for these alone.
+    pub kai: Option<super::kai_pod::KaiPod>,
 }
 
 /// Most names kept of a list of gates or finalizers (real pods carry one or two).

@@ -11,8 +11,11 @@ pub mod capacity;
 mod claim_builder;
 pub mod claims;
 mod dra;
+pub mod kai;
+pub mod kai_pod;
 pub mod kueue;
 pub mod model;
+pub mod mps;
 pub mod names;
 pub mod quota;
 pub mod reclaim;
@@ -34,6 +37,56 @@ pub use model::{
     Attribution, ClaimsScope, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState,
     Policy, Sharing, UnclaimedBusy,
 };
+
+/// A pod's row before attribution: its claim in GPU equivalents, its life and sharing layer,
+/// no usage yet.
+fn base_row(
+    p: &PodClaim,
+    state: PodState,
+    shape: &NodeShape<'_>,
+    resources: BTreeMap<String, u64>,
+    gpus_by_resource: Vec<(String, f64)>,
+    now: DateTime<Utc>,
+    policy: &Policy,
+) -> PodRow {
+    let gpus = gpus_by_resource.iter().map(|(_, g)| g).sum();
+    let time_sliced = shape.time_sliced(&policy.names, p.resources.keys());
+    PodRow {
+        namespace: p.namespace.clone(),
+        pod: p.name.clone(),
+        node: p.node.clone(),
+        state,
+        gpus,
+        resources,
+        gpus_by_resource,
+        attribution: Attribution::None,
+        sharing: mps::sharing_or(shape.node_info(), &p.resources, &policy.names, time_sliced),
+        utilization: None,
+        memory_used_bytes: None,
+        idle: None,
+        idle_seconds: None,
+        terminating_seconds: p.deletion.map(|d| seconds(now - d.requested_at()).max(0.0)),
+        stuck: p.deletion.is_some_and(|d| d.stuck(now, policy.stuck_after)),
+        pending_seconds: (state == PodState::Pending)
+            .then(|| p.created_at.map(|c| seconds(now - c).max(0.0)))
+            .flatten(),
+        notebook: None,
+        owner: p.controller.as_ref().map(Owner::of),
+        devices: Vec::new(),
+        pending_reason: (state == PodState::Pending)
+            .then(|| p.unschedulable_message.clone())
+            .flatten(),
+        finalizers: p.finalizers.clone(),
+        node_ready: shape.node_ready(),
+        evidence: Evidence {
+            uid: p.uid.clone(),
+            started_at: p.started_at.or(p.created_at),
+            ready_since: p.ready_since,
+            time_sliced,
+            ..Evidence::default()
+        },
+    }
+}
 
 /// The pod's state, or `None` for a pod that neither holds GPUs nor asks for them: terminal
 /// (Succeeded/Failed), or deleted before it was ever bound to a node (it holds nothing on any
@@ -83,7 +136,9 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     let locator = attribution::Locator::new(claims);
     // DRA devices join DCGM by UUID: index devices by UUID only when some claim can hold one.
     let dra_active = claims.dra_enabled && !claims.resource_claims.is_empty();
-    let index = attribution::DeviceIndex::new(usage, &locator, dra_active);
+    // KAI's reservation pods name their card by UUID too.
+    let kai_active = kai::active(claims);
+    let index = attribution::DeviceIndex::new(usage, &locator, dra_active || kai_active);
     let shapes = node_shapes(claims, usage, &index, policy);
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
@@ -96,10 +151,14 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     // (namespace, name) is unique: an unstable sort gives the same order, without a buffer.
     order.sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut pods = Vec::with_capacity(order.len());
-    for p in order {
-        let Some(state) = state_of(p) else { continue };
+    // The claim of each row, for the rules that read claims across rows (KAI fractions).
+    let mut claim_of: Vec<&PodClaim> = Vec::with_capacity(order.len());
+    for claim in order {
+        let Some(state) = state_of(claim) else {
+            continue;
+        };
         // Extended resources DRA serves count through their claim, not again by request.
-        let own = dra.counted_once(p);
+        let own = dra.counted_once(claim);
         let p: &PodClaim = &own;
         let shape = p
             .node
@@ -121,7 +180,8 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         };
         // A pod only in the store for its claims (no GPU resource) is listed when a claim holds
         // or asks for a GPU of a counted driver.
-        if p.resources.is_empty() && !pod_dra.gpu {
+        // A KAI fraction user asks for no GPU resource: its share comes from its reservation pod.
+        if p.resources.is_empty() && !pod_dra.gpu && p.kai.is_none() {
             continue;
         }
         let mut resources = p.resources.clone();
@@ -130,47 +190,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             *e = e.saturating_add(units);
             gpus_by_resource.push((r, gpus));
         }
-        let gpus = gpus_by_resource.iter().map(|(_, g)| g).sum();
-        let time_sliced = shape.time_sliced(&policy.names, p.resources.keys());
-        let mut row = PodRow {
-            namespace: p.namespace.clone(),
-            pod: p.name.clone(),
-            node: p.node.clone(),
-            state,
-            gpus,
-            resources,
-            gpus_by_resource,
-            attribution: Attribution::None,
-            sharing: if time_sliced {
-                Sharing::TimeSliced
-            } else {
-                Sharing::Exclusive
-            },
-            utilization: None,
-            memory_used_bytes: None,
-            idle: None,
-            idle_seconds: None,
-            terminating_seconds: p.deletion.map(|d| seconds(now - d.requested_at()).max(0.0)),
-            stuck: p.deletion.is_some_and(|d| d.stuck(now, policy.stuck_after)),
-            pending_seconds: (state == PodState::Pending)
-                .then(|| p.created_at.map(|c| seconds(now - c).max(0.0)))
-                .flatten(),
-            notebook: None,
-            owner: p.controller.as_ref().map(Owner::of),
-            devices: Vec::new(),
-            pending_reason: (state == PodState::Pending)
-                .then(|| p.unschedulable_message.clone())
-                .flatten(),
-            finalizers: p.finalizers.clone(),
-            node_ready: shape.node_ready(),
-            evidence: Evidence {
-                uid: p.uid.clone(),
-                started_at: p.started_at.or(p.created_at),
-                ready_since: p.ready_since,
-                time_sliced,
-                ..Evidence::default()
-            },
-        };
+        let mut row = base_row(p, state, &shape, resources, gpus_by_resource, now, policy);
         if let Some((nb, verified)) = notebook_of(claims, p) {
             row.notebook = Some(nb.name.clone());
             row.evidence.notebook = Some((nb.clone(), verified));
@@ -188,6 +208,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 &mut claimed_devices,
             );
         }
+        mps::withhold_device_verdict(&mut row);
         off_node.push(
             pod_dra
                 .held
@@ -197,6 +218,11 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 .sum(),
         );
         pods.push(row);
+        claim_of.push(claim);
+    }
+    if kai_active {
+        let reads = kai::Reads::new(&index, usage, now, policy);
+        kai::distribute(claims, &mut pods, &claim_of, &reads, &mut claimed_devices);
     }
 
     let nodes = node_rows(
@@ -367,7 +393,8 @@ fn node_rows(
             let mut row = empty(&n.name);
             row.gpus_allocatable = alloc;
             row.gpus_unschedulable = unschedulable.unwrap_or(0.0);
-            row.model.clone_from(&n.product);
+            // The same card, shared or not: GFD's `-SHARED` suffix is no model of its own.
+            row.model = n.product.as_deref().map(|p| mps::model_name(p).to_string());
             if let Some(&i) = row_of.get(n.name.as_str()) {
                 rows[i] = row; // a node listed twice: the later entry wins, as a map insert did
             } else {

@@ -27,6 +27,8 @@ pub struct Policy {
     pub stuck_after: Duration,
     /// Whether the claims show every pod of their nodes.
     pub claims_scope: ClaimsScope,
+    /// Namespaces of KAI-Scheduler's reservation pods (`--kai-reservation-namespaces`).
+    pub kai_reservation_namespaces: Vec<String>,
 }
 
 /// Which pods the claims can show: what the ledger may conclude from a device or a node that no
@@ -53,6 +55,10 @@ impl Default for Policy {
             max_staleness: Duration::minutes(2),
             stuck_after: Duration::minutes(5),
             claims_scope: ClaimsScope::Complete,
+            kai_reservation_namespaces: super::kai_pod::DEFAULT_RESERVATION_NAMESPACES
+                .iter()
+                .map(|n| (*n).to_string())
+                .collect(),
         }
     }
 }
@@ -381,6 +387,31 @@ pub enum Sharing {
     Exclusive,
     /// Time-sliced by the device plugin (`nvidia.com/gpu.replicas` > 1, or a `.shared` resource).
     TimeSliced,
+    // KAI fractions and MPS (`ledger/kai.rs`, `ledger/mps.rs`).
+    /// An MPS client (`nvidia.com/gpu.sharing-strategy=mps`): 1/`replicas` of a card, capped at
+    /// that share of its memory (`None`: the node names no card memory) and compute.
+    Mps {
+        replicas: u32,
+        memory_cap_bytes: Option<u64>,
+        compute_cap_percent: f64,
+    },
+    /// A KAI-Scheduler fraction user: `share` of each of its `devices` cards (`None` with the
+    /// reason in `unknown`), on the cards of `uuids` (their reservation pods' records).
+    KaiFraction {
+        share: Option<f64>,
+        devices: u32,
+        gpu_memory_mib: Option<u64>,
+        uuids: Vec<String>,
+        unknown: Option<String>,
+    },
+    /// A KAI-Scheduler reservation pod: holds the card of GPU `group` for its `users`, and of
+    /// it only the `unassigned` part no user holds.
+    KaiReservation {
+        group: String,
+        uuid: Option<String>,
+        users: usize,
+        unassigned: f64,
+    },
 }
 
 impl Sharing {
@@ -393,7 +424,16 @@ impl Sharing {
         match self {
             Self::Exclusive => "exclusive",
             Self::TimeSliced => "time-sliced",
+            Self::Mps { .. } => "mps",
+            Self::KaiFraction { .. } => "kai-fraction",
+            Self::KaiReservation { .. } => "kai-reservation",
         }
+    }
+
+    /// Whether the pod is never offered to free its card: an MPS client (nothing proves it idle)
+    /// or a KAI reservation pod (its card is its users'; KAI deletes and recreates it).
+    pub fn never_offered(&self) -> bool {
+        matches!(self, Self::Mps { .. } | Self::KaiReservation { .. })
     }
 }
 

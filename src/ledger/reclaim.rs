@@ -10,7 +10,9 @@
 //! reclaimable from the pods holding them. Shared and unattributed
 //! GPUs are never reclaimable: their idleness is not provable per pod. A pod with scheduling
 //! gates (`spec.schedulingGates`, e.g. Kueue's `kueue.x-k8s.io/admission`) is not planned: the
-//! scheduler does not consider it until the gates are removed.
+//! scheduler does not consider it until the gates are removed. MPS clients and KAI reservation
+//! pods are never offered, not even when stuck ([`Sharing::never_offered`]); a pending KAI
+//! fraction is not planned (it asks KAI, not the scheduler, for a share of a card).
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
@@ -23,7 +25,7 @@ use super::claims::{
     Toleration,
 };
 use super::dra::ExtendedDevices;
-use super::model::{Attribution, ClaimsScope, PodRow, PodState};
+use super::model::{Attribution, ClaimsScope, PodRow, PodState, Sharing};
 pub use super::model::{PodRef, Reclaim, ReclaimOption, Stop};
 
 /// Most holders on one node searched exhaustively for a fewest-stops set when the pod asks for
@@ -77,7 +79,9 @@ pub fn plan(
     }
     let pending: Vec<&PodRow> = pods
         .iter()
-        .filter(|p| p.state == PodState::Pending)
+        .filter(|p| {
+            p.state == PodState::Pending && !matches!(p.sharing, Sharing::KaiFraction { .. })
+        })
         .collect();
     if pending.is_empty() {
         return Vec::new();
@@ -149,6 +153,7 @@ fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
                 && *verified
                 && p.idle == Some(true)
                 && matches!(p.attribution, Attribution::Exclusive | Attribution::Mig)
+                && !p.sharing.never_offered()
                 && nb.stopped.is_none()
                 && !nb.deleting
                 && !nb.cull_opt_out
@@ -364,7 +369,7 @@ fn option_on(
             .collect()
     };
     let stuck = sorted(contributing(&|h, _| {
-        h.state == PodState::Terminating && h.stuck
+        h.state == PodState::Terminating && h.stuck && !h.sharing.never_offered()
     }));
     if let Some(set) = fewest(&stuck, &deficit) {
         return Ok(ReclaimOption {

@@ -684,6 +684,7 @@ fn unknown_phase_is_never_idle() {
 }
 
 mod dra;
+mod kai_mps;
 mod scope;
 
 #[test]

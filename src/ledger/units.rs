@@ -151,12 +151,17 @@ impl<'a> NodeShape<'a> {
             .map_or(DEFAULT_COMPUTE_SLICES, |t| t.slices_of(Some(product)))
     }
 
-    /// A pod with no node (pending): no time-slicing, parent slices from the profile name.
+    /// The node this is the shape of; `None` for an unplaced pod.
+    pub fn node_info(&self) -> Option<&'a NodeInfo> {
+        self.node
+    }
+
     /// The node's Ready condition ([`NodeInfo::ready`]); `None` for an unplaced pod.
     pub fn node_ready(&self) -> Option<bool> {
         self.node.and_then(|n| n.ready)
     }
 
+    /// A pod with no node (pending): no time-slicing, parent slices from the profile name.
     pub fn unplaced() -> Self {
         NodeShape {
             node: None,

@@ -207,6 +207,17 @@ pub fn namespace_hint(ns: &NamespaceRow, pods: &[PodRow]) -> Option<Hint> {
     if ns.gpu_quota.is_some() || (ns.gpus_claimed <= 0.0 && ns.gpus_pending <= 0.0) {
         return None;
     }
+    // KAI's reservation namespace holds its users' cards: a quota there would only stop KAI
+    // placing fractions (the users' own namespaces get the hint).
+    let mut listed = pods
+        .iter()
+        .filter(|p| p.namespace == ns.namespace)
+        .peekable();
+    if listed.peek().is_some()
+        && listed.all(|p| matches!(p.sharing, crate::ledger::Sharing::KaiReservation { .. }))
+    {
+        return None;
+    }
     let mut units: BTreeMap<&str, u64> = BTreeMap::new();
     for p in pods.iter().filter(|p| p.namespace == ns.namespace) {
         for (name, n) in &p.resources {

@@ -2,7 +2,7 @@
 //! (`gpus`, `percent`, `idle_for`, `note`, the quota and queue cells, the summary line); the
 //! page's script (`page/page.js`) formats the same way, which the Chromium test checks.
 
-use crate::ledger::model::{Attribution, Ledger, PodRow, PodState, QueueRow, QuotaRow};
+use crate::ledger::model::{Attribution, Ledger, PodRow, PodState, QueueRow, QuotaRow, Sharing};
 
 /// The cells of a quota row (`quotas` of the JSON): namespace, resource, hard, used, busy,
 /// idle; unknown is `?` (the page's script renders the same).
@@ -157,6 +157,10 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
     if notebook_stopped(p) {
         parts.push("notebook stopped, pod still holds its GPU".into());
     }
+    // KAI fractions and MPS: the pod's share of its card, and why it is never culled.
+    if let Some(s) = kai_mps_note(&p.sharing) {
+        parts.push(s);
+    }
     if usage_available {
         match p.attribution {
             Attribution::Unattributed => {
@@ -174,6 +178,58 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
         }
     }
     parts.join("; ")
+}
+
+/// The note of a KAI fraction user, a KAI reservation pod or an MPS client.
+fn kai_mps_note(s: &Sharing) -> Option<String> {
+    use std::fmt::Write as _;
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    Some(match s {
+        Sharing::Mps {
+            replicas,
+            memory_cap_bytes,
+            compute_cap_percent,
+        } => format!(
+            "MPS client, 1/{replicas} of a card: memory cap {}, compute cap {}%; never proven idle \
+             (no per-client readings), never culled",
+            memory_cap_bytes.map_or_else(
+                || "unknown".to_string(),
+                |b| format!("{:.1}Gi", b as f64 / GIB)
+            ),
+            gpus(*compute_cap_percent),
+        ),
+        Sharing::KaiFraction {
+            share,
+            devices,
+            gpu_memory_mib,
+            unknown,
+            ..
+        } => {
+            let mut t = match share {
+                Some(f) => format!("KAI fraction {} of a card", gpus(*f)),
+                None => "KAI fraction".to_string(),
+            };
+            if *devices > 1 {
+                let _ = write!(t, " on each of {devices} cards");
+            }
+            if let Some(m) = gpu_memory_mib {
+                let _ = write!(t, " ({m} MiB asked)");
+            }
+            if let Some(why) = unknown {
+                t.push_str(": ");
+                t.push_str(why);
+            }
+            t
+        }
+        Sharing::KaiReservation {
+            users, unassigned, ..
+        } => format!(
+            "KAI reservation pod for {users} fraction user(s): holds only the unassigned {}, \
+             never culled",
+            gpus(*unassigned)
+        ),
+        _ => return None,
+    })
 }
 
 /// Whether the pod's Kubeflow notebook carries `kubeflow-resource-stopped`.
