@@ -238,6 +238,7 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
                 .map(String::as_str),
         ),
         workload_refs: WorkloadRefs::read(meta.labels.as_ref(), meta.annotations.as_ref()),
+        hami: super::hami::pod(meta.annotations.as_ref()),
     }))
 }
 
@@ -463,6 +464,7 @@ pub fn node(names: &ResourceNames, node: &Node) -> Result<NodeInfo, ProjectError
             .iter()
             .find(|c| c.type_ == "Ready")
             .map(|c| c.status == "True"),
+        hami: super::hami::node(meta.annotations.as_ref()),
     })
 }
 

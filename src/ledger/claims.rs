@@ -186,6 +186,8 @@ pub struct PodClaim {
     /// pod-set label, and the owner labels of `kueue::OWNER_LABELS`): the join to a Workload
     /// whose owner is not the pod's controller (JobSet, TrainJob, RayJob).
     pub workload_refs: super::kueue::WorkloadRefs,
+    /// HAMi vGPU layer: the pod's allocation annotation, read (`ledger::hami`).
+    pub hami: super::hami::HamiPod,
 }
 
 /// Most names kept of a list of gates or finalizers (real pods carry one or two).
@@ -318,6 +320,8 @@ pub struct NodeInfo {
     /// node controller sets `Unknown` when the kubelet stops reporting: unreachable), `None`
     /// without the condition.
     pub ready: Option<bool>,
+    /// HAMi vGPU layer: the node's register annotation, read (`ledger::hami`).
+    pub hami: super::hami::HamiNode,
 }
 
 /// A ResourceQuota that names a GPU resource.

@@ -381,6 +381,17 @@ pub enum Sharing {
     Exclusive,
     /// Time-sliced by the device plugin (`nvidia.com/gpu.replicas` > 1, or a `.shared` resource).
     TimeSliced,
+    /// HAMi vGPU (`ledger::hami`): the pod's share of each card HAMi gave it, with the memory
+    /// and cores it was given there; `share` is their sum (the row's `gpus`).
+    Hami {
+        share: f64,
+        devices: Vec<super::hami::HamiShare>,
+        /// HAMi's monitor read above 100 % for the pod (HAMi#555): clamped to a whole card.
+        readings_over_100: bool,
+    },
+    /// HAMi wrote an allocation that cannot be read (or its node's register cannot): the pod is
+    /// counted by its request, and this says why.
+    HamiUnreadable { reason: String },
 }
 
 impl Sharing {
@@ -393,6 +404,8 @@ impl Sharing {
         match self {
             Self::Exclusive => "exclusive",
             Self::TimeSliced => "time-sliced",
+            Self::Hami { .. } => "hami",
+            Self::HamiUnreadable { .. } => "hami-unreadable",
         }
     }
 }

@@ -103,6 +103,8 @@ pub struct Usage {
     /// the devices are true but may lack samples or series, so busy readings count and nothing
     /// is proven idle.
     pub partial: bool,
+    /// HAMi vGPU layer: each container's own readings from HAMi's vGPU monitor.
+    pub hami: Vec<super::hami::HamiContainerUsage>,
 }
 
 /// Window and threshold used to reduce samples.

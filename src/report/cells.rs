@@ -2,7 +2,7 @@
 //! (`gpus`, `percent`, `idle_for`, `note`, the quota and queue cells, the summary line); the
 //! page's script (`page/page.js`) formats the same way, which the Chromium test checks.
 
-use crate::ledger::model::{Attribution, Ledger, PodRow, PodState, QueueRow, QuotaRow};
+use crate::ledger::model::{Attribution, Ledger, PodRow, PodState, QueueRow, QuotaRow, Sharing};
 
 /// The cells of a quota row (`quotas` of the JSON): namespace, resource, hard, used, busy,
 /// idle; unknown is `?` (the page's script renders the same).
@@ -154,6 +154,34 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
         }
         PodState::Running => {}
     }
+    match &p.sharing {
+        Sharing::Hami {
+            devices,
+            readings_over_100,
+            ..
+        } => {
+            let cards: Vec<String> = devices
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{:.0}% of {} ({} MiB, {} cores)",
+                        d.share * 100.0,
+                        short_uuid(&d.uuid),
+                        d.memory_mib,
+                        d.cores
+                    )
+                })
+                .collect();
+            parts.push(format!("HAMi vGPU {}", cards.join(", ")));
+            if *readings_over_100 {
+                parts.push("HAMi utilisation read above 100% (clamped)".into());
+            }
+        }
+        Sharing::HamiUnreadable { reason } => {
+            parts.push(format!("HAMi split not read, counted by request: {reason}"));
+        }
+        _ => {}
+    }
     if notebook_stopped(p) {
         parts.push("notebook stopped, pod still holds its GPU".into());
     }
@@ -174,6 +202,14 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
         }
     }
     parts.join("; ")
+}
+
+/// A GPU UUID cut to its first group (`GPU-0fc3eda5…`): enough to tell a node's cards apart.
+fn short_uuid(uuid: &str) -> String {
+    match uuid.get(..12) {
+        Some(head) if uuid.len() > 13 => format!("{head}…"),
+        _ => uuid.to_string(),
+    }
 }
 
 /// Whether the pod's Kubeflow notebook carries `kubeflow-resource-stopped`.

@@ -279,6 +279,7 @@ pub fn load(
         parsed
             .series
             .iter()
+            .filter(|s| fields::canonical(&s.name).is_some())
             .flat_map(|s| s.labels.keys().map(String::as_str)),
     );
     let window = Window {
@@ -291,6 +292,7 @@ pub fn load(
         devices: series::reduce(&parsed.series, &scheme, &window, at),
         available: true,
         partial: false,
+        hami: super::hami::reduce(&parsed.series, &window, at),
     };
     Ok(DumpUsage {
         usage,
@@ -362,7 +364,7 @@ fn read_bounded(
         path: path.to_path_buf(),
         kind: kind_of(meta.file_type()),
     };
-    let keep: Vec<&str> = fields::all_spellings().collect();
+    let keep: Vec<&str> = fields::read_names().collect();
     // Checked before opening (following links): opening a FIFO blocks until a writer comes, and
     // a device such as /dev/zero never ends.
     let meta = std::fs::metadata(path).map_err(read_err)?;
