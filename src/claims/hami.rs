@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ledger::hami::{
+use crate::ledger::hami_inputs::{
     ALLOCATED_ANNOTATION, HamiAlloc, HamiDevice, HamiNode, HamiPod, MAX_ALLOCS,
     MAX_ANNOTATION_BYTES, MAX_REGISTER_DEVICES, REGISTER_ANNOTATION, TO_ALLOCATE_ANNOTATION,
 };

@@ -31,7 +31,7 @@ impl PodClaim {
             scheduling_gates: Vec::new(),
             finalizers: Vec::new(),
             workload_refs: WorkloadRefs::default(),
-            hami: super::hami::HamiPod::default(),
+            hami: super::hami_inputs::HamiPod::default(),
         }
     }
 

@@ -187,7 +187,7 @@ pub struct PodClaim {
     /// whose owner is not the pod's controller (JobSet, TrainJob, RayJob).
     pub workload_refs: super::kueue::WorkloadRefs,
     /// HAMi vGPU layer: the pod's allocation annotation, read (`ledger::hami`).
-    pub hami: super::hami::HamiPod,
+    pub hami: super::hami_inputs::HamiPod,
 }
 
 /// Most names kept of a list of gates or finalizers (real pods carry one or two).
@@ -321,7 +321,7 @@ pub struct NodeInfo {
     /// without the condition.
     pub ready: Option<bool>,
     /// HAMi vGPU layer: the node's register annotation, read (`ledger::hami`).
-    pub hami: super::hami::HamiNode,
+    pub hami: super::hami_inputs::HamiNode,
 }
 
 /// A ResourceQuota that names a GPU resource.

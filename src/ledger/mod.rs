@@ -12,6 +12,7 @@ mod claim_builder;
 pub mod claims;
 mod dra;
 pub mod hami;
+pub mod hami_inputs;
 pub mod kueue;
 pub mod model;
 pub mod names;

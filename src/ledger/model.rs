@@ -385,7 +385,7 @@ pub enum Sharing {
     /// and cores it was given there; `share` is their sum (the row's `gpus`).
     Hami {
         share: f64,
-        devices: Vec<super::hami::HamiShare>,
+        devices: Vec<super::hami_inputs::HamiShare>,
         /// HAMi's monitor read above 100 % for the pod (HAMi#555): clamped to a whole card.
         readings_over_100: bool,
     },

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 
 use super::fields;
 use super::series::{Series, coverage, own_interval_ms, usable};
-use crate::ledger::hami::HamiContainerUsage;
+use crate::ledger::usage::HamiContainerUsage;
 use crate::ledger::usage::{Window, Workload};
 
 /// (workload, container, card UUID) of a HAMi series, if its labels name all three.

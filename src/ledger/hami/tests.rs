@@ -7,6 +7,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::*;
 use crate::ledger::claims::{Claims, NodeInfo, PodClaim};
+
 use crate::ledger::usage::{DeviceUsage, Signal};
 use crate::ledger::{PodRow, build};
 
