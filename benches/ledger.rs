@@ -33,7 +33,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
     for n in 0..nodes {
         let node = format!("gpu-node-{n:05}");
         claims.nodes.push(NodeInfo {
-            hami: Default::default(),
+            hami: gpu_ledger::ledger::hami_inputs::HamiNode::default(),
             name: node.clone(),
             allocatable: [("nvidia.com/gpu".to_string(), 8)].into(),
             replicas: 1,

@@ -98,7 +98,7 @@ fn nodes() -> Vec<NodeInfo> {
         .map(|n| {
             let name = format!("gpu-node-{n:04}");
             NodeInfo {
-                hami: Default::default(),
+                hami: gpu_ledger::ledger::hami_inputs::HamiNode::default(),
                 labels: BTreeMap::from([
                     ("kubernetes.io/hostname".to_string(), name.clone()),
                     ("kubernetes.io/os".to_string(), "linux".to_string()),

@@ -229,7 +229,7 @@ fn large_ledger() -> Result<Ledger> {
     }
     let nodes = (0..node_count)
         .map(|n| NodeInfo {
-            hami: Default::default(),
+            hami: gpu_ledger::ledger::hami_inputs::HamiNode::default(),
             name: format!("gpu-node-{n:04}"),
             labels: std::collections::BTreeMap::default(),
             allocatable: [("nvidia.com/gpu".to_string(), 8)].into(),

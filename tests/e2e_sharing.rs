@@ -22,6 +22,7 @@
 
 mod support;
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use gpu_ledger_testkit::dcgm::ReplayExporter;
@@ -61,18 +62,19 @@ impl SharingStack {
         let mut replays = Vec::new();
         for p in pages {
             let replay = ReplayExporter::start(p.body).await.expect("replay page");
-            let labels: String = p
-                .target_labels
-                .iter()
-                .map(|(k, v)| format!("      {k}: '{v}'\n"))
-                .collect();
-            config.push_str(&format!(
-                "- job_name: {}\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  honor_labels: {}\n  static_configs:\n  - targets: ['{}']\n{}{labels}",
+            let _ = write!(
+                config,
+                "- job_name: {}\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  honor_labels: {}\n  static_configs:\n  - targets: ['{}']\n",
                 p.job,
                 p.target_labels.is_empty(),
                 replay.target(),
-                if labels.is_empty() { "" } else { "    labels:\n" },
-            ));
+            );
+            if !p.target_labels.is_empty() {
+                config.push_str("    labels:\n");
+            }
+            for (k, v) in p.target_labels {
+                let _ = writeln!(config, "      {k}: '{v}'");
+            }
             replays.push(replay);
         }
         let prom = Prometheus::start(&config).await.unwrap_or_else(|e| {
@@ -141,11 +143,12 @@ fn monitor_page() -> String {
         ("vgpu-3", 35, 1.0),
     ] {
         let l = labels(pod);
-        page.push_str(&format!(
+        let _ = write!(
+            page,
             "hami_container_device_utilization_ratio{{{l}}} {util}\n\
              hami_container_last_kernel_elapsed_seconds{{{l}}} {kernel}\n\
              hami_vgpu_memory_used_bytes{{{l}}} 1207959552\n"
-        ));
+        );
     }
     page
 }

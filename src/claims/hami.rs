@@ -91,7 +91,11 @@ fn excerpt(s: &str) -> String {
     s.chars().take(48).collect()
 }
 
-fn number<T: std::str::FromStr + PartialOrd>(field: &str, what: &str, max: T) -> Result<T, String> {
+fn number<T: std::str::FromStr + PartialOrd + Copy>(
+    field: &str,
+    what: &str,
+    max: T,
+) -> Result<T, String> {
     field
         .trim()
         .parse::<T>()

@@ -64,7 +64,7 @@ fn share_of(a: &HamiAlloc, device: Option<&HamiDevice>) -> Result<f64, String> {
 /// The GPUs a HAMi node has: its register devices; `None` when it is no HAMi node (or its
 /// register could not be read).
 pub fn node_gpus(node: &HamiNode) -> Option<f64> {
-    (!node.devices.is_empty()).then(|| node.devices.len() as f64)
+    (!node.devices.is_empty()).then_some(node.devices.len() as f64)
 }
 
 /// A pod's HAMi shares per device (sorted by UUID), or why they cannot be told.

@@ -68,7 +68,7 @@ impl PodB {
 
 fn node(name: &str, gpus: u64) -> NodeInfo {
     NodeInfo {
-        hami: Default::default(),
+        hami: crate::ledger::hami_inputs::HamiNode::default(),
         name: name.into(),
         allocatable: [("nvidia.com/gpu".to_string(), gpus)].into(),
         replicas: 1,
@@ -386,7 +386,7 @@ fn mig_pods_use_instance_series_and_sevenths() {
                 .build(),
         ],
         vec![NodeInfo {
-            hami: Default::default(),
+            hami: crate::ledger::hami_inputs::HamiNode::default(),
             name: "n1".into(),
             allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(),
             replicas: 1,
@@ -810,7 +810,7 @@ fn a_per_process_sharer_is_proven_idle_while_its_neighbour_is_busy() {
 #[test]
 fn a_mig_gpus_parent_series_and_its_instances_are_one_piece_of_work() {
     let mig_node = NodeInfo {
-        hami: Default::default(),
+        hami: crate::ledger::hami_inputs::HamiNode::default(),
         name: "n1".into(),
         allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(),
         replicas: 1,
@@ -883,7 +883,7 @@ fn a_mig_gpus_parent_series_and_its_instances_are_one_piece_of_work() {
 fn mig_slices_without_gfd_come_from_dcgm_model_or_the_profile_name() {
     // The device plugin without GFD: no product label, allocatable MIG resources only.
     let bare = |profiles: &[(&str, u64)]| NodeInfo {
-        hami: Default::default(),
+        hami: crate::ledger::hami_inputs::HamiNode::default(),
         name: "n1".into(),
         allocatable: profiles
             .iter()

@@ -338,7 +338,7 @@ mod tests {
 
     fn node_with(labels: &[(&str, &str)], product: Option<&str>, replicas: u32) -> NodeInfo {
         NodeInfo {
-            hami: Default::default(),
+            hami: crate::ledger::hami_inputs::HamiNode::default(),
             name: "n".into(),
             allocatable: BTreeMap::new(),
             replicas,

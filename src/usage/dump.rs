@@ -144,6 +144,15 @@ fn narrow_to_one_cluster(
     Ok(())
 }
 
+/// Label names on the DCGM series of a dump, for scheme detection (HAMi's monitor series keep
+/// their own label names, `usage::hami`).
+fn dcgm_label_names(series: &[Series]) -> impl Iterator<Item = &str> {
+    series
+        .iter()
+        .filter(|s| fields::canonical(&s.name).is_some())
+        .flat_map(|s| s.labels.keys().map(String::as_str))
+}
+
 /// Reads `path` and reduces it at `settings.at`, or the newest sample, or `fallback_now`.
 pub fn load(
     path: &Path,
@@ -274,14 +283,7 @@ pub fn load(
         warnings.push(format!("{file}: newest sample is older than --at minus the staleness limit: utilisation is unknown"));
     }
 
-    let scheme = LabelScheme::detect(
-        settings.scheme,
-        parsed
-            .series
-            .iter()
-            .filter(|s| fields::canonical(&s.name).is_some())
-            .flat_map(|s| s.labels.keys().map(String::as_str)),
-    );
+    let scheme = LabelScheme::detect(settings.scheme, dcgm_label_names(&parsed.series));
     let window = Window {
         length: settings.window,
         interval: fallback,
