@@ -1,6 +1,6 @@
-//! HAMi vGPU inputs: what the claims source reads of HAMi's annotations and the usage source of
-//! its vGPU monitor (`usage::HamiContainerUsage`), and the per-card share a pod row shows. The rule that reads them is
-//! `ledger::hami`; these types live apart so the claim, usage and row types can name them
+//! HAMi vGPU inputs: what the claims source reads of HAMi's annotations (the monitor's readings
+//! are `usage::HamiContainerUsage`), and the per-card share a pod row shows. The rule that reads
+//! them is `ledger::hami`; these types live apart so the claim and row types can name them
 //! without naming the rule.
 
 use serde::Serialize;
