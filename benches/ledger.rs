@@ -33,6 +33,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
     for n in 0..nodes {
         let node = format!("gpu-node-{n:05}");
         claims.nodes.push(NodeInfo {
+            hami: gpu_ledger::ledger::hami_inputs::HamiNode::default(),
             name: node.clone(),
             allocatable: [("nvidia.com/gpu".to_string(), 8)].into(),
             replicas: 1,
@@ -84,6 +85,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
     (
         claims,
         Usage {
+            hami: Vec::new(),
             devices,
             available: true,
             partial: false,

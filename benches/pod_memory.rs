@@ -98,6 +98,7 @@ fn nodes() -> Vec<NodeInfo> {
         .map(|n| {
             let name = format!("gpu-node-{n:04}");
             NodeInfo {
+                hami: gpu_ledger::ledger::hami_inputs::HamiNode::default(),
                 labels: BTreeMap::from([
                     ("kubernetes.io/hostname".to_string(), name.clone()),
                     ("kubernetes.io/os".to_string(), "linux".to_string()),
@@ -254,6 +255,7 @@ fn main() {
         .build();
     let policy = Policy::default();
     let usage = Usage {
+        hami: Vec::new(),
         devices: Vec::new(),
         available: true,
         partial: false,

@@ -229,6 +229,7 @@ fn large_ledger() -> Result<Ledger> {
     }
     let nodes = (0..node_count)
         .map(|n| NodeInfo {
+            hami: gpu_ledger::ledger::hami_inputs::HamiNode::default(),
             name: format!("gpu-node-{n:04}"),
             labels: std::collections::BTreeMap::default(),
             allocatable: [("nvidia.com/gpu".to_string(), 8)].into(),
@@ -245,6 +246,7 @@ fn large_ledger() -> Result<Ledger> {
         ..Claims::default()
     };
     let usage = Usage {
+        hami: Vec::new(),
         devices: Vec::new(),
         available: true,
         partial: false,

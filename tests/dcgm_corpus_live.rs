@@ -210,6 +210,7 @@ async fn every_case_yields_its_expected_ledger_live() {
             let ledger = ledger::build(
                 &claims,
                 &Usage {
+                    hami: Vec::new(),
                     devices,
                     available: true,
                     partial: false,

@@ -1244,6 +1244,7 @@ async fn live_and_offline(dump: &str) -> (Vec<DeviceUsage>, Vec<DeviceUsage>, St
     let live = ledger::build(
         &claims,
         &Usage {
+            hami: Vec::new(),
             devices: live_devices.clone(),
             available: true,
             partial: false,

@@ -89,6 +89,7 @@ fn cluster() -> (Claims, Usage) {
         let node = format!("gpu-node-{n:04}");
         let replicas = if n % 10 == 0 { 4 } else { 1 };
         c.nodes.push(NodeInfo {
+            hami: gpu_ledger::ledger::hami_inputs::HamiNode::default(),
             name: node.clone(),
             allocatable: [("nvidia.com/gpu".to_string(), 8 * u64::from(replicas))].into(),
             replicas,
@@ -175,6 +176,7 @@ fn cluster() -> (Claims, Usage) {
     (
         c,
         Usage {
+            hami: Vec::new(),
             devices,
             available: true,
             partial: false,

@@ -24,6 +24,9 @@ const KEEP: &[&str] = &[
     fields::GR_ENGINE_ACTIVE,
     fields::GPU_UTIL,
     fields::FB_USED,
+    fields::HAMI_UTIL,
+    fields::HAMI_LAST_KERNEL,
+    "Device_utilization_desc_of_container",
     "a",
     "b",
 ];
@@ -51,6 +54,14 @@ pub fn exposition(data: &[u8]) {
         comparable(&second.series),
         "round trip changed the series; rendered:\n{rendered}"
     );
+    // HAMi's monitor series reduce without panicking, whatever their labels and values.
+    let window = gpu_ledger::ledger::usage::Window {
+        length: chrono::Duration::minutes(10),
+        interval: chrono::Duration::seconds(30),
+        idle_threshold: 0.05,
+        max_staleness: chrono::Duration::minutes(2),
+    };
+    let _ = gpu_ledger::usage::hami::reduce(&first.series, &window, t0());
 }
 
 /// Renders series in the text format (millisecond timestamps, escaped label values).

@@ -141,10 +141,17 @@ async fn dcgm_history(
     let mut joined: BTreeMap<SeriesId, Vec<(i64, f64)>> = BTreeMap::new();
     let start = at - lookback;
     let mut end = at;
+    // The DCGM fields (every spelling is matched by their internal names' query) and HAMi's
+    // vGPU monitor families: the offline report judges HAMi sharers by their own series.
+    let names: Vec<&str> = KEEP
+        .iter()
+        .copied()
+        .chain(crate::usage::fields::HAMI_SPELLINGS.iter().map(|(n, _)| *n))
+        .collect();
     while end > start {
         let range = CHUNK.min(end - start);
         let chunk = prom
-            .range_series(&KEEP, range, end)
+            .range_series(&names, range, end)
             .await
             .map_err(|source| CaptureError::Prometheus {
                 from: end - range,

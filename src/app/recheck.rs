@@ -104,6 +104,8 @@ impl Rechecker<'_> {
                 devices,
                 available: true,
                 partial: false,
+                // HAMi sharers are never stop candidates (shared attribution): not re-read.
+                hami: Vec::new(),
             };
             let ledger = rebuild_from_claims(&stores, &usage, &policy, shard);
             Ok(cull::plan::still_a_stop(

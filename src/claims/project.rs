@@ -253,6 +253,7 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         extended_claim,
         class_requests,
         kai,
+        hami: super::hami::pod(meta.annotations.as_ref()),
     }))
 }
 
@@ -501,6 +502,7 @@ pub fn node(names: &ResourceNames, node: &Node) -> Result<NodeInfo, ProjectError
             .iter()
             .find(|c| c.type_ == "Ready")
             .map(|c| c.status == "True"),
+        hami: super::hami::node(meta.annotations.as_ref()),
     })
 }
 

@@ -1065,6 +1065,7 @@ mod tests {
             stores.of::<kinds::Nodes>().insert(
                 name.clone(),
                 NodeInfo {
+                    hami: crate::ledger::hami_inputs::HamiNode::default(),
                     name: name.clone(),
                     allocatable: std::collections::BTreeMap::new(),
                     replicas: 1,

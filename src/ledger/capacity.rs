@@ -84,6 +84,7 @@ mod tests {
 
     fn node(labels: &[(&str, &str)], allocatable: &[(&str, u64)], replicas: u32) -> NodeInfo {
         NodeInfo {
+            hami: crate::ledger::hami_inputs::HamiNode::default(),
             name: "n".into(),
             allocatable: allocatable
                 .iter()

@@ -34,6 +34,7 @@ impl PodClaim {
             extended_claim: None,
             class_requests: BTreeMap::new(),
             kai: None,
+            hami: super::hami_inputs::HamiPod::default(),
         }
     }
 

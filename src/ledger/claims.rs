@@ -202,6 +202,8 @@ pub struct PodClaim {
     /// KAI's GPU-group labels and fraction annotations, when the pod carries any: a fraction user
     /// asks for no `nvidia.com/gpu` and is kept for these alone.
     pub kai: Option<super::kai_pod::KaiPod>,
+    /// HAMi vGPU layer: the pod's allocation annotation, read (`ledger::hami`).
+    pub hami: super::hami_inputs::HamiPod,
 }
 
 /// Most names kept of a list of gates or finalizers (real pods carry one or two).
@@ -334,6 +336,8 @@ pub struct NodeInfo {
     /// node controller sets `Unknown` when the kubelet stops reporting: unreachable), `None`
     /// without the condition.
     pub ready: Option<bool>,
+    /// HAMi vGPU layer: the node's register annotation, read (`ledger::hami`).
+    pub hami: super::hami_inputs::HamiNode,
 }
 
 /// A ResourceQuota that names a GPU resource.

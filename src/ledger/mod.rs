@@ -11,6 +11,8 @@ pub mod capacity;
 mod claim_builder;
 pub mod claims;
 mod dra;
+pub mod hami;
+pub mod hami_inputs;
 pub mod kai;
 pub mod kai_pod;
 pub mod kueue;
@@ -141,6 +143,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     let index = attribution::DeviceIndex::new(usage, &locator, dra_active || kai_active);
     let shapes = node_shapes(claims, usage, &index, policy);
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
+    let hami_nodes = hami::Nodes::new(claims);
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     // GPU equivalents each pod holds on devices that are not on its node (network-attached):
     // they count for the pod and its namespace, not for its node.
@@ -190,13 +193,29 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             *e = e.saturating_add(units);
             gpus_by_resource.push((r, gpus));
         }
+        // HAMi vGPU layer: a bound sharer holds its shares, not its inflated request.
+        let hami = hami_nodes.pod(p, state.holds());
+        hami.replace_gpus(&mut gpus_by_resource, &policy.names);
         let mut row = base_row(p, state, &shape, resources, gpus_by_resource, now, policy);
+        if let Some(sharing) = hami.sharing() {
+            row.sharing = sharing;
+        }
         if let Some((nb, verified)) = notebook_of(claims, p) {
             row.notebook = Some(nb.name.clone());
             row.evidence.notebook = Some((nb.clone(), verified));
         }
         // A bound pod whose claims give it nothing (not reserved for it yet) holds no device.
-        if state.holds() && (!p.resources.is_empty() || !pod_dra.held.is_empty()) {
+        if let Some(shares) = hami.shares() {
+            hami::attribute(
+                &mut row,
+                p,
+                shares,
+                usage,
+                now,
+                policy,
+                &mut claimed_devices,
+            );
+        } else if state.holds() && (!p.resources.is_empty() || !pod_dra.held.is_empty()) {
             attribution::attribute(
                 &mut row,
                 p,
@@ -381,7 +400,10 @@ fn node_rows(
             .get(n.name.as_str())
             .copied()
             .unwrap_or_else(NodeShape::unplaced);
-        let (alloc, dra) = devices.allocatable(n, policy.names.gpus(&n.allocatable, &shape));
+        // HAMi vGPU layer: a HAMi node has its register's cards, not cards × split.
+        let extended =
+            hami::node_gpus(&n.hami).unwrap_or_else(|| policy.names.gpus(&n.allocatable, &shape));
+        let (alloc, dra) = devices.allocatable(n, extended);
         let unschedulable = capacity::unschedulable(
             n,
             &shape,

@@ -412,6 +412,17 @@ pub enum Sharing {
         users: usize,
         unassigned: f64,
     },
+    /// HAMi vGPU (`ledger::hami`): the pod's share of each card HAMi gave it, with the memory
+    /// and cores it was given there; `share` is their sum (the row's `gpus`).
+    Hami {
+        share: f64,
+        devices: Vec<super::hami_inputs::HamiShare>,
+        /// HAMi's monitor read above 100 % for the pod (HAMi#555): clamped to a whole card.
+        readings_over_100: bool,
+    },
+    /// HAMi wrote an allocation that cannot be read (or its node's register cannot): the pod is
+    /// counted by its request, and this says why.
+    HamiUnreadable { reason: String },
 }
 
 impl Sharing {
@@ -427,6 +438,8 @@ impl Sharing {
             Self::Mps { .. } => "mps",
             Self::KaiFraction { .. } => "kai-fraction",
             Self::KaiReservation { .. } => "kai-reservation",
+            Self::Hami { .. } => "hami",
+            Self::HamiUnreadable { .. } => "hami-unreadable",
         }
     }
 

@@ -122,6 +122,7 @@ mod tests {
             labels: BTreeMap::new(),
             taints: Vec::new(),
             ready: Some(true),
+            hami: crate::ledger::hami_inputs::HamiNode::default(),
         }
     }
 

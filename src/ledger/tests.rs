@@ -68,6 +68,7 @@ impl PodB {
 
 fn node(name: &str, gpus: u64) -> NodeInfo {
     NodeInfo {
+        hami: crate::ledger::hami_inputs::HamiNode::default(),
         name: name.into(),
         allocatable: [("nvidia.com/gpu".to_string(), gpus)].into(),
         replicas: 1,
@@ -146,6 +147,7 @@ impl DevB {
 
 fn usage(devices: Vec<DeviceUsage>) -> Usage {
     Usage {
+        hami: Vec::new(),
         devices,
         available: true,
         partial: false,
@@ -384,6 +386,7 @@ fn mig_pods_use_instance_series_and_sevenths() {
                 .build(),
         ],
         vec![NodeInfo {
+            hami: crate::ledger::hami_inputs::HamiNode::default(),
             name: "n1".into(),
             allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(),
             replicas: 1,
@@ -513,6 +516,7 @@ fn source_down_makes_everything_unknown() {
         vec![node("n1", 1)],
     );
     let u = Usage {
+        hami: Vec::new(),
         devices: vec![],
         available: false,
         partial: false,
@@ -807,6 +811,7 @@ fn a_per_process_sharer_is_proven_idle_while_its_neighbour_is_busy() {
 #[test]
 fn a_mig_gpus_parent_series_and_its_instances_are_one_piece_of_work() {
     let mig_node = NodeInfo {
+        hami: crate::ledger::hami_inputs::HamiNode::default(),
         name: "n1".into(),
         allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(),
         replicas: 1,
@@ -879,6 +884,7 @@ fn a_mig_gpus_parent_series_and_its_instances_are_one_piece_of_work() {
 fn mig_slices_without_gfd_come_from_dcgm_model_or_the_profile_name() {
     // The device plugin without GFD: no product label, allocatable MIG resources only.
     let bare = |profiles: &[(&str, u64)]| NodeInfo {
+        hami: crate::ledger::hami_inputs::HamiNode::default(),
         name: "n1".into(),
         allocatable: profiles
             .iter()

@@ -343,6 +343,7 @@ mod tests {
 
     fn node_with(labels: &[(&str, &str)], product: Option<&str>, replicas: u32) -> NodeInfo {
         NodeInfo {
+            hami: crate::ledger::hami_inputs::HamiNode::default(),
             name: "n".into(),
             allocatable: BTreeMap::new(),
             replicas,

@@ -103,6 +103,8 @@ pub struct Usage {
     /// the devices are true but may lack samples or series, so busy readings count and nothing
     /// is proven idle.
     pub partial: bool,
+    /// HAMi vGPU layer: each container's own readings from HAMi's vGPU monitor.
+    pub hami: Vec<HamiContainerUsage>,
 }
 
 /// Window and threshold used to reduce samples.
@@ -117,4 +119,33 @@ pub struct Window {
     pub idle_threshold: f64,
     /// Samples older than this are stale.
     pub max_staleness: chrono::Duration,
+}
+
+/// One container's own readings on one vGPU over the window, from HAMi's vGPU monitor
+/// (`hami_container_device_utilization_ratio` and its legacy name, percent 0–100;
+/// `hami_container_last_kernel_elapsed_seconds`; `hami_vgpu_memory_used_bytes`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HamiContainerUsage {
+    pub workload: Workload,
+    pub container: String,
+    /// `device_uuid` (a `[…]` suffix stripped).
+    pub uuid: String,
+    /// Highest utilisation in the window, 0..1 (readings above 100 % clamped to 1).
+    pub peak: Option<f64>,
+    /// Newest fresh utilisation, 0..1.
+    pub utilization: Option<f64>,
+    /// A reading above 100 % was seen (HAMi#555): clamped, and shown.
+    pub over_100: bool,
+    /// Share of the window the utilisation samples prove.
+    pub coverage: f64,
+    pub last_sample_at: Option<DateTime<Utc>>,
+    /// Latest utilisation reading at or above the idle threshold.
+    pub last_active_at: Option<DateTime<Utc>>,
+    /// Newest last-kernel-elapsed reading: (sample time, seconds since the last kernel).
+    pub last_kernel: Option<(DateTime<Utc>, f64)>,
+    /// Whether that newest reading, fresh, puts the last kernel inside the window (`false`: at
+    /// least a window ago); `None` without a fresh reading (no kernel ever: the series is absent).
+    pub kernel_in_window: Option<bool>,
+    /// Newest fresh memory used, bytes.
+    pub memory_used_bytes: Option<f64>,
 }

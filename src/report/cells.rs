@@ -154,6 +154,34 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
         }
         PodState::Running => {}
     }
+    match &p.sharing {
+        Sharing::Hami {
+            devices,
+            readings_over_100,
+            ..
+        } => {
+            let cards: Vec<String> = devices
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{:.0}% of {} ({} MiB, {} cores)",
+                        d.share * 100.0,
+                        short_uuid(&d.uuid),
+                        d.memory_mib,
+                        d.cores
+                    )
+                })
+                .collect();
+            parts.push(format!("HAMi vGPU {}", cards.join(", ")));
+            if *readings_over_100 {
+                parts.push("HAMi utilisation read above 100% (clamped)".into());
+            }
+        }
+        Sharing::HamiUnreadable { reason } => {
+            parts.push(format!("HAMi split not read, counted by request: {reason}"));
+        }
+        _ => {}
+    }
     if notebook_stopped(p) {
         parts.push("notebook stopped, pod still holds its GPU".into());
     }
@@ -230,6 +258,14 @@ fn kai_mps_note(s: &Sharing) -> Option<String> {
         ),
         _ => return None,
     })
+}
+
+/// A GPU UUID cut to its first group (`GPU-0fc3eda5…`): enough to tell a node's cards apart.
+fn short_uuid(uuid: &str) -> String {
+    match uuid.get(..12) {
+        Some(head) if uuid.len() > 13 => format!("{head}…"),
+        _ => uuid.to_string(),
+    }
 }
 
 /// Whether the pod's Kubeflow notebook carries `kubeflow-resource-stopped`.

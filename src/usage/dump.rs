@@ -144,6 +144,15 @@ fn narrow_to_one_cluster(
     Ok(())
 }
 
+/// Label names on the DCGM series of a dump, for scheme detection (HAMi's monitor series keep
+/// their own label names, `usage::hami`).
+fn dcgm_label_names(series: &[Series]) -> impl Iterator<Item = &str> {
+    series
+        .iter()
+        .filter(|s| fields::canonical(&s.name).is_some())
+        .flat_map(|s| s.labels.keys().map(String::as_str))
+}
+
 /// Reads `path` and reduces it at `settings.at`, or the newest sample, or `fallback_now`.
 pub fn load(
     path: &Path,
@@ -274,13 +283,7 @@ pub fn load(
         warnings.push(format!("{file}: newest sample is older than --at minus the staleness limit: utilisation is unknown"));
     }
 
-    let scheme = LabelScheme::detect(
-        settings.scheme,
-        parsed
-            .series
-            .iter()
-            .flat_map(|s| s.labels.keys().map(String::as_str)),
-    );
+    let scheme = LabelScheme::detect(settings.scheme, dcgm_label_names(&parsed.series));
     let window = Window {
         length: settings.window,
         interval: fallback,
@@ -291,6 +294,7 @@ pub fn load(
         devices: series::reduce(&parsed.series, &scheme, &window, at),
         available: true,
         partial: false,
+        hami: super::hami::reduce(&parsed.series, &window, at),
     };
     Ok(DumpUsage {
         usage,
@@ -362,7 +366,7 @@ fn read_bounded(
         path: path.to_path_buf(),
         kind: kind_of(meta.file_type()),
     };
-    let keep: Vec<&str> = fields::all_spellings().collect();
+    let keep: Vec<&str> = fields::read_names().collect();
     // Checked before opening (following links): opening a FIFO blocks until a writer comes, and
     // a device such as /dev/zero never ends.
     let meta = std::fs::metadata(path).map_err(read_err)?;

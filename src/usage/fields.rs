@@ -112,6 +112,41 @@ pub fn spellings_of(field: &str) -> impl Iterator<Item = &'static Spelling> + '_
     SPELLINGS.iter().filter(move |s| s.field == field)
 }
 
+/// HAMi's vGPU monitor (`cmd/vGPUmonitor/metrics.go` of Project-HAMi/HAMi): one container's
+/// SM utilisation on one vGPU, in percent 0–100 despite the name (HAMi's own test stubs
+/// `smUtil: 42` and expects 42; HAMi#555 reports values above 100). Internal name of the field.
+pub const HAMI_UTIL: &str = "hami_container_device_utilization_ratio";
+/// Seconds since the container's last kernel on the vGPU; emitted only once it ran one.
+pub const HAMI_LAST_KERNEL: &str = "hami_container_last_kernel_elapsed_seconds";
+/// The container's device memory on the vGPU, bytes.
+pub const HAMI_MEMORY: &str = "hami_vgpu_memory_used_bytes";
+
+/// Every HAMi monitor name read, with its field: the current `hami_*` names (labels
+/// `namespace, pod, container, vdevice_index, device_uuid`) and the legacy ones of
+/// `initLegacyDescriptors` (`--legacy-metrics`; labels `podnamespace, podname, ctrname,
+/// vdeviceid, deviceuuid`), in the same units. A node mid-upgrade reports both; they merge.
+pub const HAMI_SPELLINGS: &[(&str, &str)] = &[
+    (HAMI_UTIL, HAMI_UTIL),
+    (HAMI_LAST_KERNEL, HAMI_LAST_KERNEL),
+    (HAMI_MEMORY, HAMI_MEMORY),
+    ("Device_utilization_desc_of_container", HAMI_UTIL),
+    ("Device_last_kernel_of_container", HAMI_LAST_KERNEL),
+    ("vGPU_device_memory_usage_in_bytes", HAMI_MEMORY),
+];
+
+/// The HAMi field a metric name spells, if it is one we read.
+pub fn hami_field(name: &str) -> Option<&'static str> {
+    HAMI_SPELLINGS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, f)| *f)
+}
+
+/// Every name the window reads and a dump keeps: the DCGM spellings, then HAMi's.
+pub fn read_names() -> impl Iterator<Item = &'static str> {
+    all_spellings().chain(HAMI_SPELLINGS.iter().map(|(n, _)| *n))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -261,10 +261,12 @@ impl SampleWindow {
         &self.series
     }
 
-    /// Label names present on the held series (for scheme detection).
+    /// Label names present on the held DCGM series (for scheme detection: HAMi's monitor
+    /// series keep their own label names, `usage::hami`).
     fn label_names(&self) -> impl Iterator<Item = &str> {
         self.series
             .iter()
+            .filter(|s| fields::canonical(&s.name).is_some())
             .flat_map(|s| s.labels.keys().map(String::as_str))
     }
 
@@ -285,6 +287,11 @@ impl SampleWindow {
 /// Every accepted spelling of the fields the reduction reads.
 fn field_names() -> Vec<&'static str> {
     fields::all_spellings().collect()
+}
+
+/// What the window reads: the DCGM fields and HAMi's vGPU monitor families.
+fn read_names() -> Vec<&'static str> {
+    fields::read_names().collect()
 }
 
 /// The label scheme of the DCGM series Prometheus holds now (one cheap query over the last
@@ -376,7 +383,7 @@ async fn read_window(
     held: &mut SampleWindow,
 ) -> Result<Answered<Rejected>, PromError> {
     let answer = client
-        .window(&scope.matcher(), &field_names(), range, now)
+        .window(&scope.matcher(), &read_names(), range, now)
         .await?;
     let mut fresh = decode::window(answer.value.bytes())?;
     let rejected = reject_implausible_answer(&mut fresh, now.timestamp_millis());
@@ -774,6 +781,7 @@ impl LiveUsage {
                         devices,
                         available: true,
                         partial,
+                        hami: super::hami::reduce(self.samples.series(), &window, now),
                     },
                     stats,
                     error: None,

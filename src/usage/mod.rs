@@ -7,6 +7,7 @@ pub mod discover;
 pub mod dump;
 pub mod exposition;
 pub mod fields;
+pub mod hami;
 pub mod history;
 pub mod live;
 pub mod prom;

@@ -100,6 +100,12 @@ pub const READ_LABELS: &[&str] = &[
     // Which cluster a series came from in a shared store (`usage::prom::CLUSTER_LABELS`).
     "cluster",
     "cluster_id",
+    // HAMi's vGPU monitor (`usage::hami`): the card, and the legacy names' workload labels.
+    "device_uuid",
+    "deviceuuid",
+    "podname",
+    "podnamespace",
+    "ctrname",
 ];
 
 /// dcgm-exporter's MIG device UUID label, set with `--kubernetes-enable-dra` on MIG devices

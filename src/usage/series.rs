@@ -217,7 +217,12 @@ fn device_interval_ms<'a>(
 /// expected (`window ÷ interval`, at least 1) and the time the samples vouch for over the window.
 /// A sample at `t` vouches for `(t − interval, t]`, the newest also for up to one interval after
 /// it (its successor is not due yet); overlaps count once. Capped at 1.
-fn coverage(times: impl Iterator<Item = i64>, start_ms: i64, now_ms: i64, interval_ms: i64) -> f64 {
+pub(crate) fn coverage(
+    times: impl Iterator<Item = i64>,
+    start_ms: i64,
+    now_ms: i64,
+    interval_ms: i64,
+) -> f64 {
     let length_ms = now_ms.saturating_sub(start_ms).max(1);
     let interval_ms = interval_ms.max(1);
     let expected = (length_ms as f64 / interval_ms as f64).floor().max(1.0);

@@ -329,9 +329,17 @@ pub fn install_kueue_crds(cp: &gpu_ledger_testkit::ControlPlane) {
 pub fn live_and_offline(
     stack: &Stack,
 ) -> (serde_json::Value, serde_json::Value, tempfile::TempDir) {
+    live_and_offline_from(&stack.cp, stack.prometheus.url())
+}
+
+/// [`live_and_offline`] against control plane `cp` and the Prometheus at `prom` (a tier-A
+/// control plane with a Prometheus of the test's own).
+pub fn live_and_offline_from(
+    cp: &gpu_ledger_testkit::ControlPlane,
+    prom: &str,
+) -> (serde_json::Value, serde_json::Value, tempfile::TempDir) {
     let bin = env!("CARGO_BIN_EXE_gpu-ledger");
-    let kubeconfig = stack.cp.kubeconfig_path("gpu-ledger").expect("kubeconfig");
-    let prom = stack.prometheus.url();
+    let kubeconfig = cp.kubeconfig_path("gpu-ledger").expect("kubeconfig");
     let at = (chrono::Utc::now() - chrono::Duration::seconds(3))
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let timings = [

@@ -48,6 +48,7 @@ fn idle_nb(ns: &str, name: &str, node: &str, idle_h: i64) -> PodRow {
 
 fn node(name: &str, gpus: u64) -> NodeInfo {
     NodeInfo {
+        hami: crate::ledger::hami_inputs::HamiNode::default(),
         name: name.into(),
         allocatable: BTreeMap::from([("nvidia.com/gpu".to_string(), gpus)]),
         replicas: 1,

@@ -18,6 +18,7 @@ fn res(r: &[(&str, u64)]) -> BTreeMap<String, u64> {
 
 fn node(name: &str, alloc: &[(&str, u64)]) -> NodeInfo {
     NodeInfo {
+        hami: crate::ledger::hami_inputs::HamiNode::default(),
         name: name.into(),
         allocatable: res(alloc),
         replicas: 1,
