@@ -87,6 +87,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
             devices,
             available: true,
             partial: false,
+            ..Usage::default()
         },
     )
 }

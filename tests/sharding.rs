@@ -178,6 +178,7 @@ fn cluster() -> (Claims, Usage) {
             devices,
             available: true,
             partial: false,
+            ..Usage::default()
         },
     )
 }

@@ -104,6 +104,7 @@ impl Rechecker<'_> {
                 devices,
                 available: true,
                 partial: false,
+                gpu_health: Vec::new(),
             };
             let ledger = rebuild_from_claims(&stores, &usage, &policy, shard);
             Ok(cull::plan::still_a_stop(

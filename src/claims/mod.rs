@@ -5,6 +5,7 @@
 pub mod capture;
 pub mod dra;
 pub mod files;
+pub mod health;
 pub mod kinds;
 pub mod kueue;
 pub mod list;

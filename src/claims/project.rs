@@ -238,6 +238,7 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
                 .map(String::as_str),
         ),
         workload_refs: WorkloadRefs::read(meta.labels.as_ref(), meta.annotations.as_ref()),
+        unhealthy_devices: super::health::unhealthy_resources(pod),
     }))
 }
 

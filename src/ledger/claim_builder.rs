@@ -31,6 +31,7 @@ impl PodClaim {
             scheduling_gates: Vec::new(),
             finalizers: Vec::new(),
             workload_refs: WorkloadRefs::default(),
+            unhealthy_devices: Vec::new(),
         }
     }
 

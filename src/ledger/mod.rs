@@ -11,6 +11,7 @@ pub mod capacity;
 mod claim_builder;
 pub mod claims;
 mod dra;
+pub mod health;
 pub mod kueue;
 pub mod model;
 pub mod names;
@@ -31,8 +32,8 @@ use units::NodeShape;
 use usage::Usage;
 
 pub use model::{
-    Attribution, ClaimsScope, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState,
-    Policy, Sharing, UnclaimedBusy,
+    Attribution, ClaimsScope, Evidence, GpuHealth, Ledger, NamespaceRow, NodeRow, Owner, PodRow,
+    PodState, Policy, Sharing, UnclaimedBusy,
 };
 
 /// The pod's state, or `None` for a pod that neither holds GPUs nor asks for them: terminal
@@ -86,6 +87,8 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     let index = attribution::DeviceIndex::new(usage, &locator, dra_active);
     let shapes = node_shapes(claims, usage, &index, policy);
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
+    let sick = health::HealthIndex::new(claims, usage);
+    let sick_known = !sick.is_empty();
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     // GPU equivalents each pod holds on devices that are not on its node (network-attached):
     // they count for the pod and its namespace, not for its node.
@@ -158,6 +161,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 .flatten(),
             finalizers: p.finalizers.clone(),
             node_ready: shape.node_ready(),
+            gpu_health: None,
             evidence: Evidence {
                 uid: p.uid.clone(),
                 started_at: p.started_at.or(p.created_at),
@@ -182,6 +186,9 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
                 policy,
                 &mut claimed_devices,
             );
+        }
+        if sick_known && state.holds() {
+            row.gpu_health = sick.of_pod(p, &row.devices);
         }
         off_node.push(
             pod_dra

@@ -291,6 +291,7 @@ pub fn load(
         devices: series::reduce(&parsed.series, &scheme, &window, at),
         available: true,
         partial: false,
+        gpu_health: Vec::new(),
     };
     Ok(DumpUsage {
         usage,

@@ -774,6 +774,7 @@ impl LiveUsage {
                         devices,
                         available: true,
                         partial,
+                        gpu_health: Vec::new(),
                     },
                     stats,
                     error: None,
