@@ -5,7 +5,8 @@
 //! GPUs: the same resource name in device units (a whole `nvidia.com/gpu`, a MIG profile, a
 //! time-slice), the pod's `nodeSelector` and required node affinity against the node's labels,
 //! its tolerations against the node's `NoSchedule`/`NoExecute` taints. Shared and unattributed
-//! GPUs are never reclaimable: their idleness is not provable per pod. A pod with scheduling
+//! GPUs are never reclaimable: their idleness is not provable per pod; nor is a sick card (its
+//! holder's `gpu_health`): stopping or force-deleting its holder frees nothing a pod can use. A pod with scheduling
 //! gates (`spec.schedulingGates`, e.g. Kueue's `kueue.x-k8s.io/admission`) is not planned: the
 //! scheduler does not consider it until the gates are removed.
 
@@ -148,6 +149,8 @@ fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
                 && !nb.cull_opt_out
                 && nb.invalid_annotations.is_empty()
                 && nb.snooze_until.is_none_or(|t| t <= now)
+                // A stop would free a sick card: no room for anyone (health layer).
+                && p.gpu_health.is_none()
         })
         .collect();
     // A stop takes every pod of the notebook: one busy (or unproven) pod keeps them all.
@@ -335,8 +338,9 @@ fn option_on(
             .filter(|h| h.units.iter().any(|u| *u > 0))
             .collect()
     };
+    // A force delete of a sick card's holder frees nothing usable (health layer).
     let stuck = sorted(contributing(&|h, _| {
-        h.state == PodState::Terminating && h.stuck
+        h.state == PodState::Terminating && h.stuck && h.gpu_health.is_none()
     }));
     if let Some(set) = fewest(&stuck, &deficit) {
         return Ok(ReclaimOption {
