@@ -11,15 +11,19 @@
 //! * the scheduler's allocation and `reservedFor` on each ResourceClaim (status subresource);
 //! * the kubelet's `status.containerStatuses[].allocatedResourcesStatus` (KEP-4680) through
 //!   pods/status: `Unhealthy` for the device-plugin card of `nb-0` (`nvidia.com/gpu`, resource id
-//!   the GPU UUID), `Unknown` for `quiet-0`'s.
+//!   the GPU UUID), `Unknown` for `quiet-0`'s;
+//! * dcgm-exporter's health families for `quiet-0`'s card (`tests/fixtures/health/dcgm-health.prom`:
+//!   THERMAL at FAIL, a non-fatal XID 43), replayed by testkit's `ReplayExporter` and scraped as
+//!   `/federate` keeps labels; serve reads them with `--dcgm-health`.
 //!
 //! Both fields are feature-gated (`DRADeviceTaints`, `ResourceHealthStatus`, on by default in
 //! 1.36); an apiserver with a gate off drops the field silently, so the test asserts each one
 //! survived the write and fails naming the gate if not.
 //!
-//! Expected: `trainer-0` (Job `trainer`, on the tainted `gpu-0`) and `nb-0` (StatefulSet `nb`,
-//! kubelet `Unhealthy`) page `GpuLedgerPodOnUnhealthyGpu` naming pod, owner and reason; `fine-0`
-//! (on `gpu-1`, taint effect `None`) and `quiet-0` (health `Unknown`) do not.
+//! Expected: `trainer-0` (Job `trainer`, on the tainted `gpu-0`), `nb-0` (StatefulSet `nb`,
+//! kubelet `Unhealthy`) and `quiet-0` (Job `quiet`, DCGM THERMAL FAIL; its kubelet says
+//! `Unknown`) page `GpuLedgerPodOnUnhealthyGpu` naming pod, owner and reason; `fine-0` (on
+//! `gpu-1`, taint effect `None`) does not.
 //!
 //! Tests never skip: a missing Prometheus or control plane fails them naming what to install.
 
@@ -27,10 +31,10 @@ mod support;
 
 use std::time::Duration;
 
-use gpu_ledger_testkit::Prometheus;
 use gpu_ledger_testkit::dra::{self, ClaimSource, NvidiaSlice};
 use gpu_ledger_testkit::process::ChildGuard;
 use gpu_ledger_testkit::{ControlPlane, GpuNode};
+use gpu_ledger_testkit::{Prometheus, ReplayExporter};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -156,9 +160,9 @@ fn plugin_pod(name: &str) -> Pod {
     p
 }
 
-/// `gpu-ledger serve` as token user `gpu-ledger` on `port` (no Prometheus: health comes from the
-/// API here).
-fn serve(cp: &ControlPlane, port: u16) -> ChildGuard {
+/// `gpu-ledger serve` as token user `gpu-ledger` on `port`, reading `prometheus` with
+/// `--dcgm-health`.
+fn serve(cp: &ControlPlane, port: u16, prometheus: &str) -> ChildGuard {
     let mut cmd = support::gpu_ledger_command();
     cmd.env(
         "KUBECONFIG",
@@ -169,7 +173,9 @@ fn serve(cp: &ControlPlane, port: u16) -> ChildGuard {
     .env("GPU_LEDGER_LOG", "info")
     .arg("serve")
     .args(["--listen", &format!("127.0.0.1:{port}")])
-    .args(["--refresh-interval", "1s"]);
+    .args(["--prometheus-url", prometheus, "--dcgm-health"])
+    .args(["--refresh-interval", "1s", "--scrape-interval", "1s"])
+    .args(["--window", "10s", "--max-staleness", "5s"]);
     ChildGuard::spawn("health", cmd, &cp.dir().join("health.log")).expect("spawn gpu-ledger serve")
 }
 
@@ -289,9 +295,27 @@ async fn a_sick_cards_holder_pages_naming_pod_and_owner() {
         );
     }
 
+    // dcgm-exporter's page for quiet-0's card (gpu-1's second GPU), pod labels as mapped.
+    let page = std::fs::read_to_string(root().join("tests/fixtures/health/dcgm-health.prom"))
+        .expect("DCGM health page")
+        .replace(
+            "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c",
+            &uuid("gpu-1", 1),
+        )
+        .replace("Hostname=\"gpu-node-1\"", "Hostname=\"gpu-1\"")
+        .replace(
+            "namespace=\"team-b\",pod=\"nb-0\"",
+            &format!("namespace=\"{NS}\",pod=\"quiet-0\""),
+        );
+    assert!(
+        page.contains("pod=\"quiet-0\"") && page.contains(&uuid("gpu-1", 1)),
+        "{page}"
+    );
+    let exporter = ReplayExporter::start(page).await.expect("exporter");
     let port = gpu_ledger_testkit::util::free_port().expect("port");
     let config = format!(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:\n- job_name: gpu-ledger\n  static_configs:\n  - targets: ['127.0.0.1:{port}']\n"
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:\n- job_name: gpu-ledger\n  static_configs:\n  - targets: ['127.0.0.1:{port}']\n- job_name: dcgm\n  honor_labels: true\n  static_configs:\n  - targets: ['{}']\n",
+        exporter.target()
     );
     let rules = std::fs::read_to_string(root().join("alerts/gpu-ledger.rules.yaml"))
         .expect("shipped rules");
@@ -303,7 +327,7 @@ async fn a_sick_cards_holder_pages_naming_pod_and_owner() {
                  PROMETHEUS_BIN) that loads the shipped rules: {e:#}"
             )
         });
-    let mut ledger = serve(&cp, port);
+    let mut ledger = serve(&cp, port, prom.url());
 
     let deadline = tokio::time::Instant::now() + WAIT;
     let fired = loop {
@@ -311,7 +335,7 @@ async fn a_sick_cards_holder_pages_naming_pod_and_owner() {
             panic!("gpu-ledger exited ({status}):\n{}", ledger.log_tail(40));
         }
         let f = firing(&prom).await;
-        if f.len() >= 2 {
+        if f.len() >= 3 {
             break f;
         }
         assert!(
@@ -344,9 +368,10 @@ async fn a_sick_cards_holder_pages_naming_pod_and_owner() {
                 s("nb"),
                 s("kubelet:critical XID 79 reported by NVML")
             ),
+            (s("quiet-0"), s("Job"), s("quiet"), s("dcgm:THERMAL")),
             (s("trainer-0"), s("Job"), s("trainer"), s("xid:79")),
         ],
-        "only the holders of sick cards page (not fine-0's None taint, not quiet-0's Unknown)"
+        "only the holders of sick cards page (not fine-0's None taint)"
     );
 
     // The JSON and the report's note name the reason and the device.
@@ -371,8 +396,14 @@ async fn a_sick_cards_holder_pages_naming_pod_and_owner() {
         row("trainer-0")["gpu_health"]["since"],
         "2026-07-22T02:24:46Z"
     );
-    for healthy in ["fine-0", "quiet-0"] {
-        assert!(row(healthy).get("gpu_health").is_none(), "{}", row(healthy));
-    }
+    assert!(
+        row("fine-0").get("gpu_health").is_none(),
+        "{}",
+        row("fine-0")
+    );
+    assert_eq!(
+        row("quiet-0")["gpu_health"]["device"],
+        json!(uuid("gpu-1", 1))
+    );
     ledger.terminate(Duration::from_secs(10));
 }
