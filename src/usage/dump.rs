@@ -290,8 +290,7 @@ pub fn load(
     let usage = Usage {
         devices: series::reduce(&parsed.series, &scheme, &window, at),
         available: true,
-        partial: false,
-        gpu_health: Vec::new(),
+        ..Usage::default()
     };
     Ok(DumpUsage {
         usage,

@@ -286,9 +286,12 @@ fn dcgm_cluster(health: DcgmHealth) -> (Claims, Usage) {
     (claims, usage)
 }
 
+/// Watches and their values, XID codes, and the reason expected.
+type DcgmCase = (Vec<(&'static str, f64)>, Vec<u32>, Option<&'static str>);
+
 #[test]
 fn dcgm_fail_and_fatal_xids_are_sick_warn_and_non_fatal_xids_are_not() {
-    let cases: [(Vec<(&str, f64)>, Vec<u32>, Option<&str>); 5] = [
+    let cases: [DcgmCase; 5] = [
         (
             vec![("THERMAL", 20.0), ("POWER", 0.0)],
             vec![],
