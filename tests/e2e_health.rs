@@ -405,5 +405,27 @@ async fn a_sick_cards_holder_pages_naming_pod_and_owner() {
         row("quiet-0")["gpu_health"]["device"],
         json!(uuid("gpu-1", 1))
     );
+    // The hours on sick cards count as lost: the counter grows while the holders stay.
+    let lost = |text: &str| {
+        gpu_ledger_testkit::stack::metric_value(
+            text,
+            "gpu_ledger_gpu_seconds_lost_total",
+            &[("namespace", NS)],
+        )
+    };
+    let metrics = || async {
+        reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    };
+    let first = lost(&metrics().await).expect("lost counter for the namespace");
+    let grown = support::eventually("lost GPU-seconds to grow", WAIT, || async {
+        lost(&metrics().await).filter(|v| *v > first)
+    })
+    .await;
+    assert!(grown > first, "{first} -> {grown}");
     ledger.terminate(Duration::from_secs(10));
 }
