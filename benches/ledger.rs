@@ -89,6 +89,7 @@ fn cluster(nodes: usize) -> (Claims, Usage) {
             devices,
             available: true,
             partial: false,
+            ..Usage::default()
         },
     )
 }

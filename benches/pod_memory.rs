@@ -259,6 +259,7 @@ fn main() {
         devices: Vec::new(),
         available: true,
         partial: false,
+        ..Usage::default()
     };
     let nodes = nodes();
     let running = (0..NODES * 8).map(|i| {

@@ -157,6 +157,11 @@ pub struct LedgerArgs {
         help_heading = "Prometheus"
     )]
     pub label_scheme: SchemeChoice,
+    /// Also ask Prometheus for dcgm-exporter's health families (`DCGM_EXP_GPU_HEALTH_STATUS`,
+    /// `DCGM_EXP_XID_ERRORS_COUNT`, commented out in its default counters CSV) once per refresh:
+    /// a GPU failing a health watch or showing a fatal XID in the window is a sick card.
+    #[arg(long, env = "GPU_LEDGER_DCGM_HEALTH", help_heading = "Prometheus")]
+    pub dcgm_health: bool,
     /// Window over which a GPU must stay below the threshold to count as idle.
     #[arg(long, env = "GPU_LEDGER_WINDOW", default_value = "10m", value_parser = positive_duration, help_heading = "Idle evidence")]
     pub window: chrono::Duration,

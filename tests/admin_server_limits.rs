@@ -250,6 +250,7 @@ fn large_ledger() -> Result<Ledger> {
         devices: Vec::new(),
         available: true,
         partial: false,
+        ..Usage::default()
     };
     Ok(ledger::build(
         &claims,

@@ -214,6 +214,7 @@ async fn every_case_yields_its_expected_ledger_live() {
                     devices,
                     available: true,
                     partial: false,
+                    ..Usage::default()
                 },
                 now,
                 &policy,

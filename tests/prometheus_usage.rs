@@ -1248,6 +1248,7 @@ async fn live_and_offline(dump: &str) -> (Vec<DeviceUsage>, Vec<DeviceUsage>, St
             devices: live_devices.clone(),
             available: true,
             partial: false,
+            ..Usage::default()
         },
         at,
         &policy,

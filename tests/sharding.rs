@@ -180,6 +180,7 @@ fn cluster() -> (Claims, Usage) {
             devices,
             available: true,
             partial: false,
+            ..Usage::default()
         },
     )
 }

@@ -106,6 +106,7 @@ impl Rechecker<'_> {
                 partial: false,
                 // HAMi sharers are never stop candidates (shared attribution): not re-read.
                 hami: Vec::new(),
+                gpu_health: Vec::new(),
             };
             let ledger = rebuild_from_claims(&stores, &usage, &policy, shard);
             Ok(cull::plan::still_a_stop(

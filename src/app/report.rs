@@ -276,6 +276,7 @@ async fn live_usage(
     at: DateTime<Utc>,
 ) -> (Usage, Option<PromError>) {
     let mut source = LiveUsage::new(prom, live_settings(args));
+    source.read_gpu_health(args.dcgm_health);
     let fetched = source.fetch_at(at).await;
     (fetched.usage, fetched.error)
 }

@@ -238,6 +238,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     // Source: Prometheus is asked on its own task, so a slow refresh never holds back a claims
     // change.
     let mut source = LiveUsage::new(prom.clone(), settings);
+    source.read_gpu_health(args.ledger.dcgm_health);
     source.start_bootstrap(&tasks.tracker, &tasks.cancel);
     let (usage_tx, usage_rx) = channel::channel::<Option<Arc<Refreshed>>>(None);
     tasks.spawn_critical(

@@ -172,6 +172,7 @@ pub fn slice_devices(names: &ResourceNames, slice: &ResourceSlice) -> Option<Vec
                 profile: attr("profile"),
                 product: attr("productName"),
                 pool_generation: spec.pool.generation,
+                taints: super::health::device_taints(d),
             }
         })
         .collect();

@@ -6,6 +6,7 @@ pub mod capture;
 pub mod dra;
 pub mod files;
 pub mod hami;
+pub mod health;
 pub mod kai;
 pub mod kinds;
 pub mod kueue;

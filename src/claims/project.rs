@@ -254,6 +254,7 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         class_requests,
         kai,
         hami: super::hami::pod(meta.annotations.as_ref()),
+        unhealthy_devices: super::health::unhealthy_resources(pod),
     }))
 }
 

@@ -198,6 +198,19 @@ const FAMILIES: &[Family] = &[
         labels: &["namespace"],
         counter: false,
     },
+    // Health layer (issue 39, sick cards).
+    Family {
+        name: "gpu_ledger_pod_gpus_unhealthy",
+        help: "GPU equivalents a running or terminating pod holds on a sick card: tainted NoSchedule/NoExecute by its DRA driver, Unhealthy in the pod's allocatedResourcesStatus, a DCGM health watch failing or a fatal XID in the window (from the last refresh).",
+        labels: &["namespace", "pod", "reason", "owner_kind", "owner_name"],
+        counter: false,
+    },
+    Family {
+        name: "gpu_ledger_gpu_seconds_lost_total",
+        help: "GPU-seconds held by the namespace on sick cards (inside claimed), accumulated across refreshes.",
+        labels: &["namespace"],
+        counter: true,
+    },
 ];
 
 /// Renders ledger families from a [`SharedSnapshot`].
@@ -344,6 +357,9 @@ mod idx {
     pub const QUEUE_PENDING: usize = 24;
     pub const QUEUE_STARVED: usize = 25;
     pub const DRA_UNQUOTAED: usize = 26;
+    // Health layer.
+    pub const POD_UNHEALTHY: usize = 27;
+    pub const SECONDS_LOST: usize = 28;
 }
 
 /// Builds every ledger family from one snapshot as proto families (the `Collector` path).
@@ -482,6 +498,13 @@ fn emit(snapshot: &Snapshot, out: &mut impl Sink) {
             ],
             1.0,
         );
+        if let Some(h) = p.gpu_health.as_ref().filter(|_| p.state.holds()) {
+            out.push(
+                idx::POD_UNHEALTHY,
+                &[&p.namespace, &p.pod, &h.reason, kind, name],
+                p.gpus,
+            );
+        }
     }
     for n in &l.nodes {
         out.push(idx::NODE_ALLOC, &[&n.node], n.gpus_allocatable);
@@ -514,6 +537,9 @@ fn emit(snapshot: &Snapshot, out: &mut impl Sink) {
     }
     for ((ns, model, activity), v) in &snapshot.gpu_seconds_by_model {
         out.push(idx::SECONDS_BY_MODEL, &[ns, model, activity], *v);
+    }
+    for (ns, v) in &snapshot.gpu_seconds_lost {
+        out.push(idx::SECONDS_LOST, &[ns], *v);
     }
     // Every namespace with a planned pending pod (0 when none of its pods needs a reclaim);
     // absent when the planner did not run (claims of some namespaces, sharding).

@@ -481,3 +481,67 @@ fn one_shard_or_none_adds_no_label() {
     let next = sharded.advance(sharded.ledger.clone());
     assert_eq!(next.shard, Some(0));
 }
+
+/// Health layer: a pod holding a sick card.
+fn sick(ns: &str, name: &str, reason: &str) -> PodRow {
+    let mut p = pod(ns, name);
+    p.gpu_health = Some(crate::ledger::GpuHealth {
+        reason: reason.into(),
+        device: Some("GPU-4cf8".into()),
+        since: None,
+    });
+    p
+}
+
+#[test]
+fn a_pod_on_a_sick_card_has_an_unhealthy_series_naming_its_owner() {
+    let text = render_snapshot(&Snapshot::new(ledger(vec![
+        pod("a", "fine"),
+        sick("a", "trainer-0", "xid:79"),
+    ])))
+    .expect("render");
+    let unhealthy: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("gpu_ledger_pod_gpus_unhealthy{"))
+        .collect();
+    assert_eq!(
+        unhealthy,
+        vec![
+            r#"gpu_ledger_pod_gpus_unhealthy{namespace="a",pod="trainer-0",reason="xid:79",owner_kind="Job",owner_name="j"} 1"#
+        ],
+        "{text}"
+    );
+    // The proto path (a registered collector) renders the same family.
+    let s = Snapshot::new(ledger(vec![sick(
+        "a",
+        "trainer-0",
+        "kubelet:\"quoted\"\nmsg",
+    )]));
+    let expected = prometheus::TextEncoder::new()
+        .encode_to_string(&collector::families(&s))
+        .expect("encode");
+    assert_eq!(render_snapshot(&s).expect("render"), expected);
+}
+
+#[test]
+fn gpu_seconds_on_sick_cards_are_counted_as_lost_beside_claimed() {
+    let first = Snapshot::new(ledger(vec![
+        pod("a", "fine"),
+        sick("a", "trainer-0", "gpu-lost"),
+    ]));
+    let mut next = first.ledger.clone();
+    next.generated_at = t() + chrono::Duration::seconds(30);
+    let second = first.advance(next);
+    assert_eq!(second.gpu_seconds_lost.get("a"), Some(&30.0));
+    // Claimed is unchanged by the new bucket: it reads the namespace rows as before.
+    assert_eq!(second.gpu_seconds_claimed.get("a"), Some(&30.0));
+    let text = render_snapshot(&second).expect("render");
+    assert!(
+        text.contains(r#"gpu_ledger_gpu_seconds_lost_total{namespace="a"} 30"#),
+        "{text}"
+    );
+    // A namespace with no sick card has a 0 series once it holds GPUs (increase() needs it).
+    let healthy =
+        Snapshot::new(ledger(vec![pod("a", "fine")])).advance(ledger(vec![pod("a", "fine")]));
+    assert_eq!(healthy.gpu_seconds_lost.get("a"), Some(&0.0));
+}

@@ -20,6 +20,10 @@ pub struct Snapshot {
     /// GPU-seconds held per (namespace, GPU model, activity) since start (monotonic): the
     /// model dimension `showback` prices, and busy apart from unknown (docs/metrics.md).
     pub gpu_seconds_by_model: BTreeMap<(String, String, &'static str), f64>,
+    /// GPU-seconds held on a sick card per namespace since start (monotonic; health layer,
+    /// `ledger::health`): hours a pod held a card that could do no work. Inside claimed, as idle
+    /// is.
+    pub gpu_seconds_lost: BTreeMap<String, f64>,
     /// This replica's shard when sharded (`--total-shards` > 1): every series of the text path
     /// carries `shard="<i>"`, as the registry's own families do through its const label
     /// (export's `registry`), so PromQL adds shards and de-duplicates HA replicas apart.
@@ -70,6 +74,7 @@ impl Snapshot {
             gpu_seconds_claimed: BTreeMap::new(),
             gpu_seconds_idle: BTreeMap::new(),
             gpu_seconds_by_model: BTreeMap::new(),
+            gpu_seconds_lost: BTreeMap::new(),
             shard: None,
         }
     }
@@ -96,7 +101,16 @@ impl Snapshot {
         for (key, _) in held_by_model(&ledger) {
             by_model.entry(key).or_insert(0.0);
         }
+        let mut lost = self.gpu_seconds_lost.clone();
+        for ns in &ledger.namespaces {
+            lost.entry(ns.namespace.clone()).or_insert(0.0);
+        }
         if elapsed > 0.0 {
+            for p in self.ledger.pods.iter().filter(|p| p.state.holds()) {
+                if p.gpu_health.is_some() {
+                    *lost.entry(p.namespace.clone()).or_insert(0.0) += p.gpus * elapsed;
+                }
+            }
             for ns in &self.ledger.namespaces {
                 *claimed.entry(ns.namespace.clone()).or_insert(0.0) += ns.gpus_claimed * elapsed;
                 *idle.entry(ns.namespace.clone()).or_insert(0.0) += ns.gpus_idle * elapsed;
@@ -110,6 +124,7 @@ impl Snapshot {
             gpu_seconds_claimed: claimed,
             gpu_seconds_idle: idle,
             gpu_seconds_by_model: by_model,
+            gpu_seconds_lost: lost,
             shard: self.shard,
         }
     }

@@ -35,6 +35,7 @@ impl PodClaim {
             class_requests: BTreeMap::new(),
             kai: None,
             hami: super::hami_inputs::HamiPod::default(),
+            unhealthy_devices: Vec::new(),
         }
     }
 

@@ -204,6 +204,12 @@ pub struct PodClaim {
     pub kai: Option<super::kai_pod::KaiPod>,
     /// HAMi vGPU layer: the pod's allocation annotation, read (`ledger::hami`).
     pub hami: super::hami_inputs::HamiPod,
+    // Health layer (issue 39, sick cards).
+    /// Devices the kubelet reports `Unhealthy` for this pod
+    /// (`status.containerStatuses[].allocatedResourcesStatus`, KEP-4680), bounded
+    /// ([`MAX_UNHEALTHY_KEPT`]); `Healthy` and `Unknown` entries are not kept (unknown health is
+    /// not sickness).
+    pub unhealthy_devices: Vec<UnhealthyResource>,
 }
 
 /// Most names kept of a list of gates or finalizers (real pods carry one or two).
@@ -478,6 +484,10 @@ pub struct DraDevice {
     pub product: Option<String>,
     /// `spec.pool.generation`: only the highest generation of a pool is current.
     pub pool_generation: i64,
+    // Health layer (issue 39, sick cards).
+    /// `spec.devices[].taints` (bounded, [`MAX_UNHEALTHY_KEPT`]): NVIDIA's DRA driver taints a
+    /// device on a fatal XID, a lost GPU or a device NVML cannot monitor.
+    pub taints: Vec<DeviceTaint>,
 }
 
 /// Identity of an allocated device that its driver recorded in the claim itself
@@ -573,6 +583,62 @@ pub struct ExtendedMapping {
     pub resource: String,
     /// The claim's request serving it.
     pub request: String,
+}
+
+// Health layer (issue 39, sick cards): what the API says about a device's health.
+
+/// Most device taints or unhealthy resources kept per device or pod (real ones carry one per
+/// key: NVIDIA's driver writes at most three keys).
+pub const MAX_UNHEALTHY_KEPT: usize = 16;
+/// Longest taint value or kubelet health message kept (the API allows 1024 bytes of message).
+pub const MAX_HEALTH_TEXT: usize = 256;
+
+/// The effect of a DRA device taint (`None`, `NoSchedule`, `NoExecute`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceTaintEffect {
+    /// Informational: the scheduler and the eviction controller ignore it.
+    None,
+    /// No new allocation of the device.
+    NoSchedule,
+    /// No new allocation, and pods holding the device are evicted (unless tolerated).
+    NoExecute,
+    /// An effect this version does not know (never read as unhealthy).
+    Unknown,
+}
+
+impl DeviceTaintEffect {
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "None" => Self::None,
+            "NoSchedule" => Self::NoSchedule,
+            "NoExecute" => Self::NoExecute,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// A taint on one DRA device (`ResourceSlice.spec.devices[].taints[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceTaint {
+    pub key: String,
+    /// Empty when absent (NVIDIA's driver puts the XID code here).
+    pub value: String,
+    pub effect: DeviceTaintEffect,
+    /// `timeAdded`: since when the device is tainted.
+    pub time_added: Option<DateTime<Utc>>,
+}
+
+/// One resource the kubelet reports `Unhealthy` in a container's `allocatedResourcesStatus`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnhealthyResource {
+    /// `name`: the resource (`nvidia.com/gpu` for a device plugin) or `claim:<claim>[/<request>]`
+    /// for a DRA claim.
+    pub name: String,
+    /// `resourceID`: a device plugin's device id (NVIDIA's is the GPU UUID) or, for DRA, the CDI
+    /// device id or `<driver>/<pool>/<device>`.
+    pub resource_id: String,
+    /// `message` (bounded; empty when absent).
+    pub message: String,
 }
 
 /// Shard owning a node: FNV-1a of its name modulo the shard count (stable across versions and

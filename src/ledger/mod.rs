@@ -13,6 +13,7 @@ pub mod claims;
 mod dra;
 pub mod hami;
 pub mod hami_inputs;
+pub mod health;
 pub mod kai;
 pub mod kai_pod;
 pub mod kueue;
@@ -36,8 +37,8 @@ use units::NodeShape;
 use usage::Usage;
 
 pub use model::{
-    Attribution, ClaimsScope, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState,
-    Policy, Sharing, UnclaimedBusy,
+    Attribution, ClaimsScope, Evidence, GpuHealth, Ledger, NamespaceRow, NodeRow, Owner, PodRow,
+    PodState, Policy, Sharing, UnclaimedBusy,
 };
 
 /// A pod's row before attribution: its claim in GPU equivalents, its life and sharing layer,
@@ -80,6 +81,7 @@ fn base_row(
             .flatten(),
         finalizers: p.finalizers.clone(),
         node_ready: shape.node_ready(),
+        gpu_health: None,
         evidence: Evidence {
             uid: p.uid.clone(),
             started_at: p.started_at.or(p.created_at),
@@ -144,6 +146,8 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     let shapes = node_shapes(claims, usage, &index, policy);
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
     let hami_nodes = hami::Nodes::new(claims);
+    let sick = health::HealthIndex::new(claims, usage);
+    let sick_known = !sick.is_empty();
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     // GPU equivalents each pod holds on devices that are not on its node (network-attached):
     // they count for the pod and its namespace, not for its node.
@@ -228,6 +232,9 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             );
         }
         mps::withhold_device_verdict(&mut row);
+        if sick_known && state.holds() {
+            row.gpu_health = sick.of_pod(p, &row.devices);
+        }
         off_node.push(
             pod_dra
                 .held

@@ -196,8 +196,26 @@ pub struct PodRow {
     /// Whether the pod's node is Ready: `false` also when its Ready condition is `Unknown`
     /// (unreachable); `None` when not bound, the node is not known or reports no Ready condition.
     pub node_ready: Option<bool>,
+    /// The pod holds a sick card (health layer, `ledger::health`): in the JSON as
+    /// `"gpu_health": {"reason", "device", "since"}`, left out while every card it holds is
+    /// healthy or of unknown health.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_health: Option<GpuHealth>,
     #[serde(flatten)]
     pub evidence: Evidence,
+}
+
+/// Why a pod's card is sick (health layer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuHealth {
+    /// `xid:<code>`, `gpu-lost`, `unmonitored`, `taint:<key>`, `kubelet:<message>` or
+    /// `dcgm:<watch>` (bounded: it is the metric's `reason` label).
+    pub reason: String,
+    /// The sick device: its UUID, or `<driver>/<pool>/<device>` for a DRA device without one,
+    /// or the kubelet's resource id; `None` when the source does not say which.
+    pub device: Option<String>,
+    /// Since when (a taint's `timeAdded`); `None` when the source does not say.
+    pub since: Option<DateTime<Utc>>,
 }
 
 impl PodRow {
@@ -228,6 +246,7 @@ impl PodRow {
             pending_reason: None,
             finalizers: Vec::new(),
             node_ready: None,
+            gpu_health: None,
             evidence: Evidence::default(),
         }
     }

@@ -7,8 +7,9 @@
 //! its tolerations against the node's `NoSchedule`/`NoExecute` taints. An extended resource a
 //! node does not advertise is served there by DRA when a DeviceClass names it (KEP-5004,
 //! [`ExtendedDevices`]): the node's devices of that class count, free when no claim holds them,
-//! reclaimable from the pods holding them. Shared and unattributed
-//! GPUs are never reclaimable: their idleness is not provable per pod. A pod with scheduling
+//! reclaimable from the pods holding them. Shared and unattributed GPUs are never reclaimable:
+//! their idleness is not provable per pod; nor is a sick card (its holder's `gpu_health`):
+//! stopping or force-deleting its holder frees nothing a pod can use. A pod with scheduling
 //! gates (`spec.schedulingGates`, e.g. Kueue's `kueue.x-k8s.io/admission`) is not planned: the
 //! scheduler does not consider it until the gates are removed. MPS clients and KAI reservation
 //! pods are never offered, not even when stuck ([`Sharing::never_offered`]); a pending KAI
@@ -159,6 +160,8 @@ fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
                 && !nb.cull_opt_out
                 && nb.invalid_annotations.is_empty()
                 && nb.snooze_until.is_none_or(|t| t <= now)
+                // A stop would free a sick card: no room for anyone (health layer).
+                && p.gpu_health.is_none()
         })
         .collect();
     // A stop takes every pod of the notebook: one busy (or unproven) pod keeps them all.
@@ -276,14 +279,9 @@ fn names(request: &[(&str, u128)]) -> String {
     n.join(" or ")
 }
 
-/// The cheapest way node `n` takes the pod, or why it cannot.
-fn option_on(
-    n: &NodeInfo,
-    request: &[(&str, u128)],
-    placement: &Placement,
-    holders: &[(&PodRow, bool)],
-    dra: &ExtendedDevices<'_>,
-) -> Result<ReclaimOption, Misfit> {
+/// Whether the scheduler would consider `n` for a pod of `placement` at all, resources aside:
+/// taints, node selector, required node affinity.
+fn placement_fits(placement: &Placement, n: &NodeInfo) -> Result<(), Misfit> {
     if !tolerates(&placement.tolerations, &n.taints) {
         return Err(Misfit::Taint);
     }
@@ -299,6 +297,18 @@ fn option_on(
     {
         return Err(Misfit::Affinity);
     }
+    Ok(())
+}
+
+/// The cheapest way node `n` takes the pod, or why it cannot.
+fn option_on(
+    n: &NodeInfo,
+    request: &[(&str, u128)],
+    placement: &Placement,
+    holders: &[(&PodRow, bool)],
+    dra: &ExtendedDevices<'_>,
+) -> Result<ReclaimOption, Misfit> {
+    placement_fits(placement, n)?;
     // Per requested name: what the holders hold it as, the node's units, and the units claims
     // hold when DRA serves it (the device plugin's are what the holders hold).
     let supply: Vec<(Cow<'_, str>, u128, Option<u128>)> = request
@@ -368,8 +378,12 @@ fn option_on(
             .filter(|h| h.units.iter().any(|u| *u > 0))
             .collect()
     };
+    // A force delete of a sick card's holder frees nothing usable (health layer).
     let stuck = sorted(contributing(&|h, _| {
-        h.state == PodState::Terminating && h.stuck && !h.sharing.never_offered()
+        h.state == PodState::Terminating
+            && h.stuck
+            && !h.sharing.never_offered()
+            && h.gpu_health.is_none()
     }));
     if let Some(set) = fewest(&stuck, &deficit) {
         return Ok(ReclaimOption {

@@ -151,6 +151,7 @@ fn usage(devices: Vec<DeviceUsage>) -> Usage {
         devices,
         available: true,
         partial: false,
+        gpu_health: Vec::new(),
     }
 }
 
@@ -520,6 +521,7 @@ fn source_down_makes_everything_unknown() {
         devices: vec![],
         available: false,
         partial: false,
+        gpu_health: Vec::new(),
     };
     let l = build(&c, &u, now(), &Policy::default());
     let p = pod(&l, "p");

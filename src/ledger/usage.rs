@@ -105,6 +105,23 @@ pub struct Usage {
     pub partial: bool,
     /// HAMi vGPU layer: each container's own readings from HAMi's vGPU monitor.
     pub hami: Vec<HamiContainerUsage>,
+    // Health layer (issue 39, sick cards).
+    /// DCGM's health readings in the window, per GPU (only GPUs with a non-passing watch or an
+    /// XID); the ledger decides what is sick.
+    pub gpu_health: Vec<DcgmHealth>,
+}
+
+/// What DCGM said about one GPU's health in the window (`DCGM_EXP_GPU_HEALTH_STATUS`,
+/// `DCGM_EXP_XID_ERRORS_COUNT`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DcgmHealth {
+    /// GPU UUID (a MIG instance's health is its parent GPU's).
+    pub uuid: String,
+    /// Highest status per health watch in the window (`THERMAL`, `POWER`, …): DCGM's health
+    /// result, 0 pass, 10 warn, 20 fail; only watches above 0 are kept.
+    pub watches: Vec<(String, f64)>,
+    /// XID codes seen in the window (any count above 0), fatal or not.
+    pub xids: Vec<u32>,
 }
 
 /// Window and threshold used to reduce samples.

@@ -182,6 +182,15 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
         }
         _ => {}
     }
+    // Health layer: a sick card first, it outranks what the readings say.
+    if let Some(h) = &p.gpu_health {
+        let device = h
+            .device
+            .as_deref()
+            .map(|d| format!(" ({d})"))
+            .unwrap_or_default();
+        parts.push(format!("unhealthy GPU: {}{device}", h.reason));
+    }
     if notebook_stopped(p) {
         parts.push("notebook stopped, pod still holds its GPU".into());
     }
@@ -397,5 +406,18 @@ mod tests {
         assert_eq!(percent(0.125), "13%");
         assert_eq!(percent(0.0), "0%");
         assert_eq!(percent(0.98), "98%");
+    }
+
+    #[test]
+    fn a_sick_card_is_named_in_the_note() {
+        let mut p = PodRow::new("team-a", "trainer-0");
+        p.state = PodState::Running;
+        assert_eq!(note(&p, true), "");
+        p.gpu_health = Some(crate::ledger::GpuHealth {
+            reason: "xid:79".into(),
+            device: Some("GPU-4cf8".into()),
+            since: None,
+        });
+        assert_eq!(note(&p, true), "unhealthy GPU: xid:79 (GPU-4cf8)");
     }
 }

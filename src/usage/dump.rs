@@ -18,7 +18,7 @@ use super::prom::{Selector, clusters_of};
 use super::scheme::LabelScheme;
 use super::scheme::SchemeChoice;
 use super::series::{self, Series};
-use crate::ledger::usage::{Usage, Window};
+use crate::ledger::usage::{DcgmHealth, Usage, Window};
 
 /// Sample spacing assumed for a device whose samples do not show one (a single snapshot).
 pub const DEFAULT_SCRAPE_INTERVAL_SECS: i64 = 30;
@@ -153,6 +153,88 @@ fn dcgm_label_names(series: &[Series]) -> impl Iterator<Item = &str> {
         .flat_map(|s| s.labels.keys().map(String::as_str))
 }
 
+// Health layer (issue 39, sick cards).
+
+/// Most watches or XID codes kept per GPU (a real GPU has a dozen watches, a handful of codes).
+const MAX_HEALTH_ENTRIES: usize = 64;
+
+/// Takes dcgm-exporter's health series out of `series`: the reduction reads the utilisation
+/// fields only, and a dump's interval and coverage are theirs.
+fn split_health(series: &mut Vec<Series>) -> Vec<Series> {
+    let (health, rest) = std::mem::take(series)
+        .into_iter()
+        .partition(|s| s.name == fields::GPU_HEALTH_STATUS || s.name == fields::XID_ERRORS_COUNT);
+    *series = rest;
+    health
+}
+
+/// [`narrow_to_one_cluster`], then [`split_health`]: the health series of this cluster.
+fn narrow_and_split_health(
+    path: &Path,
+    series: &mut Vec<Series>,
+    selector: Option<&Selector>,
+) -> Result<Vec<Series>, DumpError> {
+    narrow_to_one_cluster(path, series, selector)?;
+    Ok(split_health(series))
+}
+
+/// DCGM's health verdicts of a dump in the window ending at `at`, as the live query reads them:
+/// per GPU, the highest status per health watch above pass and the XID codes counted above 0
+/// (`max_over_time`). Samples without a timestamp (at `sentinel_ms`) are the observation's own.
+fn dcgm_health(
+    health: &[Series],
+    at: DateTime<Utc>,
+    window: Duration,
+    sentinel_ms: i64,
+) -> Vec<DcgmHealth> {
+    let (end, start) = (at.timestamp_millis(), (at - window).timestamp_millis());
+    let mut out: Vec<DcgmHealth> = Vec::new();
+    for s in health {
+        let peak = s
+            .samples
+            .iter()
+            .filter(|(t, v)| (*t == sentinel_ms || (*t > start && *t <= end)) && v.is_finite())
+            .map(|(_, v)| *v)
+            .fold(f64::NAN, f64::max);
+        let label = |k: &str| {
+            s.labels
+                .get(k)
+                .map(String::as_str)
+                .filter(|v| !v.is_empty())
+        };
+        let Some(uuid) = label("UUID")
+            .or_else(|| label("uuid"))
+            .filter(|_| peak > 0.0)
+        else {
+            continue;
+        };
+        let i = out.iter().position(|h| h.uuid == uuid).unwrap_or_else(|| {
+            out.push(DcgmHealth {
+                uuid: uuid.to_string(),
+                ..DcgmHealth::default()
+            });
+            out.len() - 1
+        });
+        let h = &mut out[i];
+        if s.name == fields::GPU_HEALTH_STATUS {
+            if let Some(w) = label(fields::HEALTH_WATCH_LABEL)
+                && h.watches.len() < MAX_HEALTH_ENTRIES
+            {
+                match h.watches.iter_mut().find(|(name, _)| name == w) {
+                    Some(e) => e.1 = e.1.max(peak),
+                    None => h.watches.push((w.to_string(), peak)),
+                }
+            }
+        } else if let Some(code) = label(fields::XID_LABEL).and_then(|x| x.parse::<u32>().ok())
+            && h.xids.len() < MAX_HEALTH_ENTRIES
+            && !h.xids.contains(&code)
+        {
+            h.xids.push(code);
+        }
+    }
+    out
+}
+
 /// Reads `path` and reduces it at `settings.at`, or the newest sample, or `fallback_now`.
 pub fn load(
     path: &Path,
@@ -166,7 +248,7 @@ pub fn load(
     // One device under a legacy name in one part of the dump and a DCGM 4.7 name in another (a
     // rolling exporter upgrade) reduces as one.
     series::to_internal_fields(&mut parsed.series);
-    narrow_to_one_cluster(path, &mut parsed.series, settings.selector.as_ref())?;
+    let health = narrow_and_split_health(path, &mut parsed.series, settings.selector.as_ref())?;
     let file = display_name(path);
     let mut warnings = Vec::new();
     if parsed.series.is_empty() {
@@ -290,14 +372,14 @@ pub fn load(
         idle_threshold: settings.idle_threshold,
         max_staleness: settings.max_staleness,
     };
-    let usage = Usage {
-        devices: series::reduce(&parsed.series, &scheme, &window, at),
-        available: true,
-        partial: false,
-        hami: super::hami::reduce(&parsed.series, &window, at),
-    };
     Ok(DumpUsage {
-        usage,
+        usage: Usage {
+            devices: series::reduce(&parsed.series, &scheme, &window, at),
+            available: true,
+            gpu_health: dcgm_health(&health, at, settings.window, sentinel_ms),
+            hami: super::hami::reduce(&parsed.series, &window, at),
+            ..Usage::default()
+        },
         at,
         scrape_interval: interval,
         scheme,
@@ -366,7 +448,8 @@ fn read_bounded(
         path: path.to_path_buf(),
         kind: kind_of(meta.file_type()),
     };
-    let keep: Vec<&str> = fields::read_names().collect();
+    let mut keep: Vec<&str> = fields::read_names().collect();
+    keep.extend([fields::GPU_HEALTH_STATUS, fields::XID_ERRORS_COUNT]);
     // Checked before opening (following links): opening a FIFO blocks until a writer comes, and
     // a device such as /dev/zero never ends.
     let meta = std::fs::metadata(path).map_err(read_err)?;
@@ -498,5 +581,36 @@ mod tests {
             &[i64::MIN, 0, 30_000, 60_000, i64::MAX],
         )];
         assert_eq!(infer_interval(&s), Some(Duration::seconds(30)));
+    }
+
+    #[test]
+    fn a_dumps_health_families_become_dcgm_health_beside_the_devices() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/health/dcgm-health.prom");
+        let now = DateTime::parse_from_rfc3339("2026-07-22T04:00:00Z")
+            .expect("valid")
+            .with_timezone(&Utc);
+        let settings = DumpSettings {
+            at: None,
+            window: Duration::minutes(10),
+            scrape_interval: None,
+            scheme: SchemeChoice::Auto,
+            idle_threshold: 0.05,
+            max_staleness: Duration::minutes(2),
+            max_bytes: DEFAULT_MAX_DUMP_BYTES,
+            selector: None,
+        };
+        let loaded = load(&path, &settings, now).expect("dump loads");
+        assert_eq!(
+            loaded.usage.gpu_health,
+            vec![DcgmHealth {
+                uuid: "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c".into(),
+                watches: vec![("THERMAL".into(), 20.0)],
+                xids: vec![43],
+            }]
+        );
+        // The health series are no devices of their own: one GPU, read from its utilisation.
+        assert_eq!(loaded.usage.devices.len(), 1);
+        assert_eq!(loaded.usage.devices[0].workloads[0].pod, "nb-0");
     }
 }

@@ -26,6 +26,19 @@ pub const GPU_UTIL: &str = "DCGM_FI_DEV_GPU_UTIL";
 /// `DCGM_FI_DEV_FB_USED` (field 252): MiB. Internal name of the field.
 pub const FB_USED: &str = "DCGM_FI_DEV_FB_USED";
 
+// Health layer (issue 39, sick cards): dcgm-exporter's health families (commented out in its
+// default counters CSV; `internal/pkg/counters/const.go` names them).
+/// `DCGM_EXP_GPU_HEALTH_STATUS`: one series per GPU per health watch (label [`HEALTH_WATCH_LABEL`]),
+/// DCGM's health result (0 pass, 10 warn, 20 fail).
+pub const GPU_HEALTH_STATUS: &str = "DCGM_EXP_GPU_HEALTH_STATUS";
+/// `DCGM_EXP_XID_ERRORS_COUNT`: XIDs per GPU per code (label [`XID_LABEL`]) in the exporter's
+/// window, a windowed gauge (read with `max_over_time`, never `increase`).
+pub const XID_ERRORS_COUNT: &str = "DCGM_EXP_XID_ERRORS_COUNT";
+/// The health watch of a [`GPU_HEALTH_STATUS`] series (`THERMAL`, `POWER`, `ALL`, …).
+pub const HEALTH_WATCH_LABEL: &str = "health_watch";
+/// The XID code of a [`XID_ERRORS_COUNT`] series.
+pub const XID_LABEL: &str = "xid";
+
 /// Bytes per MiB.
 const MIB: f64 = 1024.0 * 1024.0;
 

@@ -470,6 +470,8 @@ pub struct LiveUsage {
     scope: Scope,
     /// A named scope matched no series (warned once until it matches again).
     scope_unmatched: bool,
+    /// Whether each refresh also reads DCGM's health families ([`Self::read_gpu_health`]).
+    gpu_health: bool,
 }
 
 /// Timeout of the start-up query: it reads every sample of the lookback (hours × every GPU), so
@@ -569,7 +571,13 @@ impl LiveUsage {
             settings,
             scope: Scope::All,
             scope_unmatched: false,
+            gpu_health: false,
         }
+    }
+
+    /// Also read dcgm-exporter's health families each refresh (`--dcgm-health`; one more query).
+    pub fn read_gpu_health(&mut self, on: bool) {
+        self.gpu_health = on;
     }
 
     /// Narrows the following refreshes to `scope` (a shard's devices).
@@ -776,12 +784,31 @@ impl LiveUsage {
                         h.merge(&mut devices, &window, self.settings.min_coverage, now);
                     }
                 }
+                // Health layer: a failed health query leaves health unknown (never sick), and
+                // the devices' readings stand.
+                let mut stats = stats;
+                let gpu_health = if self.gpu_health {
+                    stats.queries += 1;
+                    match client
+                        .gpu_health(&self.scope.matcher(), window.length, now)
+                        .await
+                    {
+                        Ok(h) => h,
+                        Err(e) => {
+                            warn!(error = %e, "prometheus GPU health query failed: GPU health from DCGM is unknown");
+                            Vec::new()
+                        }
+                    }
+                } else {
+                    Vec::new()
+                };
                 Fetched {
                     usage: Usage {
                         devices,
                         available: true,
                         partial,
                         hami: super::hami::reduce(self.samples.series(), &window, now),
+                        gpu_health,
                     },
                     stats,
                     error: None,

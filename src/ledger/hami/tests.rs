@@ -134,6 +134,7 @@ fn usage(hami: Vec<HamiContainerUsage>) -> Usage {
         available: true,
         partial: false,
         hami,
+        gpu_health: Vec::new(),
     }
 }
 

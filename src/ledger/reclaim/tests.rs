@@ -693,6 +693,7 @@ mod extended_resources {
             profile: None,
             product: None,
             pool_generation: 1,
+            taints: Vec::new(),
         }
     }
 
@@ -858,4 +859,49 @@ mod extended_resources {
             "tie: lower name"
         );
     }
+}
+
+/// Health layer: `p` holds a sick card.
+fn on_sick_card(mut p: PodRow) -> PodRow {
+    p.gpu_health = Some(crate::ledger::GpuHealth {
+        reason: "xid:79".into(),
+        device: Some("GPU-4cf8".into()),
+        since: None,
+    });
+    p
+}
+
+#[test]
+fn a_sick_card_is_never_offered_by_a_stop_or_a_force_delete() {
+    let out = run(
+        vec![
+            node("a-sick-idle", &[(GPU, 1)]),
+            node("b-sick-stuck", &[(GPU, 1)]),
+            node("c-healthy-idle", &[(GPU, 1)]),
+        ],
+        vec![],
+        vec![
+            pending("ml", "trial", &[(GPU, 1)]),
+            on_sick_card(idle_nb("u", "x", "a-sick-idle", &[(GPU, 1)], 9000.0)),
+            on_sick_card(stuck("u", "gone", "b-sick-stuck", &[(GPU, 1)])),
+            idle_nb("u", "y", "c-healthy-idle", &[(GPU, 1)], 600.0),
+        ],
+    );
+    let nodes: Vec<&str> = out[0].options.iter().map(|o| o.node.as_str()).collect();
+    assert_eq!(nodes, ["c-healthy-idle"], "{out:?}");
+    // With only the sick cards, the pod fits nowhere.
+    let out = run(
+        vec![
+            node("a-sick-idle", &[(GPU, 1)]),
+            node("b-sick-stuck", &[(GPU, 1)]),
+        ],
+        vec![],
+        vec![
+            pending("ml", "trial", &[(GPU, 1)]),
+            on_sick_card(idle_nb("u", "x", "a-sick-idle", &[(GPU, 1)], 9000.0)),
+            on_sick_card(stuck("u", "gone", "b-sick-stuck", &[(GPU, 1)])),
+        ],
+    );
+    assert!(out[0].options.is_empty(), "{out:?}");
+    assert!(out[0].fits_nowhere.is_some());
 }

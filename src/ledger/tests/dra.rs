@@ -20,6 +20,7 @@ fn gpu_device(node: &str, name: &str, uuid: &str) -> DraDevice {
         profile: None,
         product: Some("NVIDIA A100-SXM4-80GB".into()),
         pool_generation: 1,
+        taints: Vec::new(),
     }
 }
 

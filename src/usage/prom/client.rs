@@ -15,7 +15,9 @@ use super::bounds::MAX_ANSWER_BYTES;
 use super::decode::{self, MatrixRow, Sample};
 use super::envelope::{ApiResponse, Warnings};
 use super::error::PromError;
-use super::queries::{Selector, range_selector};
+use super::queries::{HEALTH_PART_LABEL, Selector, range_selector};
+use crate::ledger::usage::DcgmHealth;
+use crate::usage::fields::{HEALTH_WATCH_LABEL, XID_LABEL};
 use crate::usage::series::Series;
 
 /// Connection settings for the Prometheus HTTP API.
@@ -487,6 +489,19 @@ impl PromClient {
         Ok(value.round() as u64)
     }
 
+    /// DCGM's health verdicts over `window` for the GPUs of `scope` (`,`-prefixed matchers;
+    /// empty: every GPU), at `at` ([`super::queries::gpu_health_query`]): only GPUs with a
+    /// non-passing watch or an XID. Health layer.
+    pub async fn gpu_health(
+        &self,
+        scope: &str,
+        window: chrono::Duration,
+        at: DateTime<Utc>,
+    ) -> Result<Vec<DcgmHealth>, PromError> {
+        let query = super::queries::gpu_health_query(window, &format!("{}{scope}", self.matchers));
+        Ok(health_of(&self.instant(&query, at).await?))
+    }
+
     /// The answer to the window's selector narrowed by `scope` (`,`-prefixed matchers, e.g. a
     /// shard's [`super::queries::scope_matcher`]; empty: every device): raw samples of `fields`
     /// over `(at - range, at]`, with their own timestamps, one instant query of a range-vector
@@ -510,6 +525,67 @@ impl PromClient {
     fn window_selector(&self, scope: &str, fields: &[&str], range: chrono::Duration) -> String {
         range_selector(fields, &format!("{}{scope}", self.matchers), range)
     }
+}
+
+/// Most GPUs, and most watches or XID codes per GPU, kept of a health answer (an answer is
+/// untrusted: a real GPU has a dozen watches and a handful of codes).
+const MAX_HEALTH_GPUS: usize = 65_536;
+const MAX_HEALTH_ENTRIES: usize = 64;
+/// Longest health watch name kept (DCGM's are short: `THERMAL`, `UNKNOWN(12)`).
+const MAX_WATCH_BYTES: usize = 64;
+
+/// Folds the samples of [`super::queries::gpu_health_query`] into one entry per GPU UUID (either
+/// spelling of the label). A sample without a UUID, an XID that is no code, a watch name too long
+/// or a value that is not a finite positive number is left out: health unknown is not sickness.
+fn health_of(samples: &[Sample]) -> Vec<DcgmHealth> {
+    let mut out: Vec<DcgmHealth> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for s in samples {
+        if !(s.value.is_finite() && s.value > 0.0) {
+            continue;
+        }
+        let label = |k: &str| {
+            s.labels
+                .get(k)
+                .map(String::as_str)
+                .filter(|v| !v.is_empty())
+        };
+        let Some(uuid) = label("UUID").or_else(|| label("uuid")) else {
+            continue;
+        };
+        let i = match index.get(uuid) {
+            Some(i) => *i,
+            None if out.len() < MAX_HEALTH_GPUS => {
+                index.insert(uuid.to_string(), out.len());
+                out.push(DcgmHealth {
+                    uuid: uuid.to_string(),
+                    ..DcgmHealth::default()
+                });
+                out.len() - 1
+            }
+            None => continue,
+        };
+        let h = &mut out[i];
+        match label(HEALTH_PART_LABEL) {
+            Some("watch") => {
+                if let Some(w) = label(HEALTH_WATCH_LABEL).filter(|w| w.len() <= MAX_WATCH_BYTES)
+                    && h.watches.len() < MAX_HEALTH_ENTRIES
+                {
+                    h.watches.push((w.to_string(), s.value));
+                }
+            }
+            Some("xid") => {
+                if let Some(code) = label(XID_LABEL).and_then(|x| x.trim().parse::<u32>().ok())
+                    && h.xids.len() < MAX_HEALTH_ENTRIES
+                    && !h.xids.contains(&code)
+                {
+                    h.xids.push(code);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -644,5 +720,66 @@ mod tests {
             }
         }
         assert!(chain.starts_with("prometheus transport error: "), "{chain}");
+    }
+
+    #[test]
+    fn health_answers_fold_per_gpu_and_drop_what_is_no_reading() {
+        let sample = |labels: &[(&str, &str)], value: f64| Sample {
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+            time: 0.0,
+            value,
+        };
+        let h = health_of(&[
+            sample(
+                &[
+                    ("UUID", "GPU-a"),
+                    ("health_part", "watch"),
+                    ("health_watch", "THERMAL"),
+                ],
+                20.0,
+            ),
+            sample(
+                &[("uuid", "GPU-a"), ("health_part", "xid"), ("xid", "79")],
+                2.0,
+            ),
+            sample(
+                &[("UUID", "GPU-a"), ("health_part", "xid"), ("xid", "79")],
+                1.0,
+            ),
+            sample(
+                &[
+                    ("UUID", "GPU-b"),
+                    ("health_part", "xid"),
+                    ("xid", "not-a-code"),
+                ],
+                1.0,
+            ),
+            sample(
+                &[
+                    ("UUID", "GPU-c"),
+                    ("health_part", "watch"),
+                    ("health_watch", "POWER"),
+                ],
+                f64::NAN,
+            ),
+            sample(&[("health_part", "xid"), ("xid", "48")], 1.0),
+        ]);
+        assert_eq!(
+            h,
+            vec![
+                DcgmHealth {
+                    uuid: "GPU-a".into(),
+                    watches: vec![("THERMAL".into(), 20.0)],
+                    xids: vec![79],
+                },
+                DcgmHealth {
+                    uuid: "GPU-b".into(),
+                    ..DcgmHealth::default()
+                },
+            ]
+        );
     }
 }

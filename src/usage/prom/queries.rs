@@ -175,6 +175,25 @@ pub fn fields_missing_query(matchers: &str) -> String {
     )
 }
 
+/// Label telling the two parts of [`gpu_health_query`] apart.
+pub const HEALTH_PART_LABEL: &str = "health_part";
+
+/// DCGM's verdicts on GPU health over `window` (health layer): per GPU and health watch the
+/// highest `DCGM_EXP_GPU_HEALTH_STATUS` above pass (part `watch`), per GPU and XID code the highest
+/// `DCGM_EXP_XID_ERRORS_COUNT` above 0 (part `xid`; a windowed gauge, so `max_over_time`). Healthy
+/// GPUs are not in the answer. One instant query; `matchers` (`,`-prefixed, or empty) narrows
+/// every selector (`--prometheus-selector`, a shard's scope).
+pub fn gpu_health_query(window: chrono::Duration, matchers: &str) -> String {
+    let w = open_range(window);
+    let watch = fields::HEALTH_WATCH_LABEL;
+    let xid = fields::XID_LABEL;
+    let (health, xids) = (fields::GPU_HEALTH_STATUS, fields::XID_ERRORS_COUNT);
+    let m = matchers.strip_prefix(',').unwrap_or(matchers);
+    format!(
+        "label_replace(max by (UUID, uuid, {watch}) (max_over_time({health}{{{m}}}[{w}])) > 0, \"{HEALTH_PART_LABEL}\", \"watch\", \"\", \"\") or label_replace(max by (UUID, uuid, {xid}) (max_over_time({xids}{{{xid}!=\"\"{matchers}}}[{w}])) > 0, \"{HEALTH_PART_LABEL}\", \"xid\", \"\", \"\")"
+    )
+}
+
 /// `{__name__=~"A|B",<matchers>}[range]`: the raw samples of `fields` over `range`.
 pub(super) fn range_selector(fields: &[&str], matchers: &str, range: chrono::Duration) -> String {
     format!(
@@ -527,6 +546,16 @@ mod tests {
                 "{q}"
             );
         }
+    }
+
+    #[test]
+    fn gpu_health_asks_both_families_per_gpu_over_the_window() {
+        let q = gpu_health_query(chrono::Duration::minutes(10), r#",cluster="prod""#);
+        assert_eq!(
+            q,
+            "label_replace(max by (UUID, uuid, health_watch) (max_over_time(DCGM_EXP_GPU_HEALTH_STATUS{cluster=\"prod\"}[599999ms])) > 0, \"health_part\", \"watch\", \"\", \"\") or label_replace(max by (UUID, uuid, xid) (max_over_time(DCGM_EXP_XID_ERRORS_COUNT{xid!=\"\",cluster=\"prod\"}[599999ms])) > 0, \"health_part\", \"xid\", \"\", \"\")"
+        );
+        assert!(gpu_health_query(chrono::Duration::minutes(10), "").contains("STATUS{}[599999ms]"));
     }
 
     #[test]
