@@ -58,6 +58,7 @@ pub(super) fn cull_policy(args: &CullPolicyArgs, ledger: &Policy) -> CullPolicy 
             CullWhenFlag::Idle => CullWhen::Idle,
             CullWhenFlag::Demand => CullWhen::Demand,
         },
+        respect_activity: args.cull_respect_activity,
         ..CullPolicy::default()
     }
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 use super::target::{Identity, RbacRule, Target, TargetInfo};
 use crate::k8s::NOTEBOOK_GROUP;
 use crate::ledger::PodRow;
-use crate::ledger::claims::STOP_ANNOTATION;
+use crate::ledger::claims::{LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION};
 
 /// The Kubeflow Notebook target.
 #[derive(Debug, Clone, Copy, Default)]
@@ -67,5 +67,10 @@ impl Target for Notebook {
 
     fn restart_hint(&self) -> &'static str {
         "Restart from the notebooks UI"
+    }
+
+    /// Kubeflow's culler writes it from the Jupyter kernels' `last_activity` and busy state.
+    fn activity_source(&self) -> &'static str {
+        LAST_ACTIVITY_ANNOTATION
     }
 }

@@ -87,6 +87,12 @@ pub trait Target: Send + Sync {
 
     /// How its user restarts it after a stop (ends the stop Event's note's first sentence).
     fn restart_hint(&self) -> &'static str;
+
+    /// Where [`TargetInfo::last_activity`] was read (the activity veto's skip reason names it);
+    /// only asked of a kind whose projection fills it.
+    fn activity_source(&self) -> &'static str {
+        "its controller's activity record"
+    }
 }
 
 impl dyn Target + '_ {

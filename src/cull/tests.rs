@@ -498,6 +498,49 @@ fn render_plan_lists_stops_and_skip_counts() {
     );
 }
 
+#[test]
+fn render_plan_names_the_activity_that_vetoes_a_stop() {
+    let mut nb = notebook();
+    nb.last_activity = Some(now() - Duration::minutes(7));
+    let pod = PodRow {
+        gpus: 1.0,
+        ..idle_pod()
+    }
+    .of_notebook(nb);
+    let p = plan::plan(
+        &ledger_with(vec![pod], now()),
+        &CullPolicy::default(),
+        now(),
+    );
+    let mut out = Vec::new();
+    render_plan(&p, &mut out).expect("render");
+    let text = String::from_utf8(out).expect("utf8");
+    assert!(
+        text.contains(
+            "HELD  team-a/nb  pod=nb-0  recent_activity: recent activity at \
+             2026-01-31T11:53:00Z (notebooks.kubeflow.org/last-activity)"
+        ),
+        "{text}"
+    );
+    let json = serde_json::to_value(render::CullJson::of(&p)).expect("json");
+    assert_eq!(
+        json["skipped"][0]["detail"],
+        "recent activity at 2026-01-31T11:53:00Z (notebooks.kubeflow.org/last-activity)"
+    );
+    // Other skips carry no detail key at all (the JSON stays as it was).
+    let busy = PodRow {
+        idle: Some(false),
+        ..idle_pod()
+    };
+    let p = plan::plan(
+        &ledger_with(vec![busy], now()),
+        &CullPolicy::default(),
+        now(),
+    );
+    let json = serde_json::to_value(render::CullJson::of(&p)).expect("json");
+    assert!(json["skipped"][0].get("detail").is_none(), "{json}");
+}
+
 #[tokio::test]
 async fn a_notice_first_then_the_stop_once_it_has_run_out_and_the_webhook_hears_of_it() {
     let api = Arc::new(FakeApi::with_notebook(notebook()));

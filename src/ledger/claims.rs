@@ -28,6 +28,9 @@ pub const STOP_REASON_ANNOTATION: &str = "gpu-ledger.io/stop-reason";
 pub const STOP_SCHEDULED_AT_ANNOTATION: &str = "gpu-ledger.io/stop-scheduled-at";
 /// Why the stop was scheduled, with the evidence (written beside the notice).
 pub const STOP_NOTICE_REASON_ANNOTATION: &str = "gpu-ledger.io/stop-notice-reason";
+/// Kubeflow's notebook-controller culler: when a kernel of the notebook was last busy (RFC 3339;
+/// written only while its culler is on). The activity veto reads it.
+pub const LAST_ACTIVITY_ANNOTATION: &str = "notebooks.kubeflow.org/last-activity";
 /// Node label set by GPU Feature Discovery for time-sliced GPUs.
 pub const REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
 /// Node label with the GPU model (`NVIDIA-H100-80GB-HBM3`; under the MIG single strategy the
@@ -358,6 +361,9 @@ pub struct NotebookInfo {
     pub invalid_annotations: Vec<&'static str>,
     /// Our notice: when the scheduled stop is due ([`STOP_SCHEDULED_AT_ANNOTATION`]).
     pub stop_scheduled_at: Option<DateTime<Utc>>,
+    /// Activity veto: the last activity its own controller recorded (a Notebook's
+    /// [`LAST_ACTIVITY_ANNOTATION`]); `None` when it records none.
+    pub last_activity: Option<DateTime<Utc>>,
 }
 
 /// A StatefulSet's identity and controller, for pod → StatefulSet → Notebook verification.

@@ -210,6 +210,78 @@ fn a_culling_annotation_that_is_not_understood_holds_back() {
     assert_eq!(reason_of(&r), Some(SkipReason::AlreadyStopped));
 }
 
+#[test]
+fn recent_activity_vetoes_the_stop_and_names_time_and_source() {
+    use crate::ledger::claims::LAST_ACTIVITY_ANNOTATION;
+    // Idle GPU for 3h, idle threshold 2h (the default).
+    let with_activity = |ago: Duration| {
+        let mut r = idle_row("a", "nb", 3);
+        nb_mut(&mut r).last_activity = Some(t0() - ago);
+        r
+    };
+    let just_inside = with_activity(Duration::hours(2) - Duration::seconds(1));
+    assert_eq!(reason_of(&just_inside), Some(SkipReason::RecentActivity));
+    let p = plan(
+        &ledger(vec![just_inside.clone()]),
+        &CullPolicy::default(),
+        t0(),
+    );
+    assert!(p.actions.is_empty(), "{p:?}");
+    assert_eq!(p.candidates, 0);
+    assert_eq!(
+        p.skips[0].detail.as_deref(),
+        Some(
+            "recent activity at 2026-01-31T10:00:01Z \
+             (notebooks.kubeflow.org/last-activity)"
+        )
+    );
+    // The boundary: activity exactly idle_after ago no longer vetoes (as idleness of exactly
+    // idle_after qualifies); older, or none recorded, neither.
+    for ago in [Duration::hours(2), Duration::hours(5)] {
+        assert_eq!(reason_of(&with_activity(ago)), None, "{ago}");
+    }
+    assert_eq!(reason_of(&idle_row("a", "nb", 3)), None);
+    // Activity in the future (clock skew) is recent.
+    assert_eq!(
+        reason_of(&with_activity(-Duration::minutes(1))),
+        Some(SkipReason::RecentActivity)
+    );
+    // The threshold is the policy's.
+    let short = CullPolicy {
+        idle_after: Duration::minutes(30),
+        ..CullPolicy::default()
+    };
+    assert_eq!(
+        judge(&with_activity(Duration::hours(1)), &short, t0()),
+        Ok(())
+    );
+    // Other reasons stay more telling: a busy GPU is not_idle, not recent_activity.
+    let mut busy = with_activity(Duration::minutes(1));
+    busy.idle = Some(false);
+    assert_eq!(reason_of(&busy), Some(SkipReason::NotIdle));
+    // With the veto off, GPU idleness alone decides, and a bad value is not read at all.
+    let off = CullPolicy {
+        respect_activity: false,
+        ..CullPolicy::default()
+    };
+    assert_eq!(judge(&just_inside, &off, t0()), Ok(()));
+    let mut unparsable = idle_row("a", "nb", 3);
+    nb_mut(&mut unparsable).invalid_annotations = vec![LAST_ACTIVITY_ANNOTATION];
+    assert_eq!(judge(&unparsable, &off, t0()), Ok(()));
+    // With it on, a value not understood fails closed like our own annotations.
+    assert_eq!(reason_of(&unparsable), Some(SkipReason::InvalidAnnotation));
+}
+
+#[test]
+fn recent_activity_cancels_the_notice() {
+    let mut row = with_notice(idle_row("team-a", "nb", 3), t0() + Duration::minutes(5));
+    nb_mut(&mut row).last_activity = Some(t0() - Duration::minutes(10));
+    assert_eq!(
+        cancel_of(row, &notice_policy()).0,
+        CancelReason::RecentActivity
+    );
+}
+
 /// A backoff that holds `rows`' notebooks after one failed stop at `t0()`.
 fn backoff_for(rows: &[&PodRow]) -> Backoff {
     let mut b = Backoff::default();
@@ -599,11 +671,12 @@ fn arb_notebook() -> impl Strategy<Value = Option<(NotebookInfo, bool)>> {
         prop::bool::weighted(0.85),
         0_u8..4,
         prop::bool::weighted(0.1),
+        arb_time_offset(),
     );
     prop::option::weighted(
         0.9,
         nb.prop_map(
-            |(stopped, deleting, opt_out, snooze, last_stop, verified, n, invalid)| {
+            |(stopped, deleting, opt_out, snooze, last_stop, verified, n, invalid, activity)| {
                 let mut info = notebook("x", &format!("nb{n}"));
                 if invalid {
                     info.invalid_annotations = vec![crate::ledger::claims::SNOOZE_ANNOTATION];
@@ -617,6 +690,10 @@ fn arb_notebook() -> impl Strategy<Value = Option<(NotebookInfo, bool)>> {
                     .map(|s| t0() - Duration::seconds(s));
                 info.last_stopped_by_us = last_stop
                     .filter(|s| s % 2 == 0)
+                    .map(|s| t0() - Duration::seconds(s));
+                // Activity is recorded only where the Kubeflow culler runs: often absent.
+                info.last_activity = activity
+                    .filter(|s| s % 2 == 1)
                     .map(|s| t0() - Duration::seconds(s));
                 (info, verified)
             },
@@ -710,14 +787,18 @@ fn arb_policy() -> impl Strategy<Value = CullPolicy> {
             0..2,
         ),
         0_i64..4,
+        prop::bool::weighted(0.8),
     )
-        .prop_map(|(cap, idle_share, excluded, idle_h)| CullPolicy {
-            max_per_cycle: cap,
-            max_idle_share: idle_share,
-            exclude_namespaces: excluded,
-            idle_after: Duration::hours(idle_h),
-            ..CullPolicy::default()
-        })
+        .prop_map(
+            |(cap, idle_share, excluded, idle_h, respect_activity)| CullPolicy {
+                max_per_cycle: cap,
+                max_idle_share: idle_share,
+                exclude_namespaces: excluded,
+                idle_after: Duration::hours(idle_h),
+                respect_activity,
+                ..CullPolicy::default()
+            },
+        )
 }
 
 /// Independent restatement of the candidate rules, for the property tests.
@@ -754,6 +835,10 @@ fn safe_to_stop(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> bool {
         && !nb.cull_opt_out
         && nb.invalid_annotations.is_empty()
         && nb.snooze_until.is_none_or(|s| s <= now)
+        && (!policy.respect_activity
+            || nb
+                .last_activity
+                .is_none_or(|a| now - a >= policy.idle_after))
         && !policy.exclude_namespaces.contains(&row.namespace)
 }
 
