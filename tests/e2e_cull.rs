@@ -21,6 +21,12 @@
 //! 2. SIGTERM the leader: the Lease is released and the other replica takes over;
 //! 3. Prometheus outage before a new notebook's idle period elapses: nobody is stopped.
 //!
+//! The activity veto rides on phase 1: `typing-nb`'s GPU is as idle as `idle-nb`'s, but its
+//! `notebooks.kubeflow.org/last-activity` is kept fresh the way Kubeflow's culler keeps it while
+//! a kernel is busy (the culler itself needs a live Jupyter server, so a task writes the
+//! annotation, RFC 3339 seconds as the culler does, every 2 s); it is not stopped while the
+//! activity is fresh, and is stopped once the annotation is older than `--cull-idle-after`.
+//!
 //! `notice_before_a_stop_and_a_snooze_that_cancels_it` (a stack of its own, `--cull-notice`):
 //! two idle notebooks get the notice annotation and a Warning Event first; one is stopped only
 //! once its notice has run out, the other is snoozed during its notice, which cancels the stop
@@ -42,7 +48,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::Value;
-use support::{CULLING_RBAC, eventually, notebook_annotations};
+use support::{CULLING_RBAC, annotate_notebook, eventually, notebook_annotations};
 
 const NS: &str = "team-ml";
 const DRY_NS: &str = "team-dry";
@@ -52,6 +58,24 @@ const LEASE: &str = "gpu-ledger";
 /// The kill-switch ConfigMap the shipped culling RBAC may read (in [`LEDGER_NAMESPACE`]).
 const KILL_SWITCH: &str = "gpu-ledger-cull";
 const CULL_TIMINGS: [&str; 4] = ["--cull-idle-after", "15s", "--cull-min-runtime", "5s"];
+/// Kubeflow's culler's record of kernel activity (the activity veto reads it).
+const LAST_ACTIVITY: &str = "notebooks.kubeflow.org/last-activity";
+
+/// `t` as Kubeflow's culler writes it: RFC 3339, seconds, UTC.
+fn kubeflow_time(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Emulates Kubeflow's culler for a notebook whose kernel stays busy: `last-activity` = now,
+/// every 2 s (its own period is a minute; the test's idle threshold is 15 s).
+fn spawn_busy_kernel(admin: kube::Client, ns: &'static str, nb: &'static str) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        loop {
+            annotate_notebook(&admin, ns, nb, LAST_ACTIVITY, &kubeflow_time(Utc::now())).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }))
+}
 
 async fn events(admin: &kube::Client, ns: &str, notebook: &str, reason: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(admin.clone(), ns);
@@ -110,10 +134,14 @@ async fn culling_end_to_end() {
         Notebook::new(NS, "shared-nb").node("shared-1"),
         Notebook::new(NS, "blind-nb").node("n4").no_telemetry(),
         Notebook::new(DRY_NS, "dry-nb").node("n5"),
+        Notebook::new(NS, "typing-nb")
+            .node("n7")
+            .annotation(LAST_ACTIVITY, &kubeflow_time(Utc::now())),
     ];
     for nb in &notebooks {
         stack.create_notebook(nb).await.expect("notebook");
     }
+    let mut busy_kernel = spawn_busy_kernel(admin.clone(), NS, "typing-nb");
     for nb in &notebooks {
         stack
             .wait_pod_running(&nb.namespace, &nb.pod_name())
@@ -347,6 +375,37 @@ async fn culling_end_to_end() {
         "dry-run writes no annotation: {dry_ann:?}"
     );
     assert_not_stopped(&admin, DRY_NS, &["dry-nb"], "dry-run").await;
+
+    // Activity veto: typing-nb's GPU is idle past --cull-idle-after, its kernel is not.
+    eventually("typing-nb idle past --cull-idle-after", WAIT, || async {
+        let r = ledger_row(&replicas[leader], NS, "typing-nb-0").await?;
+        (r["idle_seconds"].as_f64()? >= 18.0).then_some(())
+    })
+    .await;
+    eventually("skip reason recent_activity counted", WAIT, || async {
+        let v = metric(
+            &replicas[leader],
+            "gpu_ledger_cull_skips_total",
+            &[("reason", "recent_activity")],
+        )
+        .await?;
+        (v > 0.0).then_some(())
+    })
+    .await;
+    assert_not_stopped(&admin, NS, &["typing-nb"], "while its kernel is busy").await;
+    // The kernel goes quiet and the culler's record ages past the threshold: stopped.
+    busy_kernel.0.abort();
+    let _ = (&mut busy_kernel.0).await;
+    // A patch it sent just before may still land: let the apiserver take it first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let quiet_since = kubeflow_time(Utc::now() - chrono::Duration::minutes(5));
+    annotate_notebook(&admin, NS, "typing-nb", LAST_ACTIVITY, &quiet_since).await;
+    let typing = eventually("typing-nb stopped", Duration::from_secs(90), || async {
+        let a = notebook_annotations(&admin, NS, "typing-nb").await;
+        a.contains_key(STOP_ANNOTATION).then_some(a)
+    })
+    .await;
+    assert_eq!(typing[LAST_ACTIVITY], quiet_since, "{typing:?}");
 
     // SIGTERM the leader: it releases the Lease and the other replica takes over.
     let leases: Api<Lease> = Api::namespaced(admin.clone(), LEDGER_NAMESPACE);

@@ -232,6 +232,12 @@ pub async fn snooze_for_an_hour(admin: &kube::Client, ns: &str, nb: &str) -> Str
     let until = (chrono::Utc::now() + chrono::Duration::hours(1))
         .format("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
+    annotate_notebook(admin, ns, nb, "gpu-ledger.io/snooze-until", &until).await;
+    until
+}
+
+/// Sets one annotation of Notebook `ns/nb` (a merge patch, as `kubectl annotate --overwrite`).
+pub async fn annotate_notebook(admin: &kube::Client, ns: &str, nb: &str, key: &str, value: &str) {
     let notebooks: Api<kube::api::DynamicObject> = Api::namespaced_with(
         admin.clone(),
         ns,
@@ -241,12 +247,10 @@ pub async fn snooze_for_an_hour(admin: &kube::Client, ns: &str, nb: &str) -> Str
         .patch(
             nb,
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
-                "gpu-ledger.io/snooze-until": &until}}})),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
         )
         .await
-        .expect("snooze");
-    until
+        .unwrap_or_else(|e| panic!("annotate notebook {ns}/{nb} {key}={value}: {e}"));
 }
 
 /// Waits until `kubectl describe notebook` tells a notice's story — the Warning
