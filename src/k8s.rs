@@ -130,6 +130,7 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
         last_stopped_by_us,
         invalid_annotations,
         stop_scheduled_at,
+        last_activity: None,
     }
 }
 
