@@ -8,7 +8,7 @@ use chrono::Duration;
 use super::actuator::tests::{FakeApi, notebook, now};
 use super::*;
 use crate::ledger::claims::NotebookInfo;
-use crate::ledger::{Attribution, PodRow, PodState};
+use crate::ledger::{Attribution, OwnedBy, PodRow, PodState};
 
 fn idle_pod() -> PodRow {
     PodRow {
@@ -284,7 +284,7 @@ fn allowed_pod() -> (PodRow, NotebookInfo) {
     row.notebook = Some("ok-nb".into());
     row.idle_seconds = Some(2.5 * 3600.0);
     row.evidence.uid = "ok-pod-uid".into();
-    row.evidence.notebook = Some((nb.clone(), true));
+    row.evidence.owner = Some(OwnedBy::notebook(nb.clone(), true));
     (row, nb)
 }
 
@@ -352,7 +352,7 @@ async fn a_forbidden_stop_backs_off_and_does_not_starve_the_others() {
 
     // ok-nb is stopped now; nb is retried after one cycle, fails again and sits out two.
     let mut stopped = allowed;
-    if let Some((nb, _)) = stopped.evidence.notebook.as_mut() {
+    if let Some(OwnedBy { info: nb, .. }) = stopped.evidence.owner.as_mut() {
         nb.stopped = Some("2026-01-31T12:00:30Z".into());
     }
     let mut results = Vec::new();
@@ -438,7 +438,7 @@ async fn time_to_free_is_observed_and_stuck_pods_warned_once() {
     let mut terminating = idle_pod();
     terminating.state = PodState::Terminating;
     terminating.stuck = true;
-    if let Some((nb, _)) = terminating.evidence.notebook.as_mut() {
+    if let Some(OwnedBy { info: nb, .. }) = terminating.evidence.owner.as_mut() {
         nb.stopped = Some("2026-01-31T12:00:00Z".into());
     }
     let t1 = now() + Duration::minutes(10);
@@ -597,7 +597,7 @@ async fn a_notice_first_then_the_stop_once_it_has_run_out_and_the_webhook_hears_
 
     // The ledger sees the notice; before it runs out nothing more happens.
     let mut noticed = idle_pod();
-    noticed.evidence.notebook = annotated.map(|nb| (nb, true));
+    noticed.evidence.owner = annotated.map(|nb| OwnedBy::notebook(nb, true));
     let soon = now() + Duration::minutes(5);
     noticed.evidence.newest_sample_at = Some(soon);
     let r = cycle(&mut c, &ledger_with(vec![noticed.clone()], soon), soon).await;

@@ -340,9 +340,36 @@ pub struct QuotaInfo {
     pub used: BTreeMap<String, u64>,
 }
 
-/// A Kubeflow Notebook, reduced to what reporting and culling read.
+/// Which kind of object owns a pod row: the kinds culling can stop. The ledger knows them by
+/// this name only; `cull` maps each to its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OwnerKind {
+    /// Kubeflow Notebook (`kubeflow.org`), through pod → StatefulSet → Notebook.
+    Notebook,
+    /// KubeRay RayCluster (`ray.io`).
+    RayCluster,
+    /// Kubeflow Notebooks 2.0 Workspace (`kubeflow.org` v1beta1).
+    Workspace,
+}
+
+impl OwnerKind {
+    /// The API kind, as users and `kubectl` read it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnerKind::Notebook => "Notebook",
+            OwnerKind::RayCluster => "RayCluster",
+            OwnerKind::Workspace => "Workspace",
+        }
+    }
+}
+
+/// A Kubeflow Notebook's name for an owner object: the first owner kind was the Notebook.
+pub type NotebookInfo = OwnerInfo;
+
+/// An owner object (a Kubeflow Notebook, a RayCluster, a Workspace), reduced to what reporting
+/// and culling read; which kind it is travels beside it ([`OwnerKind`]).
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct NotebookInfo {
+pub struct OwnerInfo {
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -361,8 +388,9 @@ pub struct NotebookInfo {
     pub invalid_annotations: Vec<&'static str>,
     /// Our notice: when the scheduled stop is due ([`STOP_SCHEDULED_AT_ANNOTATION`]).
     pub stop_scheduled_at: Option<DateTime<Utc>>,
-    /// Activity veto: the last activity its own controller recorded (a Notebook's
-    /// [`LAST_ACTIVITY_ANNOTATION`]); `None` when it records none.
+    /// Activity veto: the last user activity the owner's own controller published (a
+    /// notebook's [`LAST_ACTIVITY_ANNOTATION`], a Workspace's `status.activity.lastActivity`);
+    /// `None` when it publishes none.
     pub last_activity: Option<DateTime<Utc>>,
 }
 

@@ -31,8 +31,8 @@ use units::NodeShape;
 use usage::Usage;
 
 pub use model::{
-    Attribution, ClaimsScope, Evidence, Ledger, NamespaceRow, NodeRow, Owner, PodRow, PodState,
-    Policy, Sharing, UnclaimedBusy,
+    Attribution, ClaimsScope, Evidence, Ledger, NamespaceRow, NodeRow, OwnedBy, Owner, PodRow,
+    PodState, Policy, Sharing, UnclaimedBusy,
 };
 
 /// The pod's state, or `None` for a pod that neither holds GPUs nor asks for them: terminal
@@ -168,7 +168,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         };
         if let Some((nb, verified)) = notebook_of(claims, p) {
             row.notebook = Some(nb.name.clone());
-            row.evidence.notebook = Some((nb.clone(), verified));
+            row.evidence.owner = Some(OwnedBy::notebook(nb.clone(), verified));
         }
         // A bound pod whose claims give it nothing (not reserved for it yet) holds no device.
         if state.holds() && (!p.resources.is_empty() || !pod_dra.held.is_empty()) {

@@ -2,6 +2,7 @@
 //! (`gpus`, `percent`, `idle_for`, `note`, the quota and queue cells, the summary line); the
 //! page's script (`page/page.js`) formats the same way, which the Chromium test checks.
 
+use crate::ledger::claims::OwnerKind;
 use crate::ledger::model::{Attribution, Ledger, PodRow, PodState, QueueRow, QuotaRow};
 
 /// The cells of a quota row (`quotas` of the JSON): namespace, resource, hard, used, busy,
@@ -179,9 +180,9 @@ pub fn note(p: &PodRow, usage_available: bool) -> String {
 /// Whether the pod's Kubeflow notebook carries `kubeflow-resource-stopped`.
 pub fn notebook_stopped(p: &PodRow) -> bool {
     p.evidence
-        .notebook
+        .owner
         .as_ref()
-        .is_some_and(|(nb, _)| nb.stopped.is_some())
+        .is_some_and(|o| o.kind == OwnerKind::Notebook && o.info.stopped.is_some())
 }
 
 /// The cluster in five numbers (GPU equivalents).

@@ -7,8 +7,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::cull::notebook::Notebook;
-use crate::ledger::claims::NotebookInfo;
-use crate::ledger::{Ledger, PodRow, PodState};
+use crate::ledger::claims::{NotebookInfo, OwnerKind};
+use crate::ledger::{Ledger, OwnedBy, PodRow, PodState};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 1, 31, 12, 0, 0)
@@ -49,7 +49,7 @@ fn reason_of(row: &PodRow) -> Option<SkipReason> {
 }
 
 fn nb_mut(row: &mut PodRow) -> &mut NotebookInfo {
-    &mut row.evidence.notebook.as_mut().expect("notebook").0
+    &mut row.evidence.owner.as_mut().expect("notebook").info
 }
 
 #[test]
@@ -106,14 +106,29 @@ fn human_duration_formats() {
 #[test]
 fn pod_without_notebook_is_skipped() {
     let mut r = idle_row("a", "nb", 3);
-    r.evidence.notebook = None;
+    r.evidence.owner = None;
     assert_eq!(reason_of(&r), Some(SkipReason::NotNotebook));
+}
+
+#[test]
+fn an_owner_of_a_kind_no_registered_target_stops_is_no_notebook() {
+    // The Notebook target claims only Notebook owners: the same object under another owner
+    // kind (a RayCluster, with no RayCluster target registered) leaves the pod unowned.
+    let mut r = idle_row("a", "nb", 3);
+    r.evidence.owner.as_mut().expect("notebook").kind = OwnerKind::RayCluster;
+    assert_eq!(reason_of(&r), Some(SkipReason::NotNotebook));
+    // The JSON's `notebook_stopped` speaks of Notebooks only.
+    r.evidence.owner.as_mut().expect("owner").info.stopped = Some("x".into());
+    assert_eq!(
+        serde_json::to_value(&r).expect("json")["notebook_stopped"],
+        false
+    );
 }
 
 #[test]
 fn unverified_owner_is_skipped() {
     let mut r = idle_row("a", "nb", 3);
-    r.evidence.notebook.as_mut().expect("notebook").1 = false;
+    r.evidence.owner.as_mut().expect("notebook").verified = false;
     assert_eq!(reason_of(&r), Some(SkipReason::UnverifiedOwner));
 }
 
@@ -286,7 +301,7 @@ fn recent_activity_cancels_the_notice() {
 fn backoff_for(rows: &[&PodRow]) -> Backoff {
     let mut b = Backoff::default();
     for r in rows {
-        let (nb, _) = r.evidence.notebook.as_ref().expect("notebook");
+        let nb = &r.evidence.owner.as_ref().expect("notebook").info;
         b.failed(
             &Notebook,
             &r.namespace,
@@ -398,7 +413,7 @@ fn backoff_doubles_per_failure_and_ends_by_cycles_or_after_an_hour() {
         "counting starts afresh"
     );
     let row = idle_row(ns, name, 3);
-    let nb_uid = row.evidence.notebook.as_ref().expect("nb").0.uid.clone();
+    let nb_uid = row.evidence.owner.as_ref().expect("nb").info.uid.clone();
     b.failed(&Notebook, ns, name, &nb_uid, now);
     b.retain_present(&ledger(vec![row.clone()]), Targets::default());
     assert!(
@@ -743,12 +758,12 @@ fn arb_row() -> impl Strategy<Value = PodRow> {
             row.idle = idle;
             row.idle_seconds = idle_s;
             row.evidence.uid = format!("uid{id}");
-            row.evidence.notebook = nb.map(|(mut info, v)| {
+            row.evidence.owner = nb.map(|(mut info, v)| {
                 info.namespace.clone_from(&ns);
                 info.uid = format!("nb-{ns}-{}", info.name);
-                (info, v)
+                OwnedBy::notebook(info, v)
             });
-            row.notebook = row.evidence.notebook.as_ref().map(|(n, _)| n.name.clone());
+            row.notebook = row.evidence.owner.as_ref().map(|o| o.info.name.clone());
             row.evidence.started_at = start.map(|s| t0() - Duration::seconds(s));
             row.evidence.ready_since = ready.map(|s| t0() - Duration::seconds(s));
             row.evidence.coverage = cov;
@@ -803,7 +818,12 @@ fn arb_policy() -> impl Strategy<Value = CullPolicy> {
 
 /// Independent restatement of the candidate rules, for the property tests.
 fn safe_to_stop(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> bool {
-    let Some((nb, true)) = &row.evidence.notebook else {
+    let Some(OwnedBy {
+        info: nb,
+        verified: true,
+        ..
+    }) = &row.evidence.owner
+    else {
         return false;
     };
     let ev = &row.evidence;
@@ -869,7 +889,7 @@ proptest! {
             prop_assert!(row.is_some());
             let row = row.expect("checked");
             prop_assert!(safe_to_stop(row, &policy, now), "unsafe stop of {:?}", row);
-            prop_assert_eq!(&row.evidence.notebook.as_ref().expect("notebook").0.uid, notebook_uid);
+            prop_assert_eq!(&row.evidence.owner.as_ref().expect("notebook").info.uid, notebook_uid);
         }
         // Accounting: every GPU-holding pod is either acted on or skipped, exactly once.
         let holding = l.pods.iter().filter(|r| r.state.holds()).count();
@@ -891,7 +911,7 @@ proptest! {
         let now = t0();
         let mut backoff = Backoff::default();
         for (i, row) in l.pods.iter().enumerate() {
-            if let Some((nb, _)) = &row.evidence.notebook
+            if let Some(OwnedBy { info: nb, .. }) = &row.evidence.owner
                 && mask & (1 << (i % 32)) != 0
             {
                 backoff.failed(&Notebook, &row.namespace, &nb.name, &nb.uid, now - Duration::seconds(1));
@@ -935,14 +955,14 @@ proptest! {
             .pods
             .iter()
             .filter(|r| r.state.holds() && !safe_to_stop(r, &policy, now))
-            .filter_map(|r| r.evidence.notebook.as_ref().map(|(nb, _)| (r.namespace.clone(), nb.uid.clone())))
+            .filter_map(|r| r.evidence.owner.as_ref().map(|o| (r.namespace.clone(), o.info.uid.clone())))
             .collect();
         let safe = l
             .pods
             .iter()
             .filter(|r| safe_to_stop(r, &policy, now))
             .filter(|r| {
-                let (nb, _) = r.evidence.notebook.as_ref().expect("safe rows have a notebook");
+                let nb = &r.evidence.owner.as_ref().expect("safe rows have a notebook").info;
                 !busy.contains(&(r.namespace.clone(), nb.uid.clone()))
             })
             .count();
