@@ -17,6 +17,8 @@ use crate::ledger::claims::{
 /// The API group of Kubeflow's Notebook.
 pub const NOTEBOOK_GROUP: &str = "kubeflow.org";
 
+pub mod workspace;
+
 /// The Notebook versions tried, in order, before the group's preferred one: culling patches and
 /// names the Notebook through this version, so every lookup agrees on it.
 const NOTEBOOK_VERSIONS: [&str; 2] = ["v1", "v1beta1"];

@@ -20,6 +20,7 @@ pub mod registry;
 pub mod render;
 pub mod target;
 pub mod webhook;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -8,10 +8,11 @@ use std::fmt;
 
 use super::notebook::Notebook;
 use super::target::{Target, TargetInfo};
+use super::workspace::Workspace;
 use crate::ledger::PodRow;
 
 /// Every registered target (their RBAC must be granted by the culling Roles).
-pub static TARGETS: &[&dyn Target] = &[&Notebook];
+pub static TARGETS: &[&dyn Target] = &[&Notebook, &Workspace];
 
 /// The owner object of a pod row: which target claimed it, its projection and whether the pod
 /// → owner chain was verified.

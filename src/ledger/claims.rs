@@ -69,6 +69,13 @@ pub struct Claims {
     /// Names of the nodes other shards own (empty unless [`shard`]ed): a device reported on one
     /// is placed there, so this shard neither claims it nor calls it unclaimed busy.
     pub other_shards_nodes: Vec<String>,
+    // Workspace layer (issue 40): Kubeflow Notebooks 2.0 Workspaces and their WorkspaceKinds.
+    /// Workspaces (`kubeflow.org/v1beta1`), when served.
+    pub workspaces: Vec<WorkspaceInfo>,
+    /// WorkspaceKinds: their `activityRules` may exempt a Workspace from pausing.
+    pub workspace_kinds: Vec<WorkspaceKindInfo>,
+    /// Whether the Workspace API is served (without it no pod is a Workspace's).
+    pub workspaces_enabled: bool,
 }
 
 /// A pod of a DaemonSet, reduced to where it runs.
@@ -676,4 +683,42 @@ mod tests {
         assert!(!req(SelectorOp::DoesNotExist, &[]).matches(&labels));
         assert!(!req(SelectorOp::Unknown, &[]).matches(&labels));
     }
+}
+
+// Workspace layer (issue 40): Kubeflow Notebooks 2.0 (`kubeflow.org/v1beta1`).
+
+/// The label the Workspace controller puts on a Workspace's StatefulSet and pods.
+pub const WORKSPACE_NAME_LABEL: &str = "notebooks.kubeflow.org/workspace-name";
+
+/// A Workspace: the owner projection culling reads (`stopped` = `"true"` when `spec.paused`,
+/// `last_activity` from `status.activity.lastActivity`), plus what its WorkspaceKind's rules
+/// match on.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkspaceInfo {
+    pub owner: OwnerInfo,
+    /// `spec.kind`: the WorkspaceKind's name.
+    pub kind: String,
+    /// `spec.podTemplate.options.podConfig`: the id of the podConfig option in use.
+    pub pod_config: String,
+}
+
+/// A WorkspaceKind, reduced to its activity rules and the labels of its podConfig options.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkspaceKindInfo {
+    pub name: String,
+    /// `spec.activityRules`, in order (first match wins).
+    pub activity_rules: Vec<ActivityRule>,
+    /// `spec.podTemplate.options.podConfig.values[].spawner.labels`, by option id.
+    pub pod_config_labels: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// One `activityRules` entry: when it matches, and whether it pauses (`None`: falls through).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ActivityRule {
+    /// `match.matchNamespace.selector` (namespace labels).
+    pub namespace_selector: Option<LabelSelector>,
+    /// `match.matchPodConfig.selector` (the podConfig option's spawner labels).
+    pub pod_config_selector: Option<LabelSelector>,
+    /// `effect.pauseWorkspace`.
+    pub pause_workspace: Option<bool>,
 }

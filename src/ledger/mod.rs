@@ -20,6 +20,7 @@ mod row_builder;
 pub mod showback;
 pub mod units;
 pub mod usage;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 
@@ -169,6 +170,10 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         if let Some((nb, verified)) = notebook_of(claims, p) {
             row.notebook = Some(nb.name.clone());
             row.evidence.owner = Some(OwnedBy::notebook(nb.clone(), verified));
+        }
+        // Workspace layer: a pod no Notebook owns may be a Workspace's.
+        if row.evidence.owner.is_none() {
+            row.evidence.owner = workspace::owner_of(claims, p);
         }
         // A bound pod whose claims give it nothing (not reserved for it yet) holds no device.
         if state.holds() && (!p.resources.is_empty() || !pod_dra.held.is_empty()) {
