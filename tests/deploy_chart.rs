@@ -234,6 +234,8 @@ const READ_ONLY_RULES: &[(&str, &str, &str)] = &[
     ("apps", "statefulsets", "get"),
     ("kubeflow.org", "notebooks", "list"),
     ("kubeflow.org", "notebooks", "watch"),
+    ("kubeflow.org", "workspaces", "list"),
+    ("kubeflow.org", "workspaces", "watch"),
     ("resource.k8s.io", "resourceclaims", "list"),
     ("resource.k8s.io", "resourceclaims", "watch"),
     ("kueue.x-k8s.io", "localqueues", "list"),
@@ -255,6 +257,8 @@ const NODE_RULES: &[(&str, &str, &str)] = &[
     ("kueue.x-k8s.io", "clusterqueues", "watch"),
     ("kueue.x-k8s.io", "resourceflavors", "list"),
     ("kueue.x-k8s.io", "resourceflavors", "watch"),
+    ("kubeflow.org", "workspacekinds", "list"),
+    ("kubeflow.org", "workspacekinds", "watch"),
 ];
 
 /// ClusterRole `<fullname>-culler`: re-read and patch a Notebook; events.k8s.io Events only
@@ -264,6 +268,8 @@ const CULLER_RULES: &[(&str, &str, &str)] = &[
     ("events.k8s.io", "events", "patch"),
     ("kubeflow.org", "notebooks", "get"),
     ("kubeflow.org", "notebooks", "patch"),
+    ("kubeflow.org", "workspaces", "get"),
+    ("kubeflow.org", "workspaces", "patch"),
 ];
 
 /// The leader-election Role: get/update on the release's Lease only, create on leases (RBAC

@@ -686,6 +686,285 @@ async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
     }
 }
 
+const WORKSPACE_FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/workspace");
+
+fn workspace_api() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kubeflow.org", "v1beta1", "Workspace"),
+        "workspaces",
+    )
+}
+
+/// Creates Workspace `ns/name` (WorkspaceKind `jupyterlab`, podConfig `pod_config`) and the
+/// StatefulSet its controller would create for it (`workspace_controller.go`: `generateName`
+/// from the Workspace's name, controller ownerReference, labels
+/// `notebooks.kubeflow.org/workspace-name` and `statefulset`, one replica, container `main`),
+/// its pod pinned to `node` with an idle GPU. Its status is written as the controller's would
+/// be while running, with a `lastActivity` in seconds as the published CRD's example.
+async fn create_workspace(
+    admin: &kube::Client,
+    ns: &str,
+    name: &str,
+    pod_config: &str,
+    node: &str,
+) {
+    gpu_ledger_testkit::stack::ensure_namespace(admin, ns)
+        .await
+        .expect("namespace");
+    let workspaces: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(admin.clone(), ns, &workspace_api());
+    let mut ws = kube::api::DynamicObject::new(name, &workspace_api());
+    ws.data = serde_json::json!({"spec": {"kind": "jupyterlab", "paused": false,
+        "podTemplate": {"options": {"imageConfig": "jupyterlab_scipy_190", "podConfig": pod_config},
+            "volumes": {"home": "home-pvc"}}}});
+    let ws = workspaces
+        .create(&PostParams::default(), &ws)
+        .await
+        .expect("workspace");
+    let status = serde_json::json!({"status": {
+        "activity": {"lastActivity": 1_704_067_200_i64, "lastUpdate": 1_704_067_200_i64},
+        "pauseTime": 0, "pendingRestart": false, "state": "Running", "stateMessage": "",
+        "podTemplateOptions": {"imageConfig": {"desired": "jupyterlab_scipy_190"},
+            "podConfig": {"desired": pod_config}}}});
+    workspaces
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(status),
+        )
+        .await
+        .expect("workspace status");
+    let labels = serde_json::json!({
+        "notebooks.kubeflow.org/workspace-name": name, "statefulset": name});
+    let sts: StatefulSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"generateName": format!("{name}-"), "namespace": ns,
+            "labels": {"notebooks.kubeflow.org/workspace-name": name},
+            "ownerReferences": [{"apiVersion": "kubeflow.org/v1beta1", "kind": "Workspace",
+                "name": name, "uid": ws.metadata.uid, "controller": true,
+                "blockOwnerDeletion": true}]},
+        "spec": {"replicas": 1, "serviceName": "",
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {
+                    gpu_ledger_testkit::dcgm::UTILIZATION_ANNOTATION: "0"}},
+                "spec": {"containers": [{"name": "main",
+                    "image": "ghcr.io/kubeflow/kubeflow/notebook-servers/jupyter-scipy:v1.9.0",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "terminationGracePeriodSeconds": 1}}}
+    }))
+    .expect("statefulset JSON");
+    Api::<StatefulSet>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &sts)
+        .await
+        .expect("workspace statefulset");
+}
+
+/// **Emulates the one rule of the Workspace controller that pausing relies on**
+/// (`workspace_controller.go`: `replicas := 1; if workspace.Spec.Paused { replicas = 0 }`, and
+/// `status.pauseTime` set once, in milliseconds, with `state: Paused`). The controller is not
+/// served as a Go module here, so it cannot run; nothing else of it is emulated (no activity
+/// probe: the test writes the status). Polls every 300 ms until aborted.
+fn spawn_workspace_pause_rule(admin: kube::Client) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        let workspaces: Api<kube::api::DynamicObject> =
+            Api::all_with(admin.clone(), &workspace_api());
+        loop {
+            for ws in workspaces
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let paused = ws.data.pointer("/spec/paused") == Some(&Value::Bool(true));
+                let (Some(ns), Some(name), Some(uid)) = (
+                    ws.metadata.namespace.as_deref(),
+                    ws.metadata.name.as_deref(),
+                    ws.metadata.uid.as_deref(),
+                ) else {
+                    continue;
+                };
+                if !paused {
+                    continue;
+                }
+                let sets: Api<StatefulSet> = Api::namespaced(admin.clone(), ns);
+                let owned = sets
+                    .list(
+                        &ListParams::default()
+                            .labels(&format!("notebooks.kubeflow.org/workspace-name={name}")),
+                    )
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default();
+                for sts in owned {
+                    if let Some(sts_name) = sts.metadata.name.as_deref() {
+                        let _ = gpu_ledger_testkit::stack::scale_owned_statefulset(
+                            &admin, ns, sts_name, uid, 0,
+                        )
+                        .await;
+                    }
+                }
+                if ws.data.pointer("/status/pauseTime").and_then(Value::as_i64) == Some(0) {
+                    let pause = serde_json::json!({"status": {
+                        "pauseTime": Utc::now().timestamp_millis(), "state": "Paused",
+                        "stateMessage": "Workspace is paused"}});
+                    let _ = Api::<kube::api::DynamicObject>::namespaced_with(
+                        admin.clone(),
+                        ns,
+                        &workspace_api(),
+                    )
+                    .patch_status(
+                        name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(pause),
+                    )
+                    .await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }))
+}
+
+/// Workspaces (Kubeflow Notebooks 2.0) on the shipped RBAC: the published Workspace CRD
+/// (tests/fixtures/workspace), a WorkspaceKind whose first `activityRules` entry exempts its
+/// `exempt_gpu` podConfig (`pauseWorkspace: false`) before a catch-all that pauses. Both
+/// Workspaces' GPUs are idle; `idle-ws` is paused (`spec.paused: true`, its StatefulSet scaled to
+/// 0 by the emulated rule, its pod gone), `exempt-ws` is not (`opted_out`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspaces_are_paused_unless_their_kind_exempts_them() {
+    let nodes: Vec<GpuNode> = (1..=2).map(|i| GpuNode::new(&format!("n{i}"), 1)).collect();
+    let stack = support::tier_b(&nodes, support::Grants::Culling).await;
+    let admin = stack.admin();
+    for file in [
+        "kubeflow.org_workspaces.yaml",
+        "kubeflow.org_workspacekinds.trimmed.yaml",
+    ] {
+        let text = std::fs::read_to_string(format!("{WORKSPACE_FIXTURES}/{file}")).expect(file);
+        let crd = serde_norway::from_str(&text).expect(file);
+        stack.cp.install_crd(&crd).await.expect(file);
+    }
+    let kinds: Api<kube::api::DynamicObject> = Api::all_with(
+        admin.clone(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("kubeflow.org", "v1beta1", "WorkspaceKind"),
+            "workspacekinds",
+        ),
+    );
+    let kind: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kubeflow.org/v1beta1", "kind": "WorkspaceKind",
+        "metadata": {"name": "jupyterlab"},
+        "spec": {
+            "activityRules": [
+                {"match": {"matchPodConfig": {"selector": {"matchLabels": {"gpu": "exempt"}}}},
+                 "config": {"secondsSinceActive": 3600},
+                 "effect": {"pauseWorkspace": false}},
+                {"config": {"secondsSinceActive": 3600}, "effect": {"pauseWorkspace": true}}
+            ],
+            "podTemplate": {
+                "activityProbe": {"jupyter": {"portId": "jupyterlab", "lastActivity": true}},
+                "options": {"podConfig": {"default": "big_gpu", "values": [
+                    {"id": "big_gpu", "spawner": {"displayName": "1 GPU",
+                        "labels": [{"key": "gpu", "value": "big"}]}},
+                    {"id": "exempt_gpu", "spawner": {"displayName": "1 GPU, never paused",
+                        "labels": [{"key": "gpu", "value": "exempt"}]}}
+                ]}}}
+        }
+    }))
+    .expect("workspacekind");
+    kinds
+        .create(&PostParams::default(), &kind)
+        .await
+        .expect("create workspacekind");
+    create_workspace(&admin, NS, "idle-ws", "big_gpu", "n1").await;
+    create_workspace(&admin, NS, "exempt-ws", "exempt_gpu", "n2").await;
+    let _controller = spawn_workspace_pause_rule(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let pod_of = |ws: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.list(
+                &ListParams::default()
+                    .labels(&format!("notebooks.kubeflow.org/workspace-name={ws}")),
+            )
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .and_then(|p| p.metadata.name)
+        }
+    };
+    let idle_pod = eventually("idle-ws pod Running", WAIT, || pod_of("idle-ws")).await;
+    let exempt_pod = eventually("exempt-ws pod Running", WAIT, || pod_of("exempt-ws")).await;
+
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    let mut args = vec!["--cull=on", "--lease-name", LEASE];
+    args.extend(CULL_TIMINGS);
+    let gl = stack
+        .start_gpu_ledger(bin, "gpu-ledger", &args)
+        .await
+        .expect("serve");
+
+    let workspaces: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(admin.clone(), NS, &workspace_api());
+    let paused = eventually("idle-ws paused", Duration::from_secs(120), || async {
+        let ws = workspaces.get("idle-ws").await.ok()?;
+        (ws.data.pointer("/spec/paused") == Some(&Value::Bool(true))).then_some(ws)
+    })
+    .await;
+    let ann = paused.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(ann["gpu-ledger.io/stopped-by"], "gpu-ledger", "{ann:?}");
+    assert!(
+        !ann.contains_key(STOP_ANNOTATION),
+        "a Workspace is paused by spec, not by Kubeflow's v1 annotation: {ann:?}"
+    );
+    eventually(&format!("{idle_pod} gone"), WAIT, || async {
+        pods.get_opt(&idle_pod).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let stopped = eventually("IdleGPUStopped Event on the Workspace", WAIT, || async {
+        let api: Api<Event> = Api::namespaced(admin.clone(), NS);
+        api.list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("IdleGPUStopped")
+                    && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Workspace")
+            })
+    })
+    .await;
+    assert_eq!(
+        stopped.regarding.and_then(|r| r.name).as_deref(),
+        Some("idle-ws")
+    );
+
+    // The exempt Workspace was idle as long, and its kind's rule kept it.
+    eventually("exempt-ws idle past --cull-idle-after", WAIT, || async {
+        let r = ledger_row(&gl, NS, &exempt_pod).await?;
+        (r["idle_seconds"].as_f64()? >= 18.0).then_some(())
+    })
+    .await;
+    eventually("skip reason opted_out counted", WAIT, || async {
+        let v = metric(
+            &gl,
+            "gpu_ledger_cull_skips_total",
+            &[("reason", "opted_out")],
+        )
+        .await?;
+        (v > 0.0).then_some(())
+    })
+    .await;
+    let exempt = workspaces.get("exempt-ws").await.expect("exempt-ws");
+    assert_eq!(
+        exempt.data.pointer("/spec/paused"),
+        Some(&Value::Bool(false)),
+        "exempt by its WorkspaceKind's activityRules"
+    );
+}
+
 fn ledger_row_absent(ledger: &Value, ns: &str, pod: &str) -> bool {
     ledger["pods"]
         .as_array()
