@@ -477,6 +477,17 @@ pub struct CullPolicyArgs {
         help_heading = "Culling"
     )]
     pub cull_respect_activity: bool,
+    /// The kinds culling may stop, comma-separated target names (`notebook`, `workspace`);
+    /// empty = every registered kind. Grant the culling RBAC of these only (chart:
+    /// `culling.targets`).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_CULL_TARGETS",
+        value_delimiter = ',',
+        value_name = "KIND",
+        help_heading = "Culling"
+    )]
+    pub cull_targets: Vec<String>,
 }
 
 /// `--cull-when` (mapped onto the culler's own type by `app`).

@@ -50,6 +50,48 @@ impl Targets {
     }
 }
 
+/// A `--cull-targets` name that is no registered target's noun.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown culling target {0:?} (known: {known})", known = known_nouns())]
+pub struct UnknownTarget(pub String);
+
+fn known_nouns() -> String {
+    TARGETS
+        .iter()
+        .map(|t| t.identity().noun)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Targets {
+    /// The registered targets named by `nouns` (`notebook`, `workspace`, …), in registry order;
+    /// every target when `nouns` is empty. A name no target has is an error: a typo must not
+    /// silently turn a kind's culling off.
+    pub fn named(nouns: &[String]) -> Result<Self, UnknownTarget> {
+        let wanted: Vec<&str> = nouns
+            .iter()
+            .map(|n| n.trim())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if let Some(unknown) = wanted
+            .iter()
+            .find(|n| !TARGETS.iter().any(|t| t.identity().noun == **n))
+        {
+            return Err(UnknownTarget((*unknown).to_string()));
+        }
+        if wanted.is_empty() || TARGETS.iter().all(|t| wanted.contains(&t.identity().noun)) {
+            return Ok(Targets(TARGETS));
+        }
+        let chosen: Vec<&'static dyn Target> = TARGETS
+            .iter()
+            .copied()
+            .filter(|t| wanted.contains(&t.identity().noun))
+            .collect();
+        // Once per process (the flag is read at start-up): the plan keeps `'static` targets.
+        Ok(Targets(Box::leak(chosen.into_boxed_slice())))
+    }
+}
+
 impl Default for Targets {
     fn default() -> Self {
         Targets(TARGETS)

@@ -411,3 +411,25 @@ async fn the_actuator_reads_checks_and_stops_each_action_as_its_target() {
     let note = &events.last().expect("the stop's event").1.note;
     assert!(note.contains("Resume it from the workspaces UI"), "{note}");
 }
+
+#[test]
+fn cull_targets_name_registered_kinds_only() {
+    let names = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+    // Empty (the default) and every name: all registered targets.
+    assert_eq!(Targets::named(&[]).expect("default"), Targets::default());
+    let all: Vec<&str> = TARGETS.iter().map(|t| t.identity().noun).collect();
+    assert_eq!(
+        Targets::named(&names(&all)).expect("all"),
+        Targets::default()
+    );
+    // One: that one alone.
+    let only = Targets::named(&names(&["workspace"])).expect("workspace");
+    let nouns: Vec<&str> = only.iter().map(|t| t.identity().noun).collect();
+    assert_eq!(nouns, vec!["workspace"]);
+    // A typo is an error naming it and the known names.
+    let err = Targets::named(&names(&["notebok"])).expect_err("typo");
+    assert!(
+        err.to_string().contains("\"notebok\"") && err.to_string().contains("notebook"),
+        "{err}"
+    );
+}

@@ -164,6 +164,7 @@ compares them for the default values).
 {{- if not (has (toString .Values.culling.maxSnooze) (list "" "0" "0s")) }}
 - --cull-max-snooze={{ .Values.culling.maxSnooze }}
 {{- end }}
+- --cull-targets={{ join "," .Values.culling.targets }}
 {{- if not .Values.culling.respectActivity }}
 - --cull-respect-activity=false
 {{- end }}
