@@ -79,7 +79,7 @@ pub fn exemption(ws: &WorkspaceInfo, kinds: &[WorkspaceKindInfo]) -> Option<&'st
     let Some(kind) = kinds.iter().find(|k| k.name == ws.kind) else {
         return Some("its WorkspaceKind is not known");
     };
-    let empty = Default::default();
+    let empty = std::collections::BTreeMap::new();
     let option_labels = kind.pod_config_labels.get(&ws.pod_config).unwrap_or(&empty);
     for rule in &kind.activity_rules {
         let Some(pause) = rule.pause_workspace else {

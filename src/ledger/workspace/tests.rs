@@ -13,11 +13,11 @@ fn workspace(kind: &str, pod_config: &str) -> WorkspaceInfo {
     }
 }
 
-fn selector(k: &str, v: &str) -> Option<LabelSelector> {
-    Some(LabelSelector {
+fn selector(k: &str, v: &str) -> LabelSelector {
+    LabelSelector {
         match_labels: BTreeMap::from([(k.to_string(), v.to_string())]),
         ..LabelSelector::default()
-    })
+    }
 }
 
 fn rule(pod_config: Option<LabelSelector>, pause: Option<bool>) -> ActivityRule {
@@ -47,7 +47,7 @@ fn kind(rules: Vec<ActivityRule>) -> WorkspaceKindInfo {
 fn the_first_deciding_rule_that_matches_wins() {
     // The research's example: GPU options exempt, a catch-all pauses the rest.
     let rules = kind(vec![
-        rule(selector("gpu", "1"), Some(false)),
+        rule(Some(selector("gpu", "1")), Some(false)),
         rule(None, Some(true)),
     ]);
     let kinds = [rules];
@@ -56,7 +56,7 @@ fn the_first_deciding_rule_that_matches_wins() {
     // A rule without an effect falls through to the next.
     let kinds = [kind(vec![
         rule(None, None),
-        rule(selector("gpu", "1"), Some(false)),
+        rule(Some(selector("gpu", "1")), Some(false)),
     ])];
     assert!(exemption(&workspace("jupyterlab", "big_gpu"), &kinds).is_some());
     // A pausing rule first decides: later exemptions are not reached.
@@ -73,7 +73,7 @@ fn the_first_deciding_rule_that_matches_wins() {
 fn what_cannot_be_evaluated_exempts() {
     // Namespace labels are not in the ledger: a namespace rule met first fails closed.
     let ns_rule = ActivityRule {
-        namespace_selector: selector("team", "ml"),
+        namespace_selector: Some(selector("team", "ml")),
         pause_workspace: Some(true),
         ..ActivityRule::default()
     };
@@ -81,7 +81,7 @@ fn what_cannot_be_evaluated_exempts() {
     assert!(exemption(&workspace("jupyterlab", "cpu"), &kinds).is_some());
     // ... unless its podConfig part already fails (AND).
     let gpu_and_ns = ActivityRule {
-        pod_config_selector: selector("gpu", "1"),
+        pod_config_selector: Some(selector("gpu", "1")),
         ..ns_rule
     };
     let kinds = [kind(vec![gpu_and_ns, rule(None, Some(true))])];
@@ -111,7 +111,7 @@ fn claims_with(labels: &[(&str, &str)], sts_known: bool) -> (Claims, PodClaim) {
             name: "ws".into(),
             uid: "ws-uid".into(),
         }),
-        selector: selector(WORKSPACE_NAME_LABEL, "ws"),
+        selector: Some(selector(WORKSPACE_NAME_LABEL, "ws")),
     };
     let claims = Claims {
         workspaces_enabled: true,
