@@ -686,80 +686,6 @@ async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
     }
 }
 
-const WORKSPACE_FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/workspace");
-
-fn workspace_api() -> kube::api::ApiResource {
-    kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("kubeflow.org", "v1beta1", "Workspace"),
-        "workspaces",
-    )
-}
-
-/// Creates Workspace `ns/name` (WorkspaceKind `jupyterlab`, podConfig `pod_config`) and the
-/// StatefulSet its controller would create for it (`workspace_controller.go`: `generateName`
-/// from the Workspace's name, controller ownerReference, labels
-/// `notebooks.kubeflow.org/workspace-name` and `statefulset`, one replica, container `main`),
-/// its pod pinned to `node` with an idle GPU. Its status is written as the controller's would
-/// be while running, with a `lastActivity` in seconds as the published CRD's example.
-async fn create_workspace(
-    admin: &kube::Client,
-    ns: &str,
-    name: &str,
-    pod_config: &str,
-    node: &str,
-) {
-    gpu_ledger_testkit::stack::ensure_namespace(admin, ns)
-        .await
-        .expect("namespace");
-    let workspaces: Api<kube::api::DynamicObject> =
-        Api::namespaced_with(admin.clone(), ns, &workspace_api());
-    let mut ws = kube::api::DynamicObject::new(name, &workspace_api());
-    ws.data = serde_json::json!({"spec": {"kind": "jupyterlab", "paused": false,
-        "podTemplate": {"options": {"imageConfig": "jupyterlab_scipy_190", "podConfig": pod_config},
-            "volumes": {"home": "home-pvc"}}}});
-    let ws = workspaces
-        .create(&PostParams::default(), &ws)
-        .await
-        .expect("workspace");
-    let status = serde_json::json!({"status": {
-        "activity": {"lastActivity": 1_704_067_200_i64, "lastUpdate": 1_704_067_200_i64},
-        "pauseTime": 0, "pendingRestart": false, "state": "Running", "stateMessage": "",
-        "podTemplateOptions": {"imageConfig": {"desired": "jupyterlab_scipy_190"},
-            "podConfig": {"desired": pod_config}}}});
-    workspaces
-        .patch_status(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(status),
-        )
-        .await
-        .expect("workspace status");
-    let labels = serde_json::json!({
-        "notebooks.kubeflow.org/workspace-name": name, "statefulset": name});
-    let sts: StatefulSet = serde_json::from_value(serde_json::json!({
-        "metadata": {"generateName": format!("{name}-"), "namespace": ns,
-            "labels": {"notebooks.kubeflow.org/workspace-name": name},
-            "ownerReferences": [{"apiVersion": "kubeflow.org/v1beta1", "kind": "Workspace",
-                "name": name, "uid": ws.metadata.uid, "controller": true,
-                "blockOwnerDeletion": true}]},
-        "spec": {"replicas": 1, "serviceName": "",
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels, "annotations": {
-                    gpu_ledger_testkit::dcgm::UTILIZATION_ANNOTATION: "0"}},
-                "spec": {"containers": [{"name": "main",
-                    "image": "ghcr.io/kubeflow/kubeflow/notebook-servers/jupyter-scipy:v1.9.0",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "terminationGracePeriodSeconds": 1}}}
-    }))
-    .expect("statefulset JSON");
-    Api::<StatefulSet>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &sts)
-        .await
-        .expect("workspace statefulset");
-}
-
 /// **Emulates the one rule of the Workspace controller that pausing relies on**
 /// (`workspace_controller.go`: `replicas := 1; if workspace.Spec.Paused { replicas = 0 }`, and
 /// `status.pauseTime` set once, in milliseconds, with `state: Paused`). The controller is not
@@ -768,7 +694,7 @@ async fn create_workspace(
 fn spawn_workspace_pause_rule(admin: kube::Client) -> AbortOnDrop {
     AbortOnDrop(tokio::spawn(async move {
         let workspaces: Api<kube::api::DynamicObject> =
-            Api::all_with(admin.clone(), &workspace_api());
+            Api::all_with(admin.clone(), &support::workspace_api());
         loop {
             for ws in workspaces
                 .list(&ListParams::default())
@@ -811,7 +737,7 @@ fn spawn_workspace_pause_rule(admin: kube::Client) -> AbortOnDrop {
                     let _ = Api::<kube::api::DynamicObject>::namespaced_with(
                         admin.clone(),
                         ns,
-                        &workspace_api(),
+                        &support::workspace_api(),
                     )
                     .patch_status(
                         name,
@@ -836,48 +762,10 @@ async fn workspaces_are_paused_unless_their_kind_exempts_them() {
     let nodes: Vec<GpuNode> = (1..=2).map(|i| GpuNode::new(&format!("n{i}"), 1)).collect();
     let stack = support::tier_b(&nodes, support::Grants::Culling).await;
     let admin = stack.admin();
-    for file in [
-        "kubeflow.org_workspaces.yaml",
-        "kubeflow.org_workspacekinds.trimmed.yaml",
-    ] {
-        let text = std::fs::read_to_string(format!("{WORKSPACE_FIXTURES}/{file}")).expect(file);
-        let crd = serde_norway::from_str(&text).expect(file);
-        stack.cp.install_crd(&crd).await.expect(file);
-    }
-    let kinds: Api<kube::api::DynamicObject> = Api::all_with(
-        admin.clone(),
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("kubeflow.org", "v1beta1", "WorkspaceKind"),
-            "workspacekinds",
-        ),
-    );
-    let kind: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "kubeflow.org/v1beta1", "kind": "WorkspaceKind",
-        "metadata": {"name": "jupyterlab"},
-        "spec": {
-            "activityRules": [
-                {"match": {"matchPodConfig": {"selector": {"matchLabels": {"gpu": "exempt"}}}},
-                 "config": {"secondsSinceActive": 3600},
-                 "effect": {"pauseWorkspace": false}},
-                {"config": {"secondsSinceActive": 3600}, "effect": {"pauseWorkspace": true}}
-            ],
-            "podTemplate": {
-                "activityProbe": {"jupyter": {"portId": "jupyterlab", "lastActivity": true}},
-                "options": {"podConfig": {"default": "big_gpu", "values": [
-                    {"id": "big_gpu", "spawner": {"displayName": "1 GPU",
-                        "labels": [{"key": "gpu", "value": "big"}]}},
-                    {"id": "exempt_gpu", "spawner": {"displayName": "1 GPU, never paused",
-                        "labels": [{"key": "gpu", "value": "exempt"}]}}
-                ]}}}
-        }
-    }))
-    .expect("workspacekind");
-    kinds
-        .create(&PostParams::default(), &kind)
-        .await
-        .expect("create workspacekind");
-    create_workspace(&admin, NS, "idle-ws", "big_gpu", "n1").await;
-    create_workspace(&admin, NS, "exempt-ws", "exempt_gpu", "n2").await;
+    support::install_workspace_crds(&stack.cp).await;
+    support::create_workspace_kind(&admin).await;
+    support::create_workspace(&admin, NS, "idle-ws", "big_gpu", "n1").await;
+    support::create_workspace(&admin, NS, "exempt-ws", "exempt_gpu", "n2").await;
     let _controller = spawn_workspace_pause_rule(admin.clone());
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let pod_of = |ws: &'static str| {
@@ -907,7 +795,7 @@ async fn workspaces_are_paused_unless_their_kind_exempts_them() {
         .expect("serve");
 
     let workspaces: Api<kube::api::DynamicObject> =
-        Api::namespaced_with(admin.clone(), NS, &workspace_api());
+        Api::namespaced_with(admin.clone(), NS, &support::workspace_api());
     let paused = eventually("idle-ws paused", Duration::from_secs(120), || async {
         let ws = workspaces.get("idle-ws").await.ok()?;
         (ws.data.pointer("/spec/paused") == Some(&Value::Bool(true))).then_some(ws)
