@@ -484,6 +484,32 @@ pub struct CullPolicyArgs {
     /// when a pending GPU pod would fit by stopping it; see docs/culling.md).
     #[arg(long, env = "GPU_LEDGER_CULL_WHEN", value_enum, ignore_case = true, default_value_t = CullWhenFlag::Idle, help_heading = "Culling")]
     pub cull_when: CullWhenFlag,
+    /// Activity veto: do not stop an owner whose own controller recorded activity within
+    /// --cull-idle-after (a Notebook's `notebooks.kubeflow.org/last-activity`, kernel activity
+    /// only), however idle its GPUs. `--cull-respect-activity=false` stops on GPU idleness alone.
+    #[arg(
+        long,
+        env = "GPU_LEDGER_CULL_RESPECT_ACTIVITY",
+        default_value_t = true,
+        default_missing_value = "true",
+        num_args = 0..=1,
+        require_equals = true,
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new(),
+        help_heading = "Culling"
+    )]
+    pub cull_respect_activity: bool,
+    /// The kinds culling may stop, comma-separated target names (`notebook`, `workspace`);
+    /// empty = every registered kind. Grant the culling RBAC of these only (chart:
+    /// `culling.targets`).
+    #[arg(
+        long,
+        env = "GPU_LEDGER_CULL_TARGETS",
+        value_delimiter = ',',
+        value_name = "KIND",
+        help_heading = "Culling"
+    )]
+    pub cull_targets: Vec<String>,
 }
 
 /// `--cull-when` (mapped onto the culler's own type by `app`).

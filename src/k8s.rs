@@ -10,12 +10,14 @@ use kube::discovery::ApiResource;
 use kube::{Client, Resource};
 
 use crate::ledger::claims::{
-    CULL_OPT_OUT_ANNOTATION, NotebookInfo, OwnerRef, PodClaim, SNOOZE_ANNOTATION, STOP_ANNOTATION,
-    STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION,
+    CULL_OPT_OUT_ANNOTATION, LAST_ACTIVITY_ANNOTATION, NotebookInfo, OwnerRef, PodClaim,
+    SNOOZE_ANNOTATION, STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION,
 };
 
 /// The API group of Kubeflow's Notebook.
 pub const NOTEBOOK_GROUP: &str = "kubeflow.org";
+
+pub mod workspace;
 
 /// The Notebook versions tried, in order, before the group's preferred one: culling patches and
 /// names the Notebook through this version, so every lookup agrees on it.
@@ -112,6 +114,8 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
     let snooze_until = parse_time(SNOOZE_ANNOTATION);
     let last_stopped_by_us = parse_time(STOPPED_AT_ANNOTATION);
     let stop_scheduled_at = parse_time(STOP_SCHEDULED_AT_ANNOTATION);
+    // Kubeflow's culler writes it (RFC 3339); a value not understood fails closed like ours.
+    let last_activity = parse_time(LAST_ACTIVITY_ANNOTATION);
     // Strict: absent or exactly "true" allows culling, "false" opts out, anything else is not
     // understood: it fails closed as opted out and is named as invalid (docs/culling.md).
     let opt_out = get(CULL_OPT_OUT_ANNOTATION);
@@ -130,6 +134,7 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
         last_stopped_by_us,
         invalid_annotations,
         stop_scheduled_at,
+        last_activity,
     }
 }
 
@@ -161,11 +166,16 @@ mod tests {
             "2026-13-01T00:00:00Z",
             "1735000000",
         ];
-        for key in [SNOOZE_ANNOTATION, STOPPED_AT_ANNOTATION] {
+        for key in [
+            SNOOZE_ANNOTATION,
+            STOPPED_AT_ANNOTATION,
+            LAST_ACTIVITY_ANNOTATION,
+        ] {
             for value in malformed {
                 let nb = notebook_with(&[(key, value)]);
                 assert_eq!(nb.invalid_annotations, vec![key], "{key}={value:?}");
                 assert_eq!((nb.snooze_until, nb.last_stopped_by_us), (None, None));
+                assert_eq!(nb.last_activity, None);
             }
         }
         // Both at once: both named.
@@ -210,6 +220,14 @@ mod tests {
         );
         assert!(nb.cull_opt_out);
         assert!(!notebook_with(&[(CULL_OPT_OUT_ANNOTATION, "true")]).cull_opt_out);
+        // Kubeflow's culler writes seconds in UTC (opendatahub docs: '2024-07-30T20:27:25Z').
+        let nb = notebook_with(&[(LAST_ACTIVITY_ANNOTATION, "2024-07-30T20:27:25Z")]);
+        assert!(nb.invalid_annotations.is_empty(), "{nb:?}");
+        assert_eq!(
+            nb.last_activity.map(|t| t.to_rfc3339()),
+            Some("2024-07-30T20:27:25+00:00".to_string())
+        );
+        assert_eq!(notebook_with(&[]).last_activity, None);
         // Any value of the stop annotation means stopped: nothing there can be malformed.
         let nb = notebook_with(&[(STOP_ANNOTATION, "odh-notebook-controller-lock")]);
         assert!(nb.invalid_annotations.is_empty() && nb.stopped.is_some());

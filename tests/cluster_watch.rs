@@ -177,11 +177,7 @@ async fn tier_a_watches_follow_objects_with_least_privilege() {
         .expect("notebook pod row");
     assert_eq!(nb_row.notebook.as_deref(), Some("alice-nb"));
     assert_eq!(
-        nb_row
-            .evidence
-            .notebook
-            .as_ref()
-            .map(|(_, verified)| *verified),
+        nb_row.evidence.owner.as_ref().map(|o| o.verified),
         Some(true),
         "uid chain verified"
     );
@@ -522,7 +518,7 @@ async fn tier_b_scheduler_statefulsets_and_finalizers() {
     );
     let row = l.pods.iter().find(|p| p.pod == "nb-0").expect("nb-0 row");
     assert_eq!(row.notebook.as_deref(), Some("nb"));
-    assert_eq!(row.evidence.notebook.as_ref().map(|(_, v)| *v), Some(true));
+    assert_eq!(row.evidence.owner.as_ref().map(|o| o.verified), Some(true));
     let pending = l
         .pods
         .iter()

@@ -234,6 +234,8 @@ const READ_ONLY_RULES: &[(&str, &str, &str)] = &[
     ("apps", "statefulsets", "get"),
     ("kubeflow.org", "notebooks", "list"),
     ("kubeflow.org", "notebooks", "watch"),
+    ("kubeflow.org", "workspaces", "list"),
+    ("kubeflow.org", "workspaces", "watch"),
     ("resource.k8s.io", "resourceclaims", "list"),
     ("resource.k8s.io", "resourceclaims", "watch"),
     ("kueue.x-k8s.io", "localqueues", "list"),
@@ -255,6 +257,8 @@ const NODE_RULES: &[(&str, &str, &str)] = &[
     ("kueue.x-k8s.io", "clusterqueues", "watch"),
     ("kueue.x-k8s.io", "resourceflavors", "list"),
     ("kueue.x-k8s.io", "resourceflavors", "watch"),
+    ("kubeflow.org", "workspacekinds", "list"),
+    ("kubeflow.org", "workspacekinds", "watch"),
 ];
 
 /// ClusterRole `<fullname>-culler`: re-read and patch a Notebook; events.k8s.io Events only
@@ -264,6 +268,8 @@ const CULLER_RULES: &[(&str, &str, &str)] = &[
     ("events.k8s.io", "events", "patch"),
     ("kubeflow.org", "notebooks", "get"),
     ("kubeflow.org", "notebooks", "patch"),
+    ("kubeflow.org", "workspaces", "get"),
+    ("kubeflow.org", "workspaces", "patch"),
 ];
 
 /// The leader-election Role: get/update on the release's Lease only, create on leases (RBAC
@@ -925,8 +931,52 @@ fn kustomize_base_and_culling_overlay_render() -> Result<()> {
 /// Every registered culling target's RBAC (`cull::Target::rbac`) is granted by the culling
 /// ClusterRole of the chart (culling on) and of the kustomize culling overlay: a new target is
 /// one file implementing the seam plus its RBAC here, and this test names the rule it forgot.
+/// With `culling.targets` naming one kind, the chart grants that kind's rules and passes
+/// `--cull-targets` with it, and grants no other target's patch.
 #[test]
 fn culling_roles_grant_every_targets_rbac() -> Result<()> {
+    for enabled in gpu_ledger::cull::TARGETS {
+        let noun = enabled.identity().noun;
+        let objs = docs(&helm_template(&[
+            "culling.mode=on",
+            &format!("culling.targets={{{noun}}}"),
+        ])?)?;
+        let granted = rule_set(find(&objs, "ClusterRole", "gpu-ledger-culler")?);
+        let a = args(find(&objs, "Deployment", "gpu-ledger")?);
+        ensure!(
+            a.contains(&format!("--cull-targets={noun}")),
+            "culling.targets={{{noun}}}: no --cull-targets={noun} in {a:?}"
+        );
+        for target in gpu_ledger::cull::TARGETS {
+            for rule in target.rbac() {
+                for verb in rule.verbs {
+                    let t = (
+                        rule.api_group.to_string(),
+                        rule.resource.to_string(),
+                        (*verb).to_string(),
+                    );
+                    let is_enabled = target.identity().noun == noun;
+                    ensure!(
+                        granted.contains(&t) == is_enabled,
+                        "culling.targets={{{noun}}}: {} {t:?} granted {}, expected {is_enabled}",
+                        target.identity().kind,
+                        granted.contains(&t)
+                    );
+                }
+            }
+        }
+    }
+    // Every target by default, on the flag too.
+    let objs = docs(&helm_template(&["culling.mode=on"])?)?;
+    let all: Vec<&str> = gpu_ledger::cull::TARGETS
+        .iter()
+        .map(|t| t.identity().noun)
+        .collect();
+    let a = args(find(&objs, "Deployment", "gpu-ledger")?);
+    ensure!(
+        a.contains(&format!("--cull-targets={}", all.join(","))),
+        "{a:?}"
+    );
     ensure!(
         !gpu_ledger::cull::TARGETS.is_empty(),
         "no culling target registered"

@@ -21,6 +21,12 @@
 //! 2. SIGTERM the leader: the Lease is released and the other replica takes over;
 //! 3. Prometheus outage before a new notebook's idle period elapses: nobody is stopped.
 //!
+//! The activity veto rides on phase 1: `typing-nb`'s GPU is as idle as `idle-nb`'s, but its
+//! `notebooks.kubeflow.org/last-activity` is kept fresh the way Kubeflow's culler keeps it while
+//! a kernel is busy (the culler itself needs a live Jupyter server, so a task writes the
+//! annotation, RFC 3339 seconds as the culler does, every 2 s); it is not stopped while the
+//! activity is fresh, and is stopped once the annotation is older than `--cull-idle-after`.
+//!
 //! `notice_before_a_stop_and_a_snooze_that_cancels_it` (a stack of its own, `--cull-notice`):
 //! two idle notebooks get the notice annotation and a Warning Event first; one is stopped only
 //! once its notice has run out, the other is snoozed during its notice, which cancels the stop
@@ -42,7 +48,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::Value;
-use support::{CULLING_RBAC, eventually, notebook_annotations};
+use support::{CULLING_RBAC, annotate_notebook, eventually, notebook_annotations};
 
 const NS: &str = "team-ml";
 const DRY_NS: &str = "team-dry";
@@ -52,6 +58,24 @@ const LEASE: &str = "gpu-ledger";
 /// The kill-switch ConfigMap the shipped culling RBAC may read (in [`LEDGER_NAMESPACE`]).
 const KILL_SWITCH: &str = "gpu-ledger-cull";
 const CULL_TIMINGS: [&str; 4] = ["--cull-idle-after", "15s", "--cull-min-runtime", "5s"];
+/// Kubeflow's culler's record of kernel activity (the activity veto reads it).
+const LAST_ACTIVITY: &str = "notebooks.kubeflow.org/last-activity";
+
+/// `t` as Kubeflow's culler writes it: RFC 3339, seconds, UTC.
+fn kubeflow_time(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Emulates Kubeflow's culler for a notebook whose kernel stays busy: `last-activity` = now,
+/// every 2 s (its own period is a minute; the test's idle threshold is 15 s).
+fn spawn_busy_kernel(admin: kube::Client, ns: &'static str, nb: &'static str) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        loop {
+            annotate_notebook(&admin, ns, nb, LAST_ACTIVITY, &kubeflow_time(Utc::now())).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }))
+}
 
 async fn events(admin: &kube::Client, ns: &str, notebook: &str, reason: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(admin.clone(), ns);
@@ -110,10 +134,14 @@ async fn culling_end_to_end() {
         Notebook::new(NS, "shared-nb").node("shared-1"),
         Notebook::new(NS, "blind-nb").node("n4").no_telemetry(),
         Notebook::new(DRY_NS, "dry-nb").node("n5"),
+        Notebook::new(NS, "typing-nb")
+            .node("n7")
+            .annotation(LAST_ACTIVITY, &kubeflow_time(Utc::now())),
     ];
     for nb in &notebooks {
         stack.create_notebook(nb).await.expect("notebook");
     }
+    let mut busy_kernel = spawn_busy_kernel(admin.clone(), NS, "typing-nb");
     for nb in &notebooks {
         stack
             .wait_pod_running(&nb.namespace, &nb.pod_name())
@@ -347,6 +375,37 @@ async fn culling_end_to_end() {
         "dry-run writes no annotation: {dry_ann:?}"
     );
     assert_not_stopped(&admin, DRY_NS, &["dry-nb"], "dry-run").await;
+
+    // Activity veto: typing-nb's GPU is idle past --cull-idle-after, its kernel is not.
+    eventually("typing-nb idle past --cull-idle-after", WAIT, || async {
+        let r = ledger_row(&replicas[leader], NS, "typing-nb-0").await?;
+        (r["idle_seconds"].as_f64()? >= 18.0).then_some(())
+    })
+    .await;
+    eventually("skip reason recent_activity counted", WAIT, || async {
+        let v = metric(
+            &replicas[leader],
+            "gpu_ledger_cull_skips_total",
+            &[("reason", "recent_activity")],
+        )
+        .await?;
+        (v > 0.0).then_some(())
+    })
+    .await;
+    assert_not_stopped(&admin, NS, &["typing-nb"], "while its kernel is busy").await;
+    // The kernel goes quiet and the culler's record ages past the threshold: stopped.
+    busy_kernel.0.abort();
+    let _ = (&mut busy_kernel.0).await;
+    // A patch it sent just before may still land: let the apiserver take it first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let quiet_since = kubeflow_time(Utc::now() - chrono::Duration::minutes(5));
+    annotate_notebook(&admin, NS, "typing-nb", LAST_ACTIVITY, &quiet_since).await;
+    let typing = eventually("typing-nb stopped", Duration::from_secs(90), || async {
+        let a = notebook_annotations(&admin, NS, "typing-nb").await;
+        a.contains_key(STOP_ANNOTATION).then_some(a)
+    })
+    .await;
+    assert_eq!(typing[LAST_ACTIVITY], quiet_since, "{typing:?}");
 
     // SIGTERM the leader: it releases the Lease and the other replica takes over.
     let leases: Api<Lease> = Api::namespaced(admin.clone(), LEDGER_NAMESPACE);
@@ -625,6 +684,173 @@ async fn notice_before_a_stop_and_a_snooze_that_cancels_it() {
         .unwrap_or(0.0);
         assert!(n >= at_least, "{kind} notices written: {n}");
     }
+}
+
+/// **Emulates the one rule of the Workspace controller that pausing relies on**
+/// (`workspace_controller.go`: `replicas := 1; if workspace.Spec.Paused { replicas = 0 }`, and
+/// `status.pauseTime` set once, in milliseconds, with `state: Paused`). The controller is not
+/// served as a Go module here, so it cannot run; nothing else of it is emulated (no activity
+/// probe: the test writes the status). Polls every 300 ms until aborted.
+fn spawn_workspace_pause_rule(admin: kube::Client) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        let workspaces: Api<kube::api::DynamicObject> =
+            Api::all_with(admin.clone(), &support::workspace_api());
+        loop {
+            for ws in workspaces
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let paused = ws.data.pointer("/spec/paused") == Some(&Value::Bool(true));
+                let (Some(ns), Some(name), Some(uid)) = (
+                    ws.metadata.namespace.as_deref(),
+                    ws.metadata.name.as_deref(),
+                    ws.metadata.uid.as_deref(),
+                ) else {
+                    continue;
+                };
+                if !paused {
+                    continue;
+                }
+                let sets: Api<StatefulSet> = Api::namespaced(admin.clone(), ns);
+                let owned = sets
+                    .list(
+                        &ListParams::default()
+                            .labels(&format!("notebooks.kubeflow.org/workspace-name={name}")),
+                    )
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default();
+                for sts in owned {
+                    if let Some(sts_name) = sts.metadata.name.as_deref() {
+                        let _ = gpu_ledger_testkit::stack::scale_owned_statefulset(
+                            &admin, ns, sts_name, uid, 0,
+                        )
+                        .await;
+                    }
+                }
+                if ws.data.pointer("/status/pauseTime").and_then(Value::as_i64) == Some(0) {
+                    let pause = serde_json::json!({"status": {
+                        "pauseTime": Utc::now().timestamp_millis(), "state": "Paused",
+                        "stateMessage": "Workspace is paused"}});
+                    let _ = Api::<kube::api::DynamicObject>::namespaced_with(
+                        admin.clone(),
+                        ns,
+                        &support::workspace_api(),
+                    )
+                    .patch_status(
+                        name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(pause),
+                    )
+                    .await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }))
+}
+
+/// Workspaces (Kubeflow Notebooks 2.0) on the shipped RBAC: the published Workspace CRD
+/// (tests/fixtures/workspace), a WorkspaceKind whose first `activityRules` entry exempts its
+/// `exempt_gpu` podConfig (`pauseWorkspace: false`) before a catch-all that pauses. Both
+/// Workspaces' GPUs are idle; `idle-ws` is paused (`spec.paused: true`, its StatefulSet scaled to
+/// 0 by the emulated rule, its pod gone), `exempt-ws` is not (`opted_out`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspaces_are_paused_unless_their_kind_exempts_them() {
+    let nodes: Vec<GpuNode> = (1..=2).map(|i| GpuNode::new(&format!("n{i}"), 1)).collect();
+    let stack = support::tier_b(&nodes, support::Grants::Culling).await;
+    let admin = stack.admin();
+    support::install_workspace_crds(&stack.cp).await;
+    support::create_workspace_kind(&admin).await;
+    support::create_workspace(&admin, NS, "idle-ws", "big_gpu", "n1").await;
+    support::create_workspace(&admin, NS, "exempt-ws", "exempt_gpu", "n2").await;
+    let _controller = spawn_workspace_pause_rule(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let pod_of = |ws: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.list(
+                &ListParams::default()
+                    .labels(&format!("notebooks.kubeflow.org/workspace-name={ws}")),
+            )
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .and_then(|p| p.metadata.name)
+        }
+    };
+    let idle_pod = eventually("idle-ws pod Running", WAIT, || pod_of("idle-ws")).await;
+    let exempt_pod = eventually("exempt-ws pod Running", WAIT, || pod_of("exempt-ws")).await;
+
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    let mut args = vec!["--cull=on", "--lease-name", LEASE];
+    args.extend(CULL_TIMINGS);
+    let gl = stack
+        .start_gpu_ledger(bin, "gpu-ledger", &args)
+        .await
+        .expect("serve");
+
+    let workspaces: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(admin.clone(), NS, &support::workspace_api());
+    let paused = eventually("idle-ws paused", Duration::from_secs(120), || async {
+        let ws = workspaces.get("idle-ws").await.ok()?;
+        (ws.data.pointer("/spec/paused") == Some(&Value::Bool(true))).then_some(ws)
+    })
+    .await;
+    let ann = paused.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(ann["gpu-ledger.io/stopped-by"], "gpu-ledger", "{ann:?}");
+    assert!(
+        !ann.contains_key(STOP_ANNOTATION),
+        "a Workspace is paused by spec, not by Kubeflow's v1 annotation: {ann:?}"
+    );
+    eventually(&format!("{idle_pod} gone"), WAIT, || async {
+        pods.get_opt(&idle_pod).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let stopped = eventually("IdleGPUStopped Event on the Workspace", WAIT, || async {
+        let api: Api<Event> = Api::namespaced(admin.clone(), NS);
+        api.list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("IdleGPUStopped")
+                    && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Workspace")
+            })
+    })
+    .await;
+    assert_eq!(
+        stopped.regarding.and_then(|r| r.name).as_deref(),
+        Some("idle-ws")
+    );
+
+    // The exempt Workspace was idle as long, and its kind's rule kept it.
+    eventually("exempt-ws idle past --cull-idle-after", WAIT, || async {
+        let r = ledger_row(&gl, NS, &exempt_pod).await?;
+        (r["idle_seconds"].as_f64()? >= 18.0).then_some(())
+    })
+    .await;
+    eventually("skip reason opted_out counted", WAIT, || async {
+        let v = metric(
+            &gl,
+            "gpu_ledger_cull_skips_total",
+            &[("reason", "opted_out")],
+        )
+        .await?;
+        (v > 0.0).then_some(())
+    })
+    .await;
+    let exempt = workspaces.get("exempt-ws").await.expect("exempt-ws");
+    assert_eq!(
+        exempt.data.pointer("/spec/paused"),
+        Some(&Value::Bool(false)),
+        "exempt by its WorkspaceKind's activityRules"
+    );
 }
 
 fn ledger_row_absent(ledger: &Value, ns: &str, pod: &str) -> bool {

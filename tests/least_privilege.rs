@@ -631,7 +631,7 @@ async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
         "the selector's role is rendered: {want:?}"
     );
 
-    let stack = Stack::start(&[GpuNode::new("n1", 1)]).await?;
+    let stack = Stack::start(&[GpuNode::new("n1", 1), GpuNode::new("n2", 1)]).await?;
     let policy_file = stack.cp.dir().join("audit-policy.yaml");
     let audit_log = stack.cp.dir().join("audit.log");
     std::fs::write(&policy_file, audit_policy())?;
@@ -649,11 +649,15 @@ async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
     }
     // Kueue's CRDs, so the Kueue grants are exercised (gpu-ledger reads Kueue when it is served).
     support::install_kueue_crds(&stack.cp);
+    // Notebooks 2.0's CRDs, so the Workspace grants are exercised (read, re-read, pause).
+    support::install_workspace_crds(&stack.cp).await;
     apply(&stack.cp, &rbac)?;
     let kubeconfig = service_account_kubeconfig(&stack.cp)?;
     let nb = Notebook::new(NS, "idle-nb").node("n1");
     stack.create_notebook(&nb).await?;
     stack.wait_pod_running(NS, &nb.pod_name()).await?;
+    support::create_workspace_kind(&admin).await;
+    support::create_workspace(&admin, NS, "idle-ws", "big_gpu", "n2").await;
 
     // Dry-run: plans, re-reads the notebook, publishes IdleGPUWouldStop every cycle (create,
     // then patch of the same Event), holds and renews the Lease, reads the kill switch and the
@@ -710,6 +714,19 @@ async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
                 .annotations
                 .is_some_and(|a| a.contains_key(STOP_ANNOTATION))
                 .then_some(())
+        },
+    )
+    .await
+    .with_context(|| format!("cull=on log:\n{}", interesting(&on)))?;
+    // ... and the idle Workspace paused (one stop per namespace per cycle: a later cycle).
+    let workspaces: Api<DynamicObject> =
+        Api::namespaced_with(admin.clone(), NS, &support::workspace_api());
+    poll(
+        "the workspace to be paused",
+        Duration::from_secs(120),
+        || async {
+            let w = workspaces.get("idle-ws").await.ok()?;
+            (w.data.pointer("/spec/paused") == Some(&Value::Bool(true))).then_some(())
         },
     )
     .await

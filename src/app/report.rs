@@ -40,13 +40,15 @@ pub async fn report(args: ReportArgs) -> Result<(), AppError> {
         only_namespace(&mut ledger, ns);
         warn_if_empty(&ledger, ns);
     }
-    let plan = args.cull_dry_run.then(|| {
-        crate::cull::plan::plan(
+    let plan = if args.cull_dry_run {
+        Some(crate::cull::plan::plan(
             &ledger,
-            &cull_policy(&args.cull, &policy),
+            &cull_policy(&args.cull, &policy)?,
             ledger.generated_at,
-        )
-    });
+        ))
+    } else {
+        None
+    };
     let written = write_report(
         args.output,
         &ledger,

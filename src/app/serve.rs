@@ -146,7 +146,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), AppError> {
     ));
     // The ledger families are rendered straight from `shared` by the /metrics handler
     // (`export::render_with_ledger`), not gathered through the registry.
-    let mut cull_cfg = cull_config(&args.cull, &policy);
+    let mut cull_cfg = cull_config(&args.cull, &policy)?;
     cull_cfg.lease_clock_offset = test_hooks::lease_clock_offset();
     let culler = Culler::start(
         cull_cfg,

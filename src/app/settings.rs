@@ -1,9 +1,11 @@
 //! The settings the modes hand to the library, from the flags: the live usage source's window and
 //! the culling policy and configuration.
 
+use super::error::AppError;
 use crate::config::{
     CullArgs, CullModeFlag, CullPolicyArgs, CullWhenFlag, LedgerArgs, WebhookFormatFlag,
 };
+use crate::cull::registry::Targets;
 use crate::cull::{CullConfig, CullMode, CullPolicy, CullWhen};
 use crate::ledger::Policy;
 use crate::ledger::usage::Window;
@@ -41,10 +43,13 @@ pub(super) fn cull_mode(flag: CullModeFlag) -> CullMode {
     }
 }
 
-/// The culling rules from the command line, with coverage and staleness from the ledger policy.
-pub(super) fn cull_policy(args: &CullPolicyArgs, ledger: &Policy) -> CullPolicy {
+/// The culling rules from the command line, with coverage and staleness from the ledger policy;
+/// an unknown `--cull-targets` name is a configuration error.
+pub(super) fn cull_policy(args: &CullPolicyArgs, ledger: &Policy) -> Result<CullPolicy, AppError> {
     let listed = |v: &[String]| v.iter().filter(|s| !s.is_empty()).cloned().collect();
-    CullPolicy {
+    let targets =
+        Targets::named(&args.cull_targets).map_err(|e| AppError::Config(e.to_string()))?;
+    Ok(CullPolicy {
         idle_after: args.cull_idle_after,
         min_runtime: args.cull_min_runtime,
         min_coverage: ledger.min_coverage,
@@ -58,20 +63,22 @@ pub(super) fn cull_policy(args: &CullPolicyArgs, ledger: &Policy) -> CullPolicy 
             CullWhenFlag::Idle => CullWhen::Idle,
             CullWhenFlag::Demand => CullWhen::Demand,
         },
+        respect_activity: args.cull_respect_activity,
+        targets,
         ..CullPolicy::default()
-    }
+    })
 }
 
 /// The culling configuration from the command line.
-pub(super) fn cull_config(args: &CullArgs, ledger: &Policy) -> CullConfig {
+pub(super) fn cull_config(args: &CullArgs, ledger: &Policy) -> Result<CullConfig, AppError> {
     // Resolved once: the Lease and a kill switch named without a namespace live here.
     let lease_namespace = args
         .lease_namespace
         .clone()
         .unwrap_or_else(crate::cull::own_namespace);
-    CullConfig {
+    Ok(CullConfig {
         mode: cull_mode(args.mode),
-        policy: cull_policy(&args.policy, ledger),
+        policy: cull_policy(&args.policy, ledger)?,
         namespace_selector: args
             .cull_namespace_selector
             .clone()
@@ -92,5 +99,5 @@ pub(super) fn cull_config(args: &CullArgs, ledger: &Policy) -> CullConfig {
             (file, format)
         }),
         ..CullConfig::default()
-    }
+    })
 }

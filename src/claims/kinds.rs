@@ -24,7 +24,7 @@ use super::{dra, kueue};
 use crate::k8s;
 use crate::ledger::claims::{
     Claims, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
-    ResourceClaimInfo, node_in_shard, pod_in_shard,
+    ResourceClaimInfo, WorkspaceInfo, WorkspaceKindInfo, node_in_shard, pod_in_shard,
 };
 use crate::ledger::kueue::{ClusterQueueInfo, LocalQueueInfo, ResourceFlavorInfo, WorkloadInfo};
 use crate::ledger::units::ResourceNames;
@@ -40,6 +40,8 @@ pub enum Source {
     Dra,
     /// `kueue.x-k8s.io/v1beta2`.
     Kueue,
+    /// Kubeflow Notebooks 2.0 Workspaces (`kubeflow.org/v1beta1` Workspace, discovered).
+    Workspaces,
 }
 
 impl Source {
@@ -50,6 +52,7 @@ impl Source {
             Source::Kubeflow => claims.notebooks_enabled = true,
             Source::Dra => claims.dra_enabled = true,
             Source::Kueue => claims.kueue.enabled = true,
+            Source::Workspaces => claims.workspaces_enabled = true,
         }
     }
 }
@@ -193,8 +196,28 @@ pub const KUEUE_CONFIG: Kind = Kind {
     )
 };
 
+pub const WORKSPACES: Kind = Kind {
+    kubectl: "workspaces.kubeflow.org",
+    ..optional(
+        "workspaces",
+        "Workspace",
+        Source::Workspaces,
+        Scope::Namespaced,
+    )
+};
+/// Read with Workspaces: their `activityRules` may exempt a Workspace from pausing.
+pub const WORKSPACE_KINDS: Kind = Kind {
+    kubectl: "workspacekinds.kubeflow.org",
+    ..optional(
+        "workspacekinds",
+        "WorkspaceKind",
+        Source::Workspaces,
+        Scope::Cluster,
+    )
+};
+
 /// Every claim kind, in the order dumps are loaded and captured.
-pub const KINDS: [&Kind; 13] = [
+pub const KINDS: [&Kind; 15] = [
     &PODS,
     &NODES,
     &QUOTAS,
@@ -208,6 +231,8 @@ pub const KINDS: [&Kind; 13] = [
     &LOCAL_QUEUES,
     &WORKLOADS,
     &KUEUE_CONFIG,
+    &WORKSPACES,
+    &WORKSPACE_KINDS,
 ];
 
 impl Kind {
@@ -380,6 +405,52 @@ impl Watched for Notebooks {
     }
     fn project(_: &ResourceNames, o: &DynamicObject) -> Result<Option<NotebookInfo>, ProjectError> {
         Ok(Some(k8s::notebook(&o.metadata)))
+    }
+}
+
+pub struct Workspaces;
+impl Watched for Workspaces {
+    const KIND: &'static Kind = &WORKSPACES;
+    type Object = DynamicObject;
+    type Row = WorkspaceInfo;
+    fn api(client: &Client, ns: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
+        dynamic(client, ns, ar)
+    }
+    /// The served Workspace resource, as discovered.
+    fn resource(discovered: Option<&ApiResource>) -> Option<ApiResource> {
+        discovered.cloned()
+    }
+    fn store(claims: &mut Claims, rows: Vec<WorkspaceInfo>) {
+        claims.workspaces = rows;
+    }
+    fn project(
+        _: &ResourceNames,
+        o: &DynamicObject,
+    ) -> Result<Option<WorkspaceInfo>, ProjectError> {
+        Ok(Some(k8s::workspace::workspace(o)))
+    }
+}
+
+pub struct WorkspaceKinds;
+impl Watched for WorkspaceKinds {
+    const KIND: &'static Kind = &WORKSPACE_KINDS;
+    type Object = DynamicObject;
+    type Row = WorkspaceKindInfo;
+    fn api(client: &Client, _: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
+        Api::all_with(client.clone(), ar)
+    }
+    /// Beside the discovered Workspace resource (same group and version).
+    fn resource(discovered: Option<&ApiResource>) -> Option<ApiResource> {
+        discovered.map(k8s::workspace::workspace_kind_resource)
+    }
+    fn store(claims: &mut Claims, rows: Vec<WorkspaceKindInfo>) {
+        claims.workspace_kinds = rows;
+    }
+    fn project(
+        _: &ResourceNames,
+        o: &DynamicObject,
+    ) -> Result<Option<WorkspaceKindInfo>, ProjectError> {
+        Ok(Some(k8s::workspace::workspace_kind(o)))
     }
 }
 
@@ -560,6 +631,8 @@ pub fn for_each_watched(v: &mut impl Visit) {
     v.visit::<ClusterQueues>();
     v.visit::<LocalQueues>();
     v.visit::<Workloads>();
+    v.visit::<Workspaces>();
+    v.visit::<WorkspaceKinds>();
 }
 
 /// Calls `v` for the [`Watched`] impl of `kind`; false when `kind` is not watched.

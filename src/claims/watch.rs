@@ -117,6 +117,8 @@ pub struct Stores {
     pub daemon_pods: Arc<DashMap<String, DaemonPod>>,
     /// Set once the Notebook watches run.
     pub notebooks_enabled: Arc<AtomicBool>,
+    /// Workspace layer: set once the Workspace watches run.
+    pub workspaces_enabled: Arc<AtomicBool>,
     /// Set once the DRA watches (`resource.k8s.io/v1`, see [`super::dra`]) run.
     pub dra_enabled: Arc<AtomicBool>,
     /// Set once the Kueue watches (`kueue.x-k8s.io/v1beta2`, see [`super::kueue`]) run.
@@ -153,6 +155,7 @@ impl Stores {
             statefulsets: Arc::default(),
             daemon_pods: Arc::default(),
             notebooks_enabled: Arc::new(AtomicBool::new(false)),
+            workspaces_enabled: Arc::new(AtomicBool::new(false)),
             dra_enabled: Arc::new(AtomicBool::new(false)),
             kueue_enabled: Arc::new(AtomicBool::new(false)),
             kueue_mappings: Arc::default(),
@@ -187,6 +190,7 @@ impl Stores {
             Source::Kubeflow => Some(&self.notebooks_enabled),
             Source::Dra => Some(&self.dra_enabled),
             Source::Kueue => Some(&self.kueue_enabled),
+            Source::Workspaces => Some(&self.workspaces_enabled),
         }
     }
 
@@ -329,9 +333,12 @@ impl Stores {
         self.claims_for(0, 1)
     }
 
-    /// Fetches StatefulSets that own GPU pods and are not known yet (only when notebooks are on).
+    /// Fetches StatefulSets that own GPU pods and are not known yet (only when Notebooks or
+    /// Workspaces are on: both own their pods through one).
     pub async fn resolve_statefulsets(&self, client: &Client) -> Result<(), WatchError> {
-        if !self.notebooks_enabled.load(Ordering::Relaxed) {
+        if !self.notebooks_enabled.load(Ordering::Relaxed)
+            && !self.workspaces_enabled.load(Ordering::Relaxed)
+        {
             return Ok(());
         }
         let wanted: Vec<(String, String, String)> = self
@@ -477,16 +484,18 @@ enum OptionalApi {
     Notebooks,
     Dra,
     Kueue,
+    Workspaces,
 }
 
 impl OptionalApi {
-    const ALL: [OptionalApi; 3] = [Self::Notebooks, Self::Dra, Self::Kueue];
+    const ALL: [OptionalApi; 4] = [Self::Notebooks, Self::Dra, Self::Kueue, Self::Workspaces];
 
     fn name(self) -> &'static str {
         match self {
             Self::Notebooks => "notebooks",
             Self::Dra => "dra",
             Self::Kueue => "kueue",
+            Self::Workspaces => "workspaces",
         }
     }
 
@@ -506,6 +515,10 @@ impl OptionalApi {
             ),
             Self::Dra => ("resource.k8s.io/v1 (DRA)", "DRA accounting is off"),
             Self::Kueue => ("kueue.x-k8s.io/v1beta2 (Kueue)", "queue rows are off"),
+            Self::Workspaces => (
+                "kubeflow.org/v1beta1 Workspace",
+                "workspace ownership and culling are off",
+            ),
         };
         format!("{api}: {why}; {off}; looking again in {}s", next.as_secs())
     }
@@ -583,6 +596,27 @@ impl Optional {
                     warn!(
                         error = &e as &dyn std::error::Error,
                         "notebook discovery failed: notebook ownership is off"
+                    );
+                    Found::Missing(Missing {
+                        why: format!("discovery failed ({})", crate::telemetry::error_chain(&e)),
+                        failed: true,
+                    })
+                }
+            },
+            OptionalApi::Workspaces => match workspace_resource(client).await {
+                Ok(Some(ar)) => {
+                    info!("watching kubeflow.org/v1beta1 workspaces and workspacekinds");
+                    start_source(self, spawn, Source::Workspaces, Some(&ar));
+                    Found::Started
+                }
+                Ok(None) => {
+                    debug!("kubeflow.org/v1beta1 Workspace not served: workspace ownership is off");
+                    Missing::not_served("not served")
+                }
+                Err(e) => {
+                    warn!(
+                        error = &e as &dyn std::error::Error,
+                        "workspace discovery failed: workspace ownership is off"
                     );
                     Found::Missing(Missing {
                         why: format!("discovery failed ({})", crate::telemetry::error_chain(&e)),
@@ -832,6 +866,19 @@ fn watch_kind<K: Watched>(
 /// The served version of kubeflow.org/Notebook, or `None` when the group or kind is absent.
 async fn notebook_resource(client: &Client) -> Result<Option<ApiResource>, WatchError> {
     let discovered = tokio::time::timeout(API_TIMEOUT, k8s::notebook_resource(client))
+        .await
+        .map_err(|_| WatchError::DiscoveryTimeout)?;
+    match discovered {
+        Ok(ar) => Ok(ar),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(kube::Error::Discovery(_)) => Ok(None),
+        Err(e) => Err(WatchError::Discovery(e)),
+    }
+}
+
+/// The served kubeflow.org/v1beta1 Workspace, or `None` when the group or kind is absent.
+async fn workspace_resource(client: &Client) -> Result<Option<ApiResource>, WatchError> {
+    let discovered = tokio::time::timeout(API_TIMEOUT, k8s::workspace::workspace_resource(client))
         .await
         .map_err(|_| WatchError::DiscoveryTimeout)?;
     match discovered {

@@ -26,7 +26,7 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use super::lease::{API_TIMEOUT, Leadership};
-use super::plan::{Action, CullMode, CullPolicy, Notice, rfc3339};
+use super::plan::{Action, CullMode, CullPolicy, Notice, activity_text, rfc3339};
 use super::target::{Target, TargetInfo, TargetRef};
 use crate::ledger::claims::{
     CULL_OPT_OUT_ANNOTATION, STOP_NOTICE_REASON_ANNOTATION, STOP_REASON_ANNOTATION,
@@ -376,10 +376,11 @@ fn verify_target(
         return Err(format!("{noun} is being deleted"));
     }
     // A malformed snooze reads as no snooze: it must hold the stop back, not let it through.
-    if !nb.invalid_annotations.is_empty() {
+    let not_understood = policy.blocking_annotations(nb);
+    if !not_understood.is_empty() {
         return Err(format!(
             "{noun} has annotations that are not understood: {}",
-            nb.invalid_annotations.join(", ")
+            not_understood.join(", ")
         ));
     }
     if nb.cull_opt_out {
@@ -395,6 +396,10 @@ fn verify_target(
         return Err(format!(
             "{noun} was restarted after our stop (restart grace)"
         ));
+    }
+    // Activity recorded between the plan and this re-read cancels the write.
+    if let Some(at) = policy.activity_veto(nb.last_activity, now) {
+        return Err(format!("{noun} shows {}", activity_text(target, at)));
     }
     target.verify_fresh(nb)
 }

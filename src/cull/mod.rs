@@ -20,6 +20,7 @@ pub mod registry;
 pub mod render;
 pub mod target;
 pub mod webhook;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -596,6 +597,10 @@ fn log_plan(plan: &Plan, mode: CullMode) {
                 if mode != CullMode::Off =>
             {
                 info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), "idle notebook held back");
+            }
+            SkipReason::RecentActivity if mode != CullMode::Off => {
+                let detail = s.detail.as_deref().unwrap_or_default();
+                info!(namespace = %s.namespace, pod = %s.pod, notebook, reason = s.reason.as_str(), detail, "idle GPUs but recent activity; not stopped");
             }
             // A user's annotation that fails closed: say so where it would otherwise be silent.
             SkipReason::InvalidAnnotation if mode != CullMode::Off => {

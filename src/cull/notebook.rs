@@ -11,7 +11,7 @@ use serde_json::json;
 use super::target::{Identity, RbacRule, Target, TargetInfo};
 use crate::k8s::NOTEBOOK_GROUP;
 use crate::ledger::PodRow;
-use crate::ledger::claims::STOP_ANNOTATION;
+use crate::ledger::claims::{LAST_ACTIVITY_ANNOTATION, OwnerKind, STOP_ANNOTATION};
 
 /// The Kubeflow Notebook target.
 #[derive(Debug, Clone, Copy, Default)]
@@ -40,9 +40,10 @@ impl Target for Notebook {
     /// The ledger verifies pod → StatefulSet → Notebook and keeps the Notebook on the row.
     fn owner<'r>(&self, row: &'r PodRow) -> Option<(&'r TargetInfo, bool)> {
         row.evidence
-            .notebook
+            .owner
             .as_ref()
-            .map(|(nb, verified)| (nb, *verified))
+            .filter(|o| o.kind == OwnerKind::Notebook)
+            .map(|o| (&o.info, o.verified))
     }
 
     fn stop_fields(&self, stop_value: &str) -> serde_json::Value {
@@ -67,5 +68,10 @@ impl Target for Notebook {
 
     fn restart_hint(&self) -> &'static str {
         "Restart from the notebooks UI"
+    }
+
+    /// Kubeflow's culler writes it from the Jupyter kernels' `last_activity` and busy state.
+    fn activity_source(&self) -> &'static str {
+        LAST_ACTIVITY_ANNOTATION
     }
 }

@@ -15,6 +15,7 @@ use super::backoff::Backoff;
 use super::demand::{self, CullWhen};
 use super::registry::{OwnerObject, Targets};
 use super::target::{Target, TargetInfo};
+use crate::ledger::claims::LAST_ACTIVITY_ANNOTATION;
 use crate::ledger::{Attribution, Ledger, PodRow, PodState, Sharing};
 
 /// Whether culling acts.
@@ -109,6 +110,9 @@ pub struct CullPolicy {
     /// The kinds of owner object culling stops, in the order a pod is offered to them (default:
     /// every registered target). A pod none of them owns is skipped as `not_notebook`.
     pub targets: Targets,
+    /// Activity veto (`--cull-respect-activity`, default on): an owner whose own controller
+    /// recorded activity less than `idle_after` ago is not stopped, however idle its GPUs.
+    pub respect_activity: bool,
 }
 
 impl Default for CullPolicy {
@@ -130,6 +134,7 @@ impl Default for CullPolicy {
             max_snooze: Duration::zero(),
             when: CullWhen::Idle,
             targets: Targets::default(),
+            respect_activity: true,
         }
     }
 }
@@ -165,6 +170,27 @@ impl CullPolicy {
             // No idle time known: the pod cannot qualify anyway.
             _ => true,
         }
+    }
+
+    /// The activity that vetoes a stop now, if any: `last_activity` is newer than `now -
+    /// idle_after` (activity exactly `idle_after` ago no longer counts, as idleness of exactly
+    /// `idle_after` qualifies). Always `None` with the veto off.
+    pub fn activity_veto(
+        &self,
+        last_activity: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        last_activity.filter(|at| self.respect_activity && *at > now - self.idle_after)
+    }
+
+    /// The owner's annotations that are present but not understood and hold it back. With the
+    /// veto off the activity annotation is not read, so a bad value of it holds nothing back.
+    pub fn blocking_annotations<'a>(&self, nb: &'a TargetInfo) -> Vec<&'a str> {
+        nb.invalid_annotations
+            .iter()
+            .copied()
+            .filter(|k| self.respect_activity || *k != LAST_ACTIVITY_ANNOTATION)
+            .collect()
     }
 }
 
@@ -237,11 +263,14 @@ pub enum SkipReason {
     MpsSharer,
     /// A KAI-Scheduler reservation pod: its card is its fraction users', never its own to give.
     KaiReservation,
+    /// Idle GPUs, but the owner's own controller recorded activity less than `idle_after` ago
+    /// (`--cull-respect-activity`); the skip's detail names the time and where it was read.
+    RecentActivity,
 }
 
 impl SkipReason {
     /// Every reason, for pre-initialising metric label values.
-    pub const ALL: [SkipReason; 27] = [
+    pub const ALL: [SkipReason; 28] = [
         Self::NotNotebook,
         Self::UnverifiedOwner,
         Self::Deleting,
@@ -269,6 +298,7 @@ impl SkipReason {
         Self::NoDemand,
         Self::MpsSharer,
         Self::KaiReservation,
+        Self::RecentActivity,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -300,6 +330,7 @@ impl SkipReason {
             Self::NoDemand => "no_demand",
             Self::MpsSharer => "mps_sharer",
             Self::KaiReservation => "kai_reservation",
+            Self::RecentActivity => "recent_activity",
         }
     }
 }
@@ -437,6 +468,8 @@ pub enum CancelReason {
     NotEligible,
     /// `--cull-when=demand`: no pending pod waits for its GPUs any more.
     NoDemand,
+    /// Its controller recorded activity within `idle_after` (the activity veto).
+    RecentActivity,
 }
 
 impl CancelReason {
@@ -447,6 +480,7 @@ impl CancelReason {
             Self::OptedOut => "opted_out",
             Self::NotEligible => "not_eligible",
             Self::NoDemand => "no_demand",
+            Self::RecentActivity => "recent_activity",
         }
     }
 
@@ -461,6 +495,7 @@ impl CancelReason {
             SkipReason::OptedOut => Some(Self::OptedOut),
             SkipReason::AlreadyStopped | SkipReason::NamespaceExcluded => Some(Self::NotEligible),
             SkipReason::NoDemand => Some(Self::NoDemand),
+            SkipReason::RecentActivity => Some(Self::RecentActivity),
             _ => None,
         }
     }
@@ -550,6 +585,9 @@ impl Notice {
                 (CancelReason::OptedOut, _) => "opted out (gpu-ledger.io/cull=false)".into(),
                 (CancelReason::NotEligible, _) => "no longer eligible for culling".into(),
                 (CancelReason::NoDemand, _) => "no pending pod waits for its GPUs any more".into(),
+                (CancelReason::RecentActivity, _) => {
+                    "its controller recorded recent activity".into()
+                }
             },
         }
     }
@@ -589,6 +627,9 @@ pub struct Skip {
     pub pod: String,
     pub notebook: Option<String>,
     pub reason: SkipReason,
+    /// What the reason alone does not say, e.g. for [`SkipReason::RecentActivity`] "recent
+    /// activity at 2026-12-05T01:00:00Z (notebooks.kubeflow.org/last-activity)".
+    pub detail: Option<String>,
 }
 
 /// The outcome of one plan.
@@ -631,7 +672,7 @@ pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<()
         return Err(SkipReason::AlreadyStopped);
     }
     // Before the opt-out and the snooze: a value not understood must not read as "go ahead".
-    if !nb.invalid_annotations.is_empty() {
+    if !policy.blocking_annotations(nb).is_empty() {
         return Err(SkipReason::InvalidAnnotation);
     }
     if nb.cull_opt_out {
@@ -685,9 +726,14 @@ pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<()
     }
     let idle_after = policy.idle_after.num_milliseconds() as f64 / 1000.0;
     match row.idle_seconds {
-        Some(s) if s.is_finite() && s >= idle_after => Ok(()),
-        _ => Err(SkipReason::IdleTooShort),
+        Some(s) if s.is_finite() && s >= idle_after => {}
+        _ => return Err(SkipReason::IdleTooShort),
     }
+    // Last: the veto is news only for a pod that would otherwise be stopped.
+    if policy.activity_veto(nb.last_activity, now).is_some() {
+        return Err(SkipReason::RecentActivity);
+    }
+    Ok(())
 }
 
 /// The circuit breaker over the whole ledger.
@@ -946,6 +992,7 @@ pub fn open_circuit(plan: &mut Plan, reason: CircuitReason) {
             pod,
             notebook: Some(notebook),
             reason: SkipReason::CircuitOpen,
+            detail: None,
         });
     }
 }
@@ -981,15 +1028,33 @@ fn cancel_notice(
 }
 
 fn skip(row: &PodRow, reason: SkipReason, targets: Targets) -> Skip {
+    let owner = targets.owner(row);
+    let detail = match (reason, owner) {
+        (SkipReason::RecentActivity, Some(owner)) => owner
+            .object
+            .last_activity
+            .map(|at| activity_text(owner.target, at)),
+        _ => None,
+    };
     Skip {
         namespace: row.namespace.clone(),
         pod: row.pod.clone(),
-        notebook: targets
-            .owner(row)
+        notebook: owner
             .map(|owner| owner.object.name.clone())
             .or_else(|| row.notebook.clone()),
         reason,
+        detail,
     }
+}
+
+/// "recent activity at 2026-12-05T01:00:00Z (notebooks.kubeflow.org/last-activity)": the time
+/// and where it was read, for the skip and the pre-write re-check.
+pub fn activity_text(target: &dyn Target, at: DateTime<Utc>) -> String {
+    format!(
+        "recent activity at {} ({})",
+        rfc3339(at),
+        target.activity_source()
+    )
 }
 
 #[cfg(test)]

@@ -8,10 +8,11 @@ use std::fmt;
 
 use super::notebook::Notebook;
 use super::target::{Target, TargetInfo};
+use super::workspace::Workspace;
 use crate::ledger::PodRow;
 
 /// Every registered target (their RBAC must be granted by the culling Roles).
-pub static TARGETS: &[&dyn Target] = &[&Notebook];
+pub static TARGETS: &[&dyn Target] = &[&Notebook, &Workspace];
 
 /// The owner object of a pod row: which target claimed it, its projection and whether the pod
 /// → owner chain was verified.
@@ -46,6 +47,48 @@ impl Targets {
                 verified,
             })
         })
+    }
+}
+
+/// A `--cull-targets` name that is no registered target's noun.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown culling target {0:?} (known: {known})", known = known_nouns())]
+pub struct UnknownTarget(pub String);
+
+fn known_nouns() -> String {
+    TARGETS
+        .iter()
+        .map(|t| t.identity().noun)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Targets {
+    /// The registered targets named by `nouns` (`notebook`, `workspace`, …), in registry order;
+    /// every target when `nouns` is empty. A name no target has is an error: a typo must not
+    /// silently turn a kind's culling off.
+    pub fn named(nouns: &[String]) -> Result<Self, UnknownTarget> {
+        let wanted: Vec<&str> = nouns
+            .iter()
+            .map(|n| n.trim())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if let Some(unknown) = wanted
+            .iter()
+            .find(|n| !TARGETS.iter().any(|t| t.identity().noun == **n))
+        {
+            return Err(UnknownTarget((*unknown).to_string()));
+        }
+        if wanted.is_empty() || TARGETS.iter().all(|t| wanted.contains(&t.identity().noun)) {
+            return Ok(Targets(TARGETS));
+        }
+        let chosen: Vec<&'static dyn Target> = TARGETS
+            .iter()
+            .copied()
+            .filter(|t| wanted.contains(&t.identity().noun))
+            .collect();
+        // Once per process (the flag is read at start-up): the plan keeps `'static` targets.
+        Ok(Targets(Box::leak(chosen.into_boxed_slice())))
     }
 }
 

@@ -56,6 +56,10 @@ pub struct Skipped {
     pub pod: String,
     pub notebook: Option<String>,
     pub reason: &'static str,
+    /// What the reason alone does not say (the activity veto's time and source); absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 impl CullJson {
@@ -95,6 +99,7 @@ impl CullJson {
                     pod: s.pod.clone(),
                     notebook: s.notebook.clone(),
                     reason: s.reason.as_str(),
+                    detail: s.detail.clone(),
                 })
                 .collect(),
             notices: plan
@@ -173,6 +178,19 @@ pub fn render_plan(plan: &Plan, out: &mut impl std::io::Write) -> std::io::Resul
                 n.reason_text()
             )?,
         }
+    }
+    // A veto by the user's own activity is named: it is the one skip a user acts on by
+    // waiting, and the time tells how long.
+    for s in plan.skips.iter().filter(|s| s.detail.is_some()) {
+        let notebook = s.notebook.as_deref().unwrap_or("");
+        let detail = s.detail.as_deref().unwrap_or_default();
+        writeln!(
+            out,
+            "  HELD  {}/{notebook}  pod={}  {}: {detail}",
+            s.namespace,
+            s.pod,
+            s.reason.as_str()
+        )?;
     }
     let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
     for s in &plan.skips {

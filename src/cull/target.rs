@@ -4,9 +4,11 @@
 //! (`spec.suspend`) or a Notebooks 2.0 Workspace (`spec.paused`) would be one more file
 //! implementing [`Target`], listed in the registry (`cull/registry.rs`), plus its RBAC in the
 //! chart and the kustomize overlay (a test checks the Roles grant every target's
-//! [`Target::rbac`]). [`Target::owner`] reads the pod row's one owner slot, which only the
+//! [`Target::rbac`]). [`Target::owner`] reads the pod row's one owner slot (`Evidence::owner`:
+//! the owner's `OwnerKind`, its projection, whether the chain was verified), which only the
 //! pod → StatefulSet → Notebook rule fills today: a kind the ledger does not claim yet also
-//! needs a claim kind and the ledger rule that attaches its object (docs/architecture.md).
+//! needs a claim kind and the ledger rule that attaches its object under its own `OwnerKind`
+//! (docs/architecture.md).
 //! Notice annotations are gpu-ledger's own and the same on every kind. Plan, actuator, backoff, metrics, render, webhook and lease speak of a
 //! target only through this trait and [`TargetInfo`]: the plan asks the registered targets which
 //! one owns a pod (`registry::Targets::owner`), and every action and notice carries that target
@@ -21,9 +23,10 @@ use crate::ledger::PodRow;
 
 /// A target object reduced to what culling reads: identity, `resourceVersion`, whether it is
 /// stopped (any value of its stop marker), deleting, and gpu-ledger's own annotations (opt-out,
-/// snooze, last stop, notice). The ledger projects every owner object into this one shape; it
-/// is named `NotebookInfo` there after its first kind.
-pub use crate::ledger::claims::NotebookInfo as TargetInfo;
+/// snooze, last stop, notice). The ledger projects every owner object into this one shape
+/// (`OwnerInfo`, also named `NotebookInfo` after its first kind) and keeps its `OwnerKind`
+/// beside it on the row (`Evidence::owner`).
+pub use crate::ledger::claims::OwnerInfo as TargetInfo;
 
 /// Who a target kind is on the API and to its users.
 #[derive(Debug, PartialEq, Eq)]
@@ -87,6 +90,12 @@ pub trait Target: Send + Sync {
 
     /// How its user restarts it after a stop (ends the stop Event's note's first sentence).
     fn restart_hint(&self) -> &'static str;
+
+    /// Where [`TargetInfo::last_activity`] was read (the activity veto's skip reason names it);
+    /// only asked of a kind whose projection fills it.
+    fn activity_source(&self) -> &'static str {
+        "its controller's activity record"
+    }
 }
 
 impl dyn Target + '_ {

@@ -8,7 +8,7 @@ use chrono::Duration;
 use super::actuator::tests::{FakeApi, notebook, now};
 use super::*;
 use crate::ledger::claims::NotebookInfo;
-use crate::ledger::{Attribution, PodRow, PodState};
+use crate::ledger::{Attribution, OwnedBy, PodRow, PodState};
 
 fn idle_pod() -> PodRow {
     PodRow {
@@ -284,7 +284,7 @@ fn allowed_pod() -> (PodRow, NotebookInfo) {
     row.notebook = Some("ok-nb".into());
     row.idle_seconds = Some(2.5 * 3600.0);
     row.evidence.uid = "ok-pod-uid".into();
-    row.evidence.notebook = Some((nb.clone(), true));
+    row.evidence.owner = Some(OwnedBy::notebook(nb.clone(), true));
     (row, nb)
 }
 
@@ -352,7 +352,7 @@ async fn a_forbidden_stop_backs_off_and_does_not_starve_the_others() {
 
     // ok-nb is stopped now; nb is retried after one cycle, fails again and sits out two.
     let mut stopped = allowed;
-    if let Some((nb, _)) = stopped.evidence.notebook.as_mut() {
+    if let Some(OwnedBy { info: nb, .. }) = stopped.evidence.owner.as_mut() {
         nb.stopped = Some("2026-01-31T12:00:30Z".into());
     }
     let mut results = Vec::new();
@@ -438,7 +438,7 @@ async fn time_to_free_is_observed_and_stuck_pods_warned_once() {
     let mut terminating = idle_pod();
     terminating.state = PodState::Terminating;
     terminating.stuck = true;
-    if let Some((nb, _)) = terminating.evidence.notebook.as_mut() {
+    if let Some(OwnedBy { info: nb, .. }) = terminating.evidence.owner.as_mut() {
         nb.stopped = Some("2026-01-31T12:00:00Z".into());
     }
     let t1 = now() + Duration::minutes(10);
@@ -498,6 +498,49 @@ fn render_plan_lists_stops_and_skip_counts() {
     );
 }
 
+#[test]
+fn render_plan_names_the_activity_that_vetoes_a_stop() {
+    let mut nb = notebook();
+    nb.last_activity = Some(now() - Duration::minutes(7));
+    let pod = PodRow {
+        gpus: 1.0,
+        ..idle_pod()
+    }
+    .of_notebook(nb);
+    let p = plan::plan(
+        &ledger_with(vec![pod], now()),
+        &CullPolicy::default(),
+        now(),
+    );
+    let mut out = Vec::new();
+    render_plan(&p, &mut out).expect("render");
+    let text = String::from_utf8(out).expect("utf8");
+    assert!(
+        text.contains(
+            "HELD  team-a/nb  pod=nb-0  recent_activity: recent activity at \
+             2026-01-31T11:53:00Z (notebooks.kubeflow.org/last-activity)"
+        ),
+        "{text}"
+    );
+    let json = serde_json::to_value(render::CullJson::of(&p)).expect("json");
+    assert_eq!(
+        json["skipped"][0]["detail"],
+        "recent activity at 2026-01-31T11:53:00Z (notebooks.kubeflow.org/last-activity)"
+    );
+    // Other skips carry no detail key at all (the JSON stays as it was).
+    let busy = PodRow {
+        idle: Some(false),
+        ..idle_pod()
+    };
+    let p = plan::plan(
+        &ledger_with(vec![busy], now()),
+        &CullPolicy::default(),
+        now(),
+    );
+    let json = serde_json::to_value(render::CullJson::of(&p)).expect("json");
+    assert!(json["skipped"][0].get("detail").is_none(), "{json}");
+}
+
 #[tokio::test]
 async fn a_notice_first_then_the_stop_once_it_has_run_out_and_the_webhook_hears_of_it() {
     let api = Arc::new(FakeApi::with_notebook(notebook()));
@@ -554,7 +597,7 @@ async fn a_notice_first_then_the_stop_once_it_has_run_out_and_the_webhook_hears_
 
     // The ledger sees the notice; before it runs out nothing more happens.
     let mut noticed = idle_pod();
-    noticed.evidence.notebook = annotated.map(|nb| (nb, true));
+    noticed.evidence.owner = annotated.map(|nb| OwnedBy::notebook(nb, true));
     let soon = now() + Duration::minutes(5);
     noticed.evidence.newest_sample_at = Some(soon);
     let r = cycle(&mut c, &ledger_with(vec![noticed.clone()], soon), soon).await;

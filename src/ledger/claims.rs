@@ -28,6 +28,9 @@ pub const STOP_REASON_ANNOTATION: &str = "gpu-ledger.io/stop-reason";
 pub const STOP_SCHEDULED_AT_ANNOTATION: &str = "gpu-ledger.io/stop-scheduled-at";
 /// Why the stop was scheduled, with the evidence (written beside the notice).
 pub const STOP_NOTICE_REASON_ANNOTATION: &str = "gpu-ledger.io/stop-notice-reason";
+/// Kubeflow's notebook-controller culler: when a kernel of the notebook was last busy (RFC 3339;
+/// written only while its culler is on). The activity veto reads it.
+pub const LAST_ACTIVITY_ANNOTATION: &str = "notebooks.kubeflow.org/last-activity";
 /// Node label set by GPU Feature Discovery for time-sliced GPUs.
 pub const REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
 /// Node label with the GPU model (`NVIDIA-H100-80GB-HBM3`; under the MIG single strategy the
@@ -69,6 +72,13 @@ pub struct Claims {
     /// Names of the nodes other shards own (empty unless [`shard`]ed): a device reported on one
     /// is placed there, so this shard neither claims it nor calls it unclaimed busy.
     pub other_shards_nodes: Vec<String>,
+    // Workspace layer (issue 40): Kubeflow Notebooks 2.0 Workspaces and their WorkspaceKinds.
+    /// Workspaces (`kubeflow.org/v1beta1`), when served.
+    pub workspaces: Vec<WorkspaceInfo>,
+    /// WorkspaceKinds: their `activityRules` may exempt a Workspace from pausing.
+    pub workspace_kinds: Vec<WorkspaceKindInfo>,
+    /// Whether the Workspace API is served (without it no pod is a Workspace's).
+    pub workspaces_enabled: bool,
 }
 
 /// A pod of a DaemonSet, reduced to where it runs.
@@ -363,9 +373,36 @@ pub struct QuotaInfo {
     pub used: BTreeMap<String, u64>,
 }
 
-/// A Kubeflow Notebook, reduced to what reporting and culling read.
+/// Which kind of object owns a pod row: the kinds culling can stop. The ledger knows them by
+/// this name only; `cull` maps each to its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OwnerKind {
+    /// Kubeflow Notebook (`kubeflow.org`), through pod → StatefulSet → Notebook.
+    Notebook,
+    /// KubeRay RayCluster (`ray.io`).
+    RayCluster,
+    /// Kubeflow Notebooks 2.0 Workspace (`kubeflow.org` v1beta1).
+    Workspace,
+}
+
+impl OwnerKind {
+    /// The API kind, as users and `kubectl` read it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnerKind::Notebook => "Notebook",
+            OwnerKind::RayCluster => "RayCluster",
+            OwnerKind::Workspace => "Workspace",
+        }
+    }
+}
+
+/// A Kubeflow Notebook's name for an owner object: the first owner kind was the Notebook.
+pub type NotebookInfo = OwnerInfo;
+
+/// An owner object (a Kubeflow Notebook, a RayCluster, a Workspace), reduced to what reporting
+/// and culling read; which kind it is travels beside it ([`OwnerKind`]).
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct NotebookInfo {
+pub struct OwnerInfo {
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -384,6 +421,10 @@ pub struct NotebookInfo {
     pub invalid_annotations: Vec<&'static str>,
     /// Our notice: when the scheduled stop is due ([`STOP_SCHEDULED_AT_ANNOTATION`]).
     pub stop_scheduled_at: Option<DateTime<Utc>>,
+    /// Activity veto: the last user activity the owner's own controller published (a
+    /// notebook's [`LAST_ACTIVITY_ANNOTATION`], a Workspace's `status.activity.lastActivity`);
+    /// `None` when it publishes none.
+    pub last_activity: Option<DateTime<Utc>>,
 }
 
 /// A StatefulSet's identity and controller, for pod → StatefulSet → Notebook verification.
@@ -757,4 +798,42 @@ mod tests {
         assert!(!req(SelectorOp::DoesNotExist, &[]).matches(&labels));
         assert!(!req(SelectorOp::Unknown, &[]).matches(&labels));
     }
+}
+
+// Workspace layer (issue 40): Kubeflow Notebooks 2.0 (`kubeflow.org/v1beta1`).
+
+/// The label the Workspace controller puts on a Workspace's StatefulSet and pods.
+pub const WORKSPACE_NAME_LABEL: &str = "notebooks.kubeflow.org/workspace-name";
+
+/// A Workspace: the owner projection culling reads (`stopped` = `"true"` when `spec.paused`,
+/// `last_activity` from `status.activity.lastActivity`), plus what its WorkspaceKind's rules
+/// match on.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkspaceInfo {
+    pub owner: OwnerInfo,
+    /// `spec.kind`: the WorkspaceKind's name.
+    pub kind: String,
+    /// `spec.podTemplate.options.podConfig`: the id of the podConfig option in use.
+    pub pod_config: String,
+}
+
+/// A WorkspaceKind, reduced to its activity rules and the labels of its podConfig options.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkspaceKindInfo {
+    pub name: String,
+    /// `spec.activityRules`, in order (first match wins).
+    pub activity_rules: Vec<ActivityRule>,
+    /// `spec.podTemplate.options.podConfig.values[].spawner.labels`, by option id.
+    pub pod_config_labels: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// One `activityRules` entry: when it matches, and whether it pauses (`None`: falls through).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ActivityRule {
+    /// `match.matchNamespace.selector` (namespace labels).
+    pub namespace_selector: Option<LabelSelector>,
+    /// `match.matchPodConfig.selector` (the podConfig option's spawner labels).
+    pub pod_config_selector: Option<LabelSelector>,
+    /// `effect.pauseWorkspace`.
+    pub pause_workspace: Option<bool>,
 }

@@ -26,6 +26,7 @@ mod row_builder;
 pub mod showback;
 pub mod units;
 pub mod usage;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 
@@ -37,8 +38,8 @@ use units::NodeShape;
 use usage::Usage;
 
 pub use model::{
-    Attribution, ClaimsScope, Evidence, GpuHealth, Ledger, NamespaceRow, NodeRow, Owner, PodRow,
-    PodState, Policy, Sharing, UnclaimedBusy,
+    Attribution, ClaimsScope, Evidence, GpuHealth, Ledger, NamespaceRow, NodeRow, OwnedBy, Owner,
+    PodRow, PodState, Policy, Sharing, UnclaimedBusy,
 };
 
 /// A pod's row before attribution: its claim in GPU equivalents, its life and sharing layer,
@@ -206,7 +207,11 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         }
         if let Some((nb, verified)) = notebook_of(claims, p) {
             row.notebook = Some(nb.name.clone());
-            row.evidence.notebook = Some((nb.clone(), verified));
+            row.evidence.owner = Some(OwnedBy::notebook(nb.clone(), verified));
+        }
+        // Workspace layer: a pod no Notebook owns may be a Workspace's.
+        if row.evidence.owner.is_none() {
+            row.evidence.owner = workspace::owner_of(claims, p);
         }
         // A bound pod whose claims give it nothing (not reserved for it yet) holds no device.
         if let Some(shares) = hami.shares() {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use super::claims::{NotebookInfo, OwnerRef, shard_of};
+use super::claims::{OwnerInfo, OwnerKind, OwnerRef, shard_of};
 use super::units::{ResourceNames, SliceTable};
 use super::usage::DeviceKey;
 
@@ -112,10 +112,11 @@ impl Owner {
 pub struct Evidence {
     #[serde(skip)]
     pub uid: String,
-    /// The notebook this pod belongs to, and whether pod → StatefulSet → Notebook (uid) was verified.
-    /// In the JSON only as `notebook_stopped`: the notebook carries `kubeflow-resource-stopped`.
+    /// The object this pod belongs to (a Notebook, …), and whether the pod → owner chain was
+    /// verified. In the JSON only as `notebook_stopped`: the pod's owner is a Notebook that
+    /// carries `kubeflow-resource-stopped`.
     #[serde(rename = "notebook_stopped", serialize_with = "notebook_stopped")]
-    pub notebook: Option<(NotebookInfo, bool)>,
+    pub owner: Option<OwnedBy>,
     #[serde(skip)]
     pub started_at: Option<DateTime<Utc>>,
     #[serde(skip)]
@@ -146,16 +147,37 @@ pub struct Evidence {
     pub idle_bounded_by_history: bool,
 }
 
-/// `notebook_stopped` of the JSON: whether the pod's notebook is stopped (false without one).
+/// The owner object of a pod row: its kind, its projection and whether the pod → owner chain
+/// was verified (an unverified owner is shown, never stopped).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedBy {
+    pub kind: OwnerKind,
+    pub info: OwnerInfo,
+    pub verified: bool,
+}
+
+impl OwnedBy {
+    /// A Kubeflow Notebook owner.
+    pub fn notebook(info: OwnerInfo, verified: bool) -> Self {
+        OwnedBy {
+            kind: OwnerKind::Notebook,
+            info,
+            verified,
+        }
+    }
+}
+
+/// `notebook_stopped` of the JSON: whether the pod's owner is a stopped Notebook (false without
+/// one).
 #[allow(clippy::ref_option)] // serde's serialize_with hands the field by reference
 fn notebook_stopped<S: serde::Serializer>(
-    notebook: &Option<(NotebookInfo, bool)>,
+    owner: &Option<OwnedBy>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     s.serialize_bool(
-        notebook
+        owner
             .as_ref()
-            .is_some_and(|(nb, _)| nb.stopped.is_some()),
+            .is_some_and(|o| o.kind == OwnerKind::Notebook && o.info.stopped.is_some()),
     )
 }
 

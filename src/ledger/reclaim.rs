@@ -26,7 +26,7 @@ use super::claims::{
     Toleration,
 };
 use super::dra::ExtendedDevices;
-use super::model::{Attribution, ClaimsScope, PodRow, PodState, Sharing};
+use super::model::{Attribution, ClaimsScope, OwnedBy, PodRow, PodState, Sharing};
 pub use super::model::{PodRef, Reclaim, ReclaimOption, Stop};
 
 /// Most holders on one node searched exhaustively for a fewest-stops set when the pod asks for
@@ -147,7 +147,10 @@ fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
     let alone: Vec<bool> = pods
         .iter()
         .map(|p| {
-            let Some((nb, verified)) = &p.evidence.notebook else {
+            let Some(OwnedBy {
+                info: nb, verified, ..
+            }) = &p.evidence.owner
+            else {
                 return false;
             };
             p.state == PodState::Running
@@ -167,8 +170,8 @@ fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
     // A stop takes every pod of the notebook: one busy (or unproven) pod keeps them all.
     let mut busy: foldhash::HashSet<(&str, &str)> = foldhash::HashSet::default();
     for (p, ok) in pods.iter().zip(&alone) {
-        if let (false, true, Some((nb, _))) = (*ok, p.state.holds(), &p.evidence.notebook) {
-            busy.insert((p.namespace.as_str(), nb.uid.as_str()));
+        if let (false, true, Some(owner)) = (*ok, p.state.holds(), &p.evidence.owner) {
+            busy.insert((p.namespace.as_str(), owner.info.uid.as_str()));
         }
     }
     pods.iter()
@@ -176,9 +179,9 @@ fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
         .map(|(p, ok)| {
             ok && p
                 .evidence
-                .notebook
+                .owner
                 .as_ref()
-                .is_some_and(|(nb, _)| !busy.contains(&(p.namespace.as_str(), nb.uid.as_str())))
+                .is_some_and(|o| !busy.contains(&(p.namespace.as_str(), o.info.uid.as_str())))
         })
         .collect()
 }

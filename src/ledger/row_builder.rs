@@ -5,7 +5,7 @@
 use chrono::{DateTime, Duration, Utc};
 
 use super::claims::NotebookInfo;
-use super::{Attribution, Owner, PodRow, PodState};
+use super::{Attribution, OwnedBy, Owner, PodRow, PodState};
 
 impl PodRow {
     /// Bound to `node` and running.
@@ -106,7 +106,7 @@ impl PodRow {
     #[must_use]
     pub fn of_notebook(mut self, notebook: NotebookInfo) -> Self {
         self.notebook = Some(notebook.name.clone());
-        self.evidence.notebook = Some((notebook, true));
+        self.evidence.owner = Some(OwnedBy::notebook(notebook, true));
         self
     }
 

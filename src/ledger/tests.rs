@@ -560,7 +560,7 @@ fn quotas_and_notebooks() {
     let p = pod(&l, "nb-0");
     assert_eq!(p.notebook.as_deref(), Some("nb"));
     assert_eq!(
-        p.evidence.notebook.as_ref().map(|(_, v)| *v),
+        p.evidence.owner.as_ref().map(|o| o.verified),
         Some(false),
         "unverified without StatefulSets"
     );
@@ -581,7 +581,7 @@ fn quotas_and_notebooks() {
     }];
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
     assert_eq!(
-        pod(&l, "nb-0").evidence.notebook,
+        pod(&l, "nb-0").evidence.owner,
         None,
         "a pod outside the StatefulSet's selector is not its pod"
     );
@@ -589,7 +589,7 @@ fn quotas_and_notebooks() {
         [("statefulset".to_string(), "nb".to_string())].into();
     let l = build(&c, &usage(vec![]), now(), &Policy::default());
     assert_eq!(
-        pod(&l, "nb-0").evidence.notebook.as_ref().map(|(_, v)| *v),
+        pod(&l, "nb-0").evidence.owner.as_ref().map(|o| o.verified),
         Some(true)
     );
     // A StatefulSet owned by a different Notebook uid is not proof.

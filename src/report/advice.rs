@@ -181,7 +181,7 @@ pub fn stuck_remedy(p: Option<&PodRow>) -> &'static str {
 /// A notebook under a culling notice (`gpu-ledger.io/stop-scheduled-at`, `--cull-notice`): when
 /// it stops unless used or snoozed, and the exact command to snooze it (a day past the stop).
 fn notice_hint(p: &PodRow) -> Option<Hint> {
-    let (nb, _) = p.evidence.notebook.as_ref()?;
+    let nb = &p.evidence.owner.as_ref()?.info;
     let at = nb.stop_scheduled_at?;
     if p.state != PodState::Running || nb.stopped.is_some() {
         return None;

@@ -2,6 +2,7 @@
 //! (`gpus`, `percent`, `idle_for`, `note`, the quota and queue cells, the summary line); the
 //! page's script (`page/page.js`) formats the same way, which the Chromium test checks.
 
+use crate::ledger::claims::OwnerKind;
 use crate::ledger::model::{Attribution, Ledger, PodRow, PodState, QueueRow, QuotaRow, Sharing};
 
 /// The cells of a quota row (`quotas` of the JSON): namespace, resource, hard, used, busy,
@@ -280,9 +281,9 @@ fn short_uuid(uuid: &str) -> String {
 /// Whether the pod's Kubeflow notebook carries `kubeflow-resource-stopped`.
 pub fn notebook_stopped(p: &PodRow) -> bool {
     p.evidence
-        .notebook
+        .owner
         .as_ref()
-        .is_some_and(|(nb, _)| nb.stopped.is_some())
+        .is_some_and(|o| o.kind == OwnerKind::Notebook && o.info.stopped.is_some())
 }
 
 /// The cluster in five numbers (GPU equivalents).

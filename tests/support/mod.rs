@@ -232,6 +232,12 @@ pub async fn snooze_for_an_hour(admin: &kube::Client, ns: &str, nb: &str) -> Str
     let until = (chrono::Utc::now() + chrono::Duration::hours(1))
         .format("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
+    annotate_notebook(admin, ns, nb, "gpu-ledger.io/snooze-until", &until).await;
+    until
+}
+
+/// Sets one annotation of Notebook `ns/nb` (a merge patch, as `kubectl annotate --overwrite`).
+pub async fn annotate_notebook(admin: &kube::Client, ns: &str, nb: &str, key: &str, value: &str) {
     let notebooks: Api<kube::api::DynamicObject> = Api::namespaced_with(
         admin.clone(),
         ns,
@@ -241,12 +247,10 @@ pub async fn snooze_for_an_hour(admin: &kube::Client, ns: &str, nb: &str) -> Str
         .patch(
             nb,
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
-                "gpu-ledger.io/snooze-until": &until}}})),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
         )
         .await
-        .expect("snooze");
-    until
+        .unwrap_or_else(|e| panic!("annotate notebook {ns}/{nb} {key}={value}: {e}"));
 }
 
 /// Waits until `kubectl describe notebook` tells a notice's story — the Warning
@@ -387,4 +391,132 @@ pub fn live_and_offline_from(
     live.extend(os(&["--at", &at, "-o", "json"]));
     let live = json(run(&live, "live report"), "live report");
     (live, offline, dir)
+}
+
+// --- Kubeflow Notebooks 2.0 Workspaces (tests/fixtures/workspace) ---
+
+pub const WORKSPACE_FIXTURES: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/workspace");
+
+pub fn workspace_api() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kubeflow.org", "v1beta1", "Workspace"),
+        "workspaces",
+    )
+}
+
+/// Creates Workspace `ns/name` (WorkspaceKind `jupyterlab`, podConfig `pod_config`) and the
+/// StatefulSet its controller would create for it (`workspace_controller.go`: `generateName`
+/// from the Workspace's name, controller ownerReference, labels
+/// `notebooks.kubeflow.org/workspace-name` and `statefulset`, one replica, container `main`),
+/// its pod pinned to `node` with an idle GPU. Its status is written as the controller's would
+/// be while running, with a `lastActivity` in seconds as the published CRD's example.
+pub async fn create_workspace(
+    admin: &kube::Client,
+    ns: &str,
+    name: &str,
+    pod_config: &str,
+    node: &str,
+) {
+    gpu_ledger_testkit::stack::ensure_namespace(admin, ns)
+        .await
+        .expect("namespace");
+    let workspaces: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(admin.clone(), ns, &workspace_api());
+    let mut ws = kube::api::DynamicObject::new(name, &workspace_api());
+    ws.data = serde_json::json!({"spec": {"kind": "jupyterlab", "paused": false,
+        "podTemplate": {"options": {"imageConfig": "jupyterlab_scipy_190", "podConfig": pod_config},
+            "volumes": {"home": "home-pvc"}}}});
+    let ws = workspaces
+        .create(&PostParams::default(), &ws)
+        .await
+        .expect("workspace");
+    let status = serde_json::json!({"status": {
+        "activity": {"lastActivity": 1_704_067_200_i64, "lastUpdate": 1_704_067_200_i64},
+        "pauseTime": 0, "pendingRestart": false, "state": "Running", "stateMessage": "",
+        "podTemplateOptions": {"imageConfig": {"desired": "jupyterlab_scipy_190"},
+            "podConfig": {"desired": pod_config}}}});
+    workspaces
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(status),
+        )
+        .await
+        .expect("workspace status");
+    let labels = serde_json::json!({
+        "notebooks.kubeflow.org/workspace-name": name, "statefulset": name});
+    let sts: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"generateName": format!("{name}-"), "namespace": ns,
+            "labels": {"notebooks.kubeflow.org/workspace-name": name},
+            "ownerReferences": [{"apiVersion": "kubeflow.org/v1beta1", "kind": "Workspace",
+                "name": name, "uid": ws.metadata.uid, "controller": true,
+                "blockOwnerDeletion": true}]},
+        "spec": {"replicas": 1, "serviceName": "",
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {
+                    gpu_ledger_testkit::dcgm::UTILIZATION_ANNOTATION: "0"}},
+                "spec": {"containers": [{"name": "main",
+                    "image": "ghcr.io/kubeflow/kubeflow/notebook-servers/jupyter-scipy:v1.9.0",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "terminationGracePeriodSeconds": 1}}}
+    }))
+    .expect("statefulset JSON");
+    Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &sts)
+        .await
+        .expect("workspace statefulset");
+}
+
+/// Installs the Workspace CRD as published and the trimmed WorkspaceKind CRD
+/// (tests/fixtures/workspace/README.md).
+pub async fn install_workspace_crds(cp: &ControlPlane) {
+    for file in [
+        "kubeflow.org_workspaces.yaml",
+        "kubeflow.org_workspacekinds.trimmed.yaml",
+    ] {
+        let text = std::fs::read_to_string(format!("{WORKSPACE_FIXTURES}/{file}")).expect(file);
+        let crd = serde_norway::from_str(&text).expect(file);
+        cp.install_crd(&crd).await.expect(file);
+    }
+}
+
+/// WorkspaceKind `jupyterlab`: podConfig options `big_gpu` (spawner label `gpu=big`) and
+/// `exempt_gpu` (`gpu=exempt`); its first `activityRules` entry exempts `gpu=exempt`
+/// (`pauseWorkspace: false`), a catch-all after it pauses.
+pub async fn create_workspace_kind(admin: &kube::Client) {
+    let kinds: Api<kube::api::DynamicObject> = Api::all_with(
+        admin.clone(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("kubeflow.org", "v1beta1", "WorkspaceKind"),
+            "workspacekinds",
+        ),
+    );
+    let kind: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kubeflow.org/v1beta1", "kind": "WorkspaceKind",
+        "metadata": {"name": "jupyterlab"},
+        "spec": {
+            "activityRules": [
+                {"match": {"matchPodConfig": {"selector": {"matchLabels": {"gpu": "exempt"}}}},
+                 "config": {"secondsSinceActive": 3600},
+                 "effect": {"pauseWorkspace": false}},
+                {"config": {"secondsSinceActive": 3600}, "effect": {"pauseWorkspace": true}}
+            ],
+            "podTemplate": {
+                "activityProbe": {"jupyter": {"portId": "jupyterlab", "lastActivity": true}},
+                "options": {"podConfig": {"default": "big_gpu", "values": [
+                    {"id": "big_gpu", "spawner": {"displayName": "1 GPU",
+                        "labels": [{"key": "gpu", "value": "big"}]}},
+                    {"id": "exempt_gpu", "spawner": {"displayName": "1 GPU, never paused",
+                        "labels": [{"key": "gpu", "value": "exempt"}]}}
+                ]}}}
+        }
+    }))
+    .expect("workspacekind");
+    kinds
+        .create(&PostParams::default(), &kind)
+        .await
+        .expect("create workspacekind");
 }

@@ -394,6 +394,37 @@ async fn fresh_notebook_with_an_annotation_not_understood_is_not_stopped() {
 }
 
 #[tokio::test]
+async fn activity_recorded_after_the_plan_cancels_the_write() {
+    // Planned on a notebook idle for 3h12m; by the re-read its kernel ran a cell a minute ago.
+    let mut nb = notebook();
+    nb.last_activity = Some(now() - Duration::minutes(1));
+    let api = Arc::new(FakeApi::with_notebook(nb.clone()));
+    let o = run(&api, CullMode::On, false, Ok(true)).await;
+    assert_eq!(o.result, StopResult::Changed);
+    assert!(
+        o.detail.contains(
+            "recent activity at 2026-01-31T11:59:00Z (notebooks.kubeflow.org/last-activity)"
+        ),
+        "{}",
+        o.detail
+    );
+    assert_eq!(api.patch_count(), 0);
+    // Older than the idle threshold (2h by default): no veto.
+    nb.last_activity = Some(now() - Duration::hours(2));
+    assert_eq!(
+        verify_fresh(&nb, &stop_action(), Duration::hours(1), now()),
+        Ok(())
+    );
+    // With the veto off, recent activity does not hold the write back.
+    nb.last_activity = Some(now() - Duration::minutes(1));
+    let off = CullPolicy {
+        respect_activity: false,
+        ..CullPolicy::default()
+    };
+    assert_eq!(verify_fresh_with(&nb, &stop_action(), &off, now()), Ok(()));
+}
+
+#[tokio::test]
 async fn evidence_recheck_gates_the_patch() {
     let api = Arc::new(FakeApi::with_notebook(notebook()));
     assert_eq!(

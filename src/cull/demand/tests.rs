@@ -7,7 +7,7 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use crate::cull::CullWhen;
 use crate::cull::plan::{Action, CullPolicy, SkipReason, plan, still_a_stop};
 use crate::ledger::claims::{Claims, NodeInfo, NotebookInfo};
-use crate::ledger::{Attribution, Evidence, Ledger, PodRow, PodState, reclaim};
+use crate::ledger::{Attribution, Evidence, Ledger, OwnedBy, PodRow, PodState, reclaim};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 1, 31, 12, 0, 0)
@@ -32,7 +32,10 @@ fn idle_nb(ns: &str, name: &str, node: &str, idle_h: i64) -> PodRow {
     p.notebook = Some(name.into());
     p.evidence = Evidence {
         uid: format!("pod-{ns}-{name}"),
-        notebook: Some((NotebookInfo::new(ns, name).at_version("42"), true)),
+        owner: Some(OwnedBy::notebook(
+            NotebookInfo::new(ns, name).at_version("42"),
+            true,
+        )),
         started_at: Some(now - Duration::hours(10)),
         ready_since: Some(now - Duration::hours(10)),
         coverage: Some(1.0),

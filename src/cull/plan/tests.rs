@@ -7,8 +7,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::cull::notebook::Notebook;
-use crate::ledger::claims::NotebookInfo;
-use crate::ledger::{Ledger, PodRow, PodState};
+use crate::ledger::claims::{NotebookInfo, OwnerKind};
+use crate::ledger::{Ledger, OwnedBy, PodRow, PodState};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 1, 31, 12, 0, 0)
@@ -49,7 +49,7 @@ fn reason_of(row: &PodRow) -> Option<SkipReason> {
 }
 
 fn nb_mut(row: &mut PodRow) -> &mut NotebookInfo {
-    &mut row.evidence.notebook.as_mut().expect("notebook").0
+    &mut row.evidence.owner.as_mut().expect("notebook").info
 }
 
 #[test]
@@ -106,14 +106,29 @@ fn human_duration_formats() {
 #[test]
 fn pod_without_notebook_is_skipped() {
     let mut r = idle_row("a", "nb", 3);
-    r.evidence.notebook = None;
+    r.evidence.owner = None;
     assert_eq!(reason_of(&r), Some(SkipReason::NotNotebook));
+}
+
+#[test]
+fn an_owner_of_a_kind_no_registered_target_stops_is_no_notebook() {
+    // The Notebook target claims only Notebook owners: the same object under another owner
+    // kind (a RayCluster, with no RayCluster target registered) leaves the pod unowned.
+    let mut r = idle_row("a", "nb", 3);
+    r.evidence.owner.as_mut().expect("notebook").kind = OwnerKind::RayCluster;
+    assert_eq!(reason_of(&r), Some(SkipReason::NotNotebook));
+    // The JSON's `notebook_stopped` speaks of Notebooks only.
+    r.evidence.owner.as_mut().expect("owner").info.stopped = Some("x".into());
+    assert_eq!(
+        serde_json::to_value(&r).expect("json")["notebook_stopped"],
+        false
+    );
 }
 
 #[test]
 fn unverified_owner_is_skipped() {
     let mut r = idle_row("a", "nb", 3);
-    r.evidence.notebook.as_mut().expect("notebook").1 = false;
+    r.evidence.owner.as_mut().expect("notebook").verified = false;
     assert_eq!(reason_of(&r), Some(SkipReason::UnverifiedOwner));
 }
 
@@ -210,11 +225,83 @@ fn a_culling_annotation_that_is_not_understood_holds_back() {
     assert_eq!(reason_of(&r), Some(SkipReason::AlreadyStopped));
 }
 
+#[test]
+fn recent_activity_vetoes_the_stop_and_names_time_and_source() {
+    use crate::ledger::claims::LAST_ACTIVITY_ANNOTATION;
+    // Idle GPU for 3h, idle threshold 2h (the default).
+    let with_activity = |ago: Duration| {
+        let mut r = idle_row("a", "nb", 3);
+        nb_mut(&mut r).last_activity = Some(t0() - ago);
+        r
+    };
+    let just_inside = with_activity(Duration::hours(2) - Duration::seconds(1));
+    assert_eq!(reason_of(&just_inside), Some(SkipReason::RecentActivity));
+    let p = plan(
+        &ledger(vec![just_inside.clone()]),
+        &CullPolicy::default(),
+        t0(),
+    );
+    assert!(p.actions.is_empty(), "{p:?}");
+    assert_eq!(p.candidates, 0);
+    assert_eq!(
+        p.skips[0].detail.as_deref(),
+        Some(
+            "recent activity at 2026-01-31T10:00:01Z \
+             (notebooks.kubeflow.org/last-activity)"
+        )
+    );
+    // The boundary: activity exactly idle_after ago no longer vetoes (as idleness of exactly
+    // idle_after qualifies); older, or none recorded, neither.
+    for ago in [Duration::hours(2), Duration::hours(5)] {
+        assert_eq!(reason_of(&with_activity(ago)), None, "{ago}");
+    }
+    assert_eq!(reason_of(&idle_row("a", "nb", 3)), None);
+    // Activity in the future (clock skew) is recent.
+    assert_eq!(
+        reason_of(&with_activity(-Duration::minutes(1))),
+        Some(SkipReason::RecentActivity)
+    );
+    // The threshold is the policy's.
+    let short = CullPolicy {
+        idle_after: Duration::minutes(30),
+        ..CullPolicy::default()
+    };
+    assert_eq!(
+        judge(&with_activity(Duration::hours(1)), &short, t0()),
+        Ok(())
+    );
+    // Other reasons stay more telling: a busy GPU is not_idle, not recent_activity.
+    let mut busy = with_activity(Duration::minutes(1));
+    busy.idle = Some(false);
+    assert_eq!(reason_of(&busy), Some(SkipReason::NotIdle));
+    // With the veto off, GPU idleness alone decides, and a bad value is not read at all.
+    let off = CullPolicy {
+        respect_activity: false,
+        ..CullPolicy::default()
+    };
+    assert_eq!(judge(&just_inside, &off, t0()), Ok(()));
+    let mut unparsable = idle_row("a", "nb", 3);
+    nb_mut(&mut unparsable).invalid_annotations = vec![LAST_ACTIVITY_ANNOTATION];
+    assert_eq!(judge(&unparsable, &off, t0()), Ok(()));
+    // With it on, a value not understood fails closed like our own annotations.
+    assert_eq!(reason_of(&unparsable), Some(SkipReason::InvalidAnnotation));
+}
+
+#[test]
+fn recent_activity_cancels_the_notice() {
+    let mut row = with_notice(idle_row("team-a", "nb", 3), t0() + Duration::minutes(5));
+    nb_mut(&mut row).last_activity = Some(t0() - Duration::minutes(10));
+    assert_eq!(
+        cancel_of(row, &notice_policy()).0,
+        CancelReason::RecentActivity
+    );
+}
+
 /// A backoff that holds `rows`' notebooks after one failed stop at `t0()`.
 fn backoff_for(rows: &[&PodRow]) -> Backoff {
     let mut b = Backoff::default();
     for r in rows {
-        let (nb, _) = r.evidence.notebook.as_ref().expect("notebook");
+        let nb = &r.evidence.owner.as_ref().expect("notebook").info;
         b.failed(
             &Notebook,
             &r.namespace,
@@ -326,7 +413,7 @@ fn backoff_doubles_per_failure_and_ends_by_cycles_or_after_an_hour() {
         "counting starts afresh"
     );
     let row = idle_row(ns, name, 3);
-    let nb_uid = row.evidence.notebook.as_ref().expect("nb").0.uid.clone();
+    let nb_uid = row.evidence.owner.as_ref().expect("nb").info.uid.clone();
     b.failed(&Notebook, ns, name, &nb_uid, now);
     b.retain_present(&ledger(vec![row.clone()]), Targets::default());
     assert!(
@@ -599,11 +686,12 @@ fn arb_notebook() -> impl Strategy<Value = Option<(NotebookInfo, bool)>> {
         prop::bool::weighted(0.85),
         0_u8..4,
         prop::bool::weighted(0.1),
+        arb_time_offset(),
     );
     prop::option::weighted(
         0.9,
         nb.prop_map(
-            |(stopped, deleting, opt_out, snooze, last_stop, verified, n, invalid)| {
+            |(stopped, deleting, opt_out, snooze, last_stop, verified, n, invalid, activity)| {
                 let mut info = notebook("x", &format!("nb{n}"));
                 if invalid {
                     info.invalid_annotations = vec![crate::ledger::claims::SNOOZE_ANNOTATION];
@@ -617,6 +705,10 @@ fn arb_notebook() -> impl Strategy<Value = Option<(NotebookInfo, bool)>> {
                     .map(|s| t0() - Duration::seconds(s));
                 info.last_stopped_by_us = last_stop
                     .filter(|s| s % 2 == 0)
+                    .map(|s| t0() - Duration::seconds(s));
+                // Activity is recorded only where the Kubeflow culler runs: often absent.
+                info.last_activity = activity
+                    .filter(|s| s % 2 == 1)
                     .map(|s| t0() - Duration::seconds(s));
                 (info, verified)
             },
@@ -666,12 +758,12 @@ fn arb_row() -> impl Strategy<Value = PodRow> {
             row.idle = idle;
             row.idle_seconds = idle_s;
             row.evidence.uid = format!("uid{id}");
-            row.evidence.notebook = nb.map(|(mut info, v)| {
+            row.evidence.owner = nb.map(|(mut info, v)| {
                 info.namespace.clone_from(&ns);
                 info.uid = format!("nb-{ns}-{}", info.name);
-                (info, v)
+                OwnedBy::notebook(info, v)
             });
-            row.notebook = row.evidence.notebook.as_ref().map(|(n, _)| n.name.clone());
+            row.notebook = row.evidence.owner.as_ref().map(|o| o.info.name.clone());
             row.evidence.started_at = start.map(|s| t0() - Duration::seconds(s));
             row.evidence.ready_since = ready.map(|s| t0() - Duration::seconds(s));
             row.evidence.coverage = cov;
@@ -710,19 +802,28 @@ fn arb_policy() -> impl Strategy<Value = CullPolicy> {
             0..2,
         ),
         0_i64..4,
+        prop::bool::weighted(0.8),
     )
-        .prop_map(|(cap, idle_share, excluded, idle_h)| CullPolicy {
-            max_per_cycle: cap,
-            max_idle_share: idle_share,
-            exclude_namespaces: excluded,
-            idle_after: Duration::hours(idle_h),
-            ..CullPolicy::default()
-        })
+        .prop_map(
+            |(cap, idle_share, excluded, idle_h, respect_activity)| CullPolicy {
+                max_per_cycle: cap,
+                max_idle_share: idle_share,
+                exclude_namespaces: excluded,
+                idle_after: Duration::hours(idle_h),
+                respect_activity,
+                ..CullPolicy::default()
+            },
+        )
 }
 
 /// Independent restatement of the candidate rules, for the property tests.
 fn safe_to_stop(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> bool {
-    let Some((nb, true)) = &row.evidence.notebook else {
+    let Some(OwnedBy {
+        info: nb,
+        verified: true,
+        ..
+    }) = &row.evidence.owner
+    else {
         return false;
     };
     let ev = &row.evidence;
@@ -754,6 +855,10 @@ fn safe_to_stop(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> bool {
         && !nb.cull_opt_out
         && nb.invalid_annotations.is_empty()
         && nb.snooze_until.is_none_or(|s| s <= now)
+        && (!policy.respect_activity
+            || nb
+                .last_activity
+                .is_none_or(|a| now - a >= policy.idle_after))
         && !policy.exclude_namespaces.contains(&row.namespace)
 }
 
@@ -784,7 +889,7 @@ proptest! {
             prop_assert!(row.is_some());
             let row = row.expect("checked");
             prop_assert!(safe_to_stop(row, &policy, now), "unsafe stop of {:?}", row);
-            prop_assert_eq!(&row.evidence.notebook.as_ref().expect("notebook").0.uid, notebook_uid);
+            prop_assert_eq!(&row.evidence.owner.as_ref().expect("notebook").info.uid, notebook_uid);
         }
         // Accounting: every GPU-holding pod is either acted on or skipped, exactly once.
         let holding = l.pods.iter().filter(|r| r.state.holds()).count();
@@ -806,7 +911,7 @@ proptest! {
         let now = t0();
         let mut backoff = Backoff::default();
         for (i, row) in l.pods.iter().enumerate() {
-            if let Some((nb, _)) = &row.evidence.notebook
+            if let Some(OwnedBy { info: nb, .. }) = &row.evidence.owner
                 && mask & (1 << (i % 32)) != 0
             {
                 backoff.failed(&Notebook, &row.namespace, &nb.name, &nb.uid, now - Duration::seconds(1));
@@ -850,14 +955,14 @@ proptest! {
             .pods
             .iter()
             .filter(|r| r.state.holds() && !safe_to_stop(r, &policy, now))
-            .filter_map(|r| r.evidence.notebook.as_ref().map(|(nb, _)| (r.namespace.clone(), nb.uid.clone())))
+            .filter_map(|r| r.evidence.owner.as_ref().map(|o| (r.namespace.clone(), o.info.uid.clone())))
             .collect();
         let safe = l
             .pods
             .iter()
             .filter(|r| safe_to_stop(r, &policy, now))
             .filter(|r| {
-                let (nb, _) = r.evidence.notebook.as_ref().expect("safe rows have a notebook");
+                let nb = &r.evidence.owner.as_ref().expect("safe rows have a notebook").info;
                 !busy.contains(&(r.namespace.clone(), nb.uid.clone()))
             })
             .count();

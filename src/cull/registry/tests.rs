@@ -23,17 +23,18 @@ use crate::cull::webhook::{WebhookFormat, payload};
 use crate::ledger::claims::{
     STOP_ANNOTATION, STOP_REASON_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION,
 };
-use crate::ledger::{Attribution, Ledger};
+use crate::ledger::{Attribution, Ledger, OwnedBy};
 
 /// A test double of a future culling target (shaped like a Notebooks 2.0 Workspace): group
 /// `example.com`, stopped by `spec.paused: true`, and one check of its own before a write (a
 /// workspace whose name starts with `shared-` is never stopped).
 ///
 /// Its owner rule reads the pod's controller (`PodRow::owner`) and the owner object the ledger
-/// attached to the row (`Evidence::notebook`, today filled only by the pod → StatefulSet →
-/// Notebook rule). A real second kind needs a claim kind of its own (`claims/kinds.rs`) and a
-/// ledger rule that attaches its objects; this double stands in for both by reusing that slot,
-/// which is why it is offered the row before the Notebook.
+/// attached to the row (`Evidence::owner`), whatever its `OwnerKind`: its rows carry a Notebook
+/// owner, as only the pod → StatefulSet → Notebook rule fills the slot in this test. A real
+/// second kind needs a claim kind of its own (`claims/kinds.rs`) and a ledger rule that attaches
+/// its objects under its own `OwnerKind`; this double stands in for both by reusing the
+/// Notebook's, which is why it is offered the row before the Notebook.
 struct FakeWorkspace;
 
 static WORKSPACE: Identity = Identity {
@@ -58,10 +59,10 @@ impl Target for FakeWorkspace {
     fn owner<'r>(&self, row: &'r PodRow) -> Option<(&'r TargetInfo, bool)> {
         let controller = row.owner.as_ref().filter(|o| o.kind == WORKSPACE.kind)?;
         row.evidence
-            .notebook
+            .owner
             .as_ref()
-            .filter(|(object, _)| object.name == controller.name)
-            .map(|(object, verified)| (object, *verified))
+            .filter(|o| o.info.name == controller.name)
+            .map(|o| (&o.info, o.verified))
     }
 
     fn stop_fields(&self, _stop_value: &str) -> serde_json::Value {
@@ -124,7 +125,7 @@ fn idle_pod_of(pod: &str, object: TargetInfo) -> PodRow {
         .attributed(Attribution::Exclusive)
         .stop_candidate(now(), Duration::hours(5), Duration::hours(3))
         .with_uid(format!("{pod}-uid"));
-    row.evidence.notebook = Some((object, true));
+    row.evidence.owner = Some(OwnedBy::notebook(object, true));
     row
 }
 
@@ -409,4 +410,26 @@ async fn the_actuator_reads_checks_and_stops_each_action_as_its_target() {
     let events = api.inner.events.lock().expect("lock");
     let note = &events.last().expect("the stop's event").1.note;
     assert!(note.contains("Resume it from the workspaces UI"), "{note}");
+}
+
+#[test]
+fn cull_targets_name_registered_kinds_only() {
+    let names = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+    // Empty (the default) and every name: all registered targets.
+    assert_eq!(Targets::named(&[]).expect("default"), Targets::default());
+    let all: Vec<&str> = TARGETS.iter().map(|t| t.identity().noun).collect();
+    assert_eq!(
+        Targets::named(&names(&all)).expect("all"),
+        Targets::default()
+    );
+    // One: that one alone.
+    let only = Targets::named(&names(&["workspace"])).expect("workspace");
+    let nouns: Vec<&str> = only.iter().map(|t| t.identity().noun).collect();
+    assert_eq!(nouns, vec!["workspace"]);
+    // A typo is an error naming it and the known names.
+    let err = Targets::named(&names(&["notebok"])).expect_err("typo");
+    assert!(
+        err.to_string().contains("\"notebok\"") && err.to_string().contains("notebook"),
+        "{err}"
+    );
 }

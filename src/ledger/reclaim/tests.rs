@@ -150,19 +150,19 @@ fn shared_unattributed_busy_and_opted_out_holders_are_never_stopped() {
     let mut unattributed = idle_nb("u", "dark", "n", &[(GPU, 1)], 9000.0);
     unattributed.attribution = Attribution::Unattributed;
     let mut opted = idle_nb("u", "mine", "n", &[(GPU, 1)], 9000.0);
-    if let Some((nb, _)) = &mut opted.evidence.notebook {
+    if let Some(OwnedBy { info: nb, .. }) = &mut opted.evidence.owner {
         nb.cull_opt_out = true;
     }
     let mut snoozed = idle_nb("u", "later", "n", &[(GPU, 1)], 9000.0);
-    if let Some((nb, _)) = &mut snoozed.evidence.notebook {
+    if let Some(OwnedBy { info: nb, .. }) = &mut snoozed.evidence.owner {
         nb.snooze_until = Some(now() + chrono::Duration::hours(1));
     }
     let mut unverified = idle_nb("u", "claimed", "n", &[(GPU, 1)], 9000.0);
-    if let Some((_, v)) = &mut unverified.evidence.notebook {
+    if let Some(OwnedBy { verified: v, .. }) = &mut unverified.evidence.owner {
         *v = false;
     }
     let mut stopped = idle_nb("u", "stopped", "n", &[(GPU, 1)], 9000.0);
-    if let Some((nb, _)) = &mut stopped.evidence.notebook {
+    if let Some(OwnedBy { info: nb, .. }) = &mut stopped.evidence.owner {
         nb.stopped = Some("2026-03-01T00:00:00Z".into());
     }
     let out = run(
@@ -190,7 +190,7 @@ fn shared_unattributed_busy_and_opted_out_holders_are_never_stopped() {
 #[test]
 fn a_notebook_with_a_busy_pod_is_not_reclaimable() {
     let mut second = busy("u", "nb-1", "n", &[(GPU, 1)]);
-    second.evidence.notebook = idle_nb("u", "nb", "n", &[], 0.0).evidence.notebook;
+    second.evidence.owner = idle_nb("u", "nb", "n", &[], 0.0).evidence.owner;
     let out = run(
         vec![node("n", &[(GPU, 2)])],
         vec![],

@@ -164,6 +164,10 @@ compares them for the default values).
 {{- if not (has (toString .Values.culling.maxSnooze) (list "" "0" "0s")) }}
 - --cull-max-snooze={{ .Values.culling.maxSnooze }}
 {{- end }}
+- --cull-targets={{ join "," .Values.culling.targets }}
+{{- if not .Values.culling.respectActivity }}
+- --cull-respect-activity=false
+{{- end }}
 {{- if .Values.culling.noticeWebhook.secretName }}
 - --cull-notice-webhook-url-file=/etc/gpu-ledger/notice-webhook/{{ .Values.culling.noticeWebhook.secretKey }}
 - --cull-notice-webhook-format={{ .Values.culling.noticeWebhook.format }}
