@@ -9,6 +9,8 @@ use kube::api::{Api, DynamicObject};
 use kube::discovery::ApiResource;
 use kube::{Client, Resource};
 
+pub mod raycluster;
+
 use crate::ledger::claims::{
     CULL_OPT_OUT_ANNOTATION, NotebookInfo, OwnerRef, PodClaim, SNOOZE_ANNOTATION, STOP_ANNOTATION,
     STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION,
@@ -131,6 +133,7 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
         invalid_annotations,
         stop_scheduled_at,
         last_activity: None,
+        managed_by: None,
     }
 }
 

@@ -66,6 +66,13 @@ pub struct Claims {
     /// Names of the nodes other shards own (empty unless [`shard`]ed): a device reported on one
     /// is placed there, so this shard neither claims it nor calls it unclaimed busy.
     pub other_shards_nodes: Vec<String>,
+    // RayCluster layer (issue 40): KubeRay's clusters as owner objects.
+    /// KubeRay RayClusters (`ray.io/v1`), projected as owner objects (`stopped` when
+    /// `spec.suspend` is true or the operator is suspending it; `managed_by` a RayJob or
+    /// RayService parent).
+    pub rayclusters: Vec<OwnerInfo>,
+    /// False when the RayCluster CRD is not served (RayCluster ownership is then off).
+    pub rayclusters_enabled: bool,
 }
 
 /// A pod of a DaemonSet, reduced to where it runs.
@@ -389,6 +396,9 @@ pub struct OwnerInfo {
     /// `notebooks.kubeflow.org/last-activity`, a Workspace's `status.activity.lastActivity`);
     /// `None` when it publishes none.
     pub last_activity: Option<DateTime<Utc>>,
+    /// Another controller manages the object's lifecycle (a RayCluster a RayJob or RayService
+    /// made, e.g. `RayJob train-1`): it is stopped through that parent, never directly.
+    pub managed_by: Option<String>,
 }
 
 /// A StatefulSet's identity and controller, for pod → StatefulSet → Notebook verification.

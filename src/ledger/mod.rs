@@ -15,6 +15,7 @@ pub mod kueue;
 pub mod model;
 pub mod names;
 pub mod quota;
+pub mod raycluster;
 pub mod reclaim;
 mod row_builder;
 pub mod showback;
@@ -169,6 +170,8 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         if let Some((nb, verified)) = notebook_of(claims, p) {
             row.notebook = Some(nb.name.clone());
             row.evidence.owner = Some(OwnedBy::notebook(nb.clone(), verified));
+        } else if let Some(owner) = raycluster::owner_of(claims, p) {
+            row.evidence.owner = Some(owner);
         }
         // A bound pod whose claims give it nothing (not reserved for it yet) holds no device.
         if state.holds() && (!p.resources.is_empty() || !pod_dra.held.is_empty()) {
