@@ -240,6 +240,8 @@ const READ_ONLY_RULES: &[(&str, &str, &str)] = &[
     ("kueue.x-k8s.io", "localqueues", "watch"),
     ("kueue.x-k8s.io", "workloads", "list"),
     ("kueue.x-k8s.io", "workloads", "watch"),
+    ("ray.io", "rayclusters", "list"),
+    ("ray.io", "rayclusters", "watch"),
 ];
 
 /// ClusterRole `<fullname>-nodes`: cluster-scoped, always bound cluster-wide (nodes, and the
@@ -264,6 +266,8 @@ const CULLER_RULES: &[(&str, &str, &str)] = &[
     ("events.k8s.io", "events", "patch"),
     ("kubeflow.org", "notebooks", "get"),
     ("kubeflow.org", "notebooks", "patch"),
+    ("ray.io", "rayclusters", "get"),
+    ("ray.io", "rayclusters", "patch"),
 ];
 
 /// The leader-election Role: get/update on the release's Lease only, create on leases (RBAC

@@ -7,11 +7,12 @@
 use std::fmt;
 
 use super::notebook::Notebook;
+use super::raycluster::RayCluster;
 use super::target::{Target, TargetInfo};
 use crate::ledger::PodRow;
 
 /// Every registered target (their RBAC must be granted by the culling Roles).
-pub static TARGETS: &[&dyn Target] = &[&Notebook];
+pub static TARGETS: &[&dyn Target] = &[&Notebook, &RayCluster];
 
 /// The owner object of a pod row: which target claimed it, its projection and whether the pod
 /// → owner chain was verified.

@@ -113,9 +113,9 @@ fn pod_without_notebook_is_skipped() {
 #[test]
 fn an_owner_of_a_kind_no_registered_target_stops_is_no_notebook() {
     // The Notebook target claims only Notebook owners: the same object under another owner
-    // kind (a RayCluster, with no RayCluster target registered) leaves the pod unowned.
+    // kind (a Workspace, with no Workspace target registered) leaves the pod unowned.
     let mut r = idle_row("a", "nb", 3);
-    r.evidence.owner.as_mut().expect("notebook").kind = OwnerKind::RayCluster;
+    r.evidence.owner.as_mut().expect("notebook").kind = OwnerKind::Workspace;
     assert_eq!(reason_of(&r), Some(SkipReason::NotNotebook));
     // The JSON's `notebook_stopped` speaks of Notebooks only.
     r.evidence.owner.as_mut().expect("owner").info.stopped = Some("x".into());
