@@ -193,6 +193,34 @@ async fn an_idle_raycluster_is_suspended_and_its_cards_go_to_a_pending_pod() {
     assert_eq!(row["owner"]["kind"], "RayCluster", "{row}");
     assert_eq!(row["owner"]["name"], "idle", "{row}");
 
+    // The reclaim planner offers the cluster to the waiting pod (before the idle period ends).
+    let offer = eventually(
+        "the reclaim planner offering RayCluster idle",
+        WAIT,
+        || async {
+            let l = gl.ledger_json().await.ok()?;
+            let r = l["reclaim"]
+                .as_array()?
+                .iter()
+                .find(|r| r["pending"]["pod"] == "waiting")?
+                .clone();
+            r["options"]
+                .as_array()?
+                .iter()
+                .find(|o| o["by_stopping"].as_array().is_some_and(|b| !b.is_empty()))
+                .cloned()
+        },
+    )
+    .await;
+    assert_eq!(offer["node"], "gpu-1", "{offer}");
+    for stop in offer["by_stopping"].as_array().expect("stops") {
+        assert_eq!(
+            (&stop["owner_kind"], &stop["notebook"]),
+            (&json!("RayCluster"), &json!("idle")),
+            "{offer}"
+        );
+    }
+
     // Suspended by gpu-ledger; the operator deletes every pod and says so.
     let suspended = eventually(
         "RayCluster idle suspended by the operator",
