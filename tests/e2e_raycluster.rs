@@ -35,7 +35,7 @@ const WAIT: Duration = Duration::from_secs(120);
 
 /// A RayCluster as a user writes it: a GPU-less head and `workers` GPU workers of one GPU each,
 /// pinned to `node` (so the freed cards are known), with `labels` on the cluster.
-fn raycluster(name: &str, workers: u32, node: &str, labels: Value) -> DynamicObject {
+fn raycluster(name: &str, workers: u32, node: &str, labels: &Value) -> DynamicObject {
     let pin = json!({"kubernetes.io/hostname": node});
     serde_json::from_value(json!({
         "apiVersion": "ray.io/v1",
@@ -92,6 +92,7 @@ fn condition(rc: &DynamicObject, kind: &str) -> Option<String> {
         .and_then(|c| c["status"].as_str().map(String::from))
 }
 
+#[allow(clippy::too_many_lines)] // one scenario: operator, owner, offer, suspension, card freed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_raycluster_is_suspended_and_its_cards_go_to_a_pending_pod() {
     let stack = support::tier_b(
@@ -113,7 +114,7 @@ async fn an_idle_raycluster_is_suspended_and_its_cards_go_to_a_pending_pod() {
     clusters
         .create(
             &PostParams::default(),
-            &raycluster("idle", 2, "gpu-1", json!({})),
+            &raycluster("idle", 2, "gpu-1", &json!({})),
         )
         .await
         .expect("RayCluster idle");
@@ -124,7 +125,7 @@ async fn an_idle_raycluster_is_suspended_and_its_cards_go_to_a_pending_pod() {
     clusters
         .create(
             &PostParams::default(),
-            &raycluster("of-job", 1, "gpu-2", of_job),
+            &raycluster("of-job", 1, "gpu-2", &of_job),
         )
         .await
         .expect("RayCluster of-job");

@@ -638,10 +638,9 @@ impl Optional {
                     start_source(self, spawn, Source::KubeRay, Some(&ar));
                     Found::Started
                 }
-                Ok(None) => Missing::not_served("not served"),
                 // A group that is not served answers 404: KubeRay is not installed.
+                Ok(None) | Err(kube::Error::Discovery(_)) => Missing::not_served("not served"),
                 Err(kube::Error::Api(e)) if e.code == 404 => Missing::not_served("not served"),
-                Err(kube::Error::Discovery(_)) => Missing::not_served("not served"),
                 Err(e) => {
                     if first_look {
                         warn!(

@@ -7,8 +7,8 @@
 //! an ownerReference the label contradicts) names the cluster without proof, so the owner is
 //! shown but never stopped.
 
-use super::OwnedBy;
 use super::claims::{Claims, OwnerInfo, OwnerKind, PodClaim};
+use super::model::OwnedBy;
 
 /// The API group of KubeRay's kinds.
 pub const RAY_GROUP: &str = "ray.io";
@@ -36,17 +36,16 @@ pub(super) fn owner_of(claims: &Claims, p: &PodClaim) -> Option<OwnedBy> {
             .filter(in_namespace)
             .find(|rc| rc.uid == c.uid && rc.name == c.name)
     });
-    let (cluster, verified) = match by_ref {
-        Some(rc) => (rc, label == Some(&rc.name)),
-        None => {
-            let name = label?;
-            let rc = claims
-                .rayclusters
-                .iter()
-                .filter(in_namespace)
-                .find(|rc| &rc.name == name)?;
-            (rc, false)
-        }
+    let (cluster, verified) = if let Some(rc) = by_ref {
+        (rc, label == Some(&rc.name))
+    } else {
+        let name = label?;
+        let rc = claims
+            .rayclusters
+            .iter()
+            .filter(in_namespace)
+            .find(|rc| &rc.name == name)?;
+        (rc, false)
     };
     Some(OwnedBy {
         kind: OwnerKind::RayCluster,
