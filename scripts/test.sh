@@ -90,6 +90,15 @@ KUEUE_BIN=$(scripts/build-kueue.sh --print-bin)
 export KUEUE_BIN
 echo "KUEUE_BIN=$KUEUE_BIN"
 
+step "kuberay (ray-operator) from its Go module, for the RayCluster culling test"
+# 141 s on the 2-core machine beside Rust builds, with the Go module and build caches the other
+# Go builds (Kueue, Thanos, the control plane) filled (2026-12-05; KubeRay's own modules were
+# downloaded); warm (binary cached) < 1 s. tests/e2e_raycluster.rs also reads the module's CRDs
+# (`--print-crds`), which this build leaves in the Go module cache.
+KUBERAY_BIN=$(scripts/build-kuberay.sh --print-bin)
+export KUBERAY_BIN
+echo "KUBERAY_BIN=$KUBERAY_BIN"
+
 step "workflows (actionlint from its Go module)"
 # Cold (empty Go module and build caches): 110 s on the 2-core machine; 14 s with the Go build
 # cache of the other Go builds present; warm (binary cached) < 1 s.

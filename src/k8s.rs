@@ -9,6 +9,8 @@ use kube::api::{Api, DynamicObject};
 use kube::discovery::ApiResource;
 use kube::{Client, Resource};
 
+pub mod raycluster;
+
 use crate::ledger::claims::{
     CULL_OPT_OUT_ANNOTATION, LAST_ACTIVITY_ANNOTATION, NotebookInfo, OwnerRef, PodClaim,
     SNOOZE_ANNOTATION, STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION,
@@ -135,6 +137,7 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
         invalid_annotations,
         stop_scheduled_at,
         last_activity,
+        managed_by: None,
     }
 }
 

@@ -242,6 +242,8 @@ const READ_ONLY_RULES: &[(&str, &str, &str)] = &[
     ("kueue.x-k8s.io", "localqueues", "watch"),
     ("kueue.x-k8s.io", "workloads", "list"),
     ("kueue.x-k8s.io", "workloads", "watch"),
+    ("ray.io", "rayclusters", "list"),
+    ("ray.io", "rayclusters", "watch"),
 ];
 
 /// ClusterRole `<fullname>-nodes`: cluster-scoped, always bound cluster-wide (nodes, and the
@@ -270,6 +272,8 @@ const CULLER_RULES: &[(&str, &str, &str)] = &[
     ("kubeflow.org", "notebooks", "patch"),
     ("kubeflow.org", "workspaces", "get"),
     ("kubeflow.org", "workspaces", "patch"),
+    ("ray.io", "rayclusters", "get"),
+    ("ray.io", "rayclusters", "patch"),
 ];
 
 /// The leader-election Role: get/update on the release's Lease only, create on leases (RBAC

@@ -602,6 +602,35 @@ fn interesting(p: &ChildGuard) -> String {
         .join("\n")
 }
 
+/// RayCluster `name` in [`NS`] and one GPU worker of it on `n1`, as KubeRay's operator writes
+/// the pod (controller ownerReference to the cluster, label `ray.io/cluster`); the operator
+/// itself does not run here.
+async fn create_raycluster_worker(admin: &kube::Client, name: &str) -> Result<()> {
+    let rcs = Api::<DynamicObject>::namespaced_with(
+        admin.clone(),
+        NS,
+        &gpu_ledger_testkit::kuberay::raycluster_resource(),
+    );
+    let rc: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "ray.io/v1", "kind": "RayCluster",
+        "metadata": {"name": name},
+        "spec": {"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
+            {"name": "ray-head", "image": "rayproject/ray:2.46.0"}]}}}},
+    }))?;
+    let rc = rcs.create(&PostParams::default(), &rc).await?;
+    let mut pod = support::gpu_pod(&format!("{name}-gpu-worker-x7k2p"), 1, Some("n1"));
+    pod.metadata.labels = Some(BTreeMap::from([("ray.io/cluster".into(), name.into())]));
+    pod.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+        "apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name,
+        "uid": rc.metadata.uid.context("RayCluster uid")?,
+        "controller": true, "blockOwnerDeletion": true,
+    }))?]);
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    Ok(())
+}
+
 #[allow(clippy::too_many_lines)] // one scenario: audit on, dry-run, on, compare
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
@@ -631,7 +660,8 @@ async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
         "the selector's role is rendered: {want:?}"
     );
 
-    let stack = Stack::start(&[GpuNode::new("n1", 1), GpuNode::new("n2", 1)]).await?;
+    // n1: one card for the notebook, one for the RayCluster's worker; n2: the Workspace's.
+    let stack = Stack::start(&[GpuNode::new("n1", 2), GpuNode::new("n2", 1)]).await?;
     let policy_file = stack.cp.dir().join("audit-policy.yaml");
     let audit_log = stack.cp.dir().join("audit.log");
     std::fs::write(&policy_file, audit_policy())?;
@@ -651,6 +681,9 @@ async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
     support::install_kueue_crds(&stack.cp);
     // Notebooks 2.0's CRDs, so the Workspace grants are exercised (read, re-read, pause).
     support::install_workspace_crds(&stack.cp).await;
+    // KubeRay's CRDs, so the RayCluster grants are exercised (read when served, suspended when
+    // idle). Its operator does not run: the worker pod is written as the operator writes it.
+    gpu_ledger_testkit::kuberay::install_crds(&stack.cp).await?;
     apply(&stack.cp, &rbac)?;
     let kubeconfig = service_account_kubeconfig(&stack.cp)?;
     let nb = Notebook::new(NS, "idle-nb").node("n1");
@@ -658,6 +691,10 @@ async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
     stack.wait_pod_running(NS, &nb.pod_name()).await?;
     support::create_workspace_kind(&admin).await;
     support::create_workspace(&admin, NS, "idle-ws", "big_gpu", "n2").await;
+    create_raycluster_worker(&admin, "idle-rc").await?;
+    stack
+        .wait_pod_running(NS, "idle-rc-gpu-worker-x7k2p")
+        .await?;
 
     // Dry-run: plans, re-reads the notebook, publishes IdleGPUWouldStop every cycle (create,
     // then patch of the same Event), holds and renews the Lease, reads the kill switch and the
@@ -727,6 +764,22 @@ async fn shipped_rbac_is_exactly_what_the_binary_uses() -> Result<()> {
         || async {
             let w = workspaces.get("idle-ws").await.ok()?;
             (w.data.pointer("/spec/paused") == Some(&Value::Bool(true))).then_some(())
+        },
+    )
+    .await
+    .with_context(|| format!("cull=on log:\n{}", interesting(&on)))?;
+    // And the idle RayCluster is suspended (get, patch): one stop per namespace and cycle.
+    let rcs = Api::<DynamicObject>::namespaced_with(
+        admin.clone(),
+        NS,
+        &gpu_ledger_testkit::kuberay::raycluster_resource(),
+    );
+    poll(
+        "the RayCluster to be suspended",
+        Duration::from_secs(120),
+        || async {
+            let rc = rcs.get("idle-rc").await.ok()?;
+            (rc.data["spec"]["suspend"] == json!(true)).then_some(())
         },
     )
     .await

@@ -172,13 +172,26 @@ pub async fn list_raw(
         }
         None => None,
     };
+    // KubeRay's clusters when the cluster serves them (their absence is no error: no Ray).
+    let rayclusters = match k8s::raycluster::resource(client).await {
+        Ok(Some(ar)) => {
+            let ray = Lists {
+                source: Source::KubeRay,
+                discovered: Some(&ar),
+                explicit: &[],
+                timeout: None,
+            };
+            source_lists(client, &scopes, &ray, &AsItems).await?
+        }
+        _ => Vec::new(),
+    };
     let mut lists = RawLists::default()
         .with(&kinds::PODS, Some(list_of(pods)))
         .with(&kinds::QUOTAS, Some(list_of(quotas)))
         .with(&kinds::NOTEBOOKS, notebooks)
         .with(&kinds::STATEFULSETS, statefulsets)
         .with(&kinds::KUEUE_CONFIG, kueue_config);
-    for (kind, list) in core.into_iter().chain(dra).chain(kueue) {
+    for (kind, list) in core.into_iter().chain(dra).chain(kueue).chain(rayclusters) {
         lists = lists.with(kind, Some(list));
     }
     Ok(lists)

@@ -918,12 +918,14 @@ mod tests {
                     (
                         claims.notebooks_enabled,
                         claims.dra_enabled,
-                        claims.kueue.enabled
+                        claims.kueue.enabled,
+                        claims.rayclusters_enabled
                     ),
                     (
                         expected.notebooks_enabled,
                         expected.dra_enabled,
-                        expected.kueue.enabled
+                        expected.kueue.enabled,
+                        expected.rayclusters_enabled
                     ),
                     "{stem}"
                 );

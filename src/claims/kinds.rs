@@ -23,7 +23,7 @@ use super::project::{self, ProjectError};
 use super::{dra, kueue};
 use crate::k8s;
 use crate::ledger::claims::{
-    Claims, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, PodClaim, QuotaInfo,
+    Claims, DeviceClassInfo, DraDevice, NodeInfo, NotebookInfo, OwnerInfo, PodClaim, QuotaInfo,
     ResourceClaimInfo, WorkspaceInfo, WorkspaceKindInfo, node_in_shard, pod_in_shard,
 };
 use crate::ledger::kueue::{ClusterQueueInfo, LocalQueueInfo, ResourceFlavorInfo, WorkloadInfo};
@@ -42,6 +42,8 @@ pub enum Source {
     Kueue,
     /// Kubeflow Notebooks 2.0 Workspaces (`kubeflow.org/v1beta1` Workspace, discovered).
     Workspaces,
+    /// KubeRay's RayCluster CRD (`ray.io/v1`, discovered).
+    KubeRay,
 }
 
 impl Source {
@@ -53,6 +55,7 @@ impl Source {
             Source::Dra => claims.dra_enabled = true,
             Source::Kueue => claims.kueue.enabled = true,
             Source::Workspaces => claims.workspaces_enabled = true,
+            Source::KubeRay => claims.rayclusters_enabled = true,
         }
     }
 }
@@ -216,8 +219,19 @@ pub const WORKSPACE_KINDS: Kind = Kind {
     )
 };
 
+/// KubeRay's clusters: the owner objects of Ray head and worker pods (culled by `spec.suspend`).
+pub const RAYCLUSTERS: Kind = Kind {
+    kubectl: "rayclusters.ray.io",
+    ..optional(
+        "rayclusters",
+        "RayCluster",
+        Source::KubeRay,
+        Scope::Namespaced,
+    )
+};
+
 /// Every claim kind, in the order dumps are loaded and captured.
-pub const KINDS: [&Kind; 15] = [
+pub const KINDS: [&Kind; 16] = [
     &PODS,
     &NODES,
     &QUOTAS,
@@ -233,6 +247,7 @@ pub const KINDS: [&Kind; 15] = [
     &KUEUE_CONFIG,
     &WORKSPACES,
     &WORKSPACE_KINDS,
+    &RAYCLUSTERS,
 ];
 
 impl Kind {
@@ -613,6 +628,27 @@ impl Watched for Workloads {
     }
 }
 
+pub struct RayClusters;
+impl Watched for RayClusters {
+    const KIND: &'static Kind = &RAYCLUSTERS;
+    const COUNTS_NAMESPACES: bool = true;
+    type Object = DynamicObject;
+    type Row = OwnerInfo;
+    fn api(client: &Client, ns: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
+        dynamic(client, ns, ar)
+    }
+    /// The served version, as discovered.
+    fn resource(discovered: Option<&ApiResource>) -> Option<ApiResource> {
+        discovered.cloned()
+    }
+    fn store(claims: &mut Claims, rows: Vec<OwnerInfo>) {
+        claims.rayclusters = rows;
+    }
+    fn project(_: &ResourceNames, o: &DynamicObject) -> Result<Option<OwnerInfo>, ProjectError> {
+        Ok(Some(k8s::raycluster::project(o)))
+    }
+}
+
 /// Something done for each watched kind, typed ([`for_each_watched`]).
 pub trait Visit {
     fn visit<K: Watched>(&mut self);
@@ -633,6 +669,7 @@ pub fn for_each_watched(v: &mut impl Visit) {
     v.visit::<Workloads>();
     v.visit::<Workspaces>();
     v.visit::<WorkspaceKinds>();
+    v.visit::<RayClusters>();
 }
 
 /// Calls `v` for the [`Watched`] impl of `kind`; false when `kind` is not watched.

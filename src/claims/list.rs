@@ -260,6 +260,17 @@ pub async fn list_claims(
                 super::kueue::read_mappings(client, namespace, name, true).await;
         }
     }
+    if let Ok(Some(ar)) = k8s::raycluster::resource(client).await {
+        let rayclusters = Lists {
+            source: Source::KubeRay,
+            discovered: Some(&ar),
+            explicit: &[],
+            timeout: None,
+        };
+        lists_into(client, &scopes, &rayclusters, names, &mut claims)
+            .await
+            .map_err(|e| failed("ray.io")(e.source))?;
+    }
     if let Ok(Some(ar)) = k8s::notebook_resource(client).await {
         // Per namespace when --namespaces is set, as the watches do (the RBAC may be bound there
         // only).

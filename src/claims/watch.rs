@@ -123,6 +123,8 @@ pub struct Stores {
     pub dra_enabled: Arc<AtomicBool>,
     /// Set once the Kueue watches (`kueue.x-k8s.io/v1beta2`, see [`super::kueue`]) run.
     pub kueue_enabled: Arc<AtomicBool>,
+    /// Set once the RayCluster watches (`ray.io/v1`) run.
+    pub rayclusters_enabled: Arc<AtomicBool>,
     /// Kueue's `deviceClassMappings`, re-read from its ConfigMap (`None`: not read).
     pub kueue_mappings: Arc<arc_swap::ArcSwapOption<Vec<DeviceClassMapping>>>,
     /// The optional APIs (Notebook, DRA, Kueue) not found yet and looked for again in the
@@ -158,6 +160,7 @@ impl Stores {
             workspaces_enabled: Arc::new(AtomicBool::new(false)),
             dra_enabled: Arc::new(AtomicBool::new(false)),
             kueue_enabled: Arc::new(AtomicBool::new(false)),
+            rayclusters_enabled: Arc::new(AtomicBool::new(false)),
             kueue_mappings: Arc::default(),
             pending_apis: Arc::default(),
             synced: Arc::default(),
@@ -191,6 +194,7 @@ impl Stores {
             Source::Dra => Some(&self.dra_enabled),
             Source::Kueue => Some(&self.kueue_enabled),
             Source::Workspaces => Some(&self.workspaces_enabled),
+            Source::KubeRay => Some(&self.rayclusters_enabled),
         }
     }
 
@@ -485,10 +489,17 @@ enum OptionalApi {
     Dra,
     Kueue,
     Workspaces,
+    RayClusters,
 }
 
 impl OptionalApi {
-    const ALL: [OptionalApi; 4] = [Self::Notebooks, Self::Dra, Self::Kueue, Self::Workspaces];
+    const ALL: [OptionalApi; 5] = [
+        Self::Notebooks,
+        Self::Dra,
+        Self::Kueue,
+        Self::Workspaces,
+        Self::RayClusters,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -496,6 +507,7 @@ impl OptionalApi {
             Self::Dra => "dra",
             Self::Kueue => "kueue",
             Self::Workspaces => "workspaces",
+            Self::RayClusters => "rayclusters",
         }
     }
 
@@ -518,6 +530,10 @@ impl OptionalApi {
             Self::Workspaces => (
                 "kubeflow.org/v1beta1 Workspace",
                 "workspace ownership and culling are off",
+            ),
+            Self::RayClusters => (
+                "ray.io/v1 RayCluster (KubeRay)",
+                "RayCluster ownership and culling are off",
             ),
         };
         format!("{api}: {why}; {off}; looking again in {}s", next.as_secs())
@@ -656,6 +672,28 @@ impl Optional {
                 start_kueue(self, spawn);
                 Found::Started
             }
+            OptionalApi::RayClusters => match k8s::raycluster::resource(client).await {
+                Ok(Some(ar)) => {
+                    info!(version = %ar.version, "watching ray.io rayclusters");
+                    start_source(self, spawn, Source::KubeRay, Some(&ar));
+                    Found::Started
+                }
+                // A group that is not served answers 404: KubeRay is not installed.
+                Ok(None) | Err(kube::Error::Discovery(_)) => Missing::not_served("not served"),
+                Err(kube::Error::Api(e)) if e.code == 404 => Missing::not_served("not served"),
+                Err(e) => {
+                    if first_look {
+                        warn!(
+                            error = &e as &dyn std::error::Error,
+                            "RayCluster discovery failed: RayCluster ownership is off"
+                        );
+                    }
+                    Found::Missing(Missing {
+                        why: format!("discovery failed ({})", crate::telemetry::error_chain(&e)),
+                        failed: true,
+                    })
+                }
+            },
         }
     }
 

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod notebook;
 mod notebook_builder;
 pub mod plan;
+pub mod raycluster;
 pub mod registry;
 pub mod render;
 pub mod target;

@@ -208,6 +208,9 @@ pub enum SkipReason {
     UnverifiedOwner,
     /// The owner object has a deletionTimestamp.
     Deleting,
+    /// Another controller manages the owner object's lifecycle (a RayCluster of a RayJob or
+    /// RayService): it is stopped through that parent, never directly.
+    ManagedByParent,
     /// The owner object is stopped: its stop marker is present (any value, including the ODH
     /// lock on a notebook).
     AlreadyStopped,
@@ -270,10 +273,11 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// Every reason, for pre-initialising metric label values.
-    pub const ALL: [SkipReason; 28] = [
+    pub const ALL: [SkipReason; 29] = [
         Self::NotNotebook,
         Self::UnverifiedOwner,
         Self::Deleting,
+        Self::ManagedByParent,
         Self::AlreadyStopped,
         Self::InvalidAnnotation,
         Self::OptedOut,
@@ -306,6 +310,7 @@ impl SkipReason {
             Self::NotNotebook => "not_notebook",
             Self::UnverifiedOwner => "unverified_owner",
             Self::Deleting => "deleting",
+            Self::ManagedByParent => "managed_by_parent",
             Self::AlreadyStopped => "already_stopped",
             Self::InvalidAnnotation => "invalid_annotation",
             Self::OptedOut => "opted_out",
@@ -667,6 +672,9 @@ pub fn judge(row: &PodRow, policy: &CullPolicy, now: DateTime<Utc>) -> Result<()
     }
     if nb.deleting {
         return Err(SkipReason::Deleting);
+    }
+    if nb.managed_by.is_some() {
+        return Err(SkipReason::ManagedByParent);
     }
     if nb.stopped.is_some() {
         return Err(SkipReason::AlreadyStopped);

@@ -7,12 +7,13 @@
 use std::fmt;
 
 use super::notebook::Notebook;
+use super::raycluster::RayCluster;
 use super::target::{Target, TargetInfo};
 use super::workspace::Workspace;
 use crate::ledger::PodRow;
 
 /// Every registered target (their RBAC must be granted by the culling Roles).
-pub static TARGETS: &[&dyn Target] = &[&Notebook, &Workspace];
+pub static TARGETS: &[&dyn Target] = &[&Notebook, &Workspace, &RayCluster];
 
 /// The owner object of a pod row: which target claimed it, its projection and whether the pod
 /// → owner chain was verified.

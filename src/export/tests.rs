@@ -308,6 +308,7 @@ fn pending_reclaimable_gpus_count_pods_that_fit_only_after_a_reclaim() {
                 namespace: "u".into(),
                 pod: "nb-0".into(),
                 notebook: "nb".into(),
+                owner_kind: "Notebook",
                 idle_seconds: 7200.0,
             }]
         } else {

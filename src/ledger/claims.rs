@@ -45,6 +45,9 @@ pub const MIG_STRATEGY_LABEL: &str = "nvidia.com/mig.strategy";
 pub const GFD_LABEL_PREFIX: &str = "nvidia.com/";
 
 /// Everything the ledger needs from the Kubernetes API at one instant.
+// One served flag per optional API (Notebooks, DRA, Workspaces, KubeRay): independent facts,
+// not a state machine the bools could encode badly.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Clone, Default)]
 pub struct Claims {
     /// Shared with the live pod store: a build's copy of the claims clones pointers, not pods.
@@ -79,6 +82,13 @@ pub struct Claims {
     pub workspace_kinds: Vec<WorkspaceKindInfo>,
     /// Whether the Workspace API is served (without it no pod is a Workspace's).
     pub workspaces_enabled: bool,
+    // RayCluster layer (issue 40): KubeRay's clusters as owner objects.
+    /// KubeRay RayClusters (`ray.io/v1`), projected as owner objects (`stopped` when
+    /// `spec.suspend` is true or the operator is suspending it; `managed_by` a RayJob or
+    /// RayService parent).
+    pub rayclusters: Vec<OwnerInfo>,
+    /// False when the RayCluster CRD is not served (RayCluster ownership is then off).
+    pub rayclusters_enabled: bool,
 }
 
 /// A pod of a DaemonSet, reduced to where it runs.
@@ -425,6 +435,9 @@ pub struct OwnerInfo {
     /// notebook's [`LAST_ACTIVITY_ANNOTATION`], a Workspace's `status.activity.lastActivity`);
     /// `None` when it publishes none.
     pub last_activity: Option<DateTime<Utc>>,
+    /// Another controller manages the object's lifecycle (a RayCluster a RayJob or RayService
+    /// made, e.g. `RayJob train-1`): it is stopped through that parent, never directly.
+    pub managed_by: Option<String>,
 }
 
 /// A StatefulSet's identity and controller, for pod → StatefulSet → Notebook verification.

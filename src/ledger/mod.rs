@@ -21,6 +21,7 @@ pub mod model;
 pub mod mps;
 pub mod names;
 pub mod quota;
+pub mod raycluster;
 pub mod reclaim;
 mod row_builder;
 pub mod showback;
@@ -208,6 +209,8 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
         if let Some((nb, verified)) = notebook_of(claims, p) {
             row.notebook = Some(nb.name.clone());
             row.evidence.owner = Some(OwnedBy::notebook(nb.clone(), verified));
+        } else if let Some(owner) = raycluster::owner_of(claims, p) {
+            row.evidence.owner = Some(owner);
         }
         // Workspace layer: a pod no Notebook owns may be a Workspace's.
         if row.evidence.owner.is_none() {

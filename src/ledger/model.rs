@@ -570,12 +570,15 @@ pub struct PodRef {
     pub pod: String,
 }
 
-/// A proven-idle notebook pod whose stop would free its GPUs.
+/// A proven-idle pod whose owner's stop would free its GPUs.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Stop {
     pub namespace: String,
     pub pod: String,
+    /// The owner object's name (a notebook's, a RayCluster's).
     pub notebook: String,
+    /// The owner's kind (`Notebook`, `RayCluster`): what is stopped, and how.
+    pub owner_kind: &'static str,
     pub idle_seconds: f64,
 }
 

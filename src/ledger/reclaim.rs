@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::claims::{
-    Claims, NodeInfo, NodeOp, NodeRequirement, NodeSelectorTerm, Placement, PodClaim, Taint,
-    Toleration,
+    Claims, NodeInfo, NodeOp, NodeRequirement, NodeSelectorTerm, OwnerKind, Placement, PodClaim,
+    Taint, Toleration,
 };
 use super::dra::ExtendedDevices;
 use super::model::{Attribution, ClaimsScope, OwnedBy, PodRow, PodState, Sharing};
@@ -140,9 +140,10 @@ pub fn plan(
         .collect()
 }
 
-/// Per row: a proven-idle notebook pod culling could stop (every rule the ledger can see: the
-/// notebook verified, not stopped, deleting, opted out, snoozed or carrying an annotation not
-/// understood; exclusive or MIG attribution), with every GPU-holding pod of its notebook so.
+/// Per row: a proven-idle pod of an owner culling could stop (a notebook, a RayCluster; every
+/// rule the ledger can see: the owner verified, not stopped, managed by no parent, deleting,
+/// opted out, snoozed or carrying an annotation not understood; exclusive or MIG attribution),
+/// with every GPU-holding pod of its owner so.
 fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
     let alone: Vec<bool> = pods
         .iter()
@@ -159,6 +160,7 @@ fn reclaimable_pods(pods: &[PodRow], now: DateTime<Utc>) -> Vec<bool> {
                 && matches!(p.attribution, Attribution::Exclusive | Attribution::Mig)
                 && !p.sharing.never_offered()
                 && nb.stopped.is_none()
+                && nb.managed_by.is_none()
                 && !nb.deleting
                 && !nb.cull_opt_out
                 && nb.invalid_annotations.is_empty()
@@ -431,10 +433,12 @@ fn option_on(
             .iter()
             .map(|i| {
                 let h = &idle[*i];
+                let owner = h.row.evidence.owner.as_ref();
                 Stop {
                     namespace: h.row.namespace.clone(),
                     pod: h.row.pod.clone(),
-                    notebook: h.row.notebook.clone().unwrap_or_default(),
+                    notebook: owner.map(|o| o.info.name.clone()).unwrap_or_default(),
+                    owner_kind: owner.map_or(OwnerKind::Notebook.as_str(), |o| o.kind.as_str()),
                     idle_seconds: h.idle(),
                 }
             })

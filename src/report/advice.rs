@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::cells::{gpu_count, gpus, humanise_seconds, idle_for, notebook_stopped};
+use crate::ledger::claims::OwnerKind;
 use crate::ledger::names::{is_dns1123_label, is_dns1123_subdomain, snooze_command};
 use crate::ledger::reclaim::ReclaimOption;
 use crate::ledger::{Ledger, NamespaceRow, PodRow, PodState};
@@ -51,6 +52,9 @@ pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
     if let Some(hint) = notice_hint(p) {
         return Some(hint);
     }
+    if let Some(hint) = raycluster_hint(p, named) {
+        return Some(hint);
+    }
     match p.state {
         PodState::Running if p.idle == Some(true) && !notebook_stopped(p) => {
             let nb = p.notebook.as_deref()?;
@@ -78,6 +82,55 @@ pub fn pod_hint(p: &PodRow, at: DateTime<Utc>) -> Option<Hint> {
         PodState::Terminating if p.stuck => Some(stuck_hint(p, named)),
         _ => None,
     }
+}
+
+/// The exact command that suspends RayCluster `name` (KubeRay then deletes its pods and keeps
+/// the cluster); the names are checked by the caller.
+fn suspend_command(namespace: &str, name: &str) -> String {
+    format!(
+        "kubectl patch raycluster -n {namespace} --type merge -p '{{\"spec\":{{\"suspend\":true}}}}' -- {name}"
+    )
+}
+
+/// An idle GPU pod of a RayCluster: suspend the cluster (every GPU worker of it goes), or, when
+/// a RayJob or RayService made it, say that its parent is where to stop it.
+fn raycluster_hint(p: &PodRow, named: bool) -> Option<Hint> {
+    let owner = p
+        .evidence
+        .owner
+        .as_ref()
+        .filter(|o| o.kind == OwnerKind::RayCluster)?;
+    let rc = &owner.info;
+    if p.state != PodState::Running || p.idle != Some(true) || rc.stopped.is_some() {
+        return None;
+    }
+    if let Some(parent) = &rc.managed_by {
+        return Some(Hint {
+            text: format!(
+                "idle {}: raycluster {} is managed by {parent}: stop it there",
+                idle_for(p),
+                rc.name
+            ),
+            commands: Vec::new(),
+            note: None,
+        });
+    }
+    let named = named && is_dns1123_subdomain(&rc.name);
+    Some(Hint {
+        text: format!(
+            "idle {}: suspend raycluster {}/{} (KubeRay deletes its pods and keeps the cluster; \
+             resume with spec.suspend: false)",
+            idle_for(p),
+            p.namespace,
+            rc.name
+        ),
+        commands: if named {
+            vec![(String::new(), suspend_command(&p.namespace, &rc.name))]
+        } else {
+            Vec::new()
+        },
+        note: (!named).then_some(NO_COMMAND),
+    })
 }
 
 /// What frees a stuck Terminating pod, as far as the data tells (issue 36): finalizers are
@@ -181,13 +234,16 @@ pub fn stuck_remedy(p: Option<&PodRow>) -> &'static str {
 /// A notebook under a culling notice (`gpu-ledger.io/stop-scheduled-at`, `--cull-notice`): when
 /// it stops unless used or snoozed, and the exact command to snooze it (a day past the stop).
 fn notice_hint(p: &PodRow) -> Option<Hint> {
-    let nb = &p.evidence.owner.as_ref()?.info;
+    let owner = p.evidence.owner.as_ref()?;
+    let nb = &owner.info;
     let at = nb.stop_scheduled_at?;
     if p.state != PodState::Running || nb.stopped.is_some() {
         return None;
     }
     let until = stop_value(at + chrono::Duration::days(1));
-    let command = snooze_command("notebook", &p.namespace, &nb.name, &until);
+    // kubectl's resource name: the kind in lower case (`notebook`, `raycluster`).
+    let resource = owner.kind.as_str().to_ascii_lowercase();
+    let command = snooze_command(&resource, &p.namespace, &nb.name, &until);
     Some(Hint {
         text: format!(
             "stops at {} unless used or snoozed (notice before an idle stop)",
@@ -274,14 +330,24 @@ pub fn reclaim_takes(o: &ReclaimOption, ledger: &Ledger) -> String {
             s.pod
         ));
     }
+    let mut said = std::collections::BTreeSet::new();
     for s in &o.by_stopping {
+        // One suspension takes every pod of a RayCluster: said once.
+        if !said.insert((s.owner_kind, &s.namespace, &s.notebook)) {
+            continue;
+        }
         let bounded = ledger
             .pods
             .iter()
             .find(|p| p.namespace == s.namespace && p.pod == s.pod)
             .is_some_and(|p| p.evidence.idle_bounded_by_history);
+        let verb = if s.owner_kind == OwnerKind::RayCluster.as_str() {
+            "suspend raycluster"
+        } else {
+            "stop notebook"
+        };
         parts.push(format!(
-            "stop notebook {}/{} (idle {}{})",
+            "{verb} {}/{} (idle {}{})",
             s.namespace,
             s.notebook,
             if bounded { "≥" } else { "" },
@@ -414,6 +480,69 @@ mod tests {
         );
         assert_eq!(s(Some(&stuck(&[], Some(false)))), "force delete");
         assert_eq!(s(None), "force delete");
+    }
+
+    /// An idle GPU worker of RayCluster `team-ray/rc`, its owner `managed_by` a parent or not.
+    fn ray_worker(pod: &str, managed_by: Option<&str>) -> PodRow {
+        let mut p = PodRow {
+            idle: Some(true),
+            idle_seconds: Some(3.0 * 3600.0),
+            ..PodRow::new("team-ray", pod).running_on("gpu-1")
+        };
+        p.evidence.owner = Some(crate::ledger::OwnedBy {
+            kind: OwnerKind::RayCluster,
+            info: crate::ledger::claims::OwnerInfo {
+                managed_by: managed_by.map(String::from),
+                ..crate::ledger::claims::OwnerInfo::new("team-ray", "rc")
+            },
+            verified: true,
+        });
+        p
+    }
+
+    #[test]
+    fn an_idle_raycluster_worker_says_suspend_with_the_exact_command() {
+        let at = DateTime::<Utc>::UNIX_EPOCH;
+        let hint = pod_hint(&ray_worker("rc-gpu-worker-a", None), at).expect("a hint");
+        assert!(
+            hint.text
+                .starts_with("idle 3h0m: suspend raycluster team-ray/rc"),
+            "{}",
+            hint.text
+        );
+        assert_eq!(
+            hint.commands,
+            [(
+                String::new(),
+                "kubectl patch raycluster -n team-ray --type merge -p '{\"spec\":{\"suspend\":true}}' -- rc".to_string()
+            )]
+        );
+        let managed =
+            pod_hint(&ray_worker("rc-gpu-worker-a", Some("RayJob train")), at).expect("a hint");
+        assert_eq!(
+            (managed.text.as_str(), managed.commands.len()),
+            (
+                "idle 3h0m: raycluster rc is managed by RayJob train: stop it there",
+                0
+            )
+        );
+        // Who could run: one suspension frees both workers' cards, said once.
+        let stop = |pod: &str| crate::ledger::reclaim::Stop {
+            namespace: "team-ray".into(),
+            pod: pod.into(),
+            notebook: "rc".into(),
+            owner_kind: "RayCluster",
+            idle_seconds: 7200.0,
+        };
+        let option = ReclaimOption {
+            node: "gpu-1".into(),
+            by_stopping: vec![stop("rc-gpu-worker-a"), stop("rc-gpu-worker-b")],
+            stuck_holders: vec![],
+        };
+        assert_eq!(
+            reclaim_takes(&option, &Ledger::empty(at)),
+            "suspend raycluster team-ray/rc (idle 2h0m)"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod control_plane;
 pub mod dcgm;
 pub mod dra;
 pub mod fault_proxy;
+pub mod kuberay;
 pub mod kueue;
 pub mod nodes;
 pub mod process;

@@ -111,12 +111,16 @@ fn pod_without_notebook_is_skipped() {
 }
 
 #[test]
-fn an_owner_of_a_kind_no_registered_target_stops_is_no_notebook() {
+fn each_target_claims_only_owners_of_its_own_kind() {
     // The Notebook target claims only Notebook owners: the same object under another owner
-    // kind (a RayCluster, with no RayCluster target registered) leaves the pod unowned.
+    // kind is the Workspace target's (every kind has a registered target now), never the
+    // Notebook's.
     let mut r = idle_row("a", "nb", 3);
-    r.evidence.owner.as_mut().expect("notebook").kind = OwnerKind::RayCluster;
-    assert_eq!(reason_of(&r), Some(SkipReason::NotNotebook));
+    assert!(Notebook.owner(&r).is_some());
+    r.evidence.owner.as_mut().expect("notebook").kind = OwnerKind::Workspace;
+    assert!(Notebook.owner(&r).is_none());
+    assert!(crate::cull::workspace::Workspace.owner(&r).is_some());
+    assert!(crate::cull::raycluster::RayCluster.owner(&r).is_none());
     // The JSON's `notebook_stopped` speaks of Notebooks only.
     r.evidence.owner.as_mut().expect("owner").info.stopped = Some("x".into());
     assert_eq!(
