@@ -786,7 +786,58 @@ async fn workspaces_are_paused_unless_their_kind_exempts_them() {
     let idle_pod = eventually("idle-ws pod Running", WAIT, || pod_of("idle-ws")).await;
     let exempt_pod = eventually("exempt-ws pod Running", WAIT, || pod_of("exempt-ws")).await;
 
+    // A one-shot `report` lists Workspaces and WorkspaceKinds too, as the watches do: the plan
+    // names each pod's Workspace.
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-ledger"));
+    let kubeconfig = stack.cp.kubeconfig_path("gpu-ledger").expect("kubeconfig");
+    let out = gpu_ledger_testkit::process::isolated_command(bin)
+        .arg("report")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--prometheus-url", stack.prometheus.url()])
+        .args(["-o", "json", "--cull-dry-run"])
+        .output()
+        .expect("run report");
+    assert!(
+        out.status.success(),
+        "live report: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    for (pod, ws) in [(&idle_pod, "idle-ws"), (&exempt_pod, "exempt-ws")] {
+        let cull = &report["cull"];
+        let named = ["would_stop", "skipped"].iter().any(|list| {
+            cull[list].as_array().into_iter().flatten().any(|e| {
+                e["pod"].as_str() == Some(pod.as_str()) && e["notebook"].as_str() == Some(ws)
+            })
+        });
+        assert!(named, "{pod} planned as {ws}'s: {cull:#}");
+    }
+    // And `capture` writes them, for `report --from`.
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = gpu_ledger_testkit::process::isolated_command(bin)
+        .arg("capture")
+        .arg("--out")
+        .arg(dir.path())
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--prometheus-url", stack.prometheus.url()])
+        .output()
+        .expect("run capture");
+    assert!(
+        out.status.success(),
+        "capture: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (file, name) in [
+        ("workspaces.json", "idle-ws"),
+        ("workspacekinds.json", "big_gpu"),
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(file))
+            .unwrap_or_else(|e| panic!("capture wrote {file}: {e}"));
+        assert!(text.contains(name), "{file} names {name}: {text}");
+    }
+
     let mut args = vec!["--cull=on", "--lease-name", LEASE];
     args.extend(CULL_TIMINGS);
     let gl = stack

@@ -185,13 +185,32 @@ pub async fn list_raw(
         }
         _ => Vec::new(),
     };
+    // Notebooks 2.0's Workspaces and WorkspaceKinds when served (their absence is no error).
+    let workspaces = match k8s::workspace::workspace_resource(client).await {
+        Ok(Some(ar)) => {
+            let ws = Lists {
+                source: Source::Workspaces,
+                discovered: Some(&ar),
+                explicit: &[],
+                timeout: None,
+            };
+            source_lists(client, &scopes, &ws, &AsItems).await?
+        }
+        _ => Vec::new(),
+    };
     let mut lists = RawLists::default()
         .with(&kinds::PODS, Some(list_of(pods)))
         .with(&kinds::QUOTAS, Some(list_of(quotas)))
         .with(&kinds::NOTEBOOKS, notebooks)
         .with(&kinds::STATEFULSETS, statefulsets)
         .with(&kinds::KUEUE_CONFIG, kueue_config);
-    for (kind, list) in core.into_iter().chain(dra).chain(kueue).chain(rayclusters) {
+    for (kind, list) in core
+        .into_iter()
+        .chain(dra)
+        .chain(kueue)
+        .chain(rayclusters)
+        .chain(workspaces)
+    {
         lists = lists.with(kind, Some(list));
     }
     Ok(lists)

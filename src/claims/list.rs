@@ -271,6 +271,17 @@ pub async fn list_claims(
             .await
             .map_err(|e| failed("ray.io")(e.source))?;
     }
+    if let Ok(Some(ar)) = k8s::workspace::workspace_resource(client).await {
+        let workspaces = Lists {
+            source: Source::Workspaces,
+            discovered: Some(&ar),
+            explicit: &[],
+            timeout: None,
+        };
+        lists_into(client, &scopes, &workspaces, names, &mut claims)
+            .await
+            .map_err(|e| failed("kubeflow.org")(e.source))?;
+    }
     if let Ok(Some(ar)) = k8s::notebook_resource(client).await {
         // Per namespace when --namespaces is set, as the watches do (the RBAC may be bound there
         // only).
