@@ -12,8 +12,9 @@ use kube::{Client, Resource};
 pub mod raycluster;
 
 use crate::ledger::claims::{
-    CULL_OPT_OUT_ANNOTATION, LAST_ACTIVITY_ANNOTATION, NotebookInfo, OwnerRef, PodClaim,
-    SNOOZE_ANNOTATION, STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION, STOPPED_AT_ANNOTATION,
+    CULL_OPT_OUT_ANNOTATION, LAST_ACTIVITY_ANNOTATION, LabelSelector, NotebookInfo, OwnerRef,
+    PodClaim, SNOOZE_ANNOTATION, STOP_ANNOTATION, STOP_SCHEDULED_AT_ANNOTATION,
+    STOPPED_AT_ANNOTATION, SelectorOp, SelectorRequirement,
 };
 
 /// The API group of Kubeflow's Notebook.
@@ -138,6 +139,31 @@ pub fn notebook(meta: &ObjectMeta) -> NotebookInfo {
         stop_scheduled_at,
         last_activity,
         managed_by: None,
+    }
+}
+
+/// A Kubernetes label selector as the ledger reads it (an unknown operator matches nothing).
+pub fn label_selector(
+    s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+) -> LabelSelector {
+    LabelSelector {
+        match_labels: s.match_labels.clone().unwrap_or_default(),
+        match_expressions: s
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|r| SelectorRequirement {
+                key: r.key.clone(),
+                operator: match r.operator.as_str() {
+                    "In" => SelectorOp::In,
+                    "NotIn" => SelectorOp::NotIn,
+                    "Exists" => SelectorOp::Exists,
+                    "DoesNotExist" => SelectorOp::DoesNotExist,
+                    _ => SelectorOp::Unknown,
+                },
+                values: r.values.clone().unwrap_or_default(),
+            })
+            .collect(),
     }
 }
 

@@ -14,10 +14,9 @@ use super::quantity::{MAX_GPU_UNITS, QuantityError, parse_gpu_units, parse_units
 use crate::k8s::to_chrono;
 use crate::ledger::claims::{
     DaemonPod, Deletion, ExtendedMapping, ExtendedResourceClaim, GFD_LABEL_PREFIX,
-    IMPLICIT_EXTENDED_PREFIX, LabelSelector, MAX_NAME_BYTES, NodeInfo, NodeOp, NodeRequirement,
-    NodeSelectorTerm, OwnerRef, PRODUCT_LABEL, Placement, PodClaim, PodPhase, QuotaInfo,
-    REPLICAS_LABEL, SelectorOp, SelectorRequirement, StatefulSetInfo, Taint, Toleration,
-    bounded_names,
+    IMPLICIT_EXTENDED_PREFIX, MAX_NAME_BYTES, NodeInfo, NodeOp, NodeRequirement, NodeSelectorTerm,
+    OwnerRef, PRODUCT_LABEL, Placement, PodClaim, PodPhase, QuotaInfo, REPLICAS_LABEL,
+    StatefulSetInfo, Taint, Toleration, bounded_names,
 };
 use crate::ledger::kueue::WorkloadRefs;
 use crate::ledger::quota::device_class_of_quota_key;
@@ -604,29 +603,10 @@ pub fn statefulset(sts: &StatefulSet) -> StatefulSetInfo {
         name: meta.name.clone().unwrap_or_default(),
         uid: meta.uid.clone().unwrap_or_default(),
         controller: controller_of(meta),
-        selector: sts.spec.as_ref().map(|s| selector(&s.selector)),
-    }
-}
-
-fn selector(s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector) -> LabelSelector {
-    LabelSelector {
-        match_labels: s.match_labels.clone().unwrap_or_default(),
-        match_expressions: s
-            .match_expressions
-            .iter()
-            .flatten()
-            .map(|r| SelectorRequirement {
-                key: r.key.clone(),
-                operator: match r.operator.as_str() {
-                    "In" => SelectorOp::In,
-                    "NotIn" => SelectorOp::NotIn,
-                    "Exists" => SelectorOp::Exists,
-                    "DoesNotExist" => SelectorOp::DoesNotExist,
-                    _ => SelectorOp::Unknown,
-                },
-                values: r.values.clone().unwrap_or_default(),
-            })
-            .collect(),
+        selector: sts
+            .spec
+            .as_ref()
+            .map(|s| crate::k8s::label_selector(&s.selector)),
     }
 }
 

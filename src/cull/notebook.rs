@@ -10,7 +10,6 @@ use serde_json::json;
 
 use super::target::{Identity, RbacRule, Target, TargetInfo};
 use crate::k8s::NOTEBOOK_GROUP;
-use crate::ledger::PodRow;
 use crate::ledger::claims::{LAST_ACTIVITY_ANNOTATION, OwnerKind, STOP_ANNOTATION};
 
 /// The Kubeflow Notebook target.
@@ -38,12 +37,8 @@ impl Target for Notebook {
     }
 
     /// The ledger verifies pod → StatefulSet → Notebook and keeps the Notebook on the row.
-    fn owner<'r>(&self, row: &'r PodRow) -> Option<(&'r TargetInfo, bool)> {
-        row.evidence
-            .owner
-            .as_ref()
-            .filter(|o| o.kind == OwnerKind::Notebook)
-            .map(|o| (&o.info, o.verified))
+    fn owner_kind(&self) -> Option<OwnerKind> {
+        Some(OwnerKind::Notebook)
     }
 
     fn stop_fields(&self, stop_value: &str) -> serde_json::Value {

@@ -15,7 +15,6 @@ use serde_json::json;
 
 use super::target::{Identity, RbacRule, Target, TargetInfo};
 use crate::k8s::raycluster::RAY_VERSION;
-use crate::ledger::PodRow;
 use crate::ledger::claims::OwnerKind;
 use crate::ledger::raycluster::RAY_GROUP;
 
@@ -44,12 +43,8 @@ impl Target for RayCluster {
     }
 
     /// The ledger verifies pod → RayCluster (controller uid and `ray.io/cluster` label agree).
-    fn owner<'r>(&self, row: &'r PodRow) -> Option<(&'r TargetInfo, bool)> {
-        row.evidence
-            .owner
-            .as_ref()
-            .filter(|o| o.kind == OwnerKind::RayCluster)
-            .map(|o| (&o.info, o.verified))
+    fn owner_kind(&self) -> Option<OwnerKind> {
+        Some(OwnerKind::RayCluster)
     }
 
     fn stop_fields(&self, _stop_value: &str) -> serde_json::Value {
@@ -100,6 +95,7 @@ mod tests {
     use crate::cull::actuator::{stop_patch, verify_fresh};
     use crate::cull::backoff::Backoff;
     use crate::cull::plan::{CullPolicy, SkipReason, plan_with};
+    use crate::ledger::PodRow;
     use crate::ledger::{Attribution, Ledger, OwnedBy};
 
     fn cluster(name: &str) -> TargetInfo {

@@ -20,6 +20,7 @@ use futures::future::BoxFuture;
 use kube::api::{ApiResource, DynamicObject};
 
 use crate::ledger::PodRow;
+use crate::ledger::claims::OwnerKind;
 
 /// A target object reduced to what culling reads: identity, `resourceVersion`, whether it is
 /// stopped (any value of its stop marker), deleting, and gpu-ledger's own annotations (opt-out,
@@ -59,9 +60,23 @@ pub trait Target: Send + Sync {
     /// Kind, group, versions, plural and the users' word for it.
     fn identity(&self) -> &'static Identity;
 
+    /// The ledger's owner kind this target stops: the rows whose owner slot
+    /// (`Evidence.owner`) holds an object of it.
+    fn owner_kind(&self) -> Option<OwnerKind> {
+        None
+    }
+
     /// How a ledger pod row names its owner object of this kind: the owner's projection and
-    /// whether the pod → owner chain was verified; `None` when the pod is not owned by one.
-    fn owner<'r>(&self, row: &'r PodRow) -> Option<(&'r TargetInfo, bool)>;
+    /// whether the pod → owner chain was verified; `None` when the pod is not owned by one. By
+    /// default the row's owner slot when it is of [`Target::owner_kind`].
+    fn owner<'r>(&self, row: &'r PodRow) -> Option<(&'r TargetInfo, bool)> {
+        let kind = self.owner_kind()?;
+        row.evidence
+            .owner
+            .as_ref()
+            .filter(|o| o.kind == kind)
+            .map(|o| (&o.info, o.verified))
+    }
 
     /// How to stop it: the kind's own part of the stop's JSON merge patch (`stop_value` is the
     /// stop time, RFC 3339). The actuator adds gpu-ledger's audit annotations and the

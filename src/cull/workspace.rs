@@ -12,7 +12,6 @@ use serde_json::json;
 
 use super::target::{Identity, RbacRule, Target, TargetInfo};
 use crate::k8s::workspace::{WORKSPACE_GROUP, workspace, workspace_resource};
-use crate::ledger::PodRow;
 use crate::ledger::claims::OwnerKind;
 
 /// The Workspace target.
@@ -39,12 +38,8 @@ impl Target for Workspace {
         &IDENTITY
     }
 
-    fn owner<'r>(&self, row: &'r PodRow) -> Option<(&'r TargetInfo, bool)> {
-        row.evidence
-            .owner
-            .as_ref()
-            .filter(|o| o.kind == OwnerKind::Workspace)
-            .map(|o| (&o.info, o.verified))
+    fn owner_kind(&self) -> Option<OwnerKind> {
+        Some(OwnerKind::Workspace)
     }
 
     fn stop_fields(&self, _stop_value: &str) -> serde_json::Value {
@@ -86,6 +81,7 @@ mod tests {
     use crate::cull::actuator::stop_patch;
     use crate::cull::plan::Action;
     use crate::ledger::OwnedBy;
+    use crate::ledger::PodRow;
     use crate::ledger::claims::OwnerInfo;
 
     #[test]

@@ -141,7 +141,7 @@ fn activity_rule(rule: &Value) -> ActivityRule {
                     }],
                     ..LabelSelector::default()
                 },
-                |s| convert(&s),
+                |s| super::label_selector(&s),
             )
         })
     };
@@ -151,28 +151,6 @@ fn activity_rule(rule: &Value) -> ActivityRule {
         pause_workspace: rule
             .pointer("/effect/pauseWorkspace")
             .and_then(Value::as_bool),
-    }
-}
-
-fn convert(s: &ApiSelector) -> LabelSelector {
-    LabelSelector {
-        match_labels: s.match_labels.clone().unwrap_or_default(),
-        match_expressions: s
-            .match_expressions
-            .iter()
-            .flatten()
-            .map(|r| SelectorRequirement {
-                key: r.key.clone(),
-                operator: match r.operator.as_str() {
-                    "In" => SelectorOp::In,
-                    "NotIn" => SelectorOp::NotIn,
-                    "Exists" => SelectorOp::Exists,
-                    "DoesNotExist" => SelectorOp::DoesNotExist,
-                    _ => SelectorOp::Unknown,
-                },
-                values: r.values.clone().unwrap_or_default(),
-            })
-            .collect(),
     }
 }
 
