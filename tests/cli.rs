@@ -31,7 +31,7 @@ fn readme_first_command_prints_the_table() {
     );
     let text = String::from_utf8(out.stdout).expect("utf8");
     for needle in [
-        "GPUs: 3 allocatable, 3 claimed, 2 proven idle, 1 pending, 0 free",
+        "GPUs: 4 allocatable, 4 claimed, 3 proven idle, 1 pending, 0 free",
         "Who holds what",
         "alice-nb-0",
         "stuck terminating",
@@ -123,22 +123,41 @@ fn metrics_output_passes_promtool_lint() {
     assert!(code == 0, "promtool check metrics: {report}");
 }
 
+/// The homelab's team-ml holds two idle owners (Notebook alice-nb, RayCluster ray-sweep): one
+/// stop per namespace per cycle, the RayCluster first (equal idleness: the owner without a
+/// notebook sorts first); limited to notebooks, the plan stops exactly alice-nb.
 #[test]
-fn cull_dry_run_lists_exactly_the_idle_notebook() {
-    let out = gpu_ledger()
-        .args(["report", "--from", &homelab(), "--cull-dry-run"])
-        .output()
-        .expect("run");
+fn cull_dry_run_lists_exactly_the_idle_owners() {
+    let stops_of = |extra: &[&str]| {
+        let out = gpu_ledger()
+            .args(["report", "--from", &homelab(), "--cull-dry-run"])
+            .args(extra)
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).expect("utf8");
+        let stops: Vec<String> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("STOP"))
+            .map(str::to_string)
+            .collect();
+        (text, stops)
+    };
+    let (text, stops) = stops_of(&[]);
+    assert_eq!(stops.len(), 1, "{text}");
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        stops[0].contains("team-ml/ray-sweep  pod=ray-sweep-gpu-worker-t6kzr"),
+        "{text}"
     );
-    let text = String::from_utf8(out.stdout).expect("utf8");
-    let stops: Vec<&str> = text
-        .lines()
-        .filter(|l| l.trim_start().starts_with("STOP"))
-        .collect();
+    assert!(
+        text.contains("per_namespace_cap=1"),
+        "alice-nb waits: {text}"
+    );
+    let (text, stops) = stops_of(&["--cull-targets", "notebook"]);
     assert_eq!(stops.len(), 1, "{text}");
     assert!(stops[0].contains("team-ml/alice-nb"), "{text}");
     assert!(
@@ -268,6 +287,13 @@ fn report_says_what_to_do_with_exact_commands() {
         todo.contains("kubectl annotate notebook -n team-ml -- alice-nb kubeflow-resource-stopped=2026-11-28T09:00:00Z"),
         "{todo}"
     );
+    // The idle RayCluster's GPU worker: suspend the cluster (KubeRay deletes its pods).
+    assert!(
+        todo.contains(
+            "kubectl patch raycluster -n team-ml --type merge -p '{\"spec\":{\"suspend\":true}}' -- ray-sweep"
+        ),
+        "{todo}"
+    );
     // The stuck pod of the stopped notebook: a storage finalizer holds it on a Ready node, so
     // its finalizers are cleared (with a warning), and no force delete (which would not clear
     // them) is offered.
@@ -306,7 +332,7 @@ fn report_says_what_to_do_with_exact_commands() {
     assert!(!down.contains("# if "), "nothing conditional: {down}");
     // Namespaces without a GPU quota get one at today's demand; `bench` has one already.
     assert!(
-        todo.contains("kubectl create quota gpu-quota -n team-ml --hard=requests.nvidia.com/gpu=2"),
+        todo.contains("kubectl create quota gpu-quota -n team-ml --hard=requests.nvidia.com/gpu=3"),
         "{todo}"
     );
     assert!(
@@ -401,18 +427,24 @@ fn json_stdout_is_only_json_with_the_cull_plan_inside() {
     let text = stdout(&out);
     let v: serde_json::Value = serde_json::from_str(&text).expect("stdout is one JSON document");
     let cull = &v["cull"];
-    assert_eq!(cull["candidates"], 1, "{cull}");
+    assert_eq!(cull["candidates"], 2, "{cull}");
     assert!(cull["circuit"].is_null(), "{cull}");
     let stops = cull["would_stop"].as_array().expect("would_stop");
     assert_eq!(stops.len(), 1, "{cull}");
-    assert_eq!(stops[0]["notebook"], "alice-nb");
-    assert_eq!(stops[0]["pod"], "alice-nb-0");
+    assert_eq!(stops[0]["notebook"], "ray-sweep");
+    assert_eq!(stops[0]["pod"], "ray-sweep-gpu-worker-t6kzr");
     assert_eq!(stops[0]["stop_value"], "2026-11-28T09:00:00Z");
     let skipped = cull["skipped"].as_array().expect("skipped");
     assert!(
         skipped
             .iter()
             .any(|s| s["pod"] == "bob-nb-0" && s["reason"] == "already_stopped"),
+        "{cull}"
+    );
+    assert!(
+        skipped
+            .iter()
+            .any(|s| s["pod"] == "alice-nb-0" && s["reason"] == "per_namespace_cap"),
         "{cull}"
     );
     // The ledger's own fields come first, in their documented order.
@@ -459,7 +491,7 @@ fn metrics_stdout_is_only_exposition_with_the_cull_families() {
     let (code, report) = gpu_ledger_testkit::prometheus::promtool_check_metrics(text.as_bytes());
     assert_eq!(code, 0, "promtool check metrics: {report}\n{text}");
     assert!(text.contains("\ngpu_ledger_cull_would_stop 1\n"), "{text}");
-    assert!(text.contains("\ngpu_ledger_cull_candidates 1\n"), "{text}");
+    assert!(text.contains("\ngpu_ledger_cull_candidates 2\n"), "{text}");
     assert!(
         text.contains("gpu_ledger_cull_skips_total{reason=\"already_stopped\"} 1"),
         "{text}"
@@ -467,7 +499,7 @@ fn metrics_stdout_is_only_exposition_with_the_cull_families() {
     assert!(!text.contains("STOP"), "{text}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("STOP  team-ml/alice-nb"),
+        err.contains("STOP  team-ml/ray-sweep"),
         "the plan goes to stderr: {err}"
     );
 
@@ -1092,7 +1124,7 @@ fn namespace_flag_filters_rows_to_one_namespace() {
     ]));
     let one: serde_json::Value = serde_json::from_str(&one).expect("json");
     let pods = one["pods"].as_array().expect("pods");
-    assert_eq!(pods.len(), 2, "{one}");
+    assert_eq!(pods.len(), 3, "{one}");
     assert!(pods.iter().all(|p| p["namespace"] == "team-ml"), "{one}");
     let namespaces = one["namespaces"].as_array().expect("namespaces");
     assert!(
@@ -1213,18 +1245,18 @@ fn an_unreachable_prometheus_exits_3() {
 /// Issue 36 item 16: with `-n`, every section follows the filter. The summary line counts the
 /// namespace's own claimed, idle and pending GPUs and says so (the cluster's allocatable and
 /// free stay, labelled as the cluster's); "Who could run" lists only pending pods of the
-/// namespace; quota rows are the namespace's. The homelab: team-ml holds 2 GPUs of the
-/// cluster's 3, its quota is `team-ml/compute`, the pending pod is `trials/hp-trial-42`.
+/// namespace; quota rows are the namespace's. The homelab: team-ml holds 3 GPUs of the
+/// cluster's 4, its quota is `team-ml/compute`, the pending pod is `trials/hp-trial-42`.
 #[test]
 fn namespace_flag_scopes_every_section() {
     let table = stdout(&run(&["report", "--from", &homelab(), "-n", "team-ml"]));
     let summary = table.lines().nth(1).expect("summary line");
     assert!(
-        summary.starts_with("GPUs in namespace team-ml: 2 claimed, 2 proven idle, 0 pending"),
+        summary.starts_with("GPUs in namespace team-ml: 3 claimed, 3 proven idle, 0 pending"),
         "the summary counts the namespace's own GPUs and says so: {summary}\n{table}"
     );
     assert!(
-        summary.contains("cluster: 3 allocatable, 0 free"),
+        summary.contains("cluster: 4 allocatable, 0 free"),
         "{summary}"
     );
     assert!(

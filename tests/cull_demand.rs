@@ -51,12 +51,18 @@ fn skip_reason(v: &Value, pod: &str) -> Option<String> {
 
 #[test]
 fn demand_waits_for_a_pod_that_needs_the_stop() {
-    // idle: alice-nb is stopped whether or not anyone waits.
+    // idle: team-ml's idle owners are stopped whether or not anyone waits, one per cycle (the
+    // per-namespace cap): RayCluster ray-sweep first (equal idleness; the owner without a
+    // notebook sorts first), alice-nb in the next cycle.
     let idle = cull(&homelab(), "idle");
     let stops = would_stop(&idle);
     assert_eq!(stops.len(), 1, "{stops:?}");
-    assert_eq!(stops[0].0, "alice-nb");
+    assert_eq!(stops[0].0, "ray-sweep");
     assert!(!stops[0].1.contains("needed by"), "{stops:?}");
+    assert_eq!(
+        skip_reason(&idle, "alice-nb-0").as_deref(),
+        Some("per_namespace_cap")
+    );
 
     // demand: hp-trial-42 would fit on lab-2 once the stuck bob-nb-0 is force-deleted, which
     // costs nobody a kernel: no stop.
@@ -64,6 +70,10 @@ fn demand_waits_for_a_pod_that_needs_the_stop() {
     assert!(would_stop(&demand).is_empty(), "{:#}", demand["cull"]);
     assert_eq!(
         skip_reason(&demand, "alice-nb-0").as_deref(),
+        Some("no_demand")
+    );
+    assert_eq!(
+        skip_reason(&demand, "ray-sweep-gpu-worker-t6kzr").as_deref(),
         Some("no_demand")
     );
 

@@ -462,13 +462,14 @@ fn hostile_dump() -> tempfile::TempDir {
         "notebooks.json",
         "quotas.json",
         "statefulsets.json",
+        "rayclusters.json",
         "dcgm.prom",
     ] {
         std::fs::copy(lab.join(f), dir.path().join(f)).expect("copy");
     }
     let pods = std::fs::read_to_string(lab.join("pods.json")).expect("pods");
     let pods = pods.replace(
-        "\"message\": \"0/3 nodes are available: 3 Insufficient nvidia.com/gpu.\"",
+        "\"message\": \"0/4 nodes are available: 4 Insufficient nvidia.com/gpu.\"",
         &format!(
             "\"message\": {}",
             serde_json::to_string(HOSTILE_TEXT).expect("json")

@@ -163,6 +163,31 @@ fn homelab_tells_the_story() {
         bench.utilization
     );
 
+    // KubeRay's RayCluster team-ml/ray-sweep: its GPU worker on lab-4 is proven idle and owned
+    // (ownerReference and label agree), its head holds no GPU and is not a row.
+    let worker = pod(l, "ray-sweep-gpu-worker-t6kzr");
+    assert_eq!(worker.state, PodState::Running);
+    assert_eq!(worker.node.as_deref(), Some("lab-4"));
+    assert_eq!(worker.idle, Some(true));
+    assert!(
+        worker.idle_seconds.is_some_and(|s| s >= 7000.0),
+        "2 h of proven idleness: {:?}",
+        worker.idle_seconds
+    );
+    assert_eq!(worker.notebook, None);
+    let owner = worker
+        .owner
+        .as_ref()
+        .expect("the RayCluster owns its worker");
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("RayCluster", "ray-sweep")
+    );
+    assert!(
+        l.pods.iter().all(|p| p.pod != "ray-sweep-head-8x4qn"),
+        "the GPU-less head is no GPU row"
+    );
+
     let trial = pod(l, "hp-trial-42");
     assert_eq!(trial.state, PodState::Pending);
     assert!(trial.node.is_none());
@@ -175,7 +200,7 @@ fn homelab_tells_the_story() {
     );
     assert!(
         trial.pending_reason.as_deref().is_some_and(
-            |r| r.starts_with("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+            |r| r.starts_with("0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
         ),
         "{:?}",
         trial.pending_reason
@@ -192,14 +217,45 @@ fn homelab_tells_the_story() {
         None,
         "cpu/memory quota is no GPU quota"
     );
-    assert!((ns("team-ml").gpus_claimed - 2.0).abs() < 1e-9);
-    assert!((ns("team-ml").gpus_idle - 2.0).abs() < 1e-9);
+    assert!((ns("team-ml").gpus_claimed - 3.0).abs() < 1e-9);
+    assert!((ns("team-ml").gpus_idle - 3.0).abs() < 1e-9);
     assert_eq!(ns("bench").gpu_quota, Some(1.0));
     assert!(
         (ns("trials").gpus_pending - 1.0).abs() < 1e-9 && ns("trials").gpus_claimed.abs() < 1e-9
     );
     assert!(l.unclaimed_busy.is_empty(), "{:?}", l.unclaimed_busy);
-    assert_eq!(l.pods.len(), 4, "only GPU pods are listed");
+    assert_eq!(l.pods.len(), 5, "only GPU pods are listed");
+}
+
+/// Issue 40: the homelab's idle RayCluster is in "What to do" with the exact command that
+/// suspends it (KubeRay then deletes its pods and keeps the object).
+#[test]
+fn homelab_what_to_do_suspends_the_idle_raycluster() {
+    let off = load_homelab();
+    let mut out = Vec::new();
+    render_table(&off.ledger, &mut out).expect("render table");
+    let table = String::from_utf8(out).expect("utf8");
+    let todo = table
+        .split("\nWhat to do\n")
+        .nth(1)
+        .expect("a What to do section");
+    let lines: Vec<&str> = todo.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| {
+            *l == "  team-ml/ray-sweep-gpu-worker-t6kzr: idle ≥2h0m: suspend raycluster \
+                   team-ml/ray-sweep (KubeRay deletes its pods and keeps the cluster; resume with \
+                   spec.suspend: false)"
+        })
+        .unwrap_or_else(|| panic!("no RayCluster advice in What to do:\n{todo}"));
+    assert_eq!(
+        lines.get(at + 1).copied(),
+        Some(
+            "    kubectl patch raycluster -n team-ml --type merge -p '{\"spec\":{\"suspend\":true}}' \
+             -- ray-sweep"
+        ),
+        "the exact command follows the advice:\n{todo}"
+    );
 }
 
 #[test]

@@ -151,6 +151,7 @@ NODES = [
     ("lab-1", "192.168.10.11", "10.244.1", "GPU-3f6c1a2e-9d41-4b7a-8e2f-51c0a9d7b311", "nvidia-dcgm-exporter-4xk2p"),
     ("lab-2", "192.168.10.12", "10.244.2", "GPU-8a1d77c4-2b6e-4f09-9c3a-e4f2b8d06a52", "nvidia-dcgm-exporter-9tmqz"),
     ("lab-3", "192.168.10.13", "10.244.3", "GPU-c92e5b10-7f3d-4e88-a1b6-0d4c6e9f2a73", "nvidia-dcgm-exporter-r7hcv"),
+    ("lab-4", "192.168.10.14", "10.244.4", "GPU-5b07e3d9-c168-4a2f-b7e4-93f1d2a8c604", "nvidia-dcgm-exporter-w2fjd"),
 ]
 
 
@@ -233,6 +234,118 @@ def notebook_pod(ns: str, nb: str, node: str, ip: str, created: str) -> dict:
     )
 
 
+# KubeRay's RayCluster team-ml/ray-sweep: a hyper-parameter sweep's cluster left running with its GPU
+# worker idle. Its pods are as KubeRay's operator (ray-operator v1.5.0) writes them:
+# `controllers/ray/common/pod.go` `labelPod` sets the labels below, `raycluster_controller.go`
+# `buildHeadPod`/`buildWorkerPod` name them `<cluster>-head-` and `<cluster>-<group>-worker-`
+# (generateName) and set the controller ownerReference to the RayCluster (`ray.io/v1`, its uid).
+RAY_CLUSTER = "ray-sweep"
+RAY_NS = "team-ml"
+RAY_GROUP = "gpu"
+RAY_VERSION = "2.46.0"
+RAY_HEAD_POD = f"{RAY_CLUSTER}-head-8x4qn"
+RAY_WORKER_POD = f"{RAY_CLUSTER}-{RAY_GROUP}-worker-t6kzr"
+RAY_CREATED = dict(days=1, hours=20, minutes=5)
+
+
+def ray_labels(node_type: str, group: str) -> dict:
+    return {
+        "ray.io/is-ray-node": "yes",
+        "ray.io/cluster": RAY_CLUSTER,
+        "ray.io/node-type": node_type,
+        "ray.io/group": group,
+        "ray.io/identifier": f"{RAY_CLUSTER}-{node_type}",
+        "app.kubernetes.io/name": "kuberay",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+    }
+
+
+def ray_pods() -> list:
+    started = ago(**RAY_CREATED)
+    head_image = f"rayproject/ray:{RAY_VERSION}"
+    worker_image = f"rayproject/ray:{RAY_VERSION}-gpu"
+    head_ports = [{"name": "gcs-server", "containerPort": 6379, "protocol": "TCP"},
+                  {"name": "dashboard", "containerPort": 8265, "protocol": "TCP"},
+                  {"name": "client", "containerPort": 10001, "protocol": "TCP"}]
+    head = pod(RAY_NS, RAY_HEAD_POD, started,
+               [container("ray-head", head_image, "1", "4Gi", ports=head_ports)],
+               "lab-4", running_status("192.168.10.14", "10.244.4.21", started, [("ray-head", head_image)]),
+               labels=ray_labels("head", "headgroup"),
+               owner_ref=owner("ray.io/v1", "RayCluster", RAY_CLUSTER))
+    head["metadata"]["generateName"] = f"{RAY_CLUSTER}-head-"
+    worker = pod(RAY_NS, RAY_WORKER_POD, started,
+                 [container("ray-worker", worker_image, "2", "8Gi", gpu=True)],
+                 "lab-4", running_status("192.168.10.14", "10.244.4.22", started, [("ray-worker", worker_image)]),
+                 labels=ray_labels("worker", RAY_GROUP),
+                 owner_ref=owner("ray.io/v1", "RayCluster", RAY_CLUSTER), tolerations=True)
+    worker["metadata"]["generateName"] = f"{RAY_CLUSTER}-{RAY_GROUP}-worker-"
+    return [head, worker]
+
+
+def rayclusters() -> list:
+    created = ago(**RAY_CREATED, seconds=2)
+    ready = ago(days=1, hours=20, minutes=3)
+
+    def template(name: str, image: str, cpu: str, mem: str, gpu: bool) -> dict:
+        return {"spec": {"containers": [container(name, image, cpu, mem, gpu=gpu)]}}
+
+    def ready_condition(kind: str, reason: str) -> dict:
+        return {"type": kind, "status": "True", "reason": reason, "message": "",
+                "lastTransitionTime": ready, "observedGeneration": 1}
+
+    return [{
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": RAY_CLUSTER,
+            "namespace": RAY_NS,
+            "uid": uid("RayCluster/" + RAY_CLUSTER),
+            "resourceVersion": str(random.Random("rv:rc:" + RAY_CLUSTER).randint(100000, 999999)),
+            "generation": 1,
+            "creationTimestamp": created,
+            "labels": {"app": "hp-sweep"},
+        },
+        "spec": {
+            "rayVersion": RAY_VERSION,
+            "headGroupSpec": {
+                "rayStartParams": {"dashboard-host": "0.0.0.0"},
+                "template": template("ray-head", f"rayproject/ray:{RAY_VERSION}", "1", "4Gi", False),
+            },
+            "workerGroupSpecs": [{
+                "groupName": RAY_GROUP,
+                "replicas": 1,
+                "minReplicas": 1,
+                "maxReplicas": 1,
+                "numOfHosts": 1,
+                "rayStartParams": {},
+                "template": template("ray-worker", f"rayproject/ray:{RAY_VERSION}-gpu", "2", "8Gi", True),
+            }],
+        },
+        "status": {
+            "state": "ready",
+            "stateTransitionTimes": {"ready": ready},
+            "lastUpdateTime": ready,
+            "desiredCPU": "3",
+            "desiredMemory": "12Gi",
+            "desiredGPU": "1",
+            "desiredTPU": "0",
+            "desiredWorkerReplicas": 1,
+            "minWorkerReplicas": 1,
+            "maxWorkerReplicas": 1,
+            "readyWorkerReplicas": 1,
+            "availableWorkerReplicas": 1,
+            "endpoints": {"client": "10001", "dashboard": "8265", "gcs-server": "6379", "metrics": "8080"},
+            "head": {"podIP": "10.244.4.21", "podName": RAY_HEAD_POD, "serviceIP": "None",
+                     "serviceName": f"{RAY_CLUSTER}-head-svc"},
+            "conditions": [
+                ready_condition("HeadPodReady", "HeadPodRunningAndReady"),
+                ready_condition("RayClusterProvisioned", "AllPodRunningAndReadyFirstTime"),
+            ],
+            "observedGeneration": 1,
+        },
+    }]
+
+
 def pods() -> list:
     out = []
     # kube-system and gpu-operator: no GPU claims.
@@ -294,9 +407,12 @@ def pods() -> list:
                    None,
                    {"phase": "Pending", "qosClass": "Guaranteed", "conditions": [
                        condition("PodScheduled", "False", ago(minutes=40), "Unschedulable",
-                                 "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")]},
+                                 "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")]},
                    labels={"app": "hp-search", "trial": "hp-trial-42"}, tolerations=True))
     out[-1]["spec"]["restartPolicy"] = "Never"
+
+    # team-ml/ray-sweep: the RayCluster's head (no GPU) and its GPU worker, both on lab-4.
+    out.extend(ray_pods())
     return out
 
 
@@ -367,7 +483,7 @@ def quotas() -> list:
 
     return [
         rq("team-ml", "compute", {"requests.cpu": "16", "requests.memory": "64Gi", "limits.memory": "64Gi"},
-           {"requests.cpu": "4", "requests.memory": "16Gi", "limits.memory": "16Gi"}, ago(days=180)),
+           {"requests.cpu": "7", "requests.memory": "28Gi", "limits.memory": "28Gi"}, ago(days=180)),
         rq("bench", "gpu", {"requests.nvidia.com/gpu": "1", "requests.cpu": "8"},
            {"requests.nvidia.com/gpu": "1", "requests.cpu": "4"}, ago(days=60)),
     ]
@@ -382,6 +498,8 @@ def dcgm() -> str:
         "lab-1": ("alice-nb-0", "team-ml", "alice-nb", lambda: 0.0, lambda: 2150 + rng.randint(-2, 2), lambda: 38 + rng.randint(0, 1)),
         "lab-2": ("bob-nb-0", "team-ml", "bob-nb", lambda: 0.0, lambda: 1830, lambda: 37 + rng.randint(0, 1)),
         "lab-3": ("llm-bench-7f9c", "bench", "bench", lambda: rng.uniform(0.955, 0.995), lambda: 7420 + rng.randint(-40, 40), lambda: 69 + rng.randint(0, 4)),
+        # The Ray worker holds its CUDA context and nothing runs on it.
+        "lab-4": (RAY_WORKER_POD, RAY_NS, "ray-worker", lambda: 0.0, lambda: 1214 + rng.randint(-1, 1), lambda: 36 + rng.randint(0, 1)),
     }
     help_text = [
         ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
@@ -433,6 +551,7 @@ def main() -> None:
     write_json("notebooks.json", notebooks())
     write_json("statefulsets.json", statefulsets())
     write_json("quotas.json", quotas())
+    write_json("rayclusters.json", rayclusters())
     (HERE / "dcgm.prom").write_text(dcgm())
 
 
