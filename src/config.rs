@@ -499,7 +499,8 @@ pub struct CullPolicyArgs {
         help_heading = "Culling"
     )]
     pub cull_respect_activity: bool,
-    /// The kinds culling may stop, comma-separated target names (`notebook`, `workspace`);
+    /// The kinds culling may stop, comma-separated target names (`notebook`, `workspace`,
+    /// `raycluster`);
     /// empty = every registered kind. Grant the culling RBAC of these only (chart:
     /// `culling.targets`).
     #[arg(
