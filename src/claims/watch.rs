@@ -48,10 +48,14 @@ pub const MAX_ERROR_GAP: Duration = Duration::from_secs(90);
 /// Errors setting up watches.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
-    #[error("discovering kubeflow.org notebooks")]
-    Discovery(#[source] kube::Error),
-    #[error("discovering kubeflow.org notebooks timed out after {API_TIMEOUT:?}")]
-    DiscoveryTimeout,
+    #[error("discovering {what}")]
+    Discovery {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("discovering {what} timed out after {API_TIMEOUT:?}")]
+    DiscoveryTimeout { what: &'static str },
     #[error("reading statefulset {namespace}/{name}")]
     StatefulSet {
         namespace: String,
@@ -575,6 +579,45 @@ impl Missing {
     }
 }
 
+/// What the discovery of a CRD found ([`crd_resource`]): watches started through `start` when it
+/// is served, not served, or failed. Said at info (served, not served) or warn (failed) on the
+/// first look and at debug on the background re-looks, so a cluster without the component says
+/// so once.
+fn crd_found(
+    found: Result<Option<ApiResource>, WatchError>,
+    what: &str,
+    off: &str,
+    first_look: bool,
+    start: impl FnOnce(&ApiResource),
+) -> Found {
+    match found {
+        Ok(Some(ar)) => {
+            info!(version = %ar.version, "watching {what}");
+            start(&ar);
+            Found::Started
+        }
+        Ok(None) => {
+            if first_look {
+                info!("{what} not served: {off}");
+            } else {
+                debug!("{what} not served: {off}");
+            }
+            Missing::not_served("not served")
+        }
+        Err(e) => {
+            if first_look {
+                warn!(error = &e as &dyn std::error::Error, "{what}: {off}");
+            } else {
+                debug!(error = &e as &dyn std::error::Error, "{what}: {off}");
+            }
+            Found::Missing(Missing {
+                why: format!("discovery failed ({})", crate::telemetry::error_chain(&e)),
+                failed: true,
+            })
+        }
+    }
+}
+
 /// What starting watches needs, the optional APIs' included (all shared, cheap to clone).
 #[derive(Clone)]
 struct Optional {
@@ -595,51 +638,24 @@ impl Optional {
     async fn try_start(&self, api: OptionalApi, spawn: Spawn<'_>, first_look: bool) -> Found {
         let (client, scopes) = (&self.client, &self.scopes);
         match api {
-            OptionalApi::Notebooks => match notebook_resource(client).await {
-                Ok(Some(ar)) => {
-                    start_notebooks(&ar, self, spawn);
-                    Found::Started
-                }
-                Ok(None) if first_look => {
-                    info!("kubeflow.org Notebook CRD not served: notebook ownership is off");
-                    Missing::not_served("not served")
-                }
-                Ok(None) => {
-                    debug!("kubeflow.org Notebook CRD not served: notebook ownership is off");
-                    Missing::not_served("not served")
-                }
-                Err(e) => {
-                    warn!(
-                        error = &e as &dyn std::error::Error,
-                        "notebook discovery failed: notebook ownership is off"
-                    );
-                    Found::Missing(Missing {
-                        why: format!("discovery failed ({})", crate::telemetry::error_chain(&e)),
-                        failed: true,
-                    })
-                }
-            },
-            OptionalApi::Workspaces => match workspace_resource(client).await {
-                Ok(Some(ar)) => {
-                    info!("watching kubeflow.org/v1beta1 workspaces and workspacekinds");
-                    start_source(self, spawn, Source::Workspaces, Some(&ar));
-                    Found::Started
-                }
-                Ok(None) => {
-                    debug!("kubeflow.org/v1beta1 Workspace not served: workspace ownership is off");
-                    Missing::not_served("not served")
-                }
-                Err(e) => {
-                    warn!(
-                        error = &e as &dyn std::error::Error,
-                        "workspace discovery failed: workspace ownership is off"
-                    );
-                    Found::Missing(Missing {
-                        why: format!("discovery failed ({})", crate::telemetry::error_chain(&e)),
-                        failed: true,
-                    })
-                }
-            },
+            OptionalApi::Notebooks => crd_found(
+                crd_resource("kubeflow.org notebooks", k8s::notebook_resource(client)).await,
+                "kubeflow.org Notebook",
+                "notebook ownership is off",
+                first_look,
+                |ar| start_notebooks(ar, self, spawn),
+            ),
+            OptionalApi::Workspaces => crd_found(
+                crd_resource(
+                    "kubeflow.org/v1beta1 workspaces",
+                    k8s::workspace::workspace_resource(client),
+                )
+                .await,
+                "kubeflow.org/v1beta1 Workspace",
+                "workspace ownership is off",
+                first_look,
+                |ar| start_source(self, spawn, Source::Workspaces, Some(ar)),
+            ),
             OptionalApi::Dra if self.names.dra_drivers.is_empty() => {
                 info!("no --dra-gpu-drivers: DRA accounting is off");
                 Found::Off
@@ -672,28 +688,13 @@ impl Optional {
                 start_kueue(self, spawn);
                 Found::Started
             }
-            OptionalApi::RayClusters => match k8s::raycluster::resource(client).await {
-                Ok(Some(ar)) => {
-                    info!(version = %ar.version, "watching ray.io rayclusters");
-                    start_source(self, spawn, Source::KubeRay, Some(&ar));
-                    Found::Started
-                }
-                // A group that is not served answers 404: KubeRay is not installed.
-                Ok(None) | Err(kube::Error::Discovery(_)) => Missing::not_served("not served"),
-                Err(kube::Error::Api(e)) if e.code == 404 => Missing::not_served("not served"),
-                Err(e) => {
-                    if first_look {
-                        warn!(
-                            error = &e as &dyn std::error::Error,
-                            "RayCluster discovery failed: RayCluster ownership is off"
-                        );
-                    }
-                    Found::Missing(Missing {
-                        why: format!("discovery failed ({})", crate::telemetry::error_chain(&e)),
-                        failed: true,
-                    })
-                }
-            },
+            OptionalApi::RayClusters => crd_found(
+                crd_resource("ray.io/v1 rayclusters", k8s::raycluster::resource(client)).await,
+                "ray.io/v1 RayCluster",
+                "RayCluster ownership is off",
+                first_look,
+                |ar| start_source(self, spawn, Source::KubeRay, Some(ar)),
+            ),
         }
     }
 
@@ -901,29 +902,19 @@ fn watch_kind<K: Watched>(
     }
 }
 
-/// The served version of kubeflow.org/Notebook, or `None` when the group or kind is absent.
-async fn notebook_resource(client: &Client) -> Result<Option<ApiResource>, WatchError> {
-    let discovered = tokio::time::timeout(API_TIMEOUT, k8s::notebook_resource(client))
-        .await
-        .map_err(|_| WatchError::DiscoveryTimeout)?;
-    match discovered {
-        Ok(ar) => Ok(ar),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-        Err(kube::Error::Discovery(_)) => Ok(None),
-        Err(e) => Err(WatchError::Discovery(e)),
-    }
-}
-
-/// The served kubeflow.org/v1beta1 Workspace, or `None` when the group or kind is absent.
-async fn workspace_resource(client: &Client) -> Result<Option<ApiResource>, WatchError> {
-    let discovered = tokio::time::timeout(API_TIMEOUT, k8s::workspace::workspace_resource(client))
-        .await
-        .map_err(|_| WatchError::DiscoveryTimeout)?;
-    match discovered {
-        Ok(ar) => Ok(ar),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-        Err(kube::Error::Discovery(_)) => Ok(None),
-        Err(e) => Err(WatchError::Discovery(e)),
+/// A CRD's served resource from `discover` (bounded by [`API_TIMEOUT`]), `None` when its
+/// group or kind is absent: kube's discovery answers a discovery error or a 404 for a group that
+/// is not served (the component is not installed).
+async fn crd_resource(
+    what: &'static str,
+    discover: impl Future<Output = Result<Option<ApiResource>, kube::Error>>,
+) -> Result<Option<ApiResource>, WatchError> {
+    match tokio::time::timeout(API_TIMEOUT, discover).await {
+        Err(_) => Err(WatchError::DiscoveryTimeout { what }),
+        Ok(Ok(ar)) => Ok(ar),
+        Ok(Err(kube::Error::Api(e))) if e.code == 404 => Ok(None),
+        Ok(Err(kube::Error::Discovery(_))) => Ok(None),
+        Ok(Err(source)) => Err(WatchError::Discovery { what, source }),
     }
 }
 
