@@ -448,15 +448,10 @@ fn attribute_devices(
     } else {
         Attribution::Exclusive
     };
-    row.evidence.coverage = devs
-        .iter()
-        .map(|d| d.coverage)
-        .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))));
-    row.evidence.newest_sample_at = devs.iter().map(|d| d.last_sample_at).min().flatten();
-    row.evidence.peak = devs
-        .iter()
-        .map(|d| d.peak)
-        .try_fold(0.0_f64, |m, p| p.map(|p| m.max(p)));
+    set_window_evidence(
+        row,
+        devs.iter().map(|d| (d.coverage, d.last_sample_at, d.peak)),
+    );
 
     match row.attribution {
         Attribution::Exclusive | Attribution::Mig => {
@@ -531,6 +526,30 @@ fn attribute_devices(
         Some(false) => row.idle_seconds = Some(0.0),
         None => {}
     }
+}
+
+/// A row's window evidence from its readings (coverage, newest sample, peak per device or
+/// container): the lowest coverage (`None` without readings), the oldest of the newest samples
+/// and the highest peak (each `None` as soon as one reading's is unknown; no readings: no newest
+/// sample, peak 0).
+pub(super) fn set_window_evidence(
+    row: &mut PodRow,
+    readings: impl IntoIterator<Item = (f64, Option<DateTime<Utc>>, Option<f64>)>,
+) {
+    let mut coverage: Option<f64> = None;
+    let mut newest: Option<Option<DateTime<Utc>>> = None;
+    let mut peak = Some(0.0_f64);
+    for (c, last, p) in readings {
+        coverage = Some(coverage.map_or(c, |m| m.min(c)));
+        newest = Some(match newest {
+            None => last,
+            Some(n) => n.zip(last).map(|(a, b)| a.min(b)),
+        });
+        peak = peak.zip(p).map(|(m, p)| m.max(p));
+    }
+    row.evidence.coverage = coverage;
+    row.evidence.newest_sample_at = newest.flatten();
+    row.evidence.peak = peak;
 }
 
 /// Idle since the latest of: pod start, last activity, start of unbroken coverage. When the

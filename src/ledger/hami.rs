@@ -249,15 +249,10 @@ pub(super) fn attribute(
     row.utilization = per_device.map(|u| u.iter().sum::<f64>() / u.len().max(1) as f64);
     let mem: Option<Vec<f64>> = own.iter().map(|h| h.memory_used_bytes).collect();
     row.memory_used_bytes = mem.map(|m| m.iter().sum());
-    row.evidence.coverage = own
-        .iter()
-        .map(|h| h.coverage)
-        .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))));
-    row.evidence.newest_sample_at = own.iter().map(|h| h.last_sample_at).min().flatten();
-    row.evidence.peak = own
-        .iter()
-        .map(|h| h.peak)
-        .try_fold(0.0_f64, |m, p| p.map(|p| m.max(p)));
+    super::attribution::set_window_evidence(
+        row,
+        own.iter().map(|h| (h.coverage, h.last_sample_at, h.peak)),
+    );
     let containers_on = |uuid: &str| {
         let mut c: Vec<usize> = p
             .hami

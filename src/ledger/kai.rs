@@ -318,15 +318,10 @@ fn card_evidence(
 ) {
     row.devices = devs.iter().map(|d| d.key.clone()).collect();
     row.evidence.devices_found = devs.len();
-    row.evidence.coverage = devs
-        .iter()
-        .map(|d| d.coverage)
-        .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))));
-    row.evidence.newest_sample_at = devs.iter().map(|d| d.last_sample_at).min().flatten();
-    row.evidence.peak = devs
-        .iter()
-        .map(|d| d.peak)
-        .try_fold(0.0_f64, |m, p| p.map(|p| m.max(p)));
+    super::attribution::set_window_evidence(
+        row,
+        devs.iter().map(|d| (d.coverage, d.last_sample_at, d.peak)),
+    );
     let trusted = phase != PodPhase::Unknown && !usage.partial;
     if trusted && super::attribution::verdict(devs, policy, now) == Some(true) {
         row.idle = Some(true);
