@@ -123,7 +123,6 @@ type DeviceId<'a> = (&'a str, &'a str, &'a str);
 
 /// What the rule reads, indexed once per build.
 pub struct HealthIndex<'a> {
-    claims: &'a Claims,
     /// The current generation of each DRA device.
     devices: foldhash::HashMap<DeviceId<'a>, &'a DraDevice>,
     /// Taints by the device's UUID (a card the device plugin hands out, published by DRA too).
@@ -137,7 +136,20 @@ pub struct HealthIndex<'a> {
 }
 
 impl<'a> HealthIndex<'a> {
-    pub fn new(claims: &'a Claims, usage: &'a Usage) -> Self {
+    /// The index, or `None` when no input says anything is sick (most builds: no taint, no
+    /// kubelet verdict, no DCGM reading, no HAMi flag), so a healthy cluster's build indexes
+    /// nothing.
+    pub fn new(claims: &'a Claims, usage: &'a Usage) -> Option<Self> {
+        let any_sign = !usage.gpu_health.is_empty()
+            || claims.dra_devices.iter().any(|d| !d.taints.is_empty())
+            || claims
+                .nodes
+                .iter()
+                .any(|n| n.hami.devices.iter().any(|d| !d.healthy))
+            || claims.pods.iter().any(|p| !p.unhealthy_devices.is_empty());
+        if !any_sign {
+            return None;
+        }
         let mut devices: foldhash::HashMap<DeviceId<'a>, &'a DraDevice> =
             foldhash::HashMap::default();
         for d in &claims.dra_devices {
@@ -171,27 +183,13 @@ impl<'a> HealthIndex<'a> {
             .filter(|d| !d.healthy)
             .map(|d| d.uuid.as_str())
             .collect();
-        HealthIndex {
-            claims,
+        Some(HealthIndex {
             devices,
             taints_by_uuid,
             resource_claims,
             dcgm,
             hami_unhealthy,
-        }
-    }
-
-    /// Whether nothing is known to be sick (most builds: the rule is then skipped).
-    pub fn is_empty(&self) -> bool {
-        self.taints_by_uuid.is_empty()
-            && self.dcgm.is_empty()
-            && self.hami_unhealthy.is_empty()
-            && !self.devices.values().any(|d| !d.taints.is_empty())
-            && !self
-                .claims
-                .pods
-                .iter()
-                .any(|p| !p.unhealthy_devices.is_empty())
+        })
     }
 
     /// The health of the cards pod `p` holds (`devices`: the DCGM devices attributed to it), or

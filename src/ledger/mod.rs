@@ -149,7 +149,6 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
     let dra = dra::DraIndex::new(claims, &policy.names, &policy.slices);
     let hami_nodes = hami::Nodes::new(claims);
     let sick = health::HealthIndex::new(claims, usage);
-    let sick_known = !sick.is_empty();
     let mut claimed_devices: Vec<bool> = vec![false; usage.devices.len()];
     // GPU equivalents each pod holds on devices that are not on its node (network-attached):
     // they count for the pod and its namespace, not for its node.
@@ -240,7 +239,7 @@ pub fn build(claims: &Claims, usage: &Usage, now: DateTime<Utc>, policy: &Policy
             );
         }
         mps::withhold_device_verdict(&mut row);
-        if sick_known && state.holds() {
+        if let Some(sick) = sick.as_ref().filter(|_| state.holds()) {
             row.gpu_health = sick.of_pod(p, &row.devices);
         }
         off_node.push(
