@@ -234,7 +234,7 @@ impl<'a> NodeShape<'a> {
     }
 }
 
-/// Recognises GPU resource names; extra names come from `--extra-gpu-resource`, the DRA
+/// Recognises GPU resource names; extra names come from `--extra-gpu-resources`, the DRA
 /// drivers whose devices count as GPUs from `--dra-gpu-drivers`.
 #[derive(Debug, Clone)]
 pub struct ResourceNames {
