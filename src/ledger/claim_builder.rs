@@ -1,12 +1,12 @@
-//! Builders for `PodClaim`: a pending pod that claims nothing from [`PodClaim::new`] plus
-//! chained setters, so unit tests, integration tests and benchmarks name only what their case is
+//! Builders for `PodClaim` and `NodeInfo`: a pending pod that claims nothing from
+//! [`PodClaim::new`], a Ready node with no GPU from [`NodeInfo::new`], plus chained setters, so unit tests, integration tests and benchmarks name only what their case is
 //! about (they live in the library because integration tests need them too).
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::claims::{OwnerRef, Placement, PodClaim, PodPhase};
+use super::claims::{NodeInfo, OwnerRef, Placement, PodClaim, PodPhase};
 use super::kueue::WorkloadRefs;
 
 impl PodClaim {
@@ -86,6 +86,30 @@ impl PodClaim {
     #[must_use]
     pub fn placed_by(mut self, placement: Placement) -> Self {
         self.placement = placement;
+        self
+    }
+}
+
+impl NodeInfo {
+    /// A Ready node with no GPU resource, label, taint or sharing layer, replicas 1.
+    pub fn new(name: impl Into<String>) -> Self {
+        NodeInfo {
+            name: name.into(),
+            allocatable: BTreeMap::new(),
+            replicas: 1,
+            product: None,
+            gpu_labels: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            ready: Some(true),
+            hami: super::hami_inputs::HamiNode::default(),
+        }
+    }
+
+    /// `units` of `resource` allocatable.
+    #[must_use]
+    pub fn allocating(mut self, resource: &str, units: u64) -> Self {
+        self.allocatable.insert(resource.to_string(), units);
         self
     }
 }

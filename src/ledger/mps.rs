@@ -111,18 +111,12 @@ mod tests {
 
     fn node(labels: &[(&str, &str)], replicas: u32) -> NodeInfo {
         NodeInfo {
-            name: "n1".into(),
-            allocatable: BTreeMap::new(),
             replicas,
-            product: None,
             gpu_labels: labels
                 .iter()
                 .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
                 .collect(),
-            labels: BTreeMap::new(),
-            taints: Vec::new(),
-            ready: Some(true),
-            hami: crate::ledger::hami_inputs::HamiNode::default(),
+            ..NodeInfo::new("n1")
         }
     }
 

@@ -67,17 +67,7 @@ impl PodB {
 }
 
 fn node(name: &str, gpus: u64) -> NodeInfo {
-    NodeInfo {
-        hami: crate::ledger::hami_inputs::HamiNode::default(),
-        name: name.into(),
-        allocatable: [("nvidia.com/gpu".to_string(), gpus)].into(),
-        replicas: 1,
-        product: None,
-        gpu_labels: BTreeMap::new(),
-        labels: BTreeMap::new(),
-        taints: Vec::new(),
-        ready: Some(true),
-    }
+    NodeInfo::new(name).allocating("nvidia.com/gpu", gpus)
 }
 
 struct DevB(DeviceUsage);

@@ -343,18 +343,13 @@ mod tests {
 
     fn node_with(labels: &[(&str, &str)], product: Option<&str>, replicas: u32) -> NodeInfo {
         NodeInfo {
-            hami: crate::ledger::hami_inputs::HamiNode::default(),
-            name: "n".into(),
-            allocatable: BTreeMap::new(),
             replicas,
             product: product.map(str::to_string),
             gpu_labels: labels
                 .iter()
                 .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
                 .collect(),
-            labels: BTreeMap::new(),
-            taints: Vec::new(),
-            ready: Some(true),
+            ..NodeInfo::new("n")
         }
     }
 

@@ -1,8 +1,6 @@
 //! The HAMi rule: one card, four quarter-claims; shares by cores, memory, split; idleness only
 //! from a sharer's own monitor series.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Duration, Utc};
 
 use super::*;
@@ -22,14 +20,6 @@ fn now() -> DateTime<Utc> {
 /// A one-card HAMi node: the device plugin advertises card × split = 10 `nvidia.com/gpu`.
 fn hami_node() -> NodeInfo {
     NodeInfo {
-        name: "gpu-1".into(),
-        allocatable: [("nvidia.com/gpu".to_string(), 10)].into(),
-        replicas: 1,
-        product: None,
-        gpu_labels: BTreeMap::new(),
-        labels: BTreeMap::new(),
-        taints: Vec::new(),
-        ready: Some(true),
         hami: HamiNode {
             devices: vec![HamiDevice {
                 uuid: CARD.into(),
@@ -41,6 +31,7 @@ fn hami_node() -> NodeInfo {
             }],
             error: None,
         },
+        ..NodeInfo::new("gpu-1").allocating("nvidia.com/gpu", 10)
     }
 }
 

@@ -1,6 +1,5 @@
 //! The sick-card rule through `ledger::build`: taints, the kubelet's verdict and DCGM's.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
@@ -22,17 +21,7 @@ fn now() -> DateTime<Utc> {
 }
 
 fn node(name: &str, gpus: u64) -> NodeInfo {
-    NodeInfo {
-        name: name.into(),
-        allocatable: [("nvidia.com/gpu".to_string(), gpus)].into(),
-        replicas: 1,
-        product: None,
-        gpu_labels: BTreeMap::new(),
-        labels: BTreeMap::new(),
-        taints: Vec::new(),
-        ready: Some(true),
-        hami: crate::ledger::hami_inputs::HamiNode::default(),
-    }
+    NodeInfo::new(name).allocating("nvidia.com/gpu", gpus)
 }
 
 fn taint(key: &str, value: &str, effect: DeviceTaintEffect) -> DeviceTaint {

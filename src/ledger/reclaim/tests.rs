@@ -18,15 +18,8 @@ fn res(r: &[(&str, u64)]) -> BTreeMap<String, u64> {
 
 fn node(name: &str, alloc: &[(&str, u64)]) -> NodeInfo {
     NodeInfo {
-        hami: crate::ledger::hami_inputs::HamiNode::default(),
-        name: name.into(),
         allocatable: res(alloc),
-        replicas: 1,
-        product: None,
-        gpu_labels: BTreeMap::new(),
-        labels: BTreeMap::new(),
-        taints: Vec::new(),
-        ready: Some(true),
+        ..NodeInfo::new(name)
     }
 }
 

@@ -126,17 +126,7 @@ fn dra_pod(ns: &str, name: &str, claims: &[&str]) -> PodB {
 }
 
 fn node_without_plugin(name: &str) -> NodeInfo {
-    NodeInfo {
-        hami: crate::ledger::hami_inputs::HamiNode::default(),
-        name: name.into(),
-        allocatable: BTreeMap::new(),
-        replicas: 1,
-        product: None,
-        gpu_labels: BTreeMap::new(),
-        labels: BTreeMap::new(),
-        taints: Vec::new(),
-        ready: Some(true),
-    }
+    NodeInfo::new(name)
 }
 
 fn dra_claims(
