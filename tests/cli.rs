@@ -1222,10 +1222,7 @@ fn no_cluster_error_names_each_cause_once() {
 #[test]
 fn an_unreachable_prometheus_exits_3() {
     // A port nothing listens on: connection refused.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("probe port")
-        .port();
+    let port = gpu_ledger_testkit::util::free_port().expect("probe port");
     let url = format!("http://127.0.0.1:{port}");
     let out = gpu_ledger()
         .args(["showback", "--month", "2026-11", "--prometheus-url", &url])
@@ -1427,10 +1424,7 @@ fn live_report_exit_codes_and_errors_follow_the_docs() {
     let cp = gpu_ledger_testkit::ControlPlane::shared(false).expect("shared tier A control plane");
     let admin = cp.kubeconfig_path("admin").expect("kubeconfig");
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("probe port")
-        .port();
+    let closed = gpu_ledger_testkit::util::free_port().expect("probe port");
     let out = live_report(&admin, &format!("http://127.0.0.1:{closed}"));
     let line = one_error_line(&out);
     assert_eq!(out.status.code(), Some(3), "{line}");

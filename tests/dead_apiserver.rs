@@ -154,10 +154,7 @@ async fn serve_says_it_waits_for_the_first_sync_and_why() {
     let dir = tempfile::tempdir().expect("tmp");
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, dead.kubeconfig()).expect("kubeconfig");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = gpu_ledger_testkit::util::free_port().expect("free port");
     let mut cmd = gpu_ledger_testkit::process::isolated_command(env!("CARGO_BIN_EXE_gpu-ledger"));
     cmd.arg("serve")
         .arg(format!("--listen=127.0.0.1:{port}"))

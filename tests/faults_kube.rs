@@ -558,10 +558,7 @@ fn spawn_serve_with(
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    gpu_ledger_testkit::util::free_port().expect("free port")
 }
 
 async fn wait_http_ok(guard: &mut ChildGuard, url: &str) {

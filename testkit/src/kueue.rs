@@ -770,7 +770,13 @@ resources:
                 );
             }
             let last = match http.get(&url).send().await {
-                Ok(r) if r.status().is_success() => return Ok(()),
+                // controller-runtime's probe answers exactly `ok`; anything else on the
+                // port is another test's server (see `util::free_port`).
+                Ok(r) if r.status().is_success() => match r.text().await {
+                    Ok(body) if body.trim() == "ok" => return Ok(()),
+                    Ok(body) => format!("HTTP 200 from something else: {:.80}", body),
+                    Err(e) => format!("{e:#}"),
+                },
                 Ok(r) => format!("HTTP {}", r.status()),
                 Err(e) => format!("{e:#}"),
             };

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::process::ChildGuard;
-use crate::util::free_port;
+use crate::util::{answers_ready, free_port};
+
+/// What Prometheus' `/-/ready` answers once it serves queries.
+const PROMETHEUS_READY: &str = "Prometheus Server is Ready.";
 
 /// Minimal config for query-only instances (no scrape jobs).
 pub const EMPTY_CONFIG: &str = "global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\n";
@@ -261,9 +264,7 @@ impl Prometheus {
                     guard.log_tail(40)
                 );
             }
-            if let Ok(r) = client.get(format!("{url}/-/ready")).send().await
-                && r.status().is_success()
-            {
+            if answers_ready(&client, &format!("{url}/-/ready"), PROMETHEUS_READY).await {
                 break;
             }
             if start.elapsed() > timeout {
@@ -352,9 +353,7 @@ impl Prometheus {
                     self.guard.log_tail(40)
                 );
             }
-            if let Ok(r) = client.get(format!("{}/-/ready", self.url)).send().await
-                && r.status().is_success()
-            {
+            if answers_ready(&client, &format!("{}/-/ready", self.url), PROMETHEUS_READY).await {
                 return Ok(());
             }
             if start.elapsed() > timeout {

@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use crate::dcgm::ReplayExporter;
 use crate::process::ChildGuard;
 use crate::prometheus::Prometheus;
-use crate::util::{free_port, free_ports};
+use crate::util::{answers_ready, free_port, free_ports};
 
 /// The Thanos binary: `$THANOS_BIN`, else `scripts/build-thanos.sh`'s cache entry.
 pub fn thanos_bin() -> Result<PathBuf> {
@@ -53,7 +53,9 @@ pub fn victoria_metrics_bin() -> Result<PathBuf> {
     }
 }
 
-async fn wait_ready(guard: &mut ChildGuard, url: &str, what: &str) -> Result<()> {
+/// Waits until `url` answers 2xx with `expect` as its body (Thanos and VictoriaMetrics
+/// both answer `OK`), failing early if the child exits.
+async fn wait_ready(guard: &mut ChildGuard, url: &str, what: &str, expect: &str) -> Result<()> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()?;
@@ -66,9 +68,7 @@ async fn wait_ready(guard: &mut ChildGuard, url: &str, what: &str) -> Result<()>
                 guard.log_tail(40)
             );
         }
-        if let Ok(r) = client.get(url).send().await
-            && r.status().is_success()
-        {
+        if answers_ready(&client, url, expect).await {
             return Ok(());
         }
         if start.elapsed() > timeout {
@@ -118,6 +118,7 @@ impl Thanos {
                 &mut guard,
                 &format!("http://127.0.0.1:{http}/-/ready"),
                 "thanos sidecar",
+                "OK",
             )
             .await?;
             sidecars.push(Some(guard));
@@ -135,7 +136,7 @@ impl Thanos {
         }
         let mut query = ChildGuard::spawn("thanos-query", cmd, &dir.path().join("query.log"))?;
         let url = format!("http://127.0.0.1:{http}");
-        wait_ready(&mut query, &format!("{url}/-/ready"), "thanos query").await?;
+        wait_ready(&mut query, &format!("{url}/-/ready"), "thanos query", "OK").await?;
         Ok(Self {
             sidecars,
             query,
@@ -200,7 +201,13 @@ impl VictoriaMetrics {
             .arg("-search.disableCache");
         let mut guard = ChildGuard::spawn("victoria-metrics", cmd, &dir.path().join("vm.log"))?;
         let url = format!("http://127.0.0.1:{port}");
-        wait_ready(&mut guard, &format!("{url}/health"), "victoria-metrics").await?;
+        wait_ready(
+            &mut guard,
+            &format!("{url}/health"),
+            "victoria-metrics",
+            "OK",
+        )
+        .await?;
         Ok(Self {
             _guard: guard,
             url,
