@@ -11,8 +11,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> [%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+# Each step's wall time is kept and printed at the end (and on failure), so a cold run shows
+# which step to cut (issue 41).
+STEP_NAMES=()
+STEP_STARTS=()
+step() {
+	STEP_NAMES+=("$*")
+	STEP_STARTS+=("$(date +%s)")
+	printf '\n==> [%s] %s\n' "$(date +%H:%M:%S)" "$*"
+}
+step_times() {
+	local now i end
+	now=$(date +%s)
+	printf '\n==> step times (wall seconds)\n'
+	for i in "${!STEP_NAMES[@]}"; do
+		end=${STEP_STARTS[i + 1]:-$now}
+		printf '%6d  %s\n' "$((end - STEP_STARTS[i]))" "${STEP_NAMES[i]}"
+	done
+	printf '%6d  total\n' "$((now - START))"
+}
 START=$(date +%s)
+trap step_times EXIT
 export GPU_LEDGER_CACHE=${GPU_LEDGER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-ledger}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$GPU_LEDGER_CACHE/target}
 export CARGO_TERM_COLOR=never
@@ -128,4 +147,4 @@ scripts/deny.sh
 step "fuzz smoke (cargo-fuzz, seconds per target)"
 scripts/fuzz-smoke.sh
 
-step "done in $(( $(date +%s) - START )) s"
+echo "done in $(( $(date +%s) - START )) s"

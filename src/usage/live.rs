@@ -41,6 +41,7 @@ use super::fields;
 use super::history::History;
 use super::prom::decode::{self, WindowSeries};
 use super::prom::{Answered, PromClient, PromError, QueryStats, queries};
+use super::running::RunningReduction;
 use super::scheme::{LabelScheme, READ_LABELS, SchemeChoice};
 use super::series::{self, Labels, Series};
 use crate::ledger::usage::{DeviceUsage, Usage, Window};
@@ -106,13 +107,31 @@ impl Rejected {
 /// Memory (a heap profile at 2,000 GPUs put three fifths of the service's live heap here): the
 /// fields of one device share one label map, and each series' buffer grows to the samples the
 /// window holds, not to the next power of two.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SampleWindow {
+    /// Tells this window from any other (a reset window is a new one), for the reduction's
+    /// cached grouping ([`super::running::RunningReduction`]).
+    id: u64,
+    /// Bumped whenever a series is added or dropped: positions in `series` hold between bumps.
+    layout: u64,
     series: Vec<Series>,
     /// Hash of (name, labels) → positions in `series` with that hash.
     index: HashMap<u64, Vec<usize>>,
     /// Every label map held, once.
     labels: foldhash::HashSet<Arc<Labels>>,
+}
+
+impl Default for SampleWindow {
+    fn default() -> Self {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        Self {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            layout: 0,
+            series: Vec::new(),
+            index: HashMap::new(),
+            labels: foldhash::HashSet::default(),
+        }
+    }
 }
 
 /// Hash of a series' identity: its name and its (name-ordered) labels. The owned [`Labels`] of a
@@ -207,6 +226,7 @@ impl SampleWindow {
             labels: shared,
             samples: Vec::new(),
         });
+        self.layout = self.layout.wrapping_add(1);
         let i = self.series.len() - 1;
         self.index.entry(h).or_default().push(i);
         i
@@ -221,6 +241,7 @@ impl SampleWindow {
             emptied |= s.samples.is_empty();
         }
         if emptied {
+            self.layout = self.layout.wrapping_add(1);
             self.series.retain(|s| !s.samples.is_empty());
             self.labels.retain(|l| Arc::strong_count(l) > 1);
             self.index.clear();
@@ -261,9 +282,15 @@ impl SampleWindow {
         &self.series
     }
 
+    /// This window's identity and its layout version: while both are unchanged, every held
+    /// series keeps its position and its labels (only samples come and go).
+    pub(crate) fn layout(&self) -> (u64, u64) {
+        (self.id, self.layout)
+    }
+
     /// Label names present on the held DCGM series (for scheme detection: HAMi's monitor
     /// series keep their own label names, `usage::hami`).
-    fn label_names(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn label_names(&self) -> impl Iterator<Item = &str> {
         self.series
             .iter()
             .filter(|s| fields::canonical(&s.name).is_some())
@@ -362,7 +389,7 @@ pub async fn fetch_window_in(
     read_window(client, scope, &window, window.length, now, &mut held)
         .await?
         .complete()?;
-    let mut devices = reduce_window(&held, settings, now)?;
+    let mut devices = reduce_window(&held, &mut RunningReduction::default(), settings, now)?;
     if let Some(h) = history {
         h.merge(&mut devices, &window, settings.min_coverage, now);
     }
@@ -398,21 +425,19 @@ async fn read_window(
 }
 
 /// The devices `held` shows at `now`: refused when its series come from several clusters
-/// ([`one_cluster`]), else reduced by [`series::reduce`] under the label scheme they show (or
-/// the configured one).
+/// ([`one_cluster`], checked when a series came or went), else reduced under the label scheme
+/// they show (or the configured one) by `running`, which keeps the grouping of the series by
+/// device while no series comes or goes.
 fn reduce_window(
     held: &SampleWindow,
+    running: &mut RunningReduction,
     settings: &LiveSettings,
     now: DateTime<Utc>,
 ) -> Result<Vec<DeviceUsage>, PromError> {
-    one_cluster(held.label_sets())?;
-    let scheme = LabelScheme::detect(settings.scheme, held.label_names());
-    Ok(series::reduce(
-        held.series(),
-        &scheme,
-        &settings.window,
-        now,
-    ))
+    if !running.is_current(held, settings.scheme) {
+        one_cluster(held.label_sets())?;
+    }
+    Ok(running.reduce(held, settings.scheme, &settings.window, now))
 }
 
 /// Refuses series of several clusters (a shared Thanos, Mimir or VictoriaMetrics without
@@ -458,6 +483,8 @@ impl Scope {
 pub struct LiveUsage {
     client: Option<Arc<PromClient>>,
     samples: SampleWindow,
+    /// The reduction of `samples`, its grouping kept while no series comes or goes.
+    running: RunningReduction,
     history: Option<History>,
     /// The start-up history query, running beside the refreshes (`serve` only).
     bootstrap: Option<tokio::task::JoinHandle<History>>,
@@ -565,6 +592,7 @@ impl LiveUsage {
             client,
             history: None,
             samples: SampleWindow::default(),
+            running: RunningReduction::default(),
             bootstrap: None,
             bootstrap_deferred: None,
             fetched_at: None,
@@ -749,7 +777,8 @@ impl LiveUsage {
                     );
                 }
                 self.warn_if_scope_unmatched();
-                let mut devices = match reduce_window(&self.samples, &self.settings, now) {
+                let reduced = reduce_window(&self.samples, &mut self.running, &self.settings, now);
+                let mut devices = match reduced {
                     Ok(devices) => devices,
                     Err(e) => {
                         // Nothing of a mixed answer is kept: the next refresh reads the window

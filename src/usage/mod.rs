@@ -11,6 +11,7 @@ pub mod hami;
 pub mod history;
 pub mod live;
 pub mod prom;
+pub mod running;
 pub mod scheme;
 pub mod series;
 

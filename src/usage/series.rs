@@ -33,6 +33,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use smallvec::SmallVec;
+
 use super::fields;
 use super::scheme::LabelScheme;
 use crate::ledger::usage::{DeviceKey, DeviceUsage, OwnWindow, Signal, Window, Workload};
@@ -65,13 +67,22 @@ pub(crate) fn usable(v: f64) -> bool {
 
 /// A possible reading of `field` (in the field's own unit), or unknown.
 fn valid(field: &str, v: f64) -> bool {
-    usable(v)
-        && v >= 0.0
-        && match field {
-            fields::GR_ENGINE_ACTIVE => v <= 1.0,
-            fields::GPU_UTIL => v <= 100.0,
-            _ => true,
-        }
+    valid_below(field_ceiling(field), v)
+}
+
+/// The highest possible reading of `field`: 1 for `GR_ENGINE_ACTIVE`, 100 for `GPU_UTIL`, none
+/// for the others. Looked up once per series, not per sample (the names compare as strings).
+fn field_ceiling(field: &str) -> f64 {
+    match field {
+        fields::GR_ENGINE_ACTIVE => 1.0,
+        fields::GPU_UTIL => 100.0,
+        _ => f64::INFINITY,
+    }
+}
+
+/// [`valid`] with the field's ceiling already looked up.
+fn valid_below(ceiling: f64, v: f64) -> bool {
+    usable(v) && v >= 0.0 && v <= ceiling
 }
 
 /// The workload a series names under `scheme`, if both pod and namespace are set.
@@ -82,6 +93,11 @@ pub fn workload_of(labels: &Labels, scheme: &LabelScheme) -> Option<Workload> {
         namespace: namespace.clone(),
         pod: pod.clone(),
     })
+}
+
+/// Whether the series names a workload under `scheme` ([`workload_of`] without its copies).
+fn names_workload(labels: &Labels, scheme: &LabelScheme) -> bool {
+    labels.contains_key(scheme.pod) && labels.contains_key(scheme.namespace)
 }
 
 /// The exporter pod named by the scrape's target labels, when the workload labels are elsewhere.
@@ -105,42 +121,73 @@ fn key_of(labels: &Labels, scheme: &LabelScheme) -> Option<DeviceKey> {
 
 /// The series of one device, by field.
 #[derive(Default)]
-struct DeviceSeries<'a> {
-    gr: Vec<&'a Series>,
-    util: Vec<&'a Series>,
-    fb: Vec<&'a Series>,
+pub(crate) struct DeviceSeries<'a> {
+    gr: SmallVec<[&'a Series; 2]>,
+    util: SmallVec<[&'a Series; 2]>,
+    fb: SmallVec<[&'a Series; 2]>,
 }
 
-/// Reduces raw series to one [`DeviceUsage`] per device (sorted by key), as seen at `now`.
-/// Series of other metrics, and series without a device UUID, are ignored.
-pub fn reduce<'a, I>(
-    series: I,
-    scheme: &LabelScheme,
-    window: &Window,
-    now: DateTime<Utc>,
-) -> Vec<DeviceUsage>
-where
-    I: IntoIterator<Item = &'a Series>,
-{
-    let mut by_device: BTreeMap<DeviceKey, DeviceSeries<'_>> = BTreeMap::new();
-    for s in series {
+/// Where one device's series sit in the slice [`group`] was given, by field.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldPositions {
+    gr: SmallVec<[u32; 2]>,
+    util: SmallVec<[u32; 2]>,
+    fb: SmallVec<[u32; 2]>,
+}
+
+impl FieldPositions {
+    /// The series at these positions of `series` (the slice they were grouped from).
+    pub(crate) fn resolve<'a>(&self, series: &'a [Series]) -> DeviceSeries<'a> {
+        let at = |positions: &SmallVec<[u32; 2]>| {
+            positions
+                .iter()
+                .filter_map(|&i| series.get(i as usize))
+                .collect()
+        };
+        DeviceSeries {
+            gr: at(&self.gr),
+            util: at(&self.util),
+            fb: at(&self.fb),
+        }
+    }
+}
+
+/// Groups series by device under `scheme`: per device, sorted by key, the positions of its
+/// series by field. Series of other metrics, and series without a device UUID, are left out.
+pub fn group(series: &[Series], scheme: &LabelScheme) -> Vec<(DeviceKey, FieldPositions)> {
+    let mut by_device: BTreeMap<DeviceKey, FieldPositions> = BTreeMap::new();
+    for (i, s) in series.iter().enumerate() {
         let Some(field) = fields::canonical(&s.name) else {
             continue;
         };
-        let Some(key) = key_of(&s.labels, scheme) else {
+        let (Some(key), Ok(i)) = (key_of(&s.labels, scheme), u32::try_from(i)) else {
             continue;
         };
         let entry = by_device.entry(key).or_default();
         match field {
-            fields::GR_ENGINE_ACTIVE => entry.gr.push(s),
-            fields::GPU_UTIL => entry.util.push(s),
-            _ => entry.fb.push(s),
+            fields::GR_ENGINE_ACTIVE => entry.gr.push(i),
+            fields::GPU_UTIL => entry.util.push(i),
+            _ => entry.fb.push(i),
         }
     }
+    by_device.into_iter().collect()
+}
+
+/// Reduces raw series to one [`DeviceUsage`] per device (sorted by key), as seen at `now`.
+/// Series of other metrics, and series without a device UUID, are ignored. The live refresh
+/// reduces the same way from groups it keeps between refreshes (`usage::running`).
+pub fn reduce(
+    series: &[Series],
+    scheme: &LabelScheme,
+    window: &Window,
+    now: DateTime<Utc>,
+) -> Vec<DeviceUsage> {
     let now_ms = now.timestamp_millis();
-    by_device
+    group(series, scheme)
         .into_iter()
-        .map(|(key, dev)| reduce_device(key, &dev, scheme, window, now_ms))
+        .map(|(key, positions)| {
+            reduce_device(key, &positions.resolve(series), scheme, window, now_ms)
+        })
         .collect()
 }
 
@@ -162,14 +209,12 @@ pub fn to_internal_fields(series: &mut [Series]) {
 fn split_per_process<'a>(
     list: &[&'a Series],
     scheme: &LabelScheme,
-) -> (Vec<&'a Series>, Vec<&'a Series>) {
-    let has_device_level = list
-        .iter()
-        .any(|s| workload_of(&s.labels, scheme).is_none());
-    list.iter().partition(|s| {
+) -> (SmallVec<[&'a Series; 2]>, SmallVec<[&'a Series; 2]>) {
+    let has_device_level = list.iter().any(|s| !names_workload(&s.labels, scheme));
+    list.iter().copied().partition(|s| {
         !(has_device_level
             && s.labels.contains_key(POD_UID_LABEL)
-            && workload_of(&s.labels, scheme).is_some())
+            && names_workload(&s.labels, scheme))
     })
 }
 
@@ -183,7 +228,8 @@ fn split_per_process<'a>(
 pub fn own_interval_ms(samples: &[(i64, f64)], start_ms: i64, now_ms: i64) -> Option<i64> {
     let from = samples.partition_point(|(t, _)| *t <= start_ms);
     let upto = samples.partition_point(|(t, _)| *t <= now_ms).max(from);
-    let mut gaps: Vec<i64> = samples[from..upto]
+    // A window's worth of gaps fits on the stack (40 at 15 s over 10 minutes).
+    let mut gaps: SmallVec<[i64; 64]> = samples[from..upto]
         .windows(2)
         .filter_map(|w| w[1].0.checked_sub(w[0].0))
         .filter(|gap| *gap > 0)
@@ -245,11 +291,11 @@ pub(crate) fn coverage(
 }
 
 /// Walks back from the newest sample while gaps stay within two sample intervals.
-fn covered_since(merged: &BTreeMap<i64, f64>, interval_ms: i64) -> Option<i64> {
+fn covered_since(merged: &[(i64, f64)], interval_ms: i64) -> Option<i64> {
     let max_gap = interval_ms.saturating_mul(2);
-    let mut times = merged.keys().rev();
-    let mut start = *times.next()?;
-    for &t in times {
+    let mut times = merged.iter().rev().map(|(t, _)| *t);
+    let mut start = times.next()?;
+    for t in times {
         if start.saturating_sub(t) > max_gap {
             break;
         }
@@ -262,7 +308,8 @@ fn covered_since(merged: &BTreeMap<i64, f64>, interval_ms: i64) -> Option<i64> {
 /// copies, label changes) by time, scaled to 0..1.
 struct SignalSamples {
     signal: Signal,
-    merged: BTreeMap<i64, f64>,
+    /// Ascending by time, one entry per time (the highest reading of the series at that time).
+    merged: Vec<(i64, f64)>,
 }
 
 impl SignalSamples {
@@ -270,16 +317,24 @@ impl SignalSamples {
         if list.is_empty() {
             return None;
         }
-        let mut merged: BTreeMap<i64, f64> = BTreeMap::new();
-        for s in list {
-            for &(t, v) in &s.samples {
-                if t > now_ms || !valid(field, v) {
-                    continue;
-                }
-                let v = v * scale;
-                merged.entry(t).and_modify(|m| *m = m.max(v)).or_insert(v);
-            }
+        let ceiling = field_ceiling(field);
+        let mut merged: Vec<(i64, f64)> = list
+            .iter()
+            .flat_map(|s| s.samples.iter())
+            .filter(|(t, v)| *t <= now_ms && valid_below(ceiling, *v))
+            .map(|&(t, v)| (t, v * scale))
+            .collect();
+        // One series held by the window (the common case) is already in time order.
+        if !merged.is_sorted_by_key(|(t, _)| *t) {
+            merged.sort_unstable_by_key(|(t, _)| *t);
         }
+        merged.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 = kept.1.max(later.1);
+            }
+            same
+        });
         Some(SignalSamples { signal, merged })
     }
 
@@ -289,11 +344,23 @@ impl SignalSamples {
 
     /// The samples in `(start_ms, now_ms]`, oldest first.
     fn window_samples(&self, start_ms: i64, now_ms: i64) -> impl Iterator<Item = (i64, f64)> + '_ {
-        // `range` panics on an inverted range; `merged` holds nothing after `now_ms` anyway.
-        let from = start_ms.saturating_add(1);
+        let from = self.merged.partition_point(|(t, _)| *t <= start_ms);
+        let upto = self.merged.partition_point(|(t, _)| *t <= now_ms).max(from);
+        self.merged[from..upto].iter().copied()
+    }
+
+    /// The newest sample.
+    fn newest(&self) -> Option<(i64, f64)> {
+        self.merged.last().copied()
+    }
+
+    /// The newest sample at or above `threshold`.
+    fn last_at_least(&self, threshold: f64) -> Option<i64> {
         self.merged
-            .range(from..=now_ms.max(from))
-            .map(|(t, v)| (*t, *v))
+            .iter()
+            .rev()
+            .find(|(_, v)| *v >= threshold)
+            .map(|(t, _)| *t)
     }
 
     /// [`coverage`] of this signal's window at the device's interval.
@@ -309,10 +376,11 @@ impl SignalSamples {
 
 /// The newest sample at or before `now_ms` of a series that is a possible reading of `field`.
 fn newest_valid(s: &Series, field: &str, now_ms: i64) -> Option<(i64, f64)> {
+    let ceiling = field_ceiling(field);
     s.samples
         .iter()
         .rev()
-        .find(|(t, v)| *t <= now_ms && valid(field, *v))
+        .find(|(t, v)| *t <= now_ms && valid_below(ceiling, *v))
         .copied()
 }
 
@@ -344,20 +412,15 @@ fn own_windows(
                 workload,
                 peak,
                 coverage: own.coverage(start_ms, now_ms, interval_ms),
-                last_sample_at: at(own.merged.keys().next_back().copied()),
-                last_active_at: at(own
-                    .merged
-                    .iter()
-                    .rev()
-                    .find(|(_, v)| **v >= window.idle_threshold)
-                    .map(|(t, _)| *t)),
+                last_sample_at: at(own.newest().map(|(t, _)| t)),
+                last_active_at: at(own.last_at_least(window.idle_threshold)),
                 covered_since: at(covered_since(&own.merged, interval_ms)),
             })
         })
         .collect()
 }
 
-fn reduce_device(
+pub(crate) fn reduce_device(
     key: DeviceKey,
     dev: &DeviceSeries<'_>,
     scheme: &LabelScheme,
@@ -395,7 +458,7 @@ fn reduce_device(
     .flatten()
     .collect();
     let preferred = signals.first();
-    let last = preferred.and_then(|s| s.merged.iter().next_back().map(|(t, v)| (*t, *v)));
+    let last = preferred.and_then(SignalSamples::newest);
     let utilization = last.filter(|(t, _)| fresh(*t)).map(|(_, v)| v);
     let peak = signals
         .iter()
@@ -408,13 +471,7 @@ fn reduce_device(
         .unwrap_or(0.0);
     let last_active_at = signals
         .iter()
-        .filter_map(|s| {
-            s.merged
-                .iter()
-                .rev()
-                .find(|(_, v)| **v >= window.idle_threshold)
-                .map(|(t, _)| *t)
-        })
+        .filter_map(|s| s.last_at_least(window.idle_threshold))
         .max()
         .and_then(DateTime::from_timestamp_millis);
     // The covered run of the device is where every signal's run overlaps: the latest start.
@@ -430,14 +487,14 @@ fn reduce_device(
     // Current holders: workloads on the series whose newest sample is the device's newest sample
     // over every field, so a pod named only by some fields (FB_USED on MIG without profiling
     // metrics) is still the holder.
-    let holder_series: Vec<(&Series, &str)> = dev
+    let holder_series: SmallVec<[(&Series, &str); 4]> = dev
         .gr
         .iter()
         .map(|s| (*s, fields::GR_ENGINE_ACTIVE))
         .chain(util_device.iter().map(|s| (*s, fields::GPU_UTIL)))
         .chain(fb_device.iter().map(|s| (*s, fields::FB_USED)))
         .collect();
-    let newest_of: Vec<Option<i64>> = holder_series
+    let newest_of: SmallVec<[Option<i64>; 4]> = holder_series
         .iter()
         .map(|(s, f)| newest_valid(s, f, now_ms).map(|(t, _)| t))
         .collect();
@@ -754,6 +811,75 @@ mod tests {
         for at in [DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC] {
             let d = reduce(&s, &LabelScheme::default(), &window(), at);
             assert_eq!(d.len(), 1);
+        }
+    }
+
+    mod merged_signal {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// The merge as it was written before the refresh's reduction was made allocation-lean:
+        /// a `BTreeMap` by time keeping the highest reading. Kept as the reference.
+        fn reference(list: &[&Series], field: &str, scale: f64, now_ms: i64) -> Vec<(i64, f64)> {
+            let mut merged: BTreeMap<i64, f64> = BTreeMap::new();
+            for s in list {
+                for &(t, v) in &s.samples {
+                    if t > now_ms || !valid(field, v) {
+                        continue;
+                    }
+                    let v = v * scale;
+                    merged.entry(t).and_modify(|m| *m = m.max(v)).or_insert(v);
+                }
+            }
+            merged.into_iter().collect()
+        }
+
+        fn sample() -> impl Strategy<Value = (i64, f64)> {
+            (
+                0_i64..40,
+                prop_oneof![
+                    0.0..=100.0_f64,
+                    Just(f64::NAN),
+                    Just(-1.0),
+                    Just(150.0),
+                    Just(9.5e15)
+                ],
+            )
+                .prop_map(|(t, v)| (T0 + t * 5_000, v))
+        }
+
+        proptest! {
+            /// Time-slice copies and restarted series overlap in time, unsorted dumps and
+            /// duplicate times included: the merged signal is the reference's.
+            #[test]
+            fn equals_the_reference_merge(
+                lists in prop::collection::vec(prop::collection::vec(sample(), 0..30), 1..4),
+                sorted in any::<bool>(),
+                now_step in 0_i64..40,
+            ) {
+                let series: Vec<Series> = lists
+                    .into_iter()
+                    .map(|mut samples| {
+                        if sorted {
+                            samples.sort_by_key(|(t, _)| *t);
+                            samples.dedup_by_key(|(t, _)| *t);
+                        }
+                        Series {
+                            name: fields::GPU_UTIL.into(),
+                            labels: Arc::default(),
+                            samples,
+                        }
+                    })
+                    .collect();
+                let list: Vec<&Series> = series.iter().collect();
+                let now_ms = T0 + now_step * 5_000;
+                let merged =
+                    SignalSamples::new(Signal::GpuUtil, fields::GPU_UTIL, 0.01, &list, now_ms)
+                        .expect("a signal")
+                        .merged;
+                prop_assert_eq!(merged, reference(&list, fields::GPU_UTIL, 0.01, now_ms));
+            }
         }
     }
 }
