@@ -569,8 +569,9 @@ impl PromClient {
                     warnings,
                 })
             }
-            // The envelope alone reads, so the scan failed in `data`: its error, at the same
-            // place in the body as the second scan of the two-scan read would have met it.
+            // The envelope's own error first, as the two-scan read met it. If the envelope
+            // reads, the one scan failed in `data`, at the place the second scan of the two-scan
+            // read met its error: the same error.
             Err(e) => {
                 self.envelope(body)?;
                 Err(PromError::decoding(e))
