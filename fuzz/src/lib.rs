@@ -147,12 +147,19 @@ pub fn prom_response(data: &[u8]) {
             assert_eq!(got, expected);
         }
     }
-    // The window decoder (labels cut while decoding, values borrowed from the body) agrees with
-    // the full decoder followed by the cut: an answer the full one reads, it reads alike, with
-    // the same series; both refuse an answer over a bound alike.
+    // The window decoder (one scan of the whole answer, envelope and `data`: labels cut while
+    // decoding, values borrowed from the body) agrees with the envelope read alone followed by
+    // the full decoder and the cut: an answer whose envelope reads and the full one reads, it
+    // reads alike, with the same series; both refuse an answer over a bound alike; an answer
+    // whose envelope does not read, it refuses.
     let full = prom::decode::query_data(data).and_then(prom::QueryData::into_series);
     let window = prom::decode::window(data).map(|m| comparable(&m.into_series()));
+    let envelope_reads = serde_json::from_slice::<ApiResponse<serde::de::IgnoredAny>>(data).is_ok();
     match &full {
+        _ if !envelope_reads => assert!(
+            window.is_err(),
+            "the window decoder refuses what the envelope refuses"
+        ),
         Ok(full) => {
             let mut cut = read_labels_only(full.clone());
             series::to_internal_fields(&mut cut);

@@ -3,7 +3,7 @@
 //!
 //! Every window read goes one way: the refresh, the pre-stop re-check ([`fetch_window_in`]) and
 //! scheme detection send the same selector ([`PromClient::window`]) and decode its answer with
-//! the same decoder ([`decode::window`]); the refresh and the re-check then keep and reduce it
+//! the same decoder ([`PromClient::window_series`]); the refresh and the re-check then keep and reduce it
 //! alike ([`read_window`], [`reduce_window`]), the re-check on an empty window.
 //!
 //! The first refresh reads the whole window; every later one reads only the samples since the
@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use super::exposition::plausible_sample_ms;
 use super::fields;
 use super::history::History;
-use super::prom::decode::{self, WindowSeries};
+use super::prom::decode::WindowSeries;
 use super::prom::{Answered, PromClient, PromError, QueryStats, queries};
 use super::running::RunningReduction;
 use super::scheme::{LabelScheme, READ_LABELS, SchemeChoice};
@@ -342,7 +342,7 @@ async fn detect_scheme_in(
         return Ok(LabelScheme::of(choice));
     }
     // Label names only: a partial answer names the scheme as well as a complete one.
-    let answer = client
+    let body = client
         .window(
             &scope.matcher(),
             &field_names(),
@@ -350,7 +350,7 @@ async fn detect_scheme_in(
             now,
         )
         .await?;
-    let recent = decode::window(answer.value.bytes())?;
+    let recent = client.window_series(&body)?.value;
     Ok(LabelScheme::detect(
         choice,
         recent
@@ -397,7 +397,7 @@ pub async fn fetch_window_in(
 }
 
 /// One read of the window's selector narrowed by `scope`, over `range` at `now`, folded into
-/// `held`: the answer decoded by the one window decoder ([`decode::window`], label values
+/// `held`: the answer decoded by the one window decoder ([`PromClient::window_series`], label values
 /// borrowed from the body), its implausible samples dropped ([`reject_implausible_answer`]),
 /// the rest absorbed ([`SampleWindow::absorb_answer`]; samples older than the window forgotten).
 /// What was dropped, with the answer's warnings (a partial answer is absorbed all the same).
@@ -409,10 +409,13 @@ async fn read_window(
     now: DateTime<Utc>,
     held: &mut SampleWindow,
 ) -> Result<Answered<Rejected>, PromError> {
-    let answer = client
+    let body = client
         .window(&scope.matcher(), &read_names(), range, now)
         .await?;
-    let mut fresh = decode::window(answer.value.bytes())?;
+    let Answered {
+        value: mut fresh,
+        warnings,
+    } = client.window_series(&body)?;
     let rejected = reject_implausible_answer(&mut fresh, now.timestamp_millis());
     let keep_after = now
         .timestamp_millis()
@@ -420,7 +423,7 @@ async fn read_window(
     held.absorb_answer(&fresh, keep_after);
     Ok(Answered {
         value: rejected,
-        warnings: answer.warnings,
+        warnings,
     })
 }
 
@@ -895,7 +898,7 @@ mod tests {
 
     /// `body` decoded as the live refresh decodes it, borrowing from it.
     fn decoded(body: &str) -> WindowSeries<'_> {
-        decode::window(body.as_bytes()).expect("a matrix")
+        crate::usage::prom::decode::window(body.as_bytes()).expect("a matrix")
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The Prometheus HTTP client: connection settings, the one POST of `/api/v1/query` every
-//! question goes through (body bounded, envelope checked, warnings counted and returned with the
-//! body), and the questions gpu-ledger asks. It decodes no answer's `data` itself: that is
-//! [`super::decode`]'s, whose functions the typed questions here call and the live source calls
-//! on the window's answer ([`PromClient::window`]).
+//! question goes through (body bounded, envelope checked, warnings counted and returned with its
+//! `data`), and the questions gpu-ledger asks. It decodes no answer's `data` itself: that is
+//! [`super::decode`]'s, whose functions the typed questions here call, and which reads the
+//! window's answer, envelope and `data` in one scan, for [`PromClient::window_series`].
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde::de::IgnoredAny;
 
 use super::bounds::MAX_ANSWER_BYTES;
-use super::decode::{self, MatrixRow, Sample};
+use super::decode::{self, MatrixRow, Sample, WindowSeries};
 use super::envelope::{ApiResponse, Warnings};
 use super::error::PromError;
 use super::queries::{HEALTH_PART_LABEL, Selector, range_selector};
@@ -120,8 +120,10 @@ impl<T> Answered<T> {
     }
 }
 
-/// An answer's body as read, its envelope checked ([`PromClient::window`]); the decoders of
-/// [`super::decode`] read its `data`, borrowing from it.
+/// An answer's body as read: [`PromClient::window`]'s, nothing in it judged yet (its
+/// status, envelope and `data` are read by [`PromClient::window_series`], borrowing from it),
+/// or another question's, its envelope checked (the decoders of [`super::decode`] read its
+/// `data`).
 #[derive(Debug)]
 pub struct AnswerBody {
     status: u16,
@@ -137,6 +139,16 @@ const MAX_CONTENT_TYPE_CHARS: usize = 80;
 const MAX_BODY_EXCERPT_CHARS: usize = 60;
 
 impl AnswerBody {
+    /// The body of an HTTP 200 answer read elsewhere (a benchmark's, a test's), for
+    /// [`PromClient::window_series`].
+    pub fn ok(bytes: Vec<u8>) -> Self {
+        Self {
+            status: 200,
+            content_type: Some("application/json".into()),
+            bytes,
+        }
+    }
+
     /// The body's bytes, for [`super::decode`].
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
@@ -298,7 +310,11 @@ impl PromClient {
         timeout: Option<Duration>,
     ) -> Result<Answered<AnswerBody>, PromError> {
         let body = self.answer_body(token, query, at, timeout).await?;
-        self.envelope(body)
+        let warnings = self.envelope(&body)?;
+        Ok(Answered {
+            value: body,
+            warnings,
+        })
     }
 
     /// The body of an answer to one instant query (POST form `query`, `time`), read up to
@@ -356,11 +372,21 @@ impl PromClient {
         })
     }
 
-    /// An answer's envelope: an error status, an unsuccessful answer or one without `data` is an
-    /// error; its warnings are counted and logged here, and returned with the body. `data` is
-    /// skipped unread (no copy, no allocation): the caller decodes it with [`super::decode`].
-    fn envelope(&self, body: AnswerBody) -> Result<Answered<AnswerBody>, PromError> {
-        let parsed: Result<ApiResponse<IgnoredAny>, _> = serde_json::from_slice(&body.bytes);
+    /// An answer's envelope ([`Self::judge`]), `data` skipped unread (no copy, no allocation):
+    /// the caller decodes it with [`super::decode`], in a second scan of the body. Its warnings.
+    fn envelope(&self, body: &AnswerBody) -> Result<Warnings, PromError> {
+        let parsed = serde_json::from_slice::<ApiResponse<IgnoredAny>>(&body.bytes);
+        Ok(self.judge(body, parsed)?.warnings)
+    }
+
+    /// Judges an answer (`parsed` from `body`): an error status, an unsuccessful answer or one
+    /// without `data` is an error; its warnings are counted and logged here, and returned with
+    /// its `data`.
+    fn judge<D>(
+        &self,
+        body: &AnswerBody,
+        parsed: Result<ApiResponse<D>, serde_json::Error>,
+    ) -> Result<Answered<D>, PromError> {
         if !(200..300).contains(&body.status) {
             return Err(match parsed {
                 Ok(r) => PromError::Status {
@@ -402,11 +428,11 @@ impl PromClient {
                 "prometheus answered partially; nothing in this answer is proof of idleness"
             );
         }
-        if r.data.is_none() {
+        let Some(data) = r.data else {
             return Err(PromError::Unexpected("success without data".into()));
-        }
+        };
         Ok(Answered {
-            value: body,
+            value: data,
             warnings: r.warnings,
         })
     }
@@ -507,18 +533,50 @@ impl PromClient {
     /// over `(at - range, at]`, with their own timestamps, one instant query of a range-vector
     /// selector (`{__name__=~"A|B"}[range]`), the cheapest question Prometheus answers (no
     /// evaluation per step). Every window read asks it (the refresh, the pre-stop re-check,
-    /// scheme detection) and decodes it with [`decode::window`]. A partial answer is returned
-    /// with its warnings: busy samples in it are still evidence.
+    /// scheme detection). The body is returned as read, nothing in it judged yet: the caller
+    /// reads it with [`Self::window_series`], envelope and `data` in one scan.
     pub async fn window(
         &self,
         scope: &str,
         fields: &[&str],
         range: chrono::Duration,
         at: DateTime<Utc>,
-    ) -> Result<Answered<AnswerBody>, PromError> {
+    ) -> Result<AnswerBody, PromError> {
         let token = self.token()?;
         let query = self.window_selector(scope, fields, range);
-        self.ask(token.as_deref(), &query, at, None).await
+        self.answer_body(token.as_deref(), &query, at, None).await
+    }
+
+    /// The series of an answer to [`Self::window`], envelope and `data` read in one scan of
+    /// `body` ([`decode::window_answer`]; label values borrowed from it) and judged as every
+    /// answer is ([`Self::judge`]: warnings counted and logged). A partial answer is returned with
+    /// its warnings: busy samples in it are still evidence.
+    ///
+    /// The errors are those of reading the envelope first and `data` after (as before issue 41):
+    /// when the one scan fails, the body is scanned again for the envelope alone, so an error
+    /// status, an unsuccessful answer or a malformed envelope wins over a malformed `data`, and
+    /// the warnings of a successful answer are counted even when its `data` is refused. Only a
+    /// refused answer pays the second scan.
+    pub fn window_series<'b>(
+        &self,
+        body: &'b AnswerBody,
+    ) -> Result<Answered<WindowSeries<'b>>, PromError> {
+        match decode::window_answer(&body.bytes) {
+            Ok(answer) => {
+                let Answered { value, warnings } = self.judge(body, Ok(answer))?;
+                Ok(Answered {
+                    value: value.into_matrix()?,
+                    warnings,
+                })
+            }
+            // The envelope's own error first, as the two-scan read met it. If the envelope
+            // reads, the one scan failed in `data`, at the place the second scan of the two-scan
+            // read met its error: the same error.
+            Err(e) => {
+                self.envelope(body)?;
+                Err(PromError::decoding(e))
+            }
+        }
     }
 
     /// `{__name__=~"<fields>",<matchers><scope>}[range]`: the one selector every window read sends.
@@ -590,7 +648,10 @@ fn health_of(samples: &[Sample]) -> Vec<DcgmHealth> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::usage::prom::bounds::MAX_LABEL_BYTES;
 
     #[test]
     fn warnings_make_an_answer_partial() {
@@ -720,6 +781,286 @@ mod tests {
             }
         }
         assert!(chain.starts_with("prometheus transport error: "), "{chain}");
+    }
+
+    /// The read of a window answer before issue 41, kept as the reference the one-scan read
+    /// ([`PromClient::window_series`]) must equal: the envelope scanned with `data` skipped,
+    /// then `data` scanned again ([`decode::window_data`]).
+    fn two_scans(
+        client: &PromClient,
+        body: &AnswerBody,
+    ) -> Result<Answered<Vec<Series>>, PromError> {
+        let warnings = client.envelope(body)?;
+        let series = decode::window_data(&body.bytes)?.into_series();
+        Ok(Answered {
+            value: series,
+            warnings,
+        })
+    }
+
+    fn one_scan(
+        client: &PromClient,
+        body: &AnswerBody,
+    ) -> Result<Answered<Vec<Series>>, PromError> {
+        let answered = client.window_series(body)?;
+        Ok(Answered {
+            value: answered.value.into_series(),
+            warnings: answered.warnings,
+        })
+    }
+
+    /// A read's outcome as text: the series (`Debug`, so NaN equals NaN) and warnings, or the
+    /// error's kind and whole chain; then the warnings the client counted for its metric.
+    fn outcome(client: &PromClient, read: Result<Answered<Vec<Series>>, PromError>) -> String {
+        let counted = client.take_warnings();
+        match read {
+            Ok(a) => format!("ok {:?} {:?}, counted {counted}", a.value, a.warnings),
+            Err(e) => format!(
+                "{} error: {}, counted {counted}",
+                e.kind(),
+                crate::telemetry::error_chain(&e)
+            ),
+        }
+    }
+
+    /// Both reads of `text` answered with HTTP `code`: (one scan, two scans).
+    fn both_reads(code: u16, text: &str) -> (String, String) {
+        let client = PromClient::new(config("http://127.0.0.1:9/")).expect("client");
+        let body = AnswerBody {
+            status: code,
+            content_type: Some("application/json".into()),
+            bytes: text.as_bytes().to_vec(),
+        };
+        let new = outcome(&client, one_scan(&client, &body));
+        let old = outcome(&client, two_scans(&client, &body));
+        (new, old)
+    }
+
+    const SERIES: &str = r#"{"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","UUID":"GPU-a","pod":"p","job":"j"},"values":[[1700000000,"42"],[1700000015,"NaN"]]}"#;
+
+    #[test]
+    fn one_scan_reads_recorded_answers_as_the_two_scans_did() {
+        let matrix = format!(r#"{{"resultType":"matrix","result":[{SERIES}]}}"#);
+        let long = "x".repeat(2000);
+        for (code, text, expected) in [
+            (
+                200,
+                format!(r#"{{"status":"success","data":{matrix}}}"#),
+                r#"ok [Series { name: "DCGM_FI_DEV_GPU_UTIL", labels: {"UUID": "GPU-a", "pod": "p"}"#,
+            ),
+            // Keys in any order: `status` and `warnings` after `data`.
+            (
+                200,
+                format!(r#"{{"data":{matrix},"warnings":["w1 {long}","w2"],"status":"success"}}"#),
+                "Warnings { count: 2, kept: [\"w1 xxx",
+            ),
+            // An error answer without `data`; one whose `data` is malformed: the error wins.
+            (
+                422,
+                r#"{"status":"error","errorType":"execution","error":"too many samples"}"#.into(),
+                "status error: prometheus answered HTTP 422 (execution): too many samples",
+            ),
+            (
+                503,
+                r#"{"data":{"resultType":"matrix","result":[{"values":[[1,"4x2"]]}]},"status":"error","errorType":"unavailable","error":"down"}"#.into(),
+                "status error: prometheus answered HTTP 503 (unavailable): down",
+            ),
+            (
+                200,
+                r#"{"data":{"resultType":"matrix"},"status":"error","errorType":"bad_data","error":"x"}"#.into(),
+                "api error: prometheus query failed (bad_data): x",
+            ),
+            // A bad sample value, with warnings: counted, then refused.
+            (
+                200,
+                format!(r#"{{"status":"success","warnings":["w"],"data":{}}}"#, matrix.replace(r#""42""#, r#""4x2""#)),
+                r#"decode error: cannot decode prometheus answer: bad sample value "4x2" at line 1 column"#,
+            ),
+            (
+                200,
+                r#"{"status":"success","warnings":["w"]}"#.into(),
+                "decode error: cannot decode prometheus answer: success without data, counted 1",
+            ),
+            (
+                200,
+                format!(r#"{{"status":"success","data":{matrix},"data":{matrix}}}"#),
+                "duplicate field `data`",
+            ),
+            (
+                200,
+                format!(r#"{{"status":"success","data":{matrix},"status":"success"}}"#),
+                "duplicate field `status`",
+            ),
+            (
+                200,
+                r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#.into(),
+                "decode error: cannot decode prometheus answer: expected a matrix answer",
+            ),
+            (
+                200,
+                format!(r#"{{"status":"success","data":{}}}"#, matrix.replace(r#""p""#, &format!("{:?}", "v".repeat(MAX_LABEL_BYTES + 1)))),
+                "too_large error: prometheus answer refused: answer over gpu-ledger's bounds",
+            ),
+            (
+                502,
+                "<html><body>bad gateway</body></html>".into(),
+                "decode error: not a Prometheus API answer (HTTP 502",
+            ),
+        ] {
+            let (new, old) = both_reads(code, &text);
+            assert_eq!(new, old, "{text}");
+            assert!(new.contains(expected), "{text}\n{new}\nexpected {expected}");
+        }
+    }
+
+    /// One of `choices`, each as often as its weight.
+    fn weighted(choices: &[(u32, &'static str)]) -> impl Strategy<Value = &'static str> {
+        proptest::strategy::Union::new_weighted(
+            choices.iter().map(|(w, c)| (*w, Just(*c))).collect(),
+        )
+    }
+
+    /// Answers as a Prometheus, a Thanos, a proxy re-encoding with sorted keys or a hostile
+    /// endpoint may write them: HTTP status, the envelope's keys in any order, some missing,
+    /// mistyped or repeated, warnings, and `data` valid, malformed, over a bound or another
+    /// answer type.
+    fn any_answer() -> impl Strategy<Value = (u16, String)> {
+        use proptest::collection::vec;
+        use proptest::sample::select;
+        let series = (
+            weighted(&[
+                (6, "DCGM_FI_DEV_GPU_UTIL"),
+                (6, "DCGM_FI_DEV_FB_USED"),
+                (6, "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+                (1, ""),
+            ]),
+            select(&["GPU-a", "GPU-b", r"caf\u00e9", ""][..]),
+            vec(
+                weighted(&[
+                    (10, r#""1""#),
+                    (10, r#""0.5""#),
+                    (3, r#""NaN""#),
+                    (3, r#""+Inf""#),
+                    (1, r#""4x2""#),
+                    (1, "1"),
+                ]),
+                0..4,
+            ),
+            any::<bool>(),
+        )
+            .prop_map(|(name, uuid, values, values_first)| {
+                let name = if name.is_empty() {
+                    String::new()
+                } else {
+                    format!(r#""__name__":"{name}","#)
+                };
+                let metric = format!(r#""metric":{{{name}"UUID":"{uuid}","pod":"p","job":"j"}}"#);
+                let values = values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| format!("[{},{v}]", 1_700_000_000 + 15 * i))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                if values_first {
+                    format!(r#"{{"values":[{values}],{metric}}}"#)
+                } else {
+                    format!(r#"{{{metric},"values":[{values}]}}"#)
+                }
+            });
+        let matrix = (vec(series, 0..4), any::<bool>()).prop_map(|(rows, result_first)| {
+            let result = rows.join(",");
+            if result_first {
+                format!(r#"{{"result":[{result}],"resultType":"matrix"}}"#)
+            } else {
+                format!(r#"{{"resultType":"matrix","result":[{result}]}}"#)
+            }
+        });
+        let over_bound = format!(
+            r#"{{"resultType":"matrix","result":[{{"metric":{{"__name__":"x","pod":"{}"}},"values":[]}}]}}"#,
+            "v".repeat(MAX_LABEL_BYTES + 1)
+        );
+        let data = prop_oneof![
+            6 => matrix,
+            1 => Just(r#"{"resultType":"vector","result":[{"metric":{},"value":[1,"1"]}]}"#.to_string()),
+            1 => Just(r#"{"resultType":"matrix"}"#.to_string()),
+            1 => Just(r#"{"resultType":"matrix","result":[],"result":[]}"#.to_string()),
+            1 => Just(over_bound),
+            1 => Just("null".to_string()),
+            1 => Just(r#""text""#.to_string()),
+        ];
+        let status = weighted(&[(8, r#""success""#), (2, r#""error""#), (1, "5")]);
+        let error_type = weighted(&[(3, r#""bad_data""#), (3, r#""timeout""#), (1, "7")]);
+        let error = prop_oneof![
+            Just(r#""query failed""#.to_string()),
+            Just(format!("\"{}\"", "é".repeat(600))),
+        ];
+        let warnings = prop_oneof![
+            2 => Just("null".to_string()),
+            2 => Just("[]".to_string()),
+            1 => Just(r#""one""#.to_string()),
+            6 => (1..8_usize).prop_map(|n| {
+                let w: Vec<String> = (0..n)
+                    .map(|i| format!(r#""w{i} {}""#, "x".repeat(i * 200)))
+                    .collect();
+                format!("[{}]", w.join(","))
+            }),
+        ];
+        let entries = (
+            proptest::option::weighted(0.9, status),
+            proptest::option::weighted(0.85, data),
+            proptest::option::of(error_type),
+            proptest::option::of(error),
+            proptest::option::of(warnings),
+            proptest::option::of(Just(r#"{"stats":[1,{"a":2}]}"#)),
+        )
+            .prop_map(|(status, data, error_type, error, warnings, infos)| {
+                [
+                    ("status", status.map(String::from)),
+                    ("data", data),
+                    ("errorType", error_type.map(String::from)),
+                    ("error", error),
+                    ("warnings", warnings),
+                    ("infos", infos.map(String::from)),
+                ]
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| format!(r#""{k}":{v}"#)))
+                .collect::<Vec<_>>()
+            });
+        let shape = weighted(&[(12, "plain"), (1, "repeated"), (1, "html"), (1, "trailing")]);
+        let code = proptest::strategy::Union::new_weighted(vec![
+            (6, Just(200_u16)),
+            (1, Just(400)),
+            (1, Just(422)),
+            (1, Just(503)),
+        ]);
+        (code, entries, shape)
+            .prop_flat_map(|(code, entries, shape)| {
+                (Just(code), Just(entries).prop_shuffle(), Just(shape))
+            })
+            .prop_map(|(code, mut entries, shape)| {
+                if shape == "repeated"
+                    && let Some(first) = entries.first().cloned()
+                {
+                    entries.push(first);
+                }
+                let text = format!("{{{}}}", entries.join(","));
+                let text = match shape {
+                    "html" => "<!DOCTYPE html><html>sign in</html>".to_string(),
+                    "trailing" => format!("{text} x"),
+                    _ => text,
+                };
+                (code, text)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn one_scan_reads_any_answer_as_the_two_scans_did((code, text) in any_answer()) {
+            let (new, old) = both_reads(code, &text);
+            prop_assert_eq!(new, old, "{}", text);
+        }
     }
 
     #[test]

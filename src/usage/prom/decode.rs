@@ -1,10 +1,11 @@
 //! Decoding of Prometheus' query answers' `data`, bounded before anything is copied out of the
-//! body (see [`super::bounds`]); the client has read the envelope ([`super::envelope`]). Two
-//! decoders: [`window`] for every read of the sample window (the refresh, the pre-stop re-check,
-//! scheme detection: [`WindowAnswer`], the read labels only, their values borrowed from the body,
-//! samples in one buffer, so a series the window already holds costs no allocation), and
-//! [`query_data`] for everything else (vector and scalar answers, subqueries, `capture`'s
-//! range-vector read: every label kept). Both refuse the same answers.
+//! body (see [`super::bounds`]). Two decoders: [`window_answer`] for every read of the sample
+//! window (the refresh, the pre-stop re-check, scheme detection: the envelope
+//! ([`super::envelope`]) and `data` in one scan, [`WindowAnswer`], the read labels only, their
+//! values borrowed from the body, samples in one buffer, so a series the window already holds
+//! costs no allocation), and [`query_data`] for everything else (vector and scalar answers,
+//! subqueries, `capture`'s range-vector read: every label kept; the client has read the
+//! envelope in a scan of its own). Both refuse the same answers.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::bounds::{MAX_LABEL_BYTES, MAX_LABELS_PER_SERIES, MAX_SERIES, OVER_BOUND};
+use super::envelope::ApiResponse;
 use super::error::PromError;
 use crate::usage::fields;
 use crate::usage::scheme::READ_LABELS;
@@ -841,10 +843,10 @@ impl QueryData {
     }
 }
 
-/// The `data` of an answer's body decoded as `D` (which may borrow from the body). The client
-/// has read the envelope already (`PromClient`: status, warnings, `data` present); here only
-/// `data` is decoded, in a second scan of the body after the envelope's (see benchmarks.md),
-/// refusing an answer over a bound before copying the offending part out of the body.
+/// The `data` of an answer's body decoded as `D` (which may borrow from the body), the rest of
+/// the body skipped: the client has read the envelope already (`PromClient`: status, warnings,
+/// `data` present), so this is a second scan of the body; refuses an answer over a bound before
+/// copying the offending part out of the body.
 fn data_of<'de, D: Deserialize<'de>>(body: &'de [u8]) -> Result<D, PromError> {
     #[derive(Deserialize)]
     struct Data<D> {
@@ -862,10 +864,34 @@ pub fn query_data(body: &[u8]) -> Result<QueryData, PromError> {
     data_of(body)
 }
 
+/// A whole answer to the window's range-vector selector in one scan of `body`: the envelope
+/// ([`ApiResponse`]: status, error, warnings, each cut to its bound) and `data` decoded by the
+/// window decoder ([`WindowAnswer`], borrowing from `body`). The envelope is decoded, not judged:
+/// [`super::PromClient::window_series`] does that. Since issue 38 the envelope and `data` were
+/// two scans of the body, the second about a tenth of the decode (docs/benchmarks.md). The error
+/// is serde's, for the caller to classify ([`PromError::decoding`]) once it knows whether the
+/// envelope alone reads.
+pub fn window_answer(body: &[u8]) -> Result<ApiResponse<WindowAnswer<'_>>, serde_json::Error> {
+    serde_json::from_slice(body)
+}
+
 /// The series of an answer to the window's range-vector selector, as every window read decodes
-/// it ([`WindowAnswer`]: read labels only, borrowed from `body`; fields renamed to their
-/// internal names); another answer type, or a series without `__name__`, is an error.
+/// it ([`window_answer`], one scan: read labels only, borrowed from `body`; fields renamed to
+/// their internal names), its envelope decoded but not judged (status and warnings are the
+/// client's: [`super::PromClient::window_series`]); an answer without `data`, of another type,
+/// or with a series without `__name__` is an error.
 pub fn window(body: &[u8]) -> Result<WindowSeries<'_>, PromError> {
+    window_answer(body)
+        .map_err(PromError::decoding)?
+        .data
+        .ok_or_else(|| PromError::Unexpected("success without data".into()))?
+        .into_matrix()
+}
+
+/// The window's `data` alone, the envelope skipped: the second scan of the read before issue
+/// 41, kept as the reference the one-scan read must equal (`client`'s tests).
+#[cfg(test)]
+pub(super) fn window_data(body: &[u8]) -> Result<WindowSeries<'_>, PromError> {
     data_of::<WindowAnswer<'_>>(body)?.into_matrix()
 }
 
@@ -876,7 +902,6 @@ fn secs_to_ms(s: f64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::prom::envelope::ApiResponse;
 
     #[test]
     fn decodes_answers() {

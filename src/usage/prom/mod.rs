@@ -8,8 +8,9 @@
 //! A refresh asks one question whatever the number of pods or devices: the raw samples of the
 //! DCGM fields gpu-ledger reads since the previous refresh ([`PromClient::window`], a
 //! range-vector selector: Prometheus only reads chunks, it evaluates nothing per step). The
-//! pre-stop re-check and scheme detection ask the same question and decode it the same way
-//! ([`decode::window`]). The samples are reduced by the same `usage::series::reduce` as an
+//! pre-stop re-check and scheme detection ask the same question and read it the same way
+//! ([`PromClient::window_series`]: the envelope and [`decode::window_answer`]'s `data` in one
+//! scan of the body). The samples are reduced by the same `usage::series::reduce` as an
 //! offline dump, so live and offline conclusions cannot differ. The one-off start-up history query
 //! ([`queries::bootstrap_query`]) is the only aggregating query.
 //!
@@ -29,7 +30,7 @@ pub mod error;
 pub mod queries;
 
 pub use bounds::{MAX_ANSWER_BYTES, MAX_LABEL_BYTES, MAX_LABELS_PER_SERIES, MAX_SERIES};
-pub use client::{Answered, Header, PromClient, PromConfig, QueryStats};
+pub use client::{AnswerBody, Answered, Header, PromClient, PromConfig, QueryStats};
 pub use decode::{QueryData, Sample, parse_value};
 pub use envelope::{ApiResponse, Warnings};
 pub use error::PromError;
