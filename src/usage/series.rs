@@ -65,11 +65,6 @@ pub(crate) fn usable(v: f64) -> bool {
     v.is_finite() && v.abs() < SENTINEL_FLOOR
 }
 
-/// A possible reading of `field` (in the field's own unit), or unknown.
-fn valid(field: &str, v: f64) -> bool {
-    valid_below(field_ceiling(field), v)
-}
-
 /// The highest possible reading of `field`: 1 for `GR_ENGINE_ACTIVE`, 100 for `GPU_UTIL`, none
 /// for the others. Looked up once per series, not per sample (the names compare as strings).
 fn field_ceiling(field: &str) -> f64 {
@@ -80,7 +75,8 @@ fn field_ceiling(field: &str) -> f64 {
     }
 }
 
-/// [`valid`] with the field's ceiling already looked up.
+/// A possible reading (in the field's own unit) of the field whose ceiling is given
+/// ([`field_ceiling`]), or unknown.
 fn valid_below(ceiling: f64, v: f64) -> bool {
     usable(v) && v >= 0.0 && v <= ceiling
 }
@@ -825,7 +821,7 @@ mod tests {
             let mut merged: BTreeMap<i64, f64> = BTreeMap::new();
             for s in list {
                 for &(t, v) in &s.samples {
-                    if t > now_ms || !valid(field, v) {
+                    if t > now_ms || !valid_below(field_ceiling(field), v) {
                         continue;
                     }
                     let v = v * scale;

@@ -409,7 +409,7 @@ impl PromClient {
                     answer: body.describe(),
                 });
             }
-            Err(e) => return Err(PromError::decoding(e)),
+            Err(e) => return Err(PromError::decoding(&e)),
         };
         if r.status != "success" {
             return Err(PromError::Api {
@@ -574,7 +574,7 @@ impl PromClient {
             // read met its error: the same error.
             Err(e) => {
                 self.envelope(body)?;
-                Err(PromError::decoding(e))
+                Err(PromError::decoding(&e))
             }
         }
     }

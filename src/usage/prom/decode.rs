@@ -853,7 +853,7 @@ fn data_of<'de, D: Deserialize<'de>>(body: &'de [u8]) -> Result<D, PromError> {
         data: Option<D>,
     }
     serde_json::from_slice::<Data<D>>(body)
-        .map_err(PromError::decoding)?
+        .map_err(|e| PromError::decoding(&e))?
         .data
         .ok_or_else(|| PromError::Unexpected("success without data".into()))
 }
@@ -882,7 +882,7 @@ pub fn window_answer(body: &[u8]) -> Result<ApiResponse<WindowAnswer<'_>>, serde
 /// or with a series without `__name__` is an error.
 pub fn window(body: &[u8]) -> Result<WindowSeries<'_>, PromError> {
     window_answer(body)
-        .map_err(PromError::decoding)?
+        .map_err(|e| PromError::decoding(&e))?
         .data
         .ok_or_else(|| PromError::Unexpected("success without data".into()))?
         .into_matrix()

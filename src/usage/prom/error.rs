@@ -21,7 +21,7 @@ pub enum PromError {
     },
     /// The answer is not the JSON of a query answer.
     #[error("cannot decode prometheus answer")]
-    Decode(#[source] serde_json::Error),
+    Decode(#[source] DecodeMessage),
     /// The answer is not JSON at all (a web page, a login form): the URL is probably not a
     /// Prometheus API. `answer` says its content type and how its body starts, sanitized and
     /// short (never the whole page).
@@ -57,7 +57,7 @@ pub enum PromError {
     BodyTooLarge,
     /// Something in the answer exceeds a bound ([`super::bounds`]); the source says which.
     #[error("prometheus answer refused")]
-    TooLarge(#[source] serde_json::Error),
+    TooLarge(#[source] DecodeMessage),
     /// The answer carried warnings (a partial response), where a complete one is needed.
     #[error("prometheus answered partially ({} warnings, first: {})", .0.count, .0.first())]
     Partial(Warnings),
@@ -101,18 +101,67 @@ impl PromError {
 
     /// An answer that JSON decoding refused: over a bound ([`OVER_BOUND`] in the
     /// message) or malformed.
-    pub(super) fn decoding(e: serde_json::Error) -> Self {
-        if e.to_string().contains(OVER_BOUND) {
-            Self::TooLarge(e)
+    pub(super) fn decoding(e: &serde_json::Error) -> Self {
+        let message = e.to_string();
+        if message.contains(OVER_BOUND) {
+            Self::TooLarge(DecodeMessage::cut(message))
         } else {
-            Self::Decode(e)
+            Self::Decode(DecodeMessage::cut(message))
         }
+    }
+}
+
+/// Bytes kept of a decoding error's message.
+const MAX_DECODE_MESSAGE_BYTES: usize = 512;
+
+/// Why JSON decoding refused an answer, cut to [`MAX_DECODE_MESSAGE_BYTES`]: serde repeats an
+/// offending string whole ("invalid type: string \"…\""), and an answer may be 256 MiB, so
+/// one hostile value would otherwise reach every log line and readiness reason whole.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DecodeMessage(String);
+
+impl DecodeMessage {
+    fn cut(mut message: String) -> Self {
+        if message.len() > MAX_DECODE_MESSAGE_BYTES {
+            let mut end = MAX_DECODE_MESSAGE_BYTES;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            let omitted = message.len() - end;
+            message.truncate(end);
+            message.push_str(&format!("… ({omitted} bytes omitted)"));
+        }
+        Self(message)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// serde names a refused string whole; a megabyte of it must not reach the logs.
+    #[test]
+    fn a_decoding_error_names_a_huge_value_in_a_bounded_message() {
+        let huge = format!(
+            r#"{{"status":"success","warnings":"{}"}}"#,
+            "é".repeat(500_000)
+        );
+        let e = serde_json::from_str::<super::super::ApiResponse<serde::de::IgnoredAny>>(&huge)
+            .expect_err("warnings must be a list");
+        assert!(
+            e.to_string().len() > 1_000_000,
+            "serde repeats the value whole"
+        );
+        let refused = PromError::decoding(&e);
+        let cause = std::error::Error::source(&refused)
+            .expect("a cause")
+            .to_string();
+        assert!(cause.len() < 600, "{} bytes", cause.len());
+        assert!(cause.starts_with("invalid type: string"), "{cause}");
+        assert!(cause.ends_with("bytes omitted)"), "{cause}");
+        assert_eq!(refused.kind(), "decode");
+    }
 
     #[test]
     fn kinds_are_fixed_labels() {
