@@ -194,7 +194,7 @@ fn template_gpus(names: &ResourceNames, template: Option<&Value>) -> BTreeMap<St
         ..Pod::default()
     };
     match project::pod(names, &pod) {
-        Ok(Some(c)) => c.resources,
+        Ok(Some(c)) => c.resources.into_iter().collect(),
         _ => BTreeMap::new(),
     }
 }

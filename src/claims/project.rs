@@ -226,7 +226,8 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         } else {
             BTreeMap::new()
         },
-        resources,
+        // Summed by name in a map above, kept sorted in the (smaller) vector map.
+        resources: resources.into_iter().collect(),
         controller,
         unschedulable_message,
         resource_claims,

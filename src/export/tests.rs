@@ -231,7 +231,8 @@ fn busy_snapshot() -> Snapshot {
         ("nvidia.com/gpu".to_string(), 2),
         ("nvidia.com/mig-1g.10gb".to_string(), 3),
     ]
-    .into();
+    .into_iter()
+    .collect();
     a.gpus_by_resource = vec![
         ("nvidia.com/gpu".to_string(), 2.0),
         ("nvidia.com/mig-1g.10gb".to_string(), 3.0 / 7.0),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::claims::{NodeInfo, OwnerRef, Placement, PodClaim, PodPhase};
+use super::claims::{NodeInfo, OwnerRef, Placement, PodClaim, PodPhase, Resources};
 use super::kueue::WorkloadRefs;
 
 impl PodClaim {
@@ -22,7 +22,7 @@ impl PodClaim {
             started_at: None,
             ready_since: None,
             deletion: None,
-            resources: BTreeMap::new(),
+            resources: Resources::new(),
             controller: None,
             unschedulable_message: None,
             labels: BTreeMap::new(),

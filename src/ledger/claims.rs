@@ -10,6 +10,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+/// Units per GPU resource name, sorted by name: what a pod claims. A pod names one or two GPU
+/// resources, and a one-entry `BTreeMap` allocates a node for eleven (382 bytes per pod, in the
+/// claim store and again in the ledger's row; docs/benchmarks.md, round 5).
+pub type Resources = litemap::LiteMap<String, u64>;
+
 /// Annotation Kubeflow's controllers read: present (any value) means the notebook is stopped.
 pub const STOP_ANNOTATION: &str = "kubeflow-resource-stopped";
 /// Our own per-notebook opt-out: `"false"` means never cull.
@@ -182,7 +187,7 @@ pub struct PodClaim {
     pub ready_since: Option<DateTime<Utc>>,
     pub deletion: Option<Deletion>,
     /// Units claimed per GPU resource name (only recognised GPU resources).
-    pub resources: BTreeMap<String, u64>,
+    pub resources: Resources,
     /// The controller owner reference, if any.
     pub controller: Option<OwnerRef>,
     /// Message of `PodScheduled=False` (e.g. "0/3 nodes are available: 3 Insufficient nvidia.com/gpu").

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use claims::{Claims, NodeInfo, NotebookInfo, PodClaim};
+use claims::{Claims, NodeInfo, NotebookInfo, PodClaim, Resources};
 use model::seconds;
 use units::NodeShape;
 use usage::Usage;
@@ -49,7 +49,7 @@ fn base_row(
     p: &PodClaim,
     state: PodState,
     shape: &NodeShape<'_>,
-    resources: BTreeMap<String, u64>,
+    resources: Resources,
     gpus_by_resource: Vec<(String, f64)>,
     now: DateTime<Utc>,
     policy: &Policy,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use super::claims::{OwnerInfo, OwnerKind, OwnerRef, shard_of};
+use super::claims::{OwnerInfo, OwnerKind, OwnerRef, Resources, shard_of};
 use super::units::{ResourceNames, SliceTable};
 use super::usage::DeviceKey;
 
@@ -190,7 +190,7 @@ pub struct PodRow {
     pub state: PodState,
     /// Claim in physical GPU equivalents.
     pub gpus: f64,
-    pub resources: BTreeMap<String, u64>,
+    pub resources: Resources,
     /// Physical GPU equivalents per resource of `resources` (the metrics' `resource` label).
     #[serde(skip)]
     pub gpus_by_resource: Vec<(String, f64)>,
@@ -251,7 +251,7 @@ impl PodRow {
             node: None,
             state: PodState::Pending,
             gpus: 0.0,
-            resources: BTreeMap::new(),
+            resources: Resources::new(),
             gpus_by_resource: Vec::new(),
             attribution: Attribution::None,
             sharing: Sharing::Exclusive,

@@ -12,9 +12,7 @@
 //! "DCGM-Exporter does not support associating metrics to containers when MPS is enabled" (same
 //! page) — so it is never culled, and the reclaim planner never offers it.
 
-use std::collections::BTreeMap;
-
-use super::claims::{GPU_MEMORY_LABEL, NodeInfo};
+use super::claims::{GPU_MEMORY_LABEL, NodeInfo, Resources};
 use super::model::{PodRow, Sharing};
 use super::units::{GpuResourceKind, ResourceNames};
 
@@ -47,7 +45,7 @@ const MIB: u64 = 1024 * 1024;
 /// to MIG instances (same page), so a MIG profile is no MPS share.
 pub fn sharing(
     node: Option<&NodeInfo>,
-    resources: &BTreeMap<String, u64>,
+    resources: &Resources,
     names: &ResourceNames,
 ) -> Option<Sharing> {
     let node = node.filter(|n| is_mps_node(n))?;
@@ -78,7 +76,7 @@ pub fn sharing(
 /// [`sharing`], else time-sliced or exclusive as the node's replicas say.
 pub fn sharing_or(
     node: Option<&NodeInfo>,
-    resources: &BTreeMap<String, u64>,
+    resources: &Resources,
     names: &ResourceNames,
     time_sliced: bool,
 ) -> Sharing {
@@ -120,8 +118,10 @@ mod tests {
         }
     }
 
-    fn gpu(units: u64) -> BTreeMap<String, u64> {
-        [("nvidia.com/gpu".to_string(), units)].into()
+    fn gpu(units: u64) -> Resources {
+        [("nvidia.com/gpu".to_string(), units)]
+            .into_iter()
+            .collect()
     }
 
     #[test]
@@ -191,7 +191,9 @@ mod tests {
         ));
         // Not on an MPS node, not a replicated resource, or no node: no MPS share.
         assert_eq!(sharing(Some(&node(&[], 4)), &gpu(1), &names), None);
-        let mig: BTreeMap<String, u64> = [("nvidia.com/mig-1g.10gb".to_string(), 1)].into();
+        let mig: Resources = [("nvidia.com/mig-1g.10gb".to_string(), 1)]
+            .into_iter()
+            .collect();
         assert_eq!(sharing(Some(&rtx), &mig, &names), None);
         assert_eq!(sharing(None, &gpu(1), &names), None);
     }

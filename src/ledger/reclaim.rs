@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 
 use super::claims::{
     Claims, NodeInfo, NodeOp, NodeRequirement, NodeSelectorTerm, OwnerKind, Placement, PodClaim,
-    Taint, Toleration,
+    Resources, Taint, Toleration,
 };
 use super::dra::ExtendedDevices;
 use super::model::{Attribution, ClaimsScope, OwnedBy, PodRow, PodState, Sharing};
@@ -54,7 +54,7 @@ impl Holder<'_> {
 type Rank = (u8, usize, Reverse<u64>, usize);
 
 /// What a pending pod's options depend on: its request and its placement.
-type MemoKey<'k> = (&'k BTreeMap<String, u64>, Option<&'k Placement>);
+type MemoKey<'k> = (&'k Resources, Option<&'k Placement>);
 
 /// Why a node does not take a pod, in the scheduler's filter order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -2,8 +2,6 @@
 //! compute slices a MIG parent has ([`SliceTable`]), and how one unit of a resource converts to
 //! physical GPUs on a node ([`NodeShape`]).
 
-use std::collections::BTreeMap;
-
 use super::claims::{MIG_STRATEGY_LABEL, NVIDIA_DRA_DRIVER, NodeInfo};
 
 /// How a resource name maps to physical GPUs.
@@ -283,7 +281,11 @@ impl ResourceNames {
     }
 
     /// GPU equivalents for a map of resource units on a node of `shape`.
-    pub fn gpus(&self, resources: &BTreeMap<String, u64>, shape: &NodeShape<'_>) -> f64 {
+    pub fn gpus<'r>(
+        &'r self,
+        resources: impl IntoIterator<Item = (&'r String, &'r u64)> + 'r,
+        shape: &'r NodeShape<'_>,
+    ) -> f64 {
         self.gpus_by_resource(resources, shape)
             .map(|(_, g)| g)
             .sum()
@@ -292,10 +294,10 @@ impl ResourceNames {
     /// GPU equivalents per recognised resource of `resources`.
     pub fn gpus_by_resource<'r>(
         &'r self,
-        resources: &'r BTreeMap<String, u64>,
+        resources: impl IntoIterator<Item = (&'r String, &'r u64)> + 'r,
         shape: &'r NodeShape<'_>,
     ) -> impl Iterator<Item = (&'r str, f64)> + 'r {
-        resources.iter().filter_map(move |(name, units)| {
+        resources.into_iter().filter_map(move |(name, units)| {
             self.classify(name)
                 .map(|k| (name.as_str(), shape.gpus_per_unit(name, k) * *units as f64))
         })
@@ -304,6 +306,8 @@ impl ResourceNames {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]

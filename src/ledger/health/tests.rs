@@ -367,7 +367,7 @@ fn a_card_hamis_register_marks_unhealthy_names_its_vgpu_holders() {
         p.name = name.into();
         p.uid = format!("uid-{name}");
         p.resource_claims.clear();
-        p.resources = [("nvidia.com/gpu".to_string(), 1)].into();
+        p.resources = [("nvidia.com/gpu".to_string(), 1)].into_iter().collect();
         p.hami = HamiPod {
             allocs: vec![HamiAlloc {
                 container: 0,

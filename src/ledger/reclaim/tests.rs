@@ -1,5 +1,3 @@
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 
@@ -12,7 +10,8 @@ fn now() -> DateTime<Utc> {
         .with_timezone(&Utc)
 }
 
-fn res(r: &[(&str, u64)]) -> BTreeMap<String, u64> {
+/// Units by resource name, as a node's allocatable map or a pod's resources.
+fn res<M: FromIterator<(String, u64)>>(r: &[(&str, u64)]) -> M {
     r.iter().map(|(k, v)| ((*k).to_string(), *v)).collect()
 }
 

@@ -622,7 +622,9 @@ fn an_extended_resource_served_by_dra_is_counted_once_through_its_claim() {
     assert!((p.gpus - 1.0).abs() < 1e-9, "{p:?}");
     assert_eq!(
         p.resources,
-        BTreeMap::from([("dra:gpu.nvidia.com".to_string(), 1)])
+        [("dra:gpu.nvidia.com".to_string(), 1)]
+            .into_iter()
+            .collect::<Resources>()
     );
     assert_eq!(p.attribution, Attribution::Exclusive);
     assert_eq!(
@@ -678,7 +680,9 @@ fn a_mapping_whose_claim_is_not_allocated_yet_is_demand_by_request() {
         assert!((p.gpus - 1.0).abs() < 1e-9, "{case}: {p:?}");
         assert_eq!(
             p.resources,
-            BTreeMap::from([("nvidia.com/gpu".to_string(), 1)]),
+            [("nvidia.com/gpu".to_string(), 1)]
+                .into_iter()
+                .collect::<Resources>(),
             "{case}"
         );
         assert!((pending - 1.0).abs() < 1e-9, "{case}: {pending}");
@@ -710,10 +714,12 @@ fn a_device_class_implicit_name_is_demand_of_that_class() {
     assert!((p.gpus - 2.0).abs() < 1e-9, "{p:?}");
     assert_eq!(
         p.resources,
-        BTreeMap::from([(
+        [(
             "deviceclass.resource.kubernetes.io/gpu.nvidia.com".to_string(),
-            2
-        )])
+            2,
+        )]
+        .into_iter()
+        .collect::<Resources>()
     );
     assert!(l.pods.iter().all(|p| p.pod != "nic"), "{:?}", l.pods);
 }
