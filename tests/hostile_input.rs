@@ -72,7 +72,7 @@ fn pod(i: usize, ns: &str, name: &str, extra: &str) -> PodRow {
     PodRow {
         pending_seconds: pending.then_some(60.0),
         notebook: Some(format!("nb-{extra}")),
-        pending_reason: pending.then(|| format!("reason {extra}")),
+        pending_reason: pending.then(|| format!("reason {extra}").into()),
         ..PodRow::new(ns, name)
             .placed(Some(&format!("node-{extra}")), state)
             .holding("nvidia.com/gpu", 1)

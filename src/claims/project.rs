@@ -1,6 +1,7 @@
 //! Pure projections from Kubernetes objects to claim records (shared by watches and offline dumps).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -229,7 +230,7 @@ pub fn pod(names: &ResourceNames, pod: &Pod) -> Result<Option<PodClaim>, Project
         // Summed by name in a map above, kept sorted in the (smaller) vector map.
         resources: resources.into_iter().collect(),
         controller,
-        unschedulable_message,
+        unschedulable_message: unschedulable_message.map(Arc::from),
         resource_claims,
         placement: if unbound {
             placement(spec)

@@ -191,7 +191,9 @@ pub struct PodClaim {
     /// The controller owner reference, if any.
     pub controller: Option<OwnerRef>,
     /// Message of `PodScheduled=False` (e.g. "0/3 nodes are available: 3 Insufficient nvidia.com/gpu").
-    pub unschedulable_message: Option<String>,
+    /// Shared with the pod's row in the ledger ([`super::PodRow::pending_reason`]): one copy
+    /// per Pending pod, however many builds publish it.
+    pub unschedulable_message: Option<Arc<str>>,
     /// Labels, kept only for pods a StatefulSet controls (to check its selector).
     pub labels: BTreeMap<String, String>,
     /// Names of the ResourceClaims (in the pod's namespace) the pod uses: `spec.resourceClaims`

@@ -3,6 +3,7 @@
 //! of the ledger reads them from here, and `build` (in `mod.rs`) fills them in.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -211,7 +212,7 @@ pub struct PodRow {
     /// The devices attributed to the pod.
     pub devices: Vec<DeviceKey>,
     /// Why the scheduler has not placed a pending pod.
-    pub pending_reason: Option<String>,
+    pub pending_reason: Option<Arc<str>>,
     /// `metadata.finalizers` (bounded): they keep a deleted pod's object (and its GPUs, for
     /// the scheduler) until removed, whatever its node does; a force delete does not remove them.
     pub finalizers: Vec<String>,
