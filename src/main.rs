@@ -82,16 +82,8 @@ fn main() -> ExitCode {
         }
     };
     let format = cli.log_format;
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve(args) => app::serve(*args).await,
-            Command::Report(args) => app::report(*args).await,
-            Command::Capture(args) => app::capture(*args).await,
-            Command::Completions(_) => Ok(()),
-            Command::Showback(args) => app::showback(*args).await,
-        }
-    });
-    match result {
+    // The command runs inside the library (app::run, which says why).
+    match app::run(&runtime, cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.exit_code();

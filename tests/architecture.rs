@@ -592,6 +592,26 @@ fn dcgm_field_names_live_in_usage_not_in_the_ledger() {
     );
 }
 
+/// The binary polls no future: release builds share no generic instantiations between crates,
+/// so a `block_on` or `.await` in src/main.rs made the binary generate the code of every future
+/// the commands await a second time (138 s of a cold 2-core release build; docs/first-build.md).
+/// The dispatch lives in `app::run`.
+#[test]
+fn the_binary_polls_no_future() {
+    let text = std::fs::read_to_string(manifest().join("src/main.rs")).expect("readable source");
+    let found: Vec<String> = strip(&text)
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains("block_on") || l.contains(".await") || l.contains("async "))
+        .map(|(i, l)| format!("src/main.rs:{}: {}", i + 1, l.trim()))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "async code in the binary crate (move it into the library, e.g. app::run):\n{}",
+        found.join("\n")
+    );
+}
+
 /// A small library tree that keeps every rule: a hub with a child it calls by a bare path and
 /// re-exports from, sources and sinks naming only the ledger, a test module file
 /// (`pub(crate) mod tests;`) and inline test modules naming their own file, and forbidden paths
