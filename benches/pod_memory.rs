@@ -189,7 +189,7 @@ fn print_fields(
             "namespace, name, uid",
             owned(&c.namespace) + owned(&c.name) + owned(&c.uid),
         ),
-        ("resources (BTreeMap)", owned(&c.resources)),
+        ("resources (LiteMap)", owned(&c.resources)),
         ("unschedulable_message", owned(&c.unschedulable_message)),
         (
             "placement.node_selector (sorted Vec)",
@@ -218,7 +218,7 @@ fn print_fields(
     println!("  PodRow inline {}", size_of::<ledger::PodRow>());
     let fields: [(&str, isize); 6] = [
         ("namespace, pod", owned(&row.namespace) + owned(&row.pod)),
-        ("resources (BTreeMap)", owned(&row.resources)),
+        ("resources (LiteMap)", owned(&row.resources)),
         ("gpus_by_resource", owned(&row.gpus_by_resource)),
         ("pending_reason", owned(&row.pending_reason)),
         ("owner, notebook, devices", {

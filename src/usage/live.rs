@@ -1,5 +1,7 @@
 //! The live usage source: raw DCGM samples from Prometheus, kept for the window, reduced by the
-//! same [`series::reduce`] as an offline dump, and folded into the idle history.
+//! same device reduction as an offline dump ([`series::reduce`]'s, through
+//! [`RunningReduction`], which keeps the grouping of series by device between refreshes), and
+//! folded into the idle history.
 //!
 //! Every window read goes one way: the refresh, the pre-stop re-check ([`fetch_window_in`]) and
 //! scheme detection send the same selector ([`PromClient::window`]) and decode its answer with
