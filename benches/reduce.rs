@@ -102,7 +102,7 @@ fn bench_reduce(c: &mut Criterion) {
     };
     let (w, mut running) = held();
     let incremental = running.reduce(&w, SchemeChoice::Auto, &window, at(now));
-    let scheme = running.scheme().expect("a scheme").clone();
+    let scheme = *running.scheme().expect("a scheme");
     assert_eq!(incremental.len(), NODES * GPUS_PER_NODE);
     assert_eq!(
         series::reduce(w.series(), &scheme, &window, at(now)),

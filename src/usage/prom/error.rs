@@ -2,6 +2,8 @@
 //! status, settings, the body's size), the decoders (a malformed answer or one over a bound) and
 //! the live source (several clusters, a partial answer where a complete one is needed).
 
+use std::fmt::Write as _;
+
 use super::bounds::{MAX_ANSWER_BYTES, OVER_BOUND};
 use super::envelope::Warnings;
 
@@ -130,7 +132,7 @@ impl DecodeMessage {
             }
             let omitted = message.len() - end;
             message.truncate(end);
-            message.push_str(&format!("… ({omitted} bytes omitted)"));
+            let _ = write!(message, "… ({omitted} bytes omitted)");
         }
         Self(message)
     }
