@@ -500,7 +500,10 @@ fn readme_sample_is_the_golden_table() {
     let first = readme.find("```sh\n").expect("a command block");
     let commands = &readme[first..];
     assert!(
-        commands.lines().nth(1).is_some_and(|l| l.starts_with("cargo run -- report --from examples/homelab")),
+        commands
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("cargo run -- report --from examples/homelab")),
         "the README starts with the bundled example"
     );
     let sample = readme
