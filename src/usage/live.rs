@@ -43,7 +43,7 @@ use super::fields;
 use super::history::History;
 use super::prom::decode::WindowSeries;
 use super::prom::{Answered, PromClient, PromError, QueryStats, queries};
-use super::running::RunningReduction;
+use super::running::{HeldSeries, RunningReduction};
 use super::scheme::{LabelScheme, READ_LABELS, SchemeChoice};
 use super::series::{self, Labels, Series};
 use crate::ledger::usage::{DeviceUsage, Usage, Window};
@@ -310,6 +310,20 @@ impl SampleWindow {
 
     pub fn is_empty(&self) -> bool {
         self.series.is_empty()
+    }
+}
+
+impl HeldSeries for SampleWindow {
+    fn layout(&self) -> (u64, u64) {
+        SampleWindow::layout(self)
+    }
+
+    fn series(&self) -> &[Series] {
+        SampleWindow::series(self)
+    }
+
+    fn label_names(&self) -> impl Iterator<Item = &str> {
+        SampleWindow::label_names(self)
     }
 }
 

@@ -149,8 +149,10 @@ mod tests {
             r#"{{"status":"success","warnings":"{}"}}"#,
             "é".repeat(500_000)
         );
-        let e = serde_json::from_str::<super::super::ApiResponse<serde::de::IgnoredAny>>(&huge)
-            .expect_err("warnings must be a list");
+        let e = serde_json::from_str::<super::super::envelope::ApiResponse<serde::de::IgnoredAny>>(
+            &huge,
+        )
+        .expect_err("warnings must be a list");
         assert!(
             e.to_string().len() > 1_000_000,
             "serde repeats the value whole"
