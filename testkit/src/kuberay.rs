@@ -18,7 +18,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::ControlPlane;
 use crate::process::ChildGuard;
-use crate::util::free_ports;
+use crate::util::{free_ports, ready_answer};
 
 /// The KubeRay release built and run here.
 pub const VERSION: &str = "v1.5.0";
@@ -135,16 +135,10 @@ impl KubeRay {
                     self.guard.log_tail(40)
                 );
             }
-            let last = match http.get(&self.health_url).send().await {
-                // controller-runtime's probe answers exactly `ok`; anything else on the
-                // port is another test's server (see `util::free_port`).
-                Ok(r) if r.status().is_success() => match r.text().await {
-                    Ok(body) if body.trim() == "ok" => return Ok(()),
-                    Ok(body) => format!("HTTP 200 from something else: {:.80}", body),
-                    Err(e) => format!("{e:#}"),
-                },
-                Ok(r) => format!("HTTP {}", r.status()),
-                Err(e) => format!("{e:#}"),
+            // controller-runtime's probe answers exactly `ok` (see `util::ready_answer`).
+            let last = match ready_answer(&http, &self.health_url, "ok").await {
+                Ok(()) => return Ok(()),
+                Err(last) => last,
             };
             if start.elapsed() >= timeout {
                 bail!(

@@ -50,7 +50,7 @@ use serde_json::{Value, json};
 
 use crate::certs::LoopbackTls;
 use crate::process::ChildGuard;
-use crate::util::{free_ports, poll_until};
+use crate::util::{free_ports, poll_until, ready_answer};
 use crate::{ControlPlane, TierBOptions};
 
 /// The pinned Kueue release (`scripts/build-kueue.sh`).
@@ -769,16 +769,10 @@ resources:
                     self.guard.log_tail(40)
                 );
             }
-            let last = match http.get(&url).send().await {
-                // controller-runtime's probe answers exactly `ok`; anything else on the
-                // port is another test's server (see `util::free_port`).
-                Ok(r) if r.status().is_success() => match r.text().await {
-                    Ok(body) if body.trim() == "ok" => return Ok(()),
-                    Ok(body) => format!("HTTP 200 from something else: {:.80}", body),
-                    Err(e) => format!("{e:#}"),
-                },
-                Ok(r) => format!("HTTP {}", r.status()),
-                Err(e) => format!("{e:#}"),
+            // controller-runtime's probe answers exactly `ok` (see `util::ready_answer`).
+            let last = match ready_answer(&http, &url, "ok").await {
+                Ok(()) => return Ok(()),
+                Err(last) => last,
             };
             if start.elapsed() >= timeout {
                 bail!(

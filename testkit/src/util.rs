@@ -83,13 +83,23 @@ impl Iterator for PortDraws {
     }
 }
 
-/// Whether `url` answers 2xx with exactly `expect` (trimmed) as its body: the readiness probe of a child
-/// we started. Checking the body, not only the status, tells our child from another test's
-/// server that happens to hold the port (a fake exporter answers every path with 200).
+/// Whether `url` answers 2xx with exactly `expect` (trimmed) as its body: the readiness probe
+/// of a child we started. Checking the body, not only the status, tells our child from another
+/// test's server that happens to hold the port (a fake exporter answers every path with 200).
 pub async fn answers_ready(client: &reqwest::Client, url: &str, expect: &str) -> bool {
+    ready_answer(client, url, expect).await.is_ok()
+}
+
+/// [`answers_ready`], saying otherwise what answered (for a timeout's message).
+pub async fn ready_answer(client: &reqwest::Client, url: &str, expect: &str) -> Result<(), String> {
     match client.get(url).send().await {
-        Ok(r) if r.status().is_success() => r.text().await.is_ok_and(|b| b.trim() == expect),
-        _ => false,
+        Ok(r) if r.status().is_success() => match r.text().await {
+            Ok(body) if body.trim() == expect => Ok(()),
+            Ok(body) => Err(format!("HTTP 200 from something else: {body:.80}")),
+            Err(e) => Err(format!("{e:#}")),
+        },
+        Ok(r) => Err(format!("HTTP {}", r.status())),
+        Err(e) => Err(format!("{e:#}")),
     }
 }
 
