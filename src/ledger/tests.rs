@@ -376,17 +376,7 @@ fn mig_pods_use_instance_series_and_sevenths() {
                 .with("nvidia.com/mig-3g.40gb", 1)
                 .build(),
         ],
-        vec![NodeInfo {
-            hami: crate::ledger::hami_inputs::HamiNode::default(),
-            name: "n1".into(),
-            allocatable: [("nvidia.com/mig-3g.40gb".to_string(), 2)].into(),
-            replicas: 1,
-            product: None,
-            gpu_labels: BTreeMap::new(),
-            labels: BTreeMap::new(),
-            taints: Vec::new(),
-            ready: Some(true),
-        }],
+        vec![NodeInfo::new("n1").allocating("nvidia.com/mig-3g.40gb", 2)],
     );
     let u = usage(vec![
         DevB::new("GPU-m", "n1")

@@ -1,7 +1,5 @@
 //! `--cull-when=demand` over the reclaim planner's answer: plans with and without waiting pods.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
 use crate::cull::CullWhen;
@@ -50,17 +48,7 @@ fn idle_nb(ns: &str, name: &str, node: &str, idle_h: i64) -> PodRow {
 }
 
 fn node(name: &str, gpus: u64) -> NodeInfo {
-    NodeInfo {
-        hami: crate::ledger::hami_inputs::HamiNode::default(),
-        name: name.into(),
-        allocatable: BTreeMap::from([("nvidia.com/gpu".to_string(), gpus)]),
-        replicas: 1,
-        product: None,
-        gpu_labels: BTreeMap::new(),
-        labels: BTreeMap::new(),
-        taints: Vec::new(),
-        ready: Some(true),
-    }
+    NodeInfo::new(name).allocating("nvidia.com/gpu", gpus)
 }
 
 /// The ledger with the planner's answer, as `ledger::build` publishes it.
